@@ -1,0 +1,337 @@
+package events
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// Header names failbus sets on every message it writes.
+const (
+	// HeaderSchema names a payload's type and version, e.g. "outcome/1", so
+	// old records stay readable after a type evolves.
+	HeaderSchema = "Failbus-Schema"
+	// HeaderContentType is always ContentTypeMsgpack on the bus.
+	HeaderContentType = "Content-Type"
+	// ContentTypeMsgpack is the payload encoding of every failbus message.
+	ContentTypeMsgpack = "application/msgpack"
+	// HeaderMsgID is JetStream's dedupe header.
+	HeaderMsgID = nats.MsgIdHdr
+)
+
+// Schema names for the Failbus-Schema header.
+const (
+	SchemaOutcome        = "outcome"
+	SchemaClassification = "classification"
+	SchemaDecision       = "decision"
+	SchemaRetryDue       = "retry_due"
+	SchemaHealth         = "health"
+	SchemaNotification   = "notification"
+	SchemaBoundary       = "boundary"
+	SchemaDeadLetter     = "dead_letter"
+)
+
+// Message is a failbus wire type: it knows its schema name and can check its
+// own required fields.
+type Message interface {
+	// SchemaName is the type half of the Failbus-Schema header.
+	SchemaName() string
+	// Validate reports the first missing or invalid field as a *FieldError.
+	Validate() error
+}
+
+// CurrentVersion is the version this code writes for every schema. A reader
+// accepts every version up to it.
+const CurrentVersion = 1
+
+// ErrNotFailbus reports a payload that is not a failbus message at all: not
+// msgpack, or an unknown schema.
+var ErrNotFailbus = errors.New("not a failbus message")
+
+// FieldError names the field that made a message invalid, so a dead letter
+// says what to fix.
+type FieldError struct {
+	Field   string
+	Problem string
+}
+
+func (e *FieldError) Error() string { return fmt.Sprintf("field %q: %s", e.Field, e.Problem) }
+
+func required(field, v string) error {
+	if strings.TrimSpace(v) == "" {
+		return &FieldError{Field: field, Problem: "required"}
+	}
+	return nil
+}
+
+func firstErr(errs ...error) error {
+	for _, e := range errs {
+		if e != nil {
+			return e
+		}
+	}
+	return nil
+}
+
+// SchemaHeader is the Failbus-Schema value for m at the current version.
+func SchemaHeader(m Message) string {
+	return m.SchemaName() + "/" + strconv.Itoa(CurrentVersion)
+}
+
+// ParseSchemaHeader splits "name/version". A value without a version is
+// version 1.
+func ParseSchemaHeader(v string) (name string, version int, err error) {
+	name, ver, found := strings.Cut(strings.TrimSpace(v), "/")
+	if !found {
+		return name, 1, nil
+	}
+	version, err = strconv.Atoi(ver)
+	if err != nil || version < 1 {
+		return "", 0, fmt.Errorf("schema header %q: bad version", v)
+	}
+	return name, version, nil
+}
+
+// Marshal encodes m as msgpack. Most callers want Encode, which also builds
+// the headers.
+func Marshal(m Message) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := msgpack.NewEncoder(&buf)
+	enc.UseCompactInts(true)
+	if err := enc.Encode(m); err != nil {
+		return nil, fmt.Errorf("encode %s: %w", m.SchemaName(), err)
+	}
+	return buf.Bytes(), nil
+}
+
+// Encode validates m and returns its msgpack payload and the headers every
+// failbus message carries (schema, content type). The caller adds
+// Nats-Msg-Id.
+func Encode(m Message) ([]byte, nats.Header, error) {
+	if err := m.Validate(); err != nil {
+		return nil, nil, fmt.Errorf("invalid %s: %w", m.SchemaName(), err)
+	}
+	data, err := Marshal(m)
+	if err != nil {
+		return nil, nil, err
+	}
+	h := nats.Header{}
+	h.Set(HeaderSchema, SchemaHeader(m))
+	h.Set(HeaderContentType, ContentTypeMsgpack)
+	return data, h, nil
+}
+
+// New returns a zero value of the named schema, or nil when the name is
+// unknown.
+func New(schema string) Message {
+	switch schema {
+	case SchemaOutcome:
+		return &Outcome{}
+	case SchemaClassification:
+		return &Classification{}
+	case SchemaDecision:
+		return &Decision{}
+	case SchemaRetryDue:
+		return &RetryDue{}
+	case SchemaHealth:
+		return &Health{}
+	case SchemaNotification:
+		return &Notification{}
+	case SchemaBoundary:
+		return &Boundary{}
+	case SchemaDeadLetter:
+		return &DeadLetter{}
+	}
+	return nil
+}
+
+// SchemaOf reads the schema a message claims. A message without the header
+// is the current Outcome (CONTRACT.md: agents may omit it).
+func SchemaOf(h nats.Header) (string, int, error) {
+	v := ""
+	if h != nil {
+		v = h.Get(HeaderSchema)
+	}
+	if v == "" {
+		return SchemaOutcome, CurrentVersion, nil
+	}
+	name, ver, err := ParseSchemaHeader(v)
+	if err != nil {
+		return "", 0, err
+	}
+	if New(name) == nil {
+		return "", 0, fmt.Errorf("%w: unknown schema %q", ErrNotFailbus, name)
+	}
+	if ver > CurrentVersion {
+		return "", 0, fmt.Errorf("schema %s version %d is newer than this reader (%d)", name, ver, CurrentVersion)
+	}
+	return name, ver, nil
+}
+
+// Decode reads a message from the bus: the schema header picks the type (none
+// means Outcome), the payload is msgpack, and the result is validated. Every
+// error names what is wrong, and the field when it is one field.
+func Decode(h nats.Header, data []byte) (Message, error) {
+	name, _, err := SchemaOf(h)
+	if err != nil {
+		return nil, err
+	}
+	if ct := h.Get(HeaderContentType); ct != "" && !strings.HasPrefix(ct, ContentTypeMsgpack) {
+		return nil, fmt.Errorf("%w: content type %q, want %s", ErrNotFailbus, ct, ContentTypeMsgpack)
+	}
+	m := New(name)
+	if err := Unmarshal(data, m); err != nil {
+		return nil, err
+	}
+	if err := m.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid %s: %w", name, err)
+	}
+	return m, nil
+}
+
+// DecodeAs decodes a message that must be of type T (for example a consumer
+// that only reads Outcomes).
+func DecodeAs[T Message](h nats.Header, data []byte) (T, error) {
+	var zero T
+	m, err := Decode(h, data)
+	if err != nil {
+		return zero, err
+	}
+	t, ok := m.(T)
+	if !ok {
+		return zero, fmt.Errorf("got a %s message, want %s", m.SchemaName(), zero.SchemaName())
+	}
+	return t, nil
+}
+
+// Unmarshal decodes a msgpack payload into m, naming the offending field on a
+// type error. It does not validate.
+func Unmarshal(data []byte, m Message) error {
+	if len(data) == 0 {
+		return fmt.Errorf("%w: empty payload", ErrNotFailbus)
+	}
+	if c := data[0]; !(c >= 0x80 && c <= 0x8f) && c != 0xde && c != 0xdf {
+		return fmt.Errorf("%w: payload is not a msgpack map (first byte 0x%02x)", ErrNotFailbus, c)
+	}
+	dec := msgpack.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(m); err != nil {
+		if f := msgpackField(data, m); f != "" {
+			return &FieldError{Field: f, Problem: cleanErr(err)}
+		}
+		return fmt.Errorf("%w: decode %s: %s", ErrNotFailbus, m.SchemaName(), cleanErr(err))
+	}
+	return nil
+}
+
+// msgpackField finds which key of a msgpack map fails to decode into m's type,
+// by decoding the keys one at a time. It runs only on the error path.
+func msgpackField(data []byte, m Message) string {
+	var raw map[string]msgpack.RawMessage
+	if err := msgpack.Unmarshal(data, &raw); err != nil {
+		return ""
+	}
+	keys := make([]string, 0, len(raw))
+	for k := range raw {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		one, err := msgpack.Marshal(map[string]msgpack.RawMessage{k: raw[k]})
+		if err != nil {
+			continue
+		}
+		probe := New(m.SchemaName())
+		if err := msgpack.Unmarshal(one, probe); err != nil {
+			return k
+		}
+	}
+	return ""
+}
+
+// UnmarshalJSON decodes one JSON object into m (offline commands), naming the
+// offending field on a type error. It does not validate.
+func UnmarshalJSON(data []byte, m Message) error {
+	if err := json.Unmarshal(data, m); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && te.Field != "" {
+			return &FieldError{Field: te.Field, Problem: fmt.Sprintf("cannot be a JSON %s", te.Value)}
+		}
+		var raw map[string]json.RawMessage
+		if json.Unmarshal(data, &raw) == nil {
+			keys := make([]string, 0, len(raw))
+			for k := range raw {
+				keys = append(keys, k)
+			}
+			sort.Strings(keys)
+			for _, k := range keys {
+				one, _ := json.Marshal(map[string]json.RawMessage{k: raw[k]})
+				if e := json.Unmarshal(one, New(m.SchemaName())); e != nil {
+					return &FieldError{Field: k, Problem: cleanErr(e)}
+				}
+			}
+		}
+		return fmt.Errorf("decode %s JSON: %w", m.SchemaName(), err)
+	}
+	return nil
+}
+
+func cleanErr(err error) string {
+	s := err.Error()
+	s = strings.TrimPrefix(s, "msgpack: ")
+	s = strings.TrimPrefix(s, "json: ")
+	return s
+}
+
+// ToJSON renders a bus message as one JSON object: typed messages with their
+// own keys, anything else decoded generically. Operators use it to tail and
+// audit.
+func ToJSON(h nats.Header, data []byte) ([]byte, error) {
+	if h.Get(HeaderSchema) != "" || h.Get(HeaderContentType) == ContentTypeMsgpack || h == nil || len(h) == 0 {
+		if m, err := Decode(h, data); err == nil {
+			return json.Marshal(m)
+		}
+	}
+	var v any
+	if err := msgpack.Unmarshal(data, &v); err != nil {
+		if json.Valid(data) {
+			return data, nil
+		}
+		return nil, fmt.Errorf("%w: neither msgpack nor JSON", ErrNotFailbus)
+	}
+	b, err := json.Marshal(jsonable(v))
+	if err != nil {
+		return nil, fmt.Errorf("render as JSON: %w", err)
+	}
+	return b, nil
+}
+
+// jsonable converts generic msgpack values (maps with interface keys) into
+// something encoding/json accepts.
+func jsonable(v any) any {
+	switch x := v.(type) {
+	case map[string]any:
+		for k, e := range x {
+			x[k] = jsonable(e)
+		}
+		return x
+	case map[any]any:
+		out := make(map[string]any, len(x))
+		for k, e := range x {
+			out[fmt.Sprint(k)] = jsonable(e)
+		}
+		return out
+	case []any:
+		for i, e := range x {
+			x[i] = jsonable(e)
+		}
+		return x
+	}
+	return v
+}

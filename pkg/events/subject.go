@@ -1,0 +1,122 @@
+package events
+
+import (
+	"strconv"
+	"strings"
+)
+
+// Subject prefixes. Subjects are built here and nowhere else, so a name is
+// changed (never, they are a contract) in one place.
+const (
+	Prefix           = "failbus"
+	OutcomePrefix    = Prefix + ".outcome"
+	SegmentPrefix    = Prefix + ".segment"
+	ClassifiedPrefix = Prefix + ".classified"
+	HealthPrefix     = Prefix + ".health"
+	DecisionPrefix   = Prefix + ".decision"
+	RetryPrefix      = Prefix + ".retry"
+	NotifyPrefix     = Prefix + ".notify"
+	ControlPrefix    = Prefix + ".control"
+	TaskPrefix       = Prefix + ".task"
+	DLQPrefix        = Prefix + ".dlq"
+	AuditPrefix      = Prefix + ".audit"
+)
+
+// Token makes s safe as one subject token: every character outside
+// A-Za-z0-9_- becomes '_' (CONTRACT.md); an empty name becomes "_". The
+// payload keeps the real name.
+func Token(s string) string {
+	if s == "" {
+		return "_"
+	}
+	clean := true
+	for i := 0; i < len(s); i++ {
+		if !tokenByte(s[i]) {
+			clean = false
+			break
+		}
+	}
+	if clean {
+		return s
+	}
+	var b strings.Builder
+	b.Grow(len(s))
+	for _, r := range s {
+		if r < 0x80 && tokenByte(byte(r)) {
+			b.WriteRune(r)
+		} else {
+			b.WriteByte('_')
+		}
+	}
+	return b.String()
+}
+
+func tokenByte(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-'
+}
+
+func join(prefix string, tokens ...string) string {
+	var b strings.Builder
+	b.WriteString(prefix)
+	for _, t := range tokens {
+		b.WriteByte('.')
+		b.WriteString(Token(t))
+	}
+	return b.String()
+}
+
+// OutcomeSubject is where an agent publishes the outcome of one LLM call.
+func OutcomeSubject(provider, agent string) string { return join(OutcomePrefix, provider, agent) }
+
+// SegmentSubject is where an agent reports a context-segment boundary.
+func SegmentSubject(agent string) string { return join(SegmentPrefix, agent) }
+
+// ClassifiedSubject carries one classification, filterable by provider and
+// class.
+func ClassifiedSubject(provider, class string) string {
+	return join(ClassifiedPrefix, provider, class)
+}
+
+// HealthSubject carries a provider's health changes.
+func HealthSubject(provider string) string { return join(HealthPrefix, provider) }
+
+// DecisionSubject carries what one agent should do now.
+func DecisionSubject(agent string) string { return join(DecisionPrefix, agent) }
+
+// RetryDueSubject is where JetStream's scheduler writes an agent's retries as
+// they come due.
+func RetryDueSubject(agent string) string { return join(RetryPrefix+".due", agent) }
+
+// RetryScheduleSubject holds the one pending schedule of a retry: publishing
+// replaces it, purging it cancels the retry.
+func RetryScheduleSubject(agent, retryID string) string {
+	return join(RetryPrefix+".sched", agent, retryID)
+}
+
+// RetryLedgerSubject holds the retry records of one budget (turn, step,
+// provider, policy key), read back with "last message per subject" so a
+// crash neither refunds nor overspends it.
+func RetryLedgerSubject(budgetKey string) string { return join(RetryPrefix+".ledger", budgetKey) }
+
+// RetryStartedSubject is where an agent reports it started a due retry.
+func RetryStartedSubject(agent string) string { return join(RetryPrefix+".started", agent) }
+
+// RetryCancelSubject is where an agent cancels a pending retry.
+func RetryCancelSubject(agent string) string { return join(RetryPrefix+".cancel", agent) }
+
+// NotifySubject carries notification requests of one severity.
+func NotifySubject(severity string) string { return join(NotifyPrefix, severity) }
+
+// ControlSubject carries recovery commands for one agent.
+func ControlSubject(agent string) string { return join(ControlPrefix, agent) }
+
+// DLQSubject is the dead-letter subject of one service.
+func DLQSubject(service string) string { return join(DLQPrefix, service) }
+
+// AuditSubject carries one service's audit records (e.g. notifier decisions).
+func AuditSubject(service, kind string) string { return join(AuditPrefix, service, kind) }
+
+// SegmentKey is the context-segment key `<session>#<segment>`.
+func SegmentKey(session string, segment int) string {
+	return session + "#" + strconv.Itoa(segment)
+}

@@ -1,0 +1,117 @@
+package events
+
+import "fmt"
+
+// SchemaName implements Message.
+func (*Outcome) SchemaName() string { return SchemaOutcome }
+
+// SchemaName implements Message.
+func (*Classification) SchemaName() string { return SchemaClassification }
+
+// SchemaName implements Message.
+func (*Decision) SchemaName() string { return SchemaDecision }
+
+// SchemaName implements Message.
+func (*RetryDue) SchemaName() string { return SchemaRetryDue }
+
+// SchemaName implements Message.
+func (*Health) SchemaName() string { return SchemaHealth }
+
+// SchemaName implements Message.
+func (*Notification) SchemaName() string { return SchemaNotification }
+
+// SchemaName implements Message.
+func (*Boundary) SchemaName() string { return SchemaBoundary }
+
+// SchemaName implements Message.
+func (*DeadLetter) SchemaName() string { return SchemaDeadLetter }
+
+// Validate checks the fields CONTRACT.md requires of an Outcome: id, agent,
+// provider; a sane status; a known refusal scope.
+func (o *Outcome) Validate() error {
+	if err := firstErr(required("id", o.ID), required("agent", o.Agent), required("provider", o.Provider)); err != nil {
+		return err
+	}
+	if o.Status < 0 || o.Status > 999 {
+		return &FieldError{Field: "status", Problem: fmt.Sprintf("%d is not an HTTP status (0 when none)", o.Status)}
+	}
+	switch o.RefusalScope {
+	case "", "increment", "history":
+	default:
+		return &FieldError{Field: "refusal_scope", Problem: fmt.Sprintf("%q is not increment or history", o.RefusalScope)}
+	}
+	if o.RequestTokens < 0 {
+		return &FieldError{Field: "request_tokens", Problem: "negative"}
+	}
+	if o.ContextWindow < 0 {
+		return &FieldError{Field: "context_window", Problem: "negative"}
+	}
+	return nil
+}
+
+// Validate checks that a classification names its outcome and a contract
+// class.
+func (c *Classification) Validate() error {
+	if err := firstErr(required("outcome_id", c.OutcomeID), required("class", c.Class)); err != nil {
+		return err
+	}
+	if _, ok := LookupClass(c.Class); !ok {
+		return &FieldError{Field: "class", Problem: fmt.Sprintf("%q is not a contract class", c.Class)}
+	}
+	return nil
+}
+
+var actions = map[string]bool{
+	ActionRetry: true, ActionSwitchProfile: true, ActionSwitchModel: true, ActionSwitchProvider: true,
+	ActionRerender: true, ActionSkipProvider: true, ActionWaitProvider: true, ActionCompact: true, ActionGiveUp: true,
+}
+
+// Validate checks that a decision names its agent and a contract action.
+func (d *Decision) Validate() error {
+	if err := firstErr(required("outcome_id", d.OutcomeID), required("agent", d.Agent), required("action", d.Action)); err != nil {
+		return err
+	}
+	if !actions[d.Action] {
+		return &FieldError{Field: "action", Problem: fmt.Sprintf("%q is not a contract action", d.Action)}
+	}
+	return nil
+}
+
+// Validate checks the identity of a due retry.
+func (r *RetryDue) Validate() error {
+	return firstErr(required("retry_id", r.RetryID), required("agent", r.Agent))
+}
+
+// Validate checks a health record.
+func (h *Health) Validate() error {
+	if err := firstErr(required("provider", h.Provider), required("state", h.State)); err != nil {
+		return err
+	}
+	switch h.State {
+	case HealthHealthy, HealthDegraded, HealthOutage, HealthRecovered:
+		return nil
+	}
+	return &FieldError{Field: "state", Problem: fmt.Sprintf("%q is not healthy, degraded, outage or recovered", h.State)}
+}
+
+// Validate checks a notification request: a dedupe key and a known severity.
+func (n *Notification) Validate() error {
+	if err := firstErr(required("dedupe_key", n.DedupeKey), required("severity", n.Severity)); err != nil {
+		return err
+	}
+	switch n.Severity {
+	case SeverityInfo, SeverityNormal, SeverityCritical:
+		return nil
+	}
+	return &FieldError{Field: "severity", Problem: fmt.Sprintf("%q is not info, normal or critical", n.Severity)}
+}
+
+// Validate checks a segment boundary.
+func (b *Boundary) Validate() error {
+	return firstErr(required("agent", b.Agent), required("session", b.Session))
+}
+
+// Validate checks a dead letter.
+func (d *DeadLetter) Validate() error {
+	return firstErr(required("service", d.Service), required("reason", d.Reason))
+}
