@@ -1,0 +1,250 @@
+package topology
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// kvStreamPrefix is how JetStream names the stream behind a KV bucket.
+const kvStreamPrefix = "KV_"
+
+// Apply makes the server behind js hold every stream, durable consumer and
+// KV bucket of the topology, adjusted by opts. It is idempotent: a missing
+// resource is created, an existing one is updated to the topology (a no-op
+// when it already matches), and consumer positions and stored messages are
+// kept.
+//
+// Apply works in two steps. It first reads what exists and checks that each
+// existing resource can be updated in place; if any cannot, it returns every
+// such problem as an *IncompatibleError (joined; use errors.As) and changes
+// nothing. Then it creates or updates streams, consumers and buckets in that
+// order, stopping at the first error, which names the resource. Running
+// Apply from several processes at once is safe: each converges on the same
+// configuration.
+func Apply(ctx context.Context, js jetstream.JetStream, opts Options) error {
+	t, err := loaded()
+	if err != nil {
+		return err
+	}
+	r, err := opts.resolve(t)
+	if err != nil {
+		return fmt.Errorf("topology: %w", err)
+	}
+
+	// Step 1: check what exists, change nothing.
+	var incompatible []error
+	exists := map[string]bool{}
+	for _, want := range r.streams {
+		have, err := streamConfig(ctx, js, want.Name)
+		if err != nil {
+			return err
+		}
+		if have == nil {
+			continue
+		}
+		if e := checkStream(KindStream, want.Name, *have, want); e != nil {
+			incompatible = append(incompatible, e)
+			continue
+		}
+		exists[want.Name] = true
+	}
+	for _, d := range r.consumers {
+		if !exists[d.stream] {
+			continue
+		}
+		c, err := js.Consumer(ctx, d.stream, d.cfg.Durable)
+		if errors.Is(err, jetstream.ErrConsumerNotFound) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("topology: look up consumer %s on %s: %w", d.cfg.Durable, d.stream, err)
+		}
+		if e := checkConsumer(d.cfg.Durable, c.CachedInfo().Config, d.cfg); e != nil {
+			incompatible = append(incompatible, e)
+		}
+	}
+	for _, want := range r.buckets {
+		have, err := streamConfig(ctx, js, kvStreamPrefix+want.Bucket)
+		if err != nil {
+			return err
+		}
+		if have == nil {
+			continue
+		}
+		if e := checkBucket(want.Bucket, *have, want); e != nil {
+			incompatible = append(incompatible, e)
+		}
+	}
+	if len(incompatible) > 0 {
+		return errors.Join(incompatible...)
+	}
+
+	// Step 2: create or update.
+	for _, want := range r.streams {
+		if err := applyStream(ctx, js, want, exists[want.Name]); err != nil {
+			return err
+		}
+	}
+	for _, d := range r.consumers {
+		if _, err := js.CreateOrUpdateConsumer(ctx, d.stream, d.cfg); err != nil {
+			return fmt.Errorf("topology: create or update consumer %s on %s: %w", d.cfg.Durable, d.stream, err)
+		}
+	}
+	for _, want := range r.buckets {
+		if _, err := js.CreateOrUpdateKeyValue(ctx, want); err != nil {
+			return fmt.Errorf("topology: create or update bucket %s: %w", want.Bucket, err)
+		}
+	}
+	return nil
+}
+
+// streamConfig returns the configuration of the stream called name, or nil
+// when there is none.
+func streamConfig(ctx context.Context, js jetstream.JetStream, name string) (*jetstream.StreamConfig, error) {
+	s, err := js.Stream(ctx, name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("topology: look up stream %s: %w", name, err)
+	}
+	cfg := s.CachedInfo().Config
+	return &cfg, nil
+}
+
+// applyStream creates want, or updates it when it exists. A stream created
+// by someone else since step 1 is checked like any existing one.
+func applyStream(ctx context.Context, js jetstream.JetStream, want jetstream.StreamConfig, exists bool) error {
+	if !exists {
+		_, err := js.CreateStream(ctx, want)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			return fmt.Errorf("topology: create stream %s: %w", want.Name, err)
+		}
+		have, err := streamConfig(ctx, js, want.Name)
+		if err != nil {
+			return err
+		}
+		if have != nil {
+			if e := checkStream(KindStream, want.Name, *have, want); e != nil {
+				return e
+			}
+		}
+	}
+	if _, err := js.UpdateStream(ctx, want); err != nil {
+		return fmt.Errorf("topology: update stream %s: %w", want.Name, err)
+	}
+	return nil
+}
+
+// checkStream returns an *IncompatibleError for the first setting of have
+// that an update to want cannot change: those the server refuses to update,
+// and subjects the update would drop (messages on them would silently stop
+// being stored). Widening subjects (failbus.retry.ledger.> to
+// failbus.retry.>), changing limits, replicas or the duplicate window, and
+// turning schedules or TTLs on are updates.
+func checkStream(kind, name string, have, want jetstream.StreamConfig) error {
+	bad := func(field string, h, w any) error {
+		return &IncompatibleError{Kind: kind, Name: name, Field: field, Have: jsonText(h), Want: jsonText(w)}
+	}
+	switch {
+	case have.Mirror != nil && want.Mirror == nil:
+		return bad("mirror", have.Mirror.Name, "")
+	case have.Storage != want.Storage:
+		return bad("storage", have.Storage, want.Storage)
+	case have.Retention != want.Retention:
+		return bad("retention", have.Retention, want.Retention)
+	case slices.ContainsFunc(have.Subjects, func(h string) bool { return !covered(h, want.Subjects) }):
+		return bad("subjects", strings.Join(have.Subjects, ","), strings.Join(want.Subjects, ","))
+	case have.AllowMsgSchedules && !want.AllowMsgSchedules:
+		return bad("allow_msg_schedules", true, false)
+	case have.AllowMsgTTL && !want.AllowMsgTTL:
+		return bad("allow_msg_ttl", true, false)
+	case have.AllowMsgCounter != want.AllowMsgCounter:
+		return bad("allow_msg_counter", have.AllowMsgCounter, want.AllowMsgCounter)
+	case have.Sealed && !want.Sealed:
+		return bad("sealed", true, false)
+	case have.DenyDelete && !want.DenyDelete:
+		return bad("deny_delete", true, false)
+	case have.DenyPurge && !want.DenyPurge:
+		return bad("deny_purge", true, false)
+	case have.PersistMode != want.PersistMode:
+		return bad("persist_mode", have.PersistMode, want.PersistMode)
+	}
+	return nil
+}
+
+// covered reports whether every subject matching subject is stored under one
+// of subjects, so an update to subjects keeps storing it.
+func covered(subject string, subjects []string) bool {
+	return slices.ContainsFunc(subjects, func(s string) bool { return subjectWithin(subject, s) })
+}
+
+// checkConsumer returns an *IncompatibleError for the first setting of an
+// existing consumer that the server refuses to update. Changing a filter,
+// AckWait, backoff, MaxDeliver or MaxAckPending is an update that keeps the
+// consumer's position.
+func checkConsumer(name string, have, want jetstream.ConsumerConfig) error {
+	bad := func(field string, h, w any) error {
+		return &IncompatibleError{Kind: KindConsumer, Name: name, Field: field, Have: jsonText(h), Want: jsonText(w)}
+	}
+	switch {
+	case have.DeliverSubject != "":
+		return bad("deliver_subject", have.DeliverSubject, "")
+	case have.DeliverPolicy != want.DeliverPolicy:
+		return bad("deliver_policy", have.DeliverPolicy, want.DeliverPolicy)
+	case have.AckPolicy != want.AckPolicy:
+		return bad("ack_policy", have.AckPolicy, want.AckPolicy)
+	case have.ReplayPolicy != want.ReplayPolicy:
+		return bad("replay_policy", have.ReplayPolicy, want.ReplayPolicy)
+	case have.OptStartSeq != want.OptStartSeq:
+		return bad("opt_start_seq", have.OptStartSeq, want.OptStartSeq)
+	case have.MemoryStorage != want.MemoryStorage:
+		return bad("mem_storage", have.MemoryStorage, want.MemoryStorage)
+	case want.MaxWaiting != 0 && have.MaxWaiting != want.MaxWaiting:
+		return bad("max_waiting", have.MaxWaiting, want.MaxWaiting)
+	}
+	return nil
+}
+
+// checkBucket returns an *IncompatibleError when the stream behind an
+// existing bucket cannot be updated to want.
+func checkBucket(name string, have jetstream.StreamConfig, want jetstream.KeyValueConfig) error {
+	bad := func(field string, h, w any) error {
+		return &IncompatibleError{Kind: KindBucket, Name: name, Field: field, Have: jsonText(h), Want: jsonText(w)}
+	}
+	switch {
+	case have.Mirror != nil && want.Mirror == nil:
+		return bad("mirror", have.Mirror.Name, "")
+	case have.Storage != want.Storage:
+		return bad("storage", have.Storage, want.Storage)
+	case have.AllowMsgTTL && want.LimitMarkerTTL == 0:
+		return bad("limit_marker_ttl", have.SubjectDeleteMarkerTTL, want.LimitMarkerTTL)
+	}
+	return nil
+}
+
+// jsonText renders a setting as it is spelt in the JSON files ("limits",
+// "file", 600000000000), so an error reads like the file to fix.
+func jsonText(v any) string {
+	if s, ok := v.(string); ok {
+		return s
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Sprint(v)
+	}
+	if s, err := strconv.Unquote(string(b)); err == nil {
+		return s
+	}
+	return string(b)
+}

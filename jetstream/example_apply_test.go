@@ -1,0 +1,49 @@
+package topology_test
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/failbus/failbus/internal/embedded"
+	topology "github.com/failbus/failbus/jetstream"
+)
+
+// A service applies the topology at start-up (it is idempotent) and binds
+// to its durable consumer by name, never by spelling it.
+func ExampleApply() {
+	srv, err := embedded.Start(embedded.Options{})
+	if err != nil {
+		panic(err)
+	}
+	defer srv.Shutdown()
+	nc, err := srv.Connect()
+	if err != nil {
+		panic(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		panic(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	opts := topology.Options{
+		// Keep dead letters for a year instead of topology.DefaultMaxAgeDLQ.
+		MaxAge: map[string]time.Duration{topology.StreamDLQ: 365 * 24 * time.Hour},
+	}
+	if err := topology.Apply(ctx, js, opts); err != nil {
+		panic(err)
+	}
+
+	stream, cfg, _ := topology.Consumer(topology.ConsumerClassifier)
+	cons, err := js.Consumer(ctx, stream, cfg.Durable)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(cons.CachedInfo().Stream, cons.CachedInfo().Name, cfg.FilterSubjects, cfg.MaxDeliver)
+	// Output: FAILBUS_OUTCOMES classifier [failbus.outcome.> failbus.segment.>] 10
+}

@@ -1,0 +1,72 @@
+package topology
+
+// Stream names. They are a contract (DESIGN.md §3): operators tail and replay
+// them by name, and the files under streams/ carry the same names.
+const (
+	// StreamOutcomes holds failbus.outcome.<provider>.<agent> and
+	// failbus.segment.<agent>: the raw evidence everything is derived from.
+	StreamOutcomes = "FAILBUS_OUTCOMES"
+	// StreamClassified holds failbus.classified.<provider>.<class>.
+	StreamClassified = "FAILBUS_CLASSIFIED"
+	// StreamHealth holds failbus.health.<provider>.
+	StreamHealth = "FAILBUS_HEALTH"
+	// StreamDecisions holds failbus.decision.<agent>.
+	StreamDecisions = "FAILBUS_DECISIONS"
+	// StreamRetries holds failbus.retry.>: the retry ledger, the pending
+	// schedules and the due retries JetStream's scheduler writes. It is the
+	// one stream with message schedules and per-message TTLs enabled.
+	StreamRetries = "FAILBUS_RETRIES"
+	// StreamNotify holds failbus.notify.<severity>.
+	StreamNotify = "FAILBUS_NOTIFY"
+	// StreamControl holds failbus.control.<agent>.
+	StreamControl = "FAILBUS_CONTROL"
+	// StreamTasks holds failbus.task.<provider>.…: work held while a
+	// provider is down.
+	StreamTasks = "FAILBUS_TASKS"
+	// StreamDLQ holds failbus.dlq.<service>: dead letters with the reason
+	// and the original bytes.
+	StreamDLQ = "FAILBUS_DLQ"
+	// StreamAudit holds failbus.audit.<service>.<kind>, e.g. every notifier
+	// decision to send or suppress, so a missing or doubled notification can
+	// be explained after the fact.
+	StreamAudit = "FAILBUS_AUDIT"
+)
+
+// Durable pull consumer names. Each belongs to one service; the runner binds
+// to it by name, so a restarted or scaled-out service resumes where the last
+// one acknowledged.
+const (
+	// ConsumerClassifier reads StreamOutcomes (outcomes and segment
+	// boundaries).
+	ConsumerClassifier = "classifier"
+	// ConsumerScheduler reads every classification on StreamClassified.
+	ConsumerScheduler = "scheduler"
+	// ConsumerRefusals reads only content refusals on StreamClassified
+	// (failbus.classified.*.content_refusal), for the refusal tiers.
+	ConsumerRefusals = "refusals"
+	// ConsumerNotifier reads StreamNotify.
+	ConsumerNotifier = "notifier"
+	// ConsumerRecovery reads StreamHealth.
+	ConsumerRecovery = "recovery"
+)
+
+// KV bucket names. The backing streams are named KV_<bucket> by JetStream.
+const (
+	// BucketRefusals holds refusal state per (segment, provider).
+	BucketRefusals = "FAILBUS_REFUSALS"
+	// BucketNotifyDedupe holds notification dedupe keys; creating a key is
+	// the exactly-once gate.
+	BucketNotifyDedupe = "FAILBUS_NOTIFY_DEDUPE"
+	// BucketNotifyBudget holds the daily budget counters of non-critical
+	// notifications.
+	BucketNotifyBudget = "FAILBUS_NOTIFY_BUDGET"
+	// BucketHeartbeats holds the latest heartbeat of each agent and
+	// subagent.
+	BucketHeartbeats = "FAILBUS_HEARTBEATS"
+	// BucketCrons holds cron runs.
+	BucketCrons = "FAILBUS_CRONS"
+	// BucketRecovery holds the progress of recovery runs.
+	BucketRecovery = "FAILBUS_RECOVERY"
+	// BucketPolicy holds the active policy.
+	BucketPolicy = "FAILBUS_POLICY"
+)
