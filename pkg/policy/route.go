@@ -1,0 +1,80 @@
+package policy
+
+import (
+	"time"
+
+	"github.com/failbus/failbus/pkg/events"
+)
+
+// RouteResult answers "which of these providers may receive this segment
+// now?" (CONTRACT.md `route`): Allowed keeps the caller's order; every
+// provider not allowed is in Skipped with the reason the model is told.
+type RouteResult struct {
+	Allowed []string    `json:"allowed"`
+	Skipped []RouteSkip `json:"skipped"`
+}
+
+// RouteSkip is one provider the segment must not be sent to now, with the
+// reason worded by RefusalNotice and either when it may be probed again or
+// that it is frozen until a boundary.
+type RouteSkip struct {
+	Provider    string       `json:"provider"`
+	Reason      string       `json:"reason"`
+	NextProbeAt *events.Time `json:"next_probe_at,omitempty"`
+	Frozen      bool         `json:"frozen,omitempty"`
+}
+
+// RouteProviders is the route rule over any state store: lookup returns the
+// provider's state in the segment (false when there is none, or it expired).
+// It only reads, so asking never moves the re-probe clock; a probe it allows
+// advances the state only if a real refusal comes back (seed 000 §5). The
+// RefusalBook and the KV-backed route service both answer with it.
+func RouteProviders(now time.Time, cfg RefusalConfig, providers []string, lookup func(provider string) (RefusalState, bool)) RouteResult {
+	res := RouteResult{Allowed: []string{}, Skipped: []RouteSkip{}}
+	for _, p := range providers {
+		s, found := lookup(p)
+		if !found {
+			res.Allowed = append(res.Allowed, p)
+			continue
+		}
+		ok, next, frozen := s.Allow(now, cfg)
+		if ok {
+			res.Allowed = append(res.Allowed, p)
+			continue
+		}
+		if s.Provider == "" {
+			s.Provider = p
+		}
+		skip := RouteSkip{
+			Provider: p,
+			Reason:   RefusalNotice(cfg, s.View(now, cfg), nil).Reason,
+			Frozen:   frozen,
+		}
+		if !next.IsZero() {
+			t := events.At(next)
+			skip.NextProbeAt = &t
+		}
+		res.Skipped = append(res.Skipped, skip)
+	}
+	return res
+}
+
+// Route answers which of providers, in order, may receive the segment
+// `<session>#<segment>` now. It never changes a refusal state: the only
+// write is the TTL refresh of RefusalTouchDue, which keeps a segment that is
+// still routed from expiring. agent names the asker; refusal state belongs to
+// the segment and is shared by every agent on it.
+func (b *RefusalBook) Route(now time.Time, agent, session string, segment int, providers []string) RouteResult {
+	_ = agent
+	return RouteProviders(now, b.cfg, providers, func(p string) (RefusalState, bool) {
+		k := refusalBookKey{session, segment, p}
+		e, ok := b.states[k]
+		if !ok || b.expired(e, now) {
+			return RefusalState{}, false
+		}
+		if RefusalTouchDue(e.written, now, b.cfg) {
+			b.states[k] = refusalEntry{state: e.state, written: now}
+		}
+		return e.state, true
+	})
+}
