@@ -1,0 +1,164 @@
+// Package classifier is the classifier service: outcomes in, one
+// classification per outcome out on failbus.classified.<provider>.<class>.
+// It is a Handler for the consumer runner, so the same code runs as
+// cmd/classifier and inside `failbus dev`.
+//
+// Exactly once: each classification carries Nats-Msg-Id
+// "classifier:<outcome id>:0" (consumer.OutputMsgID), so an outcome that is
+// redelivered after a crash yields no second classification as long as the
+// redelivery falls inside FAILBUS_CLASSIFIED's duplicate window. Outcomes
+// that do not decode or validate go to failbus.dlq.classifier with the
+// reason. Segment boundaries on the same stream are acknowledged and
+// otherwise ignored here: the refusal tiers read them with their own
+// consumer.
+package classifier
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	topology "github.com/failbus/failbus/jetstream"
+	"github.com/failbus/failbus/pkg/consumer"
+	"github.com/failbus/failbus/pkg/events"
+	"github.com/failbus/failbus/pkg/policy"
+)
+
+// Service is the service name: the metrics label, the dead-letter subject
+// failbus.dlq.classifier and the prefix of its outputs' Nats-Msg-Id.
+const Service = "classifier"
+
+// DefaultOpsAddr is where cmd/classifier serves /metrics and /healthz unless
+// told otherwise. Each service has its own port (classifier 9401), so they
+// can run side by side on one host.
+const DefaultOpsAddr = "127.0.0.1:9401"
+
+// DefaultConcurrency is how many outcomes the classifier handles at once.
+// Classification is pure and independent per outcome, so order does not
+// matter here.
+const DefaultConcurrency = 4
+
+// ClassifyFunc classifies one outcome; policy.Classify and
+// (*policy.Classifier).Classify fit.
+type ClassifyFunc func(*events.Outcome) events.Classification
+
+// Options configure the classifier service.
+type Options struct {
+	// Classify classifies each outcome. Defaults to policy.Classify, the
+	// default policy's classifier.
+	Classify ClassifyFunc
+
+	// Runner holds the consumer runner settings: Logger, Registerer,
+	// Concurrency (defaults to DefaultConcurrency here), Middleware,
+	// FetchWait, DrainTimeout and so on. Service, Stream, Consumer and Decode
+	// are set by the classifier (the topology's `classifier` consumer on
+	// FAILBUS_OUTCOMES, decoding done by the handler) and must be left empty.
+	Runner consumer.Config
+}
+
+// NewRunner builds the classifier service on a consumer runner bound to the
+// topology's `classifier` consumer. Apply the topology before Run. Its
+// metrics go to opts.Runner.Registerer (or the runner's own registry, see
+// Runner.Gatherer).
+func NewRunner(js jetstream.JetStream, opts Options) (*consumer.Runner, error) {
+	cfg := opts.Runner
+	if cfg.Service != "" || cfg.Stream != "" || cfg.Consumer != "" || cfg.Decode {
+		return nil, fmt.Errorf("%w: classifier sets Service, Stream, Consumer and Decode itself", consumer.ErrInvalidConfig)
+	}
+	cfg.Service, cfg.Stream, cfg.Consumer = Service, topology.StreamOutcomes, topology.ConsumerClassifier
+	if cfg.Concurrency == 0 {
+		cfg.Concurrency = DefaultConcurrency
+	}
+	if cfg.Registerer == nil {
+		cfg.Registerer = prometheus.NewRegistry()
+	}
+	h, err := NewHandler(opts.Classify, cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	r, err := consumer.New(js, cfg, h)
+	if err != nil {
+		return nil, fmt.Errorf("classifier: %w", err)
+	}
+	return r, nil
+}
+
+// NewHandler returns the classifier's message handler, registering its
+// metrics with reg: failbus_classifier_classified_total{class} and
+// failbus_classifier_overrules_total{claimed,final}, the rate at which
+// evidence demotes a heuristic's or an upstream code's claim (DESIGN.md §4).
+// Metrics count handler runs, so a redelivered outcome counts again.
+// classify nil selects policy.Classify.
+func NewHandler(classify ClassifyFunc, reg prometheus.Registerer) (consumer.Handler, error) {
+	if classify == nil {
+		classify = policy.Classify
+	}
+	if reg == nil {
+		return nil, fmt.Errorf("%w: classifier: nil Registerer", consumer.ErrInvalidConfig)
+	}
+	classes, err := consumer.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "failbus_classifier_classified_total",
+		Help: "Outcomes classified, by class.",
+	}, []string{"class"}))
+	if err != nil {
+		return nil, fmt.Errorf("classifier: %w", err)
+	}
+	overrules, err := consumer.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "failbus_classifier_overrules_total",
+		Help: "Classifications where evidence overruled the class a heuristic or upstream_code claimed, by claimed and final class.",
+	}, []string{"claimed", "final"}))
+	if err != nil {
+		return nil, fmt.Errorf("classifier: %w", err)
+	}
+	segment := events.SegmentPrefix + "."
+	return func(_ context.Context, m *consumer.Msg, out *consumer.Outputs) error {
+		if strings.HasPrefix(m.Subject, segment) {
+			return nil // boundaries are the refusal tiers' business
+		}
+		o, err := events.DecodeAs[*events.Outcome](m.Header, m.Data)
+		if err != nil {
+			return consumer.DeadLetter("decode outcome: " + err.Error())
+		}
+		c := classify(o)
+		fillContext(&c, o)
+		classes.WithLabelValues(c.Class).Inc()
+		if c.Overruled != "" {
+			overrules.WithLabelValues(c.Overruled, c.Class).Inc()
+		}
+		out.Publish(events.ClassifiedSubject(o.Provider, c.Class), &c, "")
+		return nil
+	}, nil
+}
+
+// fillContext copies the outcome's identity and context into c where the
+// classifier left them empty, so downstream services never need a second
+// lookup whatever ClassifyFunc was plugged in.
+func fillContext(c *events.Classification, o *events.Outcome) {
+	set := func(dst *string, v string) {
+		if *dst == "" {
+			*dst = v
+		}
+	}
+	set(&c.OutcomeID, o.ID)
+	set(&c.Agent, o.Agent)
+	set(&c.Provider, o.Provider)
+	set(&c.Model, o.Model)
+	set(&c.Profile, o.Profile)
+	set(&c.Session, o.Session)
+	set(&c.RefusalScope, o.RefusalScope)
+	if c.At.IsZero() {
+		c.At = o.At
+	}
+	if c.Segment == 0 {
+		c.Segment = o.Segment
+	}
+	if c.Turn == 0 {
+		c.Turn = o.Turn
+	}
+	if c.Step == 0 {
+		c.Step = o.Step
+	}
+}

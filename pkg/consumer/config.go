@@ -1,0 +1,213 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	topology "github.com/failbus/failbus/jetstream"
+	"github.com/failbus/failbus/pkg/events"
+)
+
+// Defaults of Config, exported so callers and docs can name them.
+const (
+	// DefaultConcurrency handles one message at a time, which keeps stream
+	// order (see Config.Concurrency).
+	DefaultConcurrency = 1
+	// DefaultMaxDeliver is the delivery limit used when the consumer itself
+	// has none (MaxDeliver -1).
+	DefaultMaxDeliver = 10
+	// DefaultFetchWait is how long one pull request waits for messages. A
+	// shutdown waits at most this long for the outstanding pull to end.
+	DefaultFetchWait = 2 * time.Second
+	// DefaultDrainTimeout is how long in-flight handlers may keep running
+	// after Run's context is cancelled before their own context is.
+	DefaultDrainTimeout = 30 * time.Second
+)
+
+// DefaultBackoff is the redelivery delay after a handler error, indexed by
+// delivery count (the last entry repeats): 1s, 5s, 30s, 1m, 5m. Its longest
+// step equals topology.MaxRedeliveryDelay, which the streams' duplicate
+// window is built to exceed.
+func DefaultBackoff() []time.Duration {
+	return []time.Duration{time.Second, 5 * time.Second, 30 * time.Second, time.Minute, 5 * time.Minute}
+}
+
+// ErrInvalidConfig is wrapped by every error New returns for a bad Config,
+// so callers (flags parsing, failbus dev) can tell a usage error from a
+// server problem with errors.Is.
+var ErrInvalidConfig = errors.New("consumer: invalid config")
+
+// Config configures a Runner. Every field documents its default; the zero
+// value of an optional field selects it.
+type Config struct {
+	// Service names the service. It labels metrics and logs, names the
+	// dead-letter subject failbus.dlq.<Service>, and prefixes the
+	// Nats-Msg-Id of every output and dead letter. Required; it must be a
+	// valid subject token (letters, digits, '_' and '-').
+	Service string
+
+	// Stream is the stream the durable consumer reads. Defaults to the
+	// stream the failbus topology (package topology) declares for Consumer;
+	// required when Consumer is not a topology consumer.
+	Stream string
+
+	// Consumer is the name of the durable pull consumer. Defaults to
+	// Service. Replicas of a service share it, so each message goes to one
+	// of them.
+	Consumer string
+
+	// ConsumerConfig, when set, is created on the server (or updated to
+	// match) before consuming, with Durable and Name set to Consumer. Leave
+	// it nil for the topology's consumers, which topology.Apply creates; set
+	// it for a consumer of your own. When nil, Run fails if the consumer
+	// does not exist.
+	ConsumerConfig *jetstream.ConsumerConfig
+
+	// Decode makes the runner decode every message with events.Decode into
+	// Msg.Value before calling the handler. A message that does not decode
+	// or validate is dead-lettered with the decoder's reason (it names the
+	// field) and the handler never sees it. Defaults to false: the handler
+	// gets raw bytes.
+	Decode bool
+
+	// Concurrency is how many messages are handled at the same time.
+	// Defaults to DefaultConcurrency (1), which handles messages in stream
+	// order, apart from redeliveries. Above 1 there is no order between
+	// messages; use it only when the handler does not care.
+	Concurrency int
+
+	// MaxDeliver is the delivery on which a message whose handler still
+	// fails (an error or Retry) is dead-lettered instead of redelivered.
+	// Defaults to the consumer's own MaxDeliver, or DefaultMaxDeliver when
+	// the consumer has no limit. It must not exceed the consumer's
+	// MaxDeliver, or the server would give up first and drop the message
+	// without a dead letter; Run checks this.
+	MaxDeliver int
+
+	// Backoff is the redelivery delay after a handler error: delivery n
+	// waits Backoff[n-1], and the last entry repeats. Defaults to
+	// DefaultBackoff(). Every entry must be positive and at most
+	// topology.MaxRedeliveryDelay, so that outputs re-published by a
+	// redelivery still fall inside the duplicate window. Retry(after) uses
+	// its own delay instead.
+	Backoff []time.Duration
+
+	// FetchBatch is how many messages one pull request asks for. Defaults
+	// to Concurrency. Fetched messages wait for a free handler while their
+	// AckWait runs, so keep FetchBatch × handler time well below the
+	// consumer's AckWait; raise it for many fast handlers.
+	FetchBatch int
+
+	// FetchWait is how long one pull request waits for messages before the
+	// runner asks again. Defaults to DefaultFetchWait (2s). A shutdown waits
+	// at most this long for the outstanding pull.
+	FetchWait time.Duration
+
+	// DrainTimeout is how long in-flight handlers may run after Run's
+	// context is cancelled; then their context is cancelled too, and a
+	// handler that returns the context's error is handed back for immediate
+	// redelivery. Defaults to DefaultDrainTimeout (30s).
+	DrainTimeout time.Duration
+
+	// Middleware wraps the handler, the first entry outermost. Recover is
+	// always applied outside all of them, so a panic anywhere becomes a
+	// dead letter. Defaults to none.
+	Middleware []Middleware
+
+	// Logger receives one structured line per notable event (start, stop,
+	// retry, dead letter, failure; acks at debug level). It never logs
+	// message bodies. The zero value logs nothing.
+	Logger zerolog.Logger
+
+	// Registerer receives the runner's metrics. Defaults to a new
+	// *prometheus.Registry, returned by Runner.Gatherer. Several runners may
+	// share one Registerer: their series differ by the service label.
+	Registerer prometheus.Registerer
+}
+
+// resolve fills defaults and validates. It does no I/O.
+func (c Config) resolve() (Config, error) {
+	bad := func(format string, args ...any) (Config, error) {
+		return Config{}, fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, args...))
+	}
+	if c.Service == "" {
+		return bad("Service is required")
+	}
+	if events.Token(c.Service) != c.Service {
+		return bad("Service %q: only letters, digits, '_' and '-' are allowed (it is a subject token)", c.Service)
+	}
+	if c.Consumer == "" {
+		c.Consumer = c.Service
+	}
+	if c.Stream == "" {
+		stream, _, ok := topology.Consumer(c.Consumer)
+		if !ok {
+			return bad("Stream is required: consumer %q is not in the failbus topology", c.Consumer)
+		}
+		c.Stream = stream
+	}
+	switch {
+	case c.Concurrency < 0:
+		return bad("Concurrency %d: must be positive (0 selects %d)", c.Concurrency, DefaultConcurrency)
+	case c.Concurrency == 0:
+		c.Concurrency = DefaultConcurrency
+	}
+	if c.MaxDeliver < 0 {
+		return bad("MaxDeliver %d: must be positive (0 selects the consumer's)", c.MaxDeliver)
+	}
+	if c.Backoff == nil {
+		c.Backoff = DefaultBackoff()
+	}
+	if len(c.Backoff) == 0 {
+		return bad("Backoff: needs at least one delay (nil selects the default)")
+	}
+	for i, d := range c.Backoff {
+		if d <= 0 || d > topology.MaxRedeliveryDelay {
+			return bad("Backoff[%d] %v: must be positive and at most %v", i, d, topology.MaxRedeliveryDelay)
+		}
+	}
+	c.Backoff = append([]time.Duration(nil), c.Backoff...)
+	switch {
+	case c.FetchBatch < 0:
+		return bad("FetchBatch %d: must be positive (0 selects Concurrency)", c.FetchBatch)
+	case c.FetchBatch == 0:
+		c.FetchBatch = c.Concurrency
+	}
+	switch {
+	case c.FetchWait < 0:
+		return bad("FetchWait %v: must be positive", c.FetchWait)
+	case c.FetchWait == 0:
+		c.FetchWait = DefaultFetchWait
+	case c.FetchWait < 10*time.Millisecond:
+		return bad("FetchWait %v: must be at least 10ms", c.FetchWait)
+	}
+	switch {
+	case c.DrainTimeout < 0:
+		return bad("DrainTimeout %v: must be positive", c.DrainTimeout)
+	case c.DrainTimeout == 0:
+		c.DrainTimeout = DefaultDrainTimeout
+	}
+	for i, mw := range c.Middleware {
+		if mw == nil {
+			return bad("Middleware[%d] is nil", i)
+		}
+	}
+	if c.Registerer == nil {
+		c.Registerer = prometheus.NewRegistry()
+	}
+	return c, nil
+}
+
+// backoff is the nak delay after the delivered-th delivery failed.
+func (c *Config) backoff(delivered int) time.Duration {
+	i := max(delivered-1, 0)
+	if i >= len(c.Backoff) {
+		i = len(c.Backoff) - 1
+	}
+	return c.Backoff[i]
+}

@@ -1,0 +1,33 @@
+// Package consumer is failbus's pluggable consumer: a runner that owns a
+// durable JetStream pull consumer and calls one Handler per message, so a
+// service (or a user's own cost tracker or dashboard feeder) is a function
+// and nothing else.
+//
+// The runner does the parts that are easy to get wrong:
+//
+//   - It acknowledges an input only after every output the handler asked for
+//     (Outputs.Publish) is stored by JetStream. Each output carries
+//     Nats-Msg-Id "<service>:<input id>:<key>" (OutputMsgID), so an input that
+//     is redelivered after a crash re-publishes the same ids and the streams
+//     drop the copies: outputs are exactly once as long as the redelivery
+//     falls inside the output stream's duplicate window.
+//   - A handler answers with its error: nil acks, Retry(after, reason) asks
+//     for a later redelivery, DeadLetter(reason) sends the input to
+//     failbus.dlq.<service> at once, any other error is retried with backoff
+//     and dead-lettered on the last allowed delivery. Nothing is dropped
+//     silently, and one bad message never stops the service.
+//   - Dead letters (events.DeadLetter) keep the original subject, headers
+//     and bytes beside the reason, so an operator can fix and replay them.
+//   - Panics become dead letters (Recover), long handlers keep their message
+//     (Heartbeat), metrics and one zerolog line per notable event are built
+//     in, and Run drains on shutdown: no new fetches, in-flight handlers
+//     finish, fetched but unstarted messages are handed back at once.
+//
+// What is not guaranteed: handlers run at least once per input (a crash
+// after the handler but before the ack runs it again), so side effects other
+// than Outputs must be idempotent. Ordering holds only with Concurrency 1,
+// and even then a retried message is handled after the ones behind it.
+//
+// ServeOps serves the Prometheus /metrics and /healthz endpoints every
+// failbus service exposes.
+package consumer

@@ -1,0 +1,106 @@
+package consumer_test
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/failbus/failbus/internal/embedded"
+	topology "github.com/failbus/failbus/jetstream"
+	"github.com/failbus/failbus/pkg/consumer"
+	"github.com/failbus/failbus/pkg/events"
+)
+
+// A consumer of your own: a cost tracker that adds up request tokens per
+// provider from every outcome on the bus. It gets its own durable consumer
+// (created by the runner from ConsumerConfig), decoded messages (Decode), and
+// everything else — acks, retries, dead letters for junk, metrics, drain —
+// from the runner.
+func Example_costTracker() {
+	js, shutdown := exampleBus() // an embedded server with the failbus topology
+	defer shutdown()
+	ctx, stop := context.WithCancel(context.Background())
+
+	var mu sync.Mutex
+	tokens := map[string]int{}
+	seen := 0
+	track := func(_ context.Context, m *consumer.Msg, _ *consumer.Outputs) error {
+		o := m.Value.(*events.Outcome)
+		mu.Lock()
+		defer mu.Unlock()
+		tokens[o.Provider] += o.RequestTokens
+		if seen++; seen == 3 {
+			stop() // a real service runs until SIGTERM
+		}
+		return nil
+	}
+	r, err := consumer.New(js, consumer.Config{
+		Service: "costs",
+		Stream:  topology.StreamOutcomes,
+		ConsumerConfig: &jetstream.ConsumerConfig{
+			FilterSubject: events.OutcomePrefix + ".>",
+			AckPolicy:     jetstream.AckExplicitPolicy,
+		},
+		Decode: true,
+	}, track)
+	if err != nil {
+		panic(err)
+	}
+	if err := r.Run(ctx); err != nil { // blocks; drains and returns nil on cancel
+		panic(err)
+	}
+
+	providers := make([]string, 0, len(tokens))
+	for p := range tokens {
+		providers = append(providers, p)
+	}
+	sort.Strings(providers)
+	for _, p := range providers {
+		fmt.Printf("%s: %d tokens\n", p, tokens[p])
+	}
+	// Output:
+	// anthropic: 1500 tokens
+	// openai: 700 tokens
+}
+
+// exampleBus starts an embedded server, applies the topology and publishes
+// three outcomes, the way agents would.
+func exampleBus() (jetstream.JetStream, func()) {
+	ctx := context.Background()
+	srv, err := embedded.Start(embedded.Options{})
+	if err != nil {
+		panic(err)
+	}
+	nc, err := srv.Connect()
+	if err != nil {
+		panic(err)
+	}
+	shutdown := func() { nc.Close(); srv.Shutdown() }
+	js, err := jetstream.New(nc)
+	if err != nil {
+		panic(err)
+	}
+	if err := topology.Apply(ctx, js, topology.Options{}); err != nil {
+		panic(err)
+	}
+	for i, o := range []events.Outcome{
+		{Provider: "openai", RequestTokens: 700},
+		{Provider: "anthropic", RequestTokens: 1000},
+		{Provider: "anthropic", RequestTokens: 500},
+	} {
+		o.ID, o.Agent = fmt.Sprintf("call-%d", i), "agent-1"
+		data, hdr, err := events.Encode(&o)
+		if err != nil {
+			panic(err)
+		}
+		hdr.Set(nats.MsgIdHdr, o.ID)
+		if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: events.OutcomeSubject(o.Provider, o.Agent), Header: hdr, Data: data}); err != nil {
+			panic(err)
+		}
+	}
+	return js, shutdown
+}

@@ -1,0 +1,23 @@
+package consumer
+
+import "strconv"
+
+// OutputMsgID is the Nats-Msg-Id of an output: "<service>:<input id>:<key>".
+// It depends only on the input's identity and the output's key, so a
+// redelivered input re-publishes its outputs under the same ids and the
+// output streams drop the copies. Exported for tools and tests that must
+// predict it.
+func OutputMsgID(service, inputID, key string) string {
+	return service + ":" + inputID + ":" + key
+}
+
+// DeadLetterMsgID is the Nats-Msg-Id of a dead letter, "dlq:<service>:<input
+// id>", so an input dead-lettered twice (its ack was lost) is stored once.
+func DeadLetterMsgID(service, inputID string) string {
+	return "dlq:" + service + ":" + inputID
+}
+
+// streamSeqID is the identity of an input without Nats-Msg-Id.
+func streamSeqID(stream string, seq uint64) string {
+	return stream + ":" + strconv.FormatUint(seq, 10)
+}

@@ -1,0 +1,98 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Result label values of failbus_consumer_messages_total.
+const (
+	// ResultAck: outputs published, input acknowledged.
+	ResultAck = "ack"
+	// ResultRetry: the handler returned Retry, or the message was handed
+	// back during shutdown.
+	ResultRetry = "retry"
+	// ResultDeadLetter: the input went to the dead-letter subject.
+	ResultDeadLetter = "dead_letter"
+	// ResultError: the handler or an output publish failed; the input is
+	// redelivered after the backoff.
+	ResultError = "error"
+)
+
+type metrics struct {
+	messages     *prometheus.CounterVec
+	duration     *prometheus.HistogramVec
+	outputs      *prometheus.CounterVec
+	redeliveries *prometheus.CounterVec
+	inFlight     *prometheus.GaugeVec
+	fetchErrors  *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "failbus_consumer_messages_total",
+			Help: "Input messages handled, by service and result (ack, retry, dead_letter, error).",
+		}, []string{"service", "result"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "failbus_consumer_handle_seconds",
+			Help:    "Time from receiving an input to settling it (handler, output publishes, ack).",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 4, 10),
+		}, []string{"service"}),
+		outputs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "failbus_consumer_outputs_published_total",
+			Help: "Outputs stored by JetStream, by service; duplicate=true when the stream already had the Nats-Msg-Id (a redelivery re-published it).",
+		}, []string{"service", "duplicate"}),
+		redeliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "failbus_consumer_redeliveries_total",
+			Help: "Inputs received with a delivery count above 1.",
+		}, []string{"service"}),
+		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "failbus_consumer_in_flight",
+			Help: "Inputs being handled right now.",
+		}, []string{"service"}),
+		fetchErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "failbus_consumer_fetch_errors_total",
+			Help: "Pull requests that failed (server unreachable, consumer missing).",
+		}, []string{"service"}),
+	}
+	var err error
+	if m.messages, err = Register(reg, m.messages); err != nil {
+		return nil, err
+	}
+	if m.duration, err = Register(reg, m.duration); err != nil {
+		return nil, err
+	}
+	if m.outputs, err = Register(reg, m.outputs); err != nil {
+		return nil, err
+	}
+	if m.redeliveries, err = Register(reg, m.redeliveries); err != nil {
+		return nil, err
+	}
+	if m.inFlight, err = Register(reg, m.inFlight); err != nil {
+		return nil, err
+	}
+	if m.fetchErrors, err = Register(reg, m.fetchErrors); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// Register registers c with reg, or returns the equal collector already
+// there, so services that share a registry (failbus dev runs them all in one
+// process) can each create their own metrics without a conflict.
+func Register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				return existing, nil
+			}
+		}
+		var zero C
+		return zero, fmt.Errorf("register metrics: %w", err)
+	}
+	return c, nil
+}

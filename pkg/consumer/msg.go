@@ -1,0 +1,129 @@
+package consumer
+
+import (
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/failbus/failbus/pkg/events"
+)
+
+// Msg is one input message as a handler sees it: its bytes and headers,
+// where it is stored, and how often it has been delivered.
+type Msg struct {
+	// Subject the message was published to.
+	Subject string
+	// Header as published. Handlers must not modify it.
+	Header nats.Header
+	// Data is the payload as published. Handlers must not modify it.
+	Data []byte
+	// Stream and Seq say where the message is stored.
+	Stream string
+	Seq    uint64
+	// Delivered counts deliveries of this message to the consumer,
+	// starting at 1; above 1 it is a redelivery.
+	Delivered int
+	// Timestamp is when the stream stored the message.
+	Timestamp time.Time
+	// Value is the decoded message when Config.Decode is set, else nil.
+	Value events.Message
+
+	raw jetstream.Msg
+}
+
+func newMsg(raw jetstream.Msg) (*Msg, error) {
+	md, err := raw.Metadata()
+	if err != nil {
+		return nil, fmt.Errorf("read JetStream metadata: %w", err)
+	}
+	return &Msg{
+		Subject:   raw.Subject(),
+		Header:    raw.Headers(),
+		Data:      raw.Data(),
+		Stream:    md.Stream,
+		Seq:       md.Sequence.Stream,
+		Delivered: int(md.NumDelivered),
+		Timestamp: md.Timestamp,
+		raw:       raw,
+	}, nil
+}
+
+// ID is the input's identity, from which the ids of its outputs derive: its
+// Nats-Msg-Id header when it has one (an outcome's id), else
+// "<stream>:<seq>".
+func (m *Msg) ID() string {
+	if id := m.Header.Get(events.HeaderMsgID); id != "" {
+		return id
+	}
+	return streamSeqID(m.Stream, m.Seq)
+}
+
+// InProgress tells the server the message is still being worked on, which
+// restarts its AckWait. Heartbeat calls it periodically; a handler may call
+// it itself between long steps.
+func (m *Msg) InProgress() error {
+	if m.raw == nil {
+		return fmt.Errorf("message %s has no JetStream delivery", m.ID())
+	}
+	if err := m.raw.InProgress(); err != nil {
+		return fmt.Errorf("mark %s in progress: %w", m.ID(), err)
+	}
+	return nil
+}
+
+// Outputs collects what a handler wants published. The runner publishes
+// them only when the handler returns nil, and acknowledges the input only
+// after JetStream has stored every one. It is not safe for concurrent use
+// by several goroutines of one handler.
+type Outputs struct {
+	service string
+	inputID string
+	outs    []output
+	keys    map[string]bool
+	err     error
+}
+
+type output struct {
+	subject string
+	msgID   string
+	data    []byte
+	header  nats.Header
+}
+
+// Publish adds v, encoded with events.Encode, to be published to subject
+// with Nats-Msg-Id OutputMsgID(service, input id, key). key names the output
+// among the input's outputs and must be unique among them; empty selects the
+// output's index ("0", "1", ...), which is stable as long as the handler
+// publishes in a deterministic order. A v that does not validate, or a
+// repeated key, makes the runner dead-letter the input instead of
+// publishing anything: it is a bug no retry fixes.
+func (o *Outputs) Publish(subject string, v events.Message, key string) {
+	if o.err != nil {
+		return
+	}
+	if key == "" {
+		key = strconv.Itoa(len(o.outs))
+	}
+	if o.keys[key] {
+		o.err = fmt.Errorf("output key %q used twice", key)
+		return
+	}
+	data, hdr, err := events.Encode(v)
+	if err != nil {
+		o.err = fmt.Errorf("output %s to %s: %w", key, subject, err)
+		return
+	}
+	if o.keys == nil {
+		o.keys = map[string]bool{}
+	}
+	o.keys[key] = true
+	id := OutputMsgID(o.service, o.inputID, key)
+	hdr.Set(events.HeaderMsgID, id)
+	o.outs = append(o.outs, output{subject: subject, msgID: id, data: data, header: hdr})
+}
+
+// Len is the number of outputs collected so far.
+func (o *Outputs) Len() int { return len(o.outs) }

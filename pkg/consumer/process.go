@@ -1,0 +1,184 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/failbus/failbus/pkg/events"
+)
+
+// process handles one delivery from start to settlement: decode, handler,
+// outputs, then exactly one of ack, nak or dead letter.
+func (r *Runner) process(hctx context.Context, raw jetstream.Msg) {
+	start := time.Now()
+	svc := r.cfg.Service
+	r.m.inFlight.WithLabelValues(svc).Inc()
+	defer r.m.inFlight.WithLabelValues(svc).Dec()
+
+	m, err := newMsg(raw)
+	if err != nil {
+		// Cannot happen on a pull consumer; without metadata there is no
+		// stream position to dead-letter, so stop its redelivery.
+		r.log.Error().Err(err).Str("subject", raw.Subject()).Msg("message without JetStream metadata terminated")
+		_ = raw.Term()
+		return
+	}
+	if m.Delivered > 1 {
+		r.m.redeliveries.WithLabelValues(svc).Inc()
+	}
+	out := &Outputs{service: svc, inputID: m.ID()}
+
+	var herr error
+	if r.cfg.Decode {
+		v, derr := events.Decode(m.Header, m.Data)
+		if derr != nil {
+			herr = DeadLetter("decode: " + derr.Error())
+		} else {
+			m.Value = v
+		}
+	}
+	if herr == nil {
+		herr = r.handler(hctx, m, out)
+	}
+
+	// Settling must finish even during a drain, so it does not use hctx.
+	sctx := context.WithoutCancel(hctx)
+	result, reason := r.settle(sctx, hctx, m, out, herr)
+	elapsed := time.Since(start)
+	r.m.messages.WithLabelValues(svc, result).Inc()
+	r.m.duration.WithLabelValues(svc).Observe(elapsed.Seconds())
+	r.logResult(m, result, reason, herr, elapsed)
+}
+
+// settle decides and performs the message's fate; it returns the metrics
+// result and the reason logged.
+func (r *Runner) settle(ctx, hctx context.Context, m *Msg, out *Outputs, herr error) (result, reason string) {
+	var (
+		dl *DeadLetterError
+		re *RetryError
+	)
+	last := m.Delivered >= r.maxDeliver
+	switch {
+	case herr == nil && out.err != nil:
+		return r.deadLetter(ctx, m, "invalid output: "+out.err.Error())
+	case herr == nil:
+		if err := r.publish(ctx, out); err != nil {
+			return r.fail(ctx, m, fmt.Errorf("publish outputs: %w", err), last)
+		}
+		actx, cancel := context.WithTimeout(ctx, settleTimeout)
+		defer cancel()
+		if err := m.raw.DoubleAck(actx); err != nil {
+			// Redelivered later; its outputs are deduplicated then.
+			return ResultError, "ack failed: " + err.Error()
+		}
+		return ResultAck, ""
+	case errors.As(herr, &dl):
+		return r.deadLetter(ctx, m, dl.Reason)
+	case errors.As(herr, &re):
+		if last {
+			return r.deadLetter(ctx, m, fmt.Sprintf("gave up after %d deliveries: %s", m.Delivered, re.Reason))
+		}
+		return r.nak(m, re.After, ResultRetry, re.Reason)
+	case hctx.Err() != nil && errors.Is(herr, hctx.Err()):
+		// Cut off by the end of a drain: not the message's fault.
+		return r.nak(m, 0, ResultRetry, "shutdown: "+herr.Error())
+	default:
+		return r.fail(ctx, m, herr, last)
+	}
+}
+
+// fail handles a failed delivery: backoff, or a dead letter on the last one.
+func (r *Runner) fail(ctx context.Context, m *Msg, err error, last bool) (string, string) {
+	if last {
+		return r.deadLetter(ctx, m, fmt.Sprintf("failed %d deliveries, last error: %v", m.Delivered, err))
+	}
+	return r.nak(m, r.cfg.backoff(m.Delivered), ResultError, err.Error())
+}
+
+func (r *Runner) nak(m *Msg, delay time.Duration, result, reason string) (string, string) {
+	if err := m.raw.NakWithDelay(delay); err != nil {
+		return ResultError, reason + "; nak failed (redelivered after AckWait): " + err.Error()
+	}
+	return result, reason
+}
+
+// publish stores every output and waits for each PubAck; a duplicate is a
+// success (an earlier delivery stored it).
+func (r *Runner) publish(ctx context.Context, out *Outputs) error {
+	for _, o := range out.outs {
+		pctx, cancel := context.WithTimeout(ctx, settleTimeout)
+		ack, err := r.js.PublishMsg(pctx, &nats.Msg{Subject: o.subject, Header: o.header, Data: o.data})
+		cancel()
+		if err != nil {
+			return fmt.Errorf("%s (%s): %w", o.subject, o.msgID, err)
+		}
+		r.m.outputs.WithLabelValues(r.cfg.Service, strconv.FormatBool(ack.Duplicate)).Inc()
+	}
+	return nil
+}
+
+// deadLetter stores the input in failbus.dlq.<service> with reason and
+// acknowledges it; if the dead letter cannot be stored the input is
+// redelivered after the backoff instead, so it is never lost here.
+func (r *Runner) deadLetter(ctx context.Context, m *Msg, reason string) (string, string) {
+	dl := &events.DeadLetter{
+		At:      events.At(time.Now()),
+		Service: r.cfg.Service,
+		Reason:  reason,
+		Subject: m.Subject,
+		Stream:  m.Stream,
+		Seq:     m.Seq,
+		Headers: m.Header,
+		Data:    m.Data,
+	}
+	if dl.Data == nil {
+		dl.Data = []byte{}
+	}
+	data, hdr, err := events.Encode(dl)
+	if err != nil {
+		return r.nak(m, r.cfg.backoff(m.Delivered), ResultError, "encode dead letter: "+err.Error())
+	}
+	hdr.Set(events.HeaderMsgID, DeadLetterMsgID(r.cfg.Service, m.ID()))
+	pctx, cancel := context.WithTimeout(ctx, settleTimeout)
+	defer cancel()
+	if _, err := r.js.PublishMsg(pctx, &nats.Msg{Subject: events.DLQSubject(r.cfg.Service), Header: hdr, Data: data}); err != nil {
+		return r.nak(m, r.cfg.backoff(m.Delivered), ResultError, fmt.Sprintf("publish dead letter (%s): %v", reason, err))
+	}
+	if err := m.raw.DoubleAck(pctx); err != nil {
+		return ResultDeadLetter, reason + "; ack failed, dead letter deduplicated on redelivery: " + err.Error()
+	}
+	return ResultDeadLetter, reason
+}
+
+// logResult writes one line per settled message: acks at debug level,
+// retries at info, failures and dead letters at warn. It logs identities
+// and reasons, never bodies.
+func (r *Runner) logResult(m *Msg, result, reason string, herr error, elapsed time.Duration) {
+	var ev *zerolog.Event
+	switch result {
+	case ResultAck:
+		ev = r.log.Debug()
+	case ResultRetry:
+		ev = r.log.Info()
+	default:
+		ev = r.log.Warn()
+	}
+	ev = ev.Str("result", result).Str("id", m.ID()).Str("subject", m.Subject).
+		Str("stream", m.Stream).Uint64("seq", m.Seq).Int("delivered", m.Delivered).
+		Dur("took", elapsed)
+	if reason != "" {
+		ev = ev.Str("reason", reason)
+	}
+	var dl *DeadLetterError
+	if errors.As(herr, &dl) && dl.Stack != "" {
+		ev = ev.Str("stack", dl.Stack)
+	}
+	ev.Msg("message " + result)
+}

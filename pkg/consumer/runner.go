@@ -1,0 +1,259 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+)
+
+// Errors Healthy reports before and after Run.
+var (
+	// ErrNotRunning: Run has not been called or has not bound its consumer
+	// yet.
+	ErrNotRunning = errors.New("consumer: not running")
+	// ErrStopped: Run has returned.
+	ErrStopped = errors.New("consumer: stopped")
+)
+
+// settleTimeout bounds each output publish, dead-letter publish and ack.
+const settleTimeout = 10 * time.Second
+
+// fetchErrorPause is the wait after a failed pull before the next one, so an
+// unreachable server is not hammered.
+const fetchErrorPause = time.Second
+
+// Runner runs one Handler on one durable pull consumer. Create it with New,
+// start it with Run. Several Runners (services) can share one connection and
+// one metrics registry.
+type Runner struct {
+	js      jetstream.JetStream
+	cfg     Config
+	handler Handler
+	log     zerolog.Logger
+	m       *metrics
+
+	// maxDeliver is Config.MaxDeliver resolved against the consumer.
+	maxDeliver int
+
+	mu       sync.Mutex
+	state    error // ErrNotRunning, nil (running) or ErrStopped
+	fetchErr error // last pull failure, cleared by the next good pull
+	started  bool
+}
+
+// New checks cfg and prepares a runner for h; it does no I/O. Errors from a
+// bad cfg wrap ErrInvalidConfig.
+func New(js jetstream.JetStream, cfg Config, h Handler) (*Runner, error) {
+	if js == nil {
+		return nil, fmt.Errorf("%w: nil JetStream", ErrInvalidConfig)
+	}
+	if h == nil {
+		return nil, fmt.Errorf("%w: nil Handler", ErrInvalidConfig)
+	}
+	c, err := cfg.resolve()
+	if err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(c.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("consumer %s: %w", c.Service, err)
+	}
+	handler := chain(h, append([]Middleware{Recover()}, c.Middleware...)...)
+	return &Runner{
+		js:      js,
+		cfg:     c,
+		handler: handler,
+		log:     c.Logger.With().Str("service", c.Service).Logger(),
+		m:       m,
+		state:   ErrNotRunning,
+	}, nil
+}
+
+// Gatherer returns the registry the runner's metrics are in when it is a
+// prometheus.Gatherer (the default registry New creates is), for ServeOps;
+// otherwise nil.
+func (r *Runner) Gatherer() prometheus.Gatherer {
+	g, _ := r.cfg.Registerer.(prometheus.Gatherer)
+	return g
+}
+
+// Service is the service name the runner was configured with.
+func (r *Runner) Service() string { return r.cfg.Service }
+
+// Healthy reports nil while Run is consuming and the connection is up and
+// the last pull worked; otherwise an error saying what is wrong. It is the
+// /healthz check of ServeOps.
+func (r *Runner) Healthy() error {
+	r.mu.Lock()
+	state, fetchErr := r.state, r.fetchErr
+	r.mu.Unlock()
+	if state != nil {
+		return fmt.Errorf("%s: %w", r.cfg.Service, state)
+	}
+	if st := r.js.Conn().Status(); st != nats.CONNECTED {
+		return fmt.Errorf("%s: NATS connection %s", r.cfg.Service, st)
+	}
+	if fetchErr != nil {
+		return fmt.Errorf("%s: pull from %s/%s: %w", r.cfg.Service, r.cfg.Stream, r.cfg.Consumer, fetchErr)
+	}
+	return nil
+}
+
+func (r *Runner) setState(state error) {
+	r.mu.Lock()
+	r.state = state
+	r.mu.Unlock()
+}
+
+func (r *Runner) setFetchErr(err error) {
+	r.mu.Lock()
+	r.fetchErr = err
+	r.mu.Unlock()
+}
+
+// Run binds the durable consumer and handles messages until ctx is
+// cancelled; then it drains: it stops pulling, hands fetched but unstarted
+// messages back to the server for immediate redelivery, lets in-flight
+// handlers finish (until Config.DrainTimeout) and returns nil. It returns an
+// error when the consumer cannot be bound or the connection is closed. A
+// Runner runs once.
+func (r *Runner) Run(ctx context.Context) error {
+	r.mu.Lock()
+	if r.started {
+		r.mu.Unlock()
+		return fmt.Errorf("consumer %s: Run called twice", r.cfg.Service)
+	}
+	r.started = true
+	r.mu.Unlock()
+	defer r.setState(ErrStopped)
+
+	cons, err := r.bind(ctx)
+	if err != nil {
+		return err
+	}
+	r.setState(nil)
+	r.log.Info().Str("stream", r.cfg.Stream).Str("consumer", r.cfg.Consumer).
+		Int("concurrency", r.cfg.Concurrency).Int("max_deliver", r.maxDeliver).Msg("consumer started")
+
+	// Handlers get a context that survives ctx's cancellation by
+	// DrainTimeout, so in-flight work finishes during a drain.
+	hctx, hcancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer hcancel()
+	stopTimer := context.AfterFunc(ctx, func() {
+		time.AfterFunc(r.cfg.DrainTimeout, hcancel)
+	})
+	defer stopTimer()
+
+	work := make(chan jetstream.Msg)
+	var wg sync.WaitGroup
+	for range r.cfg.Concurrency {
+		wg.Go(func() {
+			for raw := range work {
+				r.process(hctx, raw)
+			}
+		})
+	}
+	err = r.pull(ctx, cons, work)
+	close(work)
+	wg.Wait()
+	if err != nil {
+		r.log.Error().Err(err).Msg("consumer stopped")
+		return err
+	}
+	r.log.Info().Msg("consumer drained and stopped")
+	return nil
+}
+
+// bind finds (or creates, with Config.ConsumerConfig) the durable consumer
+// and resolves MaxDeliver against it.
+func (r *Runner) bind(ctx context.Context) (jetstream.Consumer, error) {
+	var (
+		cons jetstream.Consumer
+		err  error
+	)
+	if cc := r.cfg.ConsumerConfig; cc != nil {
+		want := *cc
+		want.Durable, want.Name = r.cfg.Consumer, r.cfg.Consumer
+		cons, err = r.js.CreateOrUpdateConsumer(ctx, r.cfg.Stream, want)
+	} else {
+		cons, err = r.js.Consumer(ctx, r.cfg.Stream, r.cfg.Consumer)
+		if errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound) {
+			err = fmt.Errorf("%w (apply the topology first: topology.Apply or failbus dev)", err)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("consumer %s: bind %s/%s: %w", r.cfg.Service, r.cfg.Stream, r.cfg.Consumer, err)
+	}
+	info := cons.CachedInfo().Config
+	if info.AckPolicy != jetstream.AckExplicitPolicy {
+		return nil, fmt.Errorf("%w: consumer %s/%s has ack policy %s, want explicit", ErrInvalidConfig, r.cfg.Stream, r.cfg.Consumer, info.AckPolicy)
+	}
+	r.maxDeliver = r.cfg.MaxDeliver
+	switch {
+	case r.maxDeliver == 0 && info.MaxDeliver > 0:
+		r.maxDeliver = info.MaxDeliver
+	case r.maxDeliver == 0:
+		r.maxDeliver = DefaultMaxDeliver
+	case info.MaxDeliver > 0 && r.maxDeliver > info.MaxDeliver:
+		return nil, fmt.Errorf("%w: MaxDeliver %d exceeds consumer %s/%s's MaxDeliver %d: the server would drop messages before they are dead-lettered",
+			ErrInvalidConfig, r.maxDeliver, r.cfg.Stream, r.cfg.Consumer, info.MaxDeliver)
+	}
+	return cons, nil
+}
+
+// pull fetches batches and hands each message to a free worker until ctx
+// ends. It returns nil on cancellation and an error only when the
+// connection is closed for good.
+func (r *Runner) pull(ctx context.Context, cons jetstream.Consumer, work chan<- jetstream.Msg) error {
+	for ctx.Err() == nil {
+		// The pull is not cancelled with ctx: a cancelled pull request
+		// stays on the server until it expires, and messages it delivers
+		// then would wait out their AckWait. Ending naturally after
+		// FetchWait, and handing back what arrives, avoids that.
+		batch, err := cons.Fetch(r.cfg.FetchBatch, jetstream.FetchMaxWait(r.cfg.FetchWait))
+		if err == nil {
+			for raw := range batch.Messages() {
+				r.dispatch(ctx, raw, work)
+			}
+			err = batch.Error()
+		}
+		if err == nil {
+			r.setFetchErr(nil)
+			continue
+		}
+		if errors.Is(err, nats.ErrConnectionClosed) || r.js.Conn().IsClosed() {
+			return fmt.Errorf("consumer %s: %w", r.cfg.Service, nats.ErrConnectionClosed)
+		}
+		r.m.fetchErrors.WithLabelValues(r.cfg.Service).Inc()
+		r.setFetchErr(err)
+		r.log.Warn().Err(err).Str("stream", r.cfg.Stream).Str("consumer", r.cfg.Consumer).Msg("pull failed")
+		t := time.NewTimer(fetchErrorPause)
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+	}
+	return nil
+}
+
+// dispatch hands raw to a worker, or back to the server when shutting down.
+func (r *Runner) dispatch(ctx context.Context, raw jetstream.Msg, work chan<- jetstream.Msg) {
+	if ctx.Err() == nil {
+		select {
+		case work <- raw:
+			return
+		case <-ctx.Done():
+		}
+	}
+	if err := raw.Nak(); err != nil {
+		r.log.Warn().Err(err).Str("subject", raw.Subject()).Msg("hand back on shutdown failed; redelivered after AckWait")
+	}
+}

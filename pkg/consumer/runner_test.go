@@ -1,0 +1,730 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/pkg/consumer"
+	"github.com/failbus/failbus/pkg/events"
+)
+
+// Streams of the test bench: inputs, outputs, and the dead letters on the
+// real failbus.dlq.> subjects.
+const (
+	inStream  = "TEST_IN"
+	outStream = "TEST_OUT"
+	dlqStream = "TEST_DLQ"
+	service   = "tester"
+)
+
+type bench struct {
+	t   *testing.T
+	ctx context.Context
+	nc  *nats.Conn
+	js  jetstream.JetStream
+}
+
+// setup starts an embedded server with an input, an output and a
+// dead-letter stream.
+func setup(t *testing.T) *bench {
+	t.Helper()
+	srv := embedded.StartTest(t)
+	nc := embedded.ConnectTest(t, srv)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	for name, subj := range map[string]string{inStream: "test.in.>", outStream: "test.out.>", dlqStream: "failbus.dlq.>"} {
+		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{subj}, Duplicates: time.Minute}); err != nil {
+			t.Fatalf("create stream %s: %v", name, err)
+		}
+	}
+	return &bench{t: t, ctx: ctx, nc: nc, js: js}
+}
+
+// consumerConfig is the durable every test runner creates: short AckWait so
+// a lost ack shows quickly, MaxDeliver 3.
+func consumerConfig() *jetstream.ConsumerConfig {
+	return &jetstream.ConsumerConfig{AckPolicy: jetstream.AckExplicitPolicy, AckWait: 5 * time.Second, MaxDeliver: 3}
+}
+
+// config is a runner config for the bench with fast retries and a short
+// pull, so a drain ends quickly.
+func config() consumer.Config {
+	return consumer.Config{
+		Service:        service,
+		Stream:         inStream,
+		ConsumerConfig: consumerConfig(),
+		Backoff:        []time.Duration{10 * time.Millisecond},
+		FetchWait:      100 * time.Millisecond,
+	}
+}
+
+// start runs a runner until the returned stop is called (or the test ends);
+// stop cancels it and returns Run's error.
+func (b *bench) start(cfg consumer.Config, h consumer.Handler) (*consumer.Runner, func() error) {
+	b.t.Helper()
+	r, err := consumer.New(b.js, cfg, h)
+	if err != nil {
+		b.t.Fatalf("New: %v", err)
+	}
+	ctx, cancel := context.WithCancel(b.ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	var once sync.Once
+	var runErr error
+	stop := func() error {
+		once.Do(func() {
+			cancel()
+			runErr = <-done
+		})
+		return runErr
+	}
+	b.t.Cleanup(func() { _ = stop() })
+	b.waitFor("runner healthy", func() bool { return r.Healthy() == nil })
+	return r, stop
+}
+
+func (b *bench) waitFor(what string, cond func() bool) {
+	b.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			b.t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond) // poll interval, bounded by the deadline
+	}
+}
+
+// settled reports whether the consumer has nothing pending or unacked.
+func (b *bench) settled(name string) bool {
+	c, err := b.js.Consumer(b.ctx, inStream, name)
+	if err != nil {
+		return false
+	}
+	info, err := c.Info(b.ctx)
+	return err == nil && info.NumPending == 0 && info.NumAckPending == 0 && info.NumRedelivered == 0
+}
+
+func (b *bench) publishIn(subject, id string, data []byte) {
+	b.t.Helper()
+	m := &nats.Msg{Subject: subject, Data: data, Header: nats.Header{}}
+	if id != "" {
+		m.Header.Set(nats.MsgIdHdr, id)
+	}
+	if _, err := b.js.PublishMsg(b.ctx, m); err != nil {
+		b.t.Fatalf("publish %s: %v", subject, err)
+	}
+}
+
+// read returns every message of a stream.
+func (b *bench) read(stream string) []jetstream.Msg {
+	b.t.Helper()
+	s, err := b.js.Stream(b.ctx, stream)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	info, err := s.Info(b.ctx)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	n := int(info.State.Msgs)
+	if n == 0 {
+		return nil
+	}
+	oc, err := s.OrderedConsumer(b.ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	var out []jetstream.Msg
+	for len(out) < n {
+		batch, err := oc.Fetch(n-len(out), jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			b.t.Fatal(err)
+		}
+		got := 0
+		for m := range batch.Messages() {
+			out = append(out, m)
+			got++
+		}
+		if got == 0 {
+			b.t.Fatalf("stream %s: read %d of %d messages", stream, len(out), n)
+		}
+	}
+	return out
+}
+
+func (b *bench) count(stream string) int {
+	s, err := b.js.Stream(b.ctx, stream)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	info, err := s.Info(b.ctx)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	return int(info.State.Msgs)
+}
+
+func (b *bench) deadLetters() []*events.DeadLetter {
+	b.t.Helper()
+	var out []*events.DeadLetter
+	for _, m := range b.read(dlqStream) {
+		dl, err := events.DecodeAs[*events.DeadLetter](m.Headers(), m.Data())
+		if err != nil {
+			b.t.Fatalf("dead letter does not decode: %v", err)
+		}
+		out = append(out, dl)
+	}
+	return out
+}
+
+func outcome(id string) *events.Outcome {
+	return &events.Outcome{ID: id, Agent: "a1", Provider: "openai", At: events.At(time.Unix(1700000000, 0)), RequestTokens: 10}
+}
+
+func encode(t *testing.T, m events.Message) []byte {
+	t.Helper()
+	data, _, err := events.Encode(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+// note is the output the test handlers publish.
+func note(id string) *events.Notification {
+	return &events.Notification{DedupeKey: id, Severity: events.SeverityInfo}
+}
+
+func TestRunnerAcksAfterPublishingOutputs(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const n = 10
+	for i := range n {
+		b.publishIn("test.in.x", fmt.Sprintf("in-%d", i), []byte("payload"))
+	}
+	b.publishIn("test.in.noid", "", []byte("payload")) // identity falls back to stream:seq
+	cfg := config()
+	cfg.Concurrency = 3
+	cfg.FetchBatch = 4
+	r, _ := b.start(cfg, func(_ context.Context, m *consumer.Msg, out *consumer.Outputs) error {
+		out.Publish("test.out.a", note(m.ID()), "a")
+		out.Publish("test.out.b", note(m.ID()), "")
+		return nil
+	})
+	b.waitFor("every input acked", func() bool { return b.settled(service) })
+
+	msgs := b.read(outStream)
+	if len(msgs) != 2*(n+1) {
+		t.Fatalf("outputs: got %d, want %d", len(msgs), 2*(n+1))
+	}
+	ids := map[string]bool{}
+	for _, m := range msgs {
+		ids[m.Headers().Get(nats.MsgIdHdr)] = true
+		if got := m.Headers().Get(events.HeaderSchema); got != "notification/1" {
+			t.Errorf("output schema header %q", got)
+		}
+	}
+	for _, want := range []string{
+		consumer.OutputMsgID(service, "in-0", "a"), consumer.OutputMsgID(service, "in-0", "1"),
+		consumer.OutputMsgID(service, inStream+":11", "a"),
+	} {
+		if !ids[want] {
+			t.Errorf("no output with Nats-Msg-Id %q among %v", want, ids)
+		}
+	}
+	if got := b.count(dlqStream); got != 0 {
+		t.Errorf("dead letters: %d, want 0", got)
+	}
+	if got := counterValue(t, r.Gatherer(), "failbus_consumer_messages_total", map[string]string{"result": consumer.ResultAck}); got != n+1 {
+		t.Errorf("failbus_consumer_messages_total{result=ack}: %v, want %d", got, n+1)
+	}
+}
+
+// TestRunnerHandlerResults covers what the runner does with each answer a
+// handler can give.
+func TestRunnerHandlerResults(t *testing.T) {
+	t.Parallel()
+	errFlaky := errors.New("dependency down")
+	tests := []struct {
+		name    string
+		decode  bool
+		data    []byte
+		handler func(m *consumer.Msg, out *consumer.Outputs) error
+		// want
+		calls      int
+		outputs    int
+		deadReason string // substring; empty = no dead letter
+	}{
+		{
+			name: "nil acks and publishes the outputs",
+			handler: func(m *consumer.Msg, out *consumer.Outputs) error {
+				out.Publish("test.out.x", note(m.ID()), "")
+				return nil
+			},
+			calls: 1, outputs: 1,
+		},
+		{
+			name: "Retry redelivers after its delay, then the handler succeeds",
+			handler: func(m *consumer.Msg, out *consumer.Outputs) error {
+				if m.Delivered == 1 {
+					out.Publish("test.out.x", note("dropped"), "")
+					return consumer.Retry(10*time.Millisecond, "not yet")
+				}
+				out.Publish("test.out.x", note(m.ID()), "")
+				return nil
+			},
+			calls: 2, outputs: 1,
+		},
+		{
+			name: "an error is retried with backoff, then the handler succeeds",
+			handler: func(m *consumer.Msg, out *consumer.Outputs) error {
+				if m.Delivered < 3 {
+					return errFlaky
+				}
+				out.Publish("test.out.x", note(m.ID()), "")
+				return nil
+			},
+			calls: 3, outputs: 1,
+		},
+		{
+			name: "DeadLetter dead-letters at once and drops the outputs",
+			handler: func(m *consumer.Msg, out *consumer.Outputs) error {
+				out.Publish("test.out.x", note(m.ID()), "")
+				return consumer.DeadLetterf("field %q is wrong", "x")
+			},
+			calls: 1, deadReason: `field "x" is wrong`,
+		},
+		{
+			name:    "an error on every delivery is dead-lettered on delivery MaxDeliver",
+			handler: func(*consumer.Msg, *consumer.Outputs) error { return errFlaky },
+			calls:   3, deadReason: "failed 3 deliveries, last error: dependency down",
+		},
+		{
+			name: "Retry on every delivery is dead-lettered on the last one",
+			handler: func(*consumer.Msg, *consumer.Outputs) error {
+				return consumer.Retry(time.Millisecond, "still not ready")
+			},
+			calls: 3, deadReason: "gave up after 3 deliveries: still not ready",
+		},
+		{
+			name:    "a panic is dead-lettered with its value",
+			handler: func(*consumer.Msg, *consumer.Outputs) error { panic("boom") },
+			calls:   1, deadReason: "panic: boom",
+		},
+		{
+			name: "an output that does not validate dead-letters the input",
+			handler: func(_ *consumer.Msg, out *consumer.Outputs) error {
+				out.Publish("test.out.x", &events.Notification{Severity: "loud"}, "")
+				return nil
+			},
+			calls: 1, deadReason: `invalid output: output 0 to test.out.x: invalid notification: field "dedupe_key": required`,
+		},
+		{
+			name: "an output key used twice dead-letters the input",
+			handler: func(m *consumer.Msg, out *consumer.Outputs) error {
+				out.Publish("test.out.x", note(m.ID()), "k")
+				out.Publish("test.out.y", note(m.ID()), "k")
+				return nil
+			},
+			calls: 1, deadReason: `output key "k" used twice`,
+		},
+		{
+			name:   "with Decode, a valid message arrives as Value",
+			decode: true,
+			handler: func(m *consumer.Msg, out *consumer.Outputs) error {
+				o, ok := m.Value.(*events.Outcome)
+				if !ok || o.ID != "o-1" {
+					return consumer.DeadLetterf("Value %#v", m.Value)
+				}
+				out.Publish("test.out.x", note(o.ID), "")
+				return nil
+			},
+			calls: 1, outputs: 1,
+		},
+		{
+			name:       "with Decode, bytes that are not msgpack are dead-lettered without calling the handler",
+			decode:     true,
+			data:       []byte("not msgpack"),
+			handler:    func(*consumer.Msg, *consumer.Outputs) error { return nil },
+			calls:      0,
+			deadReason: "decode: not a failbus message",
+		},
+		{
+			name:       "with Decode, a missing required field is dead-lettered naming it",
+			decode:     true,
+			data:       []byte{0x81, 0xa5, 'a', 'g', 'e', 'n', 't', 0xa1, 'x'}, // {"agent":"x"}
+			handler:    func(*consumer.Msg, *consumer.Outputs) error { return nil },
+			calls:      0,
+			deadReason: `decode: invalid outcome: field "id": required`,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			data := tt.data
+			if data == nil {
+				data = encode(t, outcome("o-1"))
+			}
+			hdr := nats.Header{}
+			hdr.Set(nats.MsgIdHdr, "o-1")
+			hdr.Set("X-Trace", "t-1")
+			if _, err := b.js.PublishMsg(b.ctx, &nats.Msg{Subject: "test.in.x", Header: hdr, Data: data}); err != nil {
+				t.Fatal(err)
+			}
+			var calls atomic.Int32
+			cfg := config()
+			cfg.Decode = tt.decode
+			b.start(cfg, func(_ context.Context, m *consumer.Msg, out *consumer.Outputs) error {
+				calls.Add(1)
+				return tt.handler(m, out)
+			})
+			b.waitFor("input settled", func() bool { return b.settled(service) })
+
+			if got := int(calls.Load()); got != tt.calls {
+				t.Errorf("handler calls: %d, want %d", got, tt.calls)
+			}
+			if got := b.count(outStream); got != tt.outputs {
+				t.Errorf("outputs: %d, want %d", got, tt.outputs)
+			}
+			dls := b.deadLetters()
+			if tt.deadReason == "" {
+				if len(dls) != 0 {
+					t.Fatalf("unexpected dead letter: %+v", dls[0])
+				}
+				return
+			}
+			if len(dls) != 1 {
+				t.Fatalf("dead letters: %d, want 1", len(dls))
+			}
+			dl := dls[0]
+			if !strings.Contains(dl.Reason, tt.deadReason) {
+				t.Errorf("reason %q, want it to contain %q", dl.Reason, tt.deadReason)
+			}
+			if dl.Service != service || dl.Subject != "test.in.x" || dl.Stream != inStream || dl.Seq != 1 {
+				t.Errorf("dead letter origin: service %q subject %q stream %q seq %d", dl.Service, dl.Subject, dl.Stream, dl.Seq)
+			}
+			if string(dl.Data) != string(data) {
+				t.Errorf("dead letter data %q, want the original bytes %q", dl.Data, data)
+			}
+			if got := dl.Headers["X-Trace"]; len(got) != 1 || got[0] != "t-1" {
+				t.Errorf("dead letter headers %v, want the original X-Trace", dl.Headers)
+			}
+			raw := b.read(dlqStream)[0]
+			if got, want := raw.Subject(), events.DLQSubject(service); got != want {
+				t.Errorf("dead letter subject %q, want %q", got, want)
+			}
+			if got, want := raw.Headers().Get(nats.MsgIdHdr), consumer.DeadLetterMsgID(service, "o-1"); got != want {
+				t.Errorf("dead letter Nats-Msg-Id %q, want %q", got, want)
+			}
+		})
+	}
+}
+
+// TestRunnerRedeliveryDoesNotDoubleOutputs: the first delivery publishes one
+// output and fails on the second (no stream takes its subject), so the input
+// is redelivered and publishes both again; the first is deduplicated.
+func TestRunnerRedeliveryDoesNotDoubleOutputs(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.publishIn("test.in.x", "in-1", []byte("x"))
+	r, _ := b.start(config(), func(_ context.Context, m *consumer.Msg, out *consumer.Outputs) error {
+		out.Publish("test.out.first", note(m.ID()), "first")
+		second := "test.out.second"
+		if m.Delivered == 1 {
+			second = "nowhere.second"
+		}
+		out.Publish(second, note(m.ID()), "second")
+		return nil
+	})
+	b.waitFor("input settled", func() bool { return b.settled(service) })
+
+	msgs := b.read(outStream)
+	var subjects []string
+	for _, m := range msgs {
+		subjects = append(subjects, m.Subject())
+	}
+	if strings.Join(subjects, ",") != "test.out.first,test.out.second" {
+		t.Errorf("outputs %v, want each once", subjects)
+	}
+	if got := counterValue(t, r.Gatherer(), "failbus_consumer_outputs_published_total", map[string]string{"service": service, "duplicate": "true"}); got != 1 {
+		t.Errorf("duplicate outputs: %v, want 1 (the first output re-published by the redelivery)", got)
+	}
+}
+
+// TestRunnerCrashAfterPublishBeforeAck: a runner that died after its
+// outputs were stored but before its ack left behind exactly the outputs the
+// next delivery publishes; they are stored once.
+func TestRunnerCrashAfterPublishBeforeAck(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.publishIn("test.in.x", "in-1", []byte("x"))
+	// What the dead runner stored before dying.
+	data, hdr, err := events.Encode(note("in-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hdr.Set(nats.MsgIdHdr, consumer.OutputMsgID(service, "in-1", "0"))
+	if _, err := b.js.PublishMsg(b.ctx, &nats.Msg{Subject: "test.out.x", Header: hdr, Data: data}); err != nil {
+		t.Fatal(err)
+	}
+	b.start(config(), func(_ context.Context, m *consumer.Msg, out *consumer.Outputs) error {
+		out.Publish("test.out.x", note(m.ID()), "")
+		return nil
+	})
+	b.waitFor("input settled", func() bool { return b.settled(service) })
+	if got := b.count(outStream); got != 1 {
+		t.Errorf("outputs: %d, want 1", got)
+	}
+}
+
+// TestRunnerDrainsOnCancel: cancelling Run lets the in-flight handler finish
+// and ack, hands the fetched but unstarted messages back at once (the
+// consumer's AckWait is a minute, so waiting it out would time the test
+// out), and returns nil.
+func TestRunnerDrainsOnCancel(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for i := range 5 {
+		b.publishIn("test.in.x", fmt.Sprintf("in-%d", i), []byte("x"))
+	}
+	cfg := config()
+	cfg.ConsumerConfig.AckWait = time.Minute
+	cfg.FetchBatch = 5
+	started, release := make(chan string, 5), make(chan struct{})
+	r, err := consumer.New(b.js, cfg, func(_ context.Context, m *consumer.Msg, out *consumer.Outputs) error {
+		started <- m.ID()
+		<-release
+		out.Publish("test.out.x", note(m.ID()), "")
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(b.ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	first := <-started
+	cancel() // SIGTERM while a handler is in flight
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v, want nil after a drain", err)
+	}
+	if !errors.Is(r.Healthy(), consumer.ErrStopped) {
+		t.Errorf("Healthy after Run: %v, want ErrStopped", r.Healthy())
+	}
+	msgs := b.read(outStream)
+	if len(msgs) != 1 || msgs[0].Headers().Get(nats.MsgIdHdr) != consumer.OutputMsgID(service, first, "0") {
+		t.Fatalf("after drain: %d outputs, want exactly the in-flight message's", len(msgs))
+	}
+
+	// The other four were handed back: a new runner gets them now.
+	b.start(cfg, func(_ context.Context, m *consumer.Msg, out *consumer.Outputs) error {
+		out.Publish("test.out.x", note(m.ID()), "")
+		return nil
+	})
+	b.waitFor("the handed-back messages handled", func() bool { return b.count(outStream) == 5 })
+}
+
+func TestRunnerHealthAndOpsEndpoints(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r, err := consumer.New(b.js, config(), func(context.Context, *consumer.Msg, *consumer.Outputs) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(r.Healthy(), consumer.ErrNotRunning) {
+		t.Errorf("Healthy before Run: %v, want ErrNotRunning", r.Healthy())
+	}
+	ctx, cancel := context.WithCancel(b.ctx)
+	defer cancel()
+	addr, err := consumer.ServeOps(ctx, "127.0.0.1:0", r.Gatherer(), r.Healthy, zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	if code, body := get("/healthz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "not running") {
+		t.Errorf("/healthz before Run: %d %q", code, body)
+	}
+	runCtx, stopRun := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(runCtx) }()
+	b.waitFor("healthy", func() bool { return r.Healthy() == nil })
+	b.publishIn("test.in.x", "in-1", []byte("x"))
+	b.waitFor("input settled", func() bool { return b.settled(service) })
+	if code, body := get("/healthz"); code != http.StatusOK || body != "ok\n" {
+		t.Errorf("/healthz while running: %d %q", code, body)
+	}
+	if code, body := get("/metrics"); code != http.StatusOK || !strings.Contains(body, `failbus_consumer_messages_total{result="ack",service="tester"} 1`) {
+		t.Errorf("/metrics: %d\n%s", code, body)
+	}
+	stopRun()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if code, body := get("/healthz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "stopped") {
+		t.Errorf("/healthz after Run: %d %q", code, body)
+	}
+}
+
+// TestRunnerHeartbeatKeepsLongHandlers: a handler running three times the
+// AckWait keeps its message under Heartbeat: one delivery, no redelivery.
+func TestRunnerHeartbeatKeepsLongHandlers(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.publishIn("test.in.x", "in-1", []byte("x"))
+	cfg := config()
+	cfg.ConsumerConfig.AckWait = time.Second
+	cfg.Middleware = []consumer.Middleware{consumer.Heartbeat(200 * time.Millisecond)}
+	var calls atomic.Int32
+	b.start(cfg, func(ctx context.Context, m *consumer.Msg, out *consumer.Outputs) error {
+		calls.Add(1)
+		// Simulated long work, longer than AckWait.
+		select {
+		case <-time.After(3 * time.Second):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		out.Publish("test.out.x", note(m.ID()), "")
+		return nil
+	})
+	b.waitFor("input settled", func() bool { return b.count(outStream) == 1 && b.settled(service) })
+	if got := calls.Load(); got != 1 {
+		t.Errorf("handler calls: %d, want 1 (no redelivery while heartbeating)", got)
+	}
+}
+
+func TestRunnerConfigErrors(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	h := func(context.Context, *consumer.Msg, *consumer.Outputs) error { return nil }
+	tests := []struct {
+		name string
+		cfg  consumer.Config
+		want string
+	}{
+		{"no service", consumer.Config{Stream: "S"}, "Service is required"},
+		{"service not a subject token", consumer.Config{Service: "a.b", Stream: "S"}, "subject token"},
+		{"unknown consumer without stream", consumer.Config{Service: "costs"}, `Stream is required: consumer "costs"`},
+		{"negative concurrency", consumer.Config{Service: "x", Stream: "S", Concurrency: -1}, "Concurrency -1"},
+		{"empty backoff", consumer.Config{Service: "x", Stream: "S", Backoff: []time.Duration{}}, "Backoff: needs"},
+		{"backoff beyond the duplicate window's margin", consumer.Config{Service: "x", Stream: "S", Backoff: []time.Duration{time.Hour}}, "Backoff[0] 1h0m0s"},
+		{"tiny fetch wait", consumer.Config{Service: "x", Stream: "S", FetchWait: time.Millisecond}, "FetchWait"},
+		{"nil middleware", consumer.Config{Service: "x", Stream: "S", Middleware: []consumer.Middleware{nil}}, "Middleware[0] is nil"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := consumer.New(b.js, tt.cfg, h)
+			if !errors.Is(err, consumer.ErrInvalidConfig) || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("New: %v, want ErrInvalidConfig containing %q", err, tt.want)
+			}
+		})
+	}
+	// A topology consumer needs no Stream.
+	if _, err := consumer.New(b.js, consumer.Config{Service: "classifier"}, h); err != nil {
+		t.Errorf("topology consumer: %v", err)
+	}
+}
+
+func TestRunnerRefusesMaxDeliverAboveTheConsumers(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := config()
+	cfg.MaxDeliver = 4 // the consumer allows 3
+	r, err := consumer.New(b.js, cfg, func(context.Context, *consumer.Msg, *consumer.Outputs) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Run(b.ctx); !errors.Is(err, consumer.ErrInvalidConfig) || !strings.Contains(err.Error(), "MaxDeliver 4 exceeds") {
+		t.Errorf("Run: %v, want ErrInvalidConfig about MaxDeliver", err)
+	}
+}
+
+func TestRunnerMissingConsumerIsAClearError(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := config()
+	cfg.ConsumerConfig = nil
+	r, err := consumer.New(b.js, cfg, func(context.Context, *consumer.Msg, *consumer.Outputs) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Run(b.ctx); !errors.Is(err, jetstream.ErrConsumerNotFound) || !strings.Contains(err.Error(), "apply the topology first") {
+		t.Errorf("Run: %v, want ErrConsumerNotFound with a hint", err)
+	}
+}
+
+func counterValue(t *testing.T, g prometheus.Gatherer, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metric:
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
+					continue metric
+				}
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	return 0
+}
+
+// TestRunnerTimeoutGivesStuckHandlersBack: a handler that waits on its
+// context forever is cut off by Timeout and retried, then dead-lettered on
+// the last delivery with the deadline as the reason.
+func TestRunnerTimeoutGivesStuckHandlersBack(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.publishIn("test.in.x", "in-1", []byte("x"))
+	cfg := config()
+	cfg.Middleware = []consumer.Middleware{consumer.Timeout(20 * time.Millisecond)}
+	var calls atomic.Int32
+	b.start(cfg, func(ctx context.Context, _ *consumer.Msg, _ *consumer.Outputs) error {
+		calls.Add(1)
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	b.waitFor("input settled", func() bool { return b.settled(service) })
+	dls := b.deadLetters()
+	if len(dls) != 1 || !strings.Contains(dls[0].Reason, "context deadline exceeded") {
+		t.Fatalf("dead letters %+v, want one about the deadline", dls)
+	}
+	if got := calls.Load(); got != 3 {
+		t.Errorf("handler calls: %d, want 3 (MaxDeliver)", got)
+	}
+}
