@@ -51,7 +51,7 @@ func (o *Outcome) SegmentKey() string { return SegmentKey(o.Session, o.Segment) 
 // back to the rule instead of guessed at.
 type Classification struct {
 	OutcomeID string `msgpack:"outcome_id" json:"outcome_id"`
-	At        Time   `msgpack:"at,omitempty" json:"at,omitempty"`
+	At        Time   `msgpack:"at,omitempty" json:"at,omitzero"`
 	Agent     string `msgpack:"agent,omitempty" json:"agent,omitempty"`
 	Provider  string `msgpack:"provider,omitempty" json:"provider,omitempty"`
 	Model     string `msgpack:"model,omitempty" json:"model,omitempty"`
@@ -90,13 +90,13 @@ type RetryHints struct {
 // Decision is what an agent is told to do about one outcome.
 type Decision struct {
 	OutcomeID string `msgpack:"outcome_id" json:"outcome_id"`
-	At        Time   `msgpack:"at,omitempty" json:"at,omitempty"`
+	At        Time   `msgpack:"at,omitempty" json:"at,omitzero"`
 	Agent     string `msgpack:"agent" json:"agent"`
 	Action    string `msgpack:"action" json:"action"`
 	Reason    string `msgpack:"reason,omitempty" json:"reason,omitempty"`
 	Class     string `msgpack:"class,omitempty" json:"class,omitempty"`
 	DelayMS   int64  `msgpack:"delay_ms,omitempty" json:"delay_ms,omitempty"`
-	DueAt     Time   `msgpack:"due_at,omitempty" json:"due_at,omitempty"`
+	DueAt     Time   `msgpack:"due_at,omitempty" json:"due_at,omitzero"`
 	Retry     int    `msgpack:"retry,omitempty" json:"retry,omitempty"`
 	RetryID   string `msgpack:"retry_id,omitempty" json:"retry_id,omitempty"`
 	Provider  string `msgpack:"provider,omitempty" json:"provider,omitempty"`
@@ -160,7 +160,7 @@ type Notification struct {
 	Title     string            `msgpack:"title,omitempty" json:"title,omitempty"`
 	Text      string            `msgpack:"text,omitempty" json:"text,omitempty"`
 	Labels    map[string]string `msgpack:"labels,omitempty" json:"labels,omitempty"`
-	At        Time              `msgpack:"at,omitempty" json:"at,omitempty"`
+	At        Time              `msgpack:"at,omitempty" json:"at,omitzero"`
 }
 
 // Boundary marks a new context segment (compaction, fresh start, model, mode,

@@ -1,0 +1,180 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// simulateInput is a small scenario: a 429 with Retry-After, a 503 backing
+// off, a bad line, a tick and a sync.
+const simulateInput = `{"type":"outcome","id":"o1","at":"2025-03-01T12:00:00Z","agent":"a1","provider":"openai","profile":"p1","model":"gpt","turn":1,"step":1,"status":429,"headers":{"retry-after":"2"}}
+{"type":"outcome","id":"o2","at":1740830401000,"agent":"a1","provider":"openai","profile":"p1","model":"gpt","turn":1,"step":2,"status":503}
+
+not json
+{"type":"tick","at":"2025-03-01T12:01:00Z"}
+{"type":"sync","id":"done"}`
+
+func runSimulateLines(t *testing.T, args []string, input string) (code int, lines []map[string]any, stderr string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code = runSimulate(args, strings.NewReader(input), &out, &errb)
+	for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		if l == "" {
+			continue
+		}
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatalf("output line is not JSON: %q", l)
+		}
+		lines = append(lines, m)
+	}
+	return code, lines, errb.String()
+}
+
+func TestSimulateCommand(t *testing.T) {
+	t.Parallel()
+	code, lines, stderr := runSimulateLines(t, nil, simulateInput)
+	if code != 0 {
+		t.Fatalf("exit %d, stderr %s", code, stderr)
+	}
+	var types []string
+	for _, l := range lines {
+		types = append(types, l["type"].(string))
+	}
+	want := "classification decision classification decision error retry_due retry_due sync"
+	if got := strings.Join(types, " "); got != want {
+		t.Fatalf("types %q, want %q", got, want)
+	}
+	if d := lines[1]; d["action"] != "retry" || d["delay_ms"] != 2000.0 || d["due_at"] != "2025-03-01T12:00:02.000Z" {
+		t.Errorf("429 decision %v", d)
+	}
+	if e := lines[4]; e["line"] != 4.0 || !strings.Contains(e["error"].(string), "not a JSON object") {
+		t.Errorf("error record %v, want line 4", e)
+	}
+	if s := lines[7]; s["id"] != "done" {
+		t.Errorf("sync %v", s)
+	}
+}
+
+func TestSimulateSeedAndPolicy(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	pol := filepath.Join(dir, "policy.yaml")
+	if err := os.WriteFile(pol, []byte("retry:\n  providers:\n    openai: {max_retries: 0}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, a, _ := runSimulateLines(t, []string{"--seed", "5"}, simulateInput)
+	_, b, _ := runSimulateLines(t, []string{"--seed=5"}, simulateInput)
+	ja, _ := json.Marshal(a)
+	jb, _ := json.Marshal(b)
+	if string(ja) != string(jb) {
+		t.Error("the same seed gave different output")
+	}
+	code, lines, stderr := runSimulateLines(t, []string{"--policy", pol}, simulateInput)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if d := lines[1]; d["action"] != "give_up" || !strings.Contains(d["reason"].(string), "0 of 0") {
+		t.Errorf("policy not applied: %v", d)
+	}
+}
+
+func TestSimulateUnusableArguments(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
+	if err := os.WriteFile(bad, []byte("retry:\n  retryable_add: [foo]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name   string
+		args   []string
+		code   int
+		stderr string
+	}{
+		{"unknown class in the policy", []string{"--policy", bad}, 2, `retry.retryable_add: "foo" is not a class`},
+		{"missing policy file", []string{"--policy", filepath.Join(dir, "nope.yaml")}, 2, "nope.yaml"},
+		{"unknown flag", []string{"--speed", "2"}, 2, "flag provided but not defined"},
+		{"stray argument", []string{"input.jsonl"}, 2, `unexpected argument "input.jsonl"`},
+		{"bad seed", []string{"--seed", "-1"}, 2, "invalid value"},
+		{"help", []string{"-h"}, 0, "Usage: failbus simulate"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var out, errb bytes.Buffer
+			code := runSimulate(tt.args, strings.NewReader(simulateInput), &out, &errb)
+			if code != tt.code || !strings.Contains(errb.String(), tt.stderr) {
+				t.Errorf("exit %d, stderr %q; want %d and %q", code, errb.String(), tt.code, tt.stderr)
+			}
+			if tt.code != 0 && out.Len() != 0 {
+				t.Errorf("wrote output despite unusable arguments: %s", out.String())
+			}
+		})
+	}
+}
+
+// TestSimulateFlushesPerLine drives the command through pipes one line at a
+// time: the answer to each line must arrive before the next line is written.
+func TestSimulateFlushesPerLine(t *testing.T) {
+	t.Parallel()
+	inR, inW := io.Pipe()
+	outR, outW := io.Pipe()
+	done := make(chan int, 1)
+	go func() {
+		code := runSimulate(nil, inR, outW, io.Discard)
+		outW.Close()
+		done <- code
+	}()
+	lines := make(chan string)
+	go func() {
+		sc := bufio.NewScanner(outR)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	next := func() string {
+		t.Helper()
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatal("output closed early")
+			}
+			return l
+		case <-time.After(30 * time.Second):
+			t.Fatal("no output for a line within 30s: not flushed per line")
+		}
+		return ""
+	}
+	for i, id := range []string{"1", "2", "3"} {
+		if _, err := io.WriteString(inW, `{"type":"sync","id":`+id+"}\n"); err != nil {
+			t.Fatal(err)
+		}
+		if got, want := next(), `{"type":"sync","id":`+id+`}`; got != want {
+			t.Fatalf("answer %d: %s, want %s", i, got, want)
+		}
+	}
+	if _, err := io.WriteString(inW, `{"type":"tick","at":"2025-03-01T12:00:00Z"}`+"\n"+`{"type":"sync","id":"last"}`); err != nil {
+		t.Fatal(err)
+	}
+	inW.Close()
+	if got := next(); got != `{"type":"sync","id":"last"}` {
+		t.Fatalf("last line without a newline: %s", got)
+	}
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Errorf("exit %d", code)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("did not exit at end of input")
+	}
+}
