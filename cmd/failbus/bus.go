@@ -1,0 +1,167 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/internal/service/classifier"
+	topology "github.com/failbus/failbus/jetstream"
+	"github.com/failbus/failbus/pkg/consumer"
+	"github.com/failbus/failbus/pkg/policy"
+)
+
+// service is a failbus service run inside `failbus dev` and `failbus demo`:
+// Run until its context ends, then drain and return nil; Healthy for
+// /healthz. *consumer.Runner is one.
+type service interface {
+	Run(ctx context.Context) error
+	Healthy() error
+}
+
+// serviceEnv is what every in-process service is built from.
+type serviceEnv struct {
+	js       jetstream.JetStream
+	policy   *policy.Policy
+	log      zerolog.Logger
+	registry prometheus.Registerer
+}
+
+// inProcess is one service of the in-process bus.
+type inProcess struct {
+	name string
+	new  func(env serviceEnv) (service, error)
+}
+
+// services is every implemented service, in start order. A service's issue
+// adds its line here, and dev and demo run it.
+var services = []inProcess{
+	{classifier.Service, newClassifier},
+}
+
+func newClassifier(env serviceEnv) (service, error) {
+	cls, err := policy.NewClassifier(env.policy.Classify)
+	if err != nil {
+		return nil, fmt.Errorf("classifier policy: %w", err)
+	}
+	return classifier.NewRunner(env.js, classifier.Options{
+		Classify: cls.Classify,
+		Runner:   consumer.Config{Logger: env.log, Registerer: env.registry},
+	})
+}
+
+// busOptions configure an in-process bus.
+type busOptions struct {
+	server embedded.Options
+	policy *policy.Policy // nil: policy.Default()
+	log    zerolog.Logger
+}
+
+// bus is an embedded nats-server with the topology applied and every
+// service running against it.
+type bus struct {
+	srv      *embedded.Server
+	nc       *nats.Conn
+	js       jetstream.JetStream
+	registry *prometheus.Registry
+	names    []string
+	health   []func() error
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	errs   []error
+	failed chan struct{} // closed when a service stops on its own
+	once   sync.Once
+}
+
+// applyTimeout bounds applying the topology to a fresh embedded server.
+const applyTimeout = 30 * time.Second
+
+// startBus starts the server, applies the topology and starts every
+// service. On error everything started is stopped again.
+func startBus(o busOptions) (_ *bus, err error) {
+	pol := o.policy
+	if pol == nil {
+		pol = policy.Default()
+	}
+	srv, err := embedded.Start(o.server)
+	if err != nil {
+		return nil, err
+	}
+	b := &bus{srv: srv, registry: prometheus.NewRegistry(), failed: make(chan struct{})}
+	defer func() {
+		if err != nil {
+			b.stop()
+		}
+	}()
+	b.nc, err = srv.Connect(nats.Name("failbus services"), nats.MaxReconnects(-1))
+	if err != nil {
+		return nil, err
+	}
+	b.js, err = jetstream.New(b.nc)
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	actx, cancel := context.WithTimeout(context.Background(), applyTimeout)
+	defer cancel()
+	if err := topology.Apply(actx, b.js, topology.Options{}); err != nil {
+		return nil, fmt.Errorf("apply topology: %w", err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	b.cancel = stop
+	env := serviceEnv{js: b.js, policy: pol, log: o.log, registry: b.registry}
+	for _, s := range services {
+		svc, err := s.new(env)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", s.name, err)
+		}
+		b.names = append(b.names, s.name)
+		b.health = append(b.health, svc.Healthy)
+		b.wg.Go(func() {
+			err := svc.Run(ctx)
+			if ctx.Err() == nil {
+				// A service stopped while the bus runs: that is a failure
+				// even when it says nil.
+				if err == nil {
+					err = errors.New("stopped")
+				}
+				b.mu.Lock()
+				b.errs = append(b.errs, fmt.Errorf("%s: %w", s.name, err))
+				b.mu.Unlock()
+				b.once.Do(func() { close(b.failed) })
+			}
+		})
+	}
+	return b, nil
+}
+
+// healthy is the /healthz check: every service healthy.
+func (b *bus) healthy() error { return consumer.AllHealthy(b.health...)() }
+
+// stop drains every service (each finishes its in-flight messages), then
+// closes the connection and shuts the server down. It returns the errors of
+// services that stopped on their own before.
+func (b *bus) stop() error {
+	if b.cancel != nil {
+		b.cancel()
+	}
+	b.wg.Wait()
+	if b.nc != nil {
+		b.nc.Close()
+	}
+	if b.srv != nil {
+		b.srv.Shutdown()
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return errors.Join(b.errs...)
+}

@@ -1,0 +1,180 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/pkg/consumer"
+	"github.com/failbus/failbus/pkg/policy"
+)
+
+// Defaults of `failbus dev`.
+const (
+	// DefaultDataDir is where dev stores JetStream data unless --data says
+	// otherwise: a folder in the working directory, so a restart finds it.
+	DefaultDataDir = "failbus-data"
+	// DefaultDevOpsAddr serves /metrics and /healthz of every in-process
+	// service. The separate service binaries use 9401 and up.
+	DefaultDevOpsAddr = "127.0.0.1:9400"
+)
+
+const devUsage = `[--port N] [--data DIR] [--policy FILE] [--ops-addr ADDR] [--sync-interval D | --sync-always]
+
+Runs an embedded nats-server with JetStream storing in DIR, applies the
+failbus topology, and runs every implemented service in this process. Prints
+the client URL on stdout; logs go to stderr. SIGINT or SIGTERM drains the
+services (in-flight messages finish) and exits 0.
+
+Durability: data in DIR survives a restart of dev, also after SIGKILL. A
+crash of the whole host (power loss, kernel panic) can lose what JetStream
+acknowledged within the last --sync-interval (JetStream's default is 2m)
+because the store is fsynced only that often; --sync-always fsyncs every
+write instead, at a large cost in throughput.`
+
+// runDev is `failbus dev`.
+func runDev(args []string, _ io.Reader, stdout, stderr io.Writer) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return dev(ctx, args, stdout, stderr)
+}
+
+// dev runs until ctx ends; runDev cancels it on SIGINT/SIGTERM.
+func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := newFlagSet("dev", devUsage, stderr)
+	port := fs.Int("port", DefaultPort, "client port to listen on (loopback only); 0 picks a free one")
+	data := fs.String("data", DefaultDataDir, "JetStream store folder; kept across restarts")
+	policyFile := fs.String("policy", "", "policy YAML file (default: the built-in policy)")
+	opsAddr := fs.String("ops-addr", DefaultDevOpsAddr, "address of /metrics and /healthz; \"off\" disables")
+	syncInterval := fs.Duration("sync-interval", embedded.DefaultSyncInterval, "how often the store is fsynced; bounds what a host crash can lose")
+	syncAlways := fs.Bool("sync-always", false, "fsync every write: nothing acknowledged is lost on a host crash; much slower")
+	logLevel := fs.String("log-level", "info", "service log level: debug, info, warn, error")
+	natsLog := fs.Bool("nats-log", false, "also print nats-server's own log")
+	if rest, code, done := parseArgs(fs, args); done {
+		return code
+	} else if len(rest) > 0 {
+		return usageError(fs, stderr, "unexpected arguments %q", rest)
+	}
+	if *port < 0 || *port > 65535 {
+		return usageError(fs, stderr, "--port %d: not a port", *port)
+	}
+	if *syncInterval <= 0 {
+		return usageError(fs, stderr, "--sync-interval must be positive")
+	}
+	if *data == "" {
+		return usageError(fs, stderr, "--data must name a folder")
+	}
+	level, err := zerolog.ParseLevel(*logLevel)
+	if err != nil {
+		return usageError(fs, stderr, "--log-level %q: %v", *logLevel, err)
+	}
+	pol, err := loadPolicy(*policyFile)
+	if err != nil {
+		return usageError(fs, stderr, "%v", err)
+	}
+	log := consoleLogger(stderr).Level(level)
+	if *port != 0 {
+		// nats-server reports a taken port only by never becoming ready;
+		// say it at once instead.
+		if err := portFree(*port); err != nil {
+			fmt.Fprintf(stderr, "failbus dev: %v (another failbus dev or nats-server? use --port)\n", err)
+			return 1
+		}
+	}
+
+	b, err := startBus(busOptions{
+		server: embedded.Options{
+			Dir:          *data,
+			Port:         *port,
+			SyncInterval: *syncInterval,
+			SyncAlways:   *syncAlways,
+			ServerName:   "failbus-dev",
+			Logging:      *natsLog,
+		},
+		policy: pol,
+		log:    log,
+	})
+	if err != nil {
+		fmt.Fprintf(stderr, "failbus dev: %v\n", err)
+		return 1
+	}
+	opsCtx, stopOps := context.WithCancel(context.Background())
+	defer stopOps()
+	ops := "off"
+	if *opsAddr != "off" && *opsAddr != "" {
+		bound, err := consumer.ServeOps(opsCtx, *opsAddr, b.registry, b.healthy, log)
+		if err != nil {
+			_ = b.stop()
+			fmt.Fprintf(stderr, "failbus dev: %v\n", err)
+			return 1
+		}
+		ops = "http://" + bound
+	}
+	syncDesc := syncInterval.String()
+	if *syncAlways {
+		syncDesc = "always"
+	}
+	log.Info().Str("data", b.srv.Dir()).Str("sync", syncDesc).Str("services", strings.Join(b.names, ",")).
+		Str("ops", ops).Msg("failbus dev running")
+	fmt.Fprintf(stdout, "failbus dev: NATS_URL=%s  (services: %s; data: %s; /metrics,/healthz: %s)\n",
+		b.srv.ClientURL(), strings.Join(b.names, ", "), b.srv.Dir(), ops)
+
+	code := 0
+	select {
+	case <-ctx.Done():
+		log.Info().Msg("signal received: draining")
+	case <-b.failed:
+		log.Error().Msg("a service stopped: shutting down")
+		code = 1
+	}
+	stopOps()
+	if err := b.stop(); err != nil {
+		log.Error().Err(err).Msg("service failure")
+		code = 1
+	}
+	log.Info().Msg("failbus dev stopped")
+	return code
+}
+
+// portFree checks that the loopback port can be listened on.
+func portFree(port int) error {
+	l, err := net.Listen("tcp", net.JoinHostPort(embedded.DefaultHost, strconv.Itoa(port)))
+	if err != nil {
+		return fmt.Errorf("port %d: %w", port, err)
+	}
+	return l.Close()
+}
+
+// consoleLogger writes human-readable log lines, coloured only on a
+// terminal.
+func consoleLogger(w io.Writer) zerolog.Logger {
+	color := false
+	if f, ok := w.(*os.File); ok {
+		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+			color = true
+		}
+	}
+	return zerolog.New(zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly, NoColor: !color}).With().Timestamp().Logger()
+}
+
+// loadPolicy reads --policy, or returns the default policy for "".
+func loadPolicy(path string) (*policy.Policy, error) {
+	if path == "" {
+		return policy.Default(), nil
+	}
+	p, err := policy.Load(path)
+	if err != nil {
+		return nil, fmt.Errorf("--policy %s: %w", path, err)
+	}
+	return p, nil
+}

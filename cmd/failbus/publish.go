@@ -1,0 +1,155 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/failbus/failbus/pkg/agent"
+	"github.com/failbus/failbus/pkg/events"
+)
+
+// publishTimeout bounds the wait for JetStream to store one line.
+const publishTimeout = 10 * time.Second
+
+// errorRecord is the JSON Lines record of a line that was not published,
+// the same shape as the offline commands' (CONTRACT.md).
+type errorRecord struct {
+	Type  string `json:"type"`
+	Line  int    `json:"line"`
+	Error string `json:"error"`
+}
+
+// publishStats counts what publish did, for its summary.
+type publishStats struct {
+	published, duplicates, invalid, failed int
+}
+
+// runPublish is `failbus publish`: Outcome JSON Lines on stdin become
+// msgpack Outcomes on failbus.outcome.<provider>.<agent>, each with
+// Nats-Msg-Id = its id and stored by JetStream before the next line is read.
+// A line {"type":"boundary",...} is a segment boundary
+// (failbus.segment.<agent>). A line that cannot be published is an error
+// record on stdout and publishing goes on; a summary goes to stderr.
+//
+// Exit code: 0 when every line was published or rejected as invalid; 1 when
+// the bus failed to store a valid line (or could not be reached); 2 for
+// unusable arguments.
+func runPublish(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	fs := newFlagSet("publish", "[--server URL] < outcomes.jsonl", stderr)
+	server := fs.String("server", defaultServer(), "NATS URL of the bus ($NATS_URL, else the default of `failbus dev`)")
+	if rest, code, done := parseArgs(fs, args); done {
+		return code
+	} else if len(rest) > 0 {
+		return usageError(fs, stderr, "unexpected arguments %q: input is read from stdin", rest)
+	}
+	nc, err := connect(*server, "publish")
+	if err != nil {
+		fmt.Fprintf(stderr, "failbus publish: %v\n", err)
+		return 1
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		fmt.Fprintf(stderr, "failbus publish: %v\n", err)
+		return 1
+	}
+	st, err := publishLines(context.Background(), js, stdin, stdout)
+	fmt.Fprintf(stderr, "failbus publish: %d published, %d duplicates, %d invalid, %d failed\n",
+		st.published, st.duplicates, st.invalid, st.failed)
+	if err != nil {
+		fmt.Fprintf(stderr, "failbus publish: %v\n", err)
+		return 1
+	}
+	if st.failed > 0 {
+		return 1
+	}
+	return 0
+}
+
+// publishLines publishes every line of r and writes error records to w. It
+// returns an error only when reading r or writing w fails.
+func publishLines(ctx context.Context, js jetstream.JetStream, r io.Reader, w io.Writer) (publishStats, error) {
+	var st publishStats
+	br := bufio.NewReaderSize(r, 64<<10)
+	enc := json.NewEncoder(w)
+	for n := 1; ; n++ {
+		line, rerr := br.ReadBytes('\n')
+		if rerr != nil && !errors.Is(rerr, io.EOF) {
+			return st, fmt.Errorf("read stdin: %w", rerr)
+		}
+		if len(bytes.TrimSpace(line)) > 0 {
+			msg, perr := lineMsg(line)
+			var ack *jetstream.PubAck
+			if perr == nil {
+				pctx, cancel := context.WithTimeout(ctx, publishTimeout)
+				ack, perr = js.PublishMsg(pctx, msg)
+				cancel()
+				if perr != nil {
+					st.failed++
+					perr = fmt.Errorf("publish to %s: %w", msg.Subject, perr)
+				}
+			} else {
+				st.invalid++
+			}
+			switch {
+			case perr != nil:
+				if err := enc.Encode(errorRecord{Type: "error", Line: n, Error: perr.Error()}); err != nil {
+					return st, fmt.Errorf("write stdout: %w", err)
+				}
+			case ack.Duplicate:
+				st.duplicates++
+			default:
+				st.published++
+			}
+		}
+		if rerr != nil {
+			return st, nil
+		}
+	}
+}
+
+// lineMsg turns one JSON line into the message to publish.
+func lineMsg(line []byte) (*nats.Msg, error) {
+	var head struct {
+		Type string `json:"type"`
+	}
+	if err := json.Unmarshal(line, &head); err != nil {
+		return nil, fmt.Errorf("not a JSON object: %w", err)
+	}
+	var (
+		m       events.Message
+		subject string
+		id      string
+	)
+	switch head.Type {
+	case "", "outcome":
+		o := &events.Outcome{}
+		if err := events.UnmarshalJSON(line, o); err != nil {
+			return nil, err
+		}
+		m, subject, id = o, events.OutcomeSubject(o.Provider, o.Agent), o.ID
+	case "boundary":
+		b := &events.Boundary{}
+		if err := events.UnmarshalJSON(line, b); err != nil {
+			return nil, err
+		}
+		m, subject, id = b, events.SegmentSubject(b.Agent), agent.BoundaryMsgID(*b)
+	default:
+		return nil, fmt.Errorf("unknown type %q: want outcome (or no type) or boundary", head.Type)
+	}
+	data, hdr, err := events.Encode(m)
+	if err != nil {
+		return nil, err
+	}
+	hdr.Set(events.HeaderMsgID, id)
+	return &nats.Msg{Subject: subject, Header: hdr, Data: data}, nil
+}

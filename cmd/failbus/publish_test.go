@@ -1,0 +1,126 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	topology "github.com/failbus/failbus/jetstream"
+	"github.com/failbus/failbus/pkg/events"
+)
+
+func TestCLIPublish(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	input := strings.Join([]string{
+		`{"id":"o-1","at":"2025-03-01T12:00:00Z","agent":"bot","provider":"openai","status":429,"headers":{"retry-after":"2"}}`,
+		`{"id":"o-2","at":1740830400000,"agent":"bot","provider":"my gateway","status":400,"upstream_code":"CONTEXT_WINDOW_EXCEEDED","future_field":1}`,
+		``,
+		`{"id":"o-1","agent":"bot","provider":"openai","status":429}`,
+		`not json`,
+		`{"agent":"bot","provider":"openai"}`,
+		`{"id":"o-3","agent":"bot","provider":"openai","at":"yesterday"}`,
+		`{"type":"boundary","agent":"bot","session":"s1","segment":2,"reason":"compaction","at":"2025-03-01T12:00:00Z"}`,
+		`{"type":"boundary","agent":"bot","session":"s1","segment":2}`,
+		`{"type":"route","agent":"bot"}`,
+		`{"id":"o-4","agent":"bot","provider":"anthropic","ok":true,"status":200}`, // no final newline
+	}, "\n")
+	var stdout, stderr bytes.Buffer
+	code := run([]string{"publish", "--server", b.srv.ClientURL()}, strings.NewReader(input), &stdout, &stderr)
+	if code != 0 {
+		t.Fatalf("exit %d, stderr: %s", code, stderr.String())
+	}
+
+	// Error records, in input order, each naming its line and the problem.
+	wantErrors := []struct {
+		line int
+		has  string
+	}{
+		{5, "not a JSON object"},
+		{6, `"id"`},
+		{7, `"at"`},
+		{10, `unknown type "route"`},
+	}
+	dec := json.NewDecoder(&stdout)
+	for _, want := range wantErrors {
+		var rec errorRecord
+		if err := dec.Decode(&rec); err != nil {
+			t.Fatalf("error record for line %d: %v", want.line, err)
+		}
+		if rec.Type != "error" || rec.Line != want.line || !strings.Contains(rec.Error, want.has) {
+			t.Errorf("record %+v, want line %d with %s", rec, want.line, want.has)
+		}
+	}
+	if dec.More() {
+		t.Errorf("unexpected extra output")
+	}
+	if got, want := stderr.String(), "4 published, 2 duplicates, 4 invalid, 0 failed"; !strings.Contains(got, want) {
+		t.Errorf("summary %q, want %q", got, want)
+	}
+
+	// What is on the bus.
+	s, err := b.js.Stream(b.ctx, topology.StreamOutcomes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		subject string
+		msgID   string
+		check   func(m events.Message) bool
+	}{
+		{"failbus.outcome.openai.bot", "o-1", func(m events.Message) bool {
+			o := m.(*events.Outcome)
+			return o.Status == 429 && o.Headers["retry-after"] == "2"
+		}},
+		{"failbus.outcome.my_gateway.bot", "o-2", func(m events.Message) bool {
+			o := m.(*events.Outcome)
+			return o.Provider == "my gateway" && o.At.UnixMilli() == 1740830400000
+		}},
+		{"failbus.segment.bot", "boundary:bot:s1#2", func(m events.Message) bool {
+			return m.(*events.Boundary).Reason == "compaction"
+		}},
+		{"failbus.outcome.anthropic.bot", "o-4", func(m events.Message) bool { return m.(*events.Outcome).OK }},
+	}
+	for _, tt := range tests {
+		m, err := s.GetLastMsgForSubject(b.ctx, tt.subject)
+		if err != nil {
+			t.Errorf("%s: %v", tt.subject, err)
+			continue
+		}
+		if got := m.Header.Get(jetstream.MsgIDHeader); got != tt.msgID {
+			t.Errorf("%s: Nats-Msg-Id %q, want %q", tt.subject, got, tt.msgID)
+		}
+		v, err := events.Decode(m.Header, m.Data)
+		if err != nil || !tt.check(v) {
+			t.Errorf("%s: decoded %+v, %v", tt.subject, v, err)
+		}
+	}
+	if n := s.CachedInfo().State.Msgs; n != 4 {
+		t.Errorf("stream holds %d messages, want 4", n)
+	}
+}
+
+func TestCLIPublishUsage(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		args []string
+		want int
+	}{
+		{"publish with an unknown flag", []string{"publish", "--nope"}, 2},
+		{"publish with a positional argument", []string{"publish", "file.jsonl"}, 2},
+		{"publish to a server that is not there", []string{"publish", "--server", "nats://127.0.0.1:1"}, 1},
+		{"publish -h", []string{"publish", "-h"}, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			if got := run(tt.args, strings.NewReader(""), &stdout, &stderr); got != tt.want {
+				t.Errorf("exit %d, want %d; stderr: %s", got, tt.want, stderr.String())
+			}
+		})
+	}
+}

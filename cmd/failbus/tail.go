@@ -1,0 +1,481 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"os/signal"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/failbus/failbus/pkg/events"
+)
+
+// tailUsage documents `failbus tail` and its output.
+const tailUsage = `[--server URL] [--stream NAME] [start] [--count N] [--no-follow] [SUBJECT...]
+
+Prints the messages of the given subjects (default failbus.>) as JSON Lines,
+one object per message:
+
+  {"stream":"FAILBUS_CLASSIFIED","seq":12,"subject":"failbus.classified.openai.rate_limit",
+   "time":"2025-03-01T12:00:00.123Z","schema":"classification/1","msg_id":"classifier:o-1:c",
+   "data":{...the message with its snake_case keys...}}
+
+time is when the stream stored the message; schema and msg_id are left out
+when the message has none. A payload that is neither msgpack nor JSON is
+printed as "raw" (base64) with "error" instead of "data".
+
+The streams are found from the subjects (a filter such as failbus.> spans
+several); each is read by its own ordered consumer, which leaves no state on
+the server. Lines of different streams interleave in arrival order; sort by
+time to merge them. Within one stream they are in stream order.
+
+Start (at most one; default: new messages when following, all with
+--no-follow): --last N (the last N matching messages of each stream),
+--since DURATION, --start-time RFC3339, --start-seq N (one stream only).`
+
+// tailOptions are the parsed flags of `failbus tail`.
+type tailOptions struct {
+	stream    string
+	since     time.Duration
+	startSeq  uint64
+	startTime time.Time
+	last      int
+	count     int
+	noFollow  bool
+	subjects  []string
+}
+
+// runTail is `failbus tail`.
+func runTail(args []string, _ io.Reader, stdout, stderr io.Writer) int {
+	fs := newFlagSet("tail", tailUsage, stderr)
+	server := fs.String("server", defaultServer(), "NATS URL of the bus ($NATS_URL, else the default of `failbus dev`)")
+	var o tailOptions
+	var startTime string
+	fs.StringVar(&o.stream, "stream", "", "read only this stream (default: every stream holding the subjects)")
+	fs.DurationVar(&o.since, "since", 0, "start with the messages of the last DURATION (e.g. 15m)")
+	fs.Uint64Var(&o.startSeq, "start-seq", 0, "start at this stream sequence (needs one stream)")
+	fs.StringVar(&startTime, "start-time", "", "start at this time (RFC 3339)")
+	fs.IntVar(&o.last, "last", 0, "start N matching messages back, per stream")
+	fs.IntVar(&o.count, "count", 0, "exit after N messages (0: no limit)")
+	fs.BoolVar(&o.noFollow, "no-follow", false, "exit when the messages stored at start are printed")
+	subjects, code, done := parseArgs(fs, args)
+	if done {
+		return code
+	}
+	o.subjects = subjects
+	if startTime != "" {
+		t, err := time.Parse(time.RFC3339Nano, startTime)
+		if err != nil {
+			return usageError(fs, stderr, "--start-time %q: not RFC 3339", startTime)
+		}
+		o.startTime = t
+	}
+	if err := o.check(); err != nil {
+		return usageError(fs, stderr, "%v", err)
+	}
+	nc, err := connect(*server, "tail")
+	if err != nil {
+		fmt.Fprintf(stderr, "failbus tail: %v\n", err)
+		return 1
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		fmt.Fprintf(stderr, "failbus tail: %v\n", err)
+		return 1
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := tail(ctx, js, o, stdout); err != nil {
+		fmt.Fprintf(stderr, "failbus tail: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// check validates flag combinations that need no server.
+func (o *tailOptions) check() error {
+	if len(o.subjects) == 0 {
+		o.subjects = []string{events.Prefix + ".>"}
+	}
+	for _, s := range o.subjects {
+		if err := checkFilter(s); err != nil {
+			return err
+		}
+	}
+	starts := 0
+	for _, set := range []bool{o.since != 0, o.startSeq != 0, !o.startTime.IsZero(), o.last != 0} {
+		if set {
+			starts++
+		}
+	}
+	switch {
+	case starts > 1:
+		return errors.New("--since, --start-seq, --start-time and --last exclude each other")
+	case o.since < 0:
+		return errors.New("--since must be positive")
+	case o.last < 0:
+		return errors.New("--last must be positive")
+	case o.count < 0:
+		return errors.New("--count must be positive")
+	}
+	return nil
+}
+
+// checkFilter rejects what the server would reject with a less clear
+// message: empty tokens, spaces, '>' before the last token.
+func checkFilter(s string) error {
+	if s == "" || strings.ContainsAny(s, " \t\r\n") {
+		return fmt.Errorf("subject %q: empty or contains white space", s)
+	}
+	toks := strings.Split(s, ".")
+	for i, t := range toks {
+		if t == "" {
+			return fmt.Errorf("subject %q: empty token", s)
+		}
+		if t == ">" && i != len(toks)-1 {
+			return fmt.Errorf("subject %q: '>' must be the last token", s)
+		}
+	}
+	return nil
+}
+
+// tailLine is one output record.
+type tailLine struct {
+	Stream  string          `json:"stream"`
+	Seq     uint64          `json:"seq"`
+	Subject string          `json:"subject"`
+	Time    events.Time     `json:"time"`
+	Schema  string          `json:"schema,omitempty"`
+	MsgID   string          `json:"msg_id,omitempty"`
+	Data    json.RawMessage `json:"data,omitempty"`
+	Raw     []byte          `json:"raw,omitempty"`
+	Error   string          `json:"error,omitempty"`
+}
+
+// tail prints the messages o selects to w until ctx ends, --count is
+// reached, or (--no-follow) every stream is caught up.
+func tail(ctx context.Context, js jetstream.JetStream, o tailOptions, w io.Writer) error {
+	plan, err := tailPlan(ctx, js, o)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	out := &tailWriter{w: w, limit: o.count, done: cancel}
+	var wg sync.WaitGroup
+	errs := make([]error, len(plan))
+	for i, p := range plan {
+		wg.Go(func() {
+			errs[i] = tailStream(ctx, js, p.stream, p.filters, o, out)
+		})
+	}
+	wg.Wait()
+	return errors.Join(append(errs, out.err)...)
+}
+
+// streamFilters is one stream to read and the filters to read it with.
+type streamFilters struct {
+	stream  string
+	filters []string
+}
+
+// tailPlan finds which streams hold the subjects.
+func tailPlan(ctx context.Context, js jetstream.JetStream, o tailOptions) ([]streamFilters, error) {
+	byStream := map[string][]string{}
+	if o.stream != "" {
+		s, err := js.Stream(ctx, o.stream)
+		if err != nil {
+			return nil, fmt.Errorf("stream %s: %w", o.stream, err)
+		}
+		for _, f := range o.subjects {
+			if slices.ContainsFunc(s.CachedInfo().Config.Subjects, func(p string) bool { return subjectsCollide(f, p) }) {
+				byStream[o.stream] = append(byStream[o.stream], f)
+			}
+		}
+		if len(byStream) == 0 {
+			return nil, fmt.Errorf("stream %s holds none of %s", o.stream, strings.Join(o.subjects, ", "))
+		}
+	} else {
+		for _, f := range o.subjects {
+			names := js.StreamNames(ctx, jetstream.WithStreamListSubject(f))
+			found := false
+			for n := range names.Name() {
+				byStream[n] = append(byStream[n], f)
+				found = true
+			}
+			if err := names.Err(); err != nil {
+				return nil, fmt.Errorf("find the streams of %s: %w", f, err)
+			}
+			if !found {
+				return nil, fmt.Errorf("no stream holds %s (is the topology applied? `failbus dev` does it)", f)
+			}
+		}
+	}
+	if o.startSeq != 0 && len(byStream) > 1 {
+		names := slices.Sorted(maps.Keys(byStream))
+		return nil, fmt.Errorf("--start-seq needs one stream, but the subjects span %s: add --stream", strings.Join(names, ", "))
+	}
+	plan := make([]streamFilters, 0, len(byStream))
+	for name, filters := range byStream {
+		plan = append(plan, streamFilters{stream: name, filters: minimalFilters(filters)})
+	}
+	sort.Slice(plan, func(i, j int) bool { return plan[i].stream < plan[j].stream })
+	return plan, nil
+}
+
+// minimalFilters drops duplicates and filters that another filter covers:
+// the server rejects overlapping filters on one consumer.
+func minimalFilters(fs []string) []string {
+	var out []string
+	for i, f := range fs {
+		covered := false
+		for j, g := range fs {
+			if i != j && subjectWithin(f, g) && (f != g || j < i) {
+				covered = true
+				break
+			}
+		}
+		if !covered {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// subjectWithin reports whether every subject matching filter also matches
+// pattern.
+func subjectWithin(filter, pattern string) bool {
+	f, p := strings.Split(filter, "."), strings.Split(pattern, ".")
+	for i, pt := range p {
+		if pt == ">" {
+			return len(f) > i
+		}
+		if i >= len(f) {
+			return false
+		}
+		switch {
+		case f[i] == ">":
+			return false
+		case pt == "*":
+		case f[i] != pt:
+			return false
+		}
+	}
+	return len(f) == len(p)
+}
+
+// subjectsCollide reports whether some subject matches both a and b.
+func subjectsCollide(a, b string) bool {
+	x, y := strings.Split(a, "."), strings.Split(b, ".")
+	for i := 0; i < len(x) && i < len(y); i++ {
+		if x[i] == ">" || y[i] == ">" {
+			return true
+		}
+		if x[i] != y[i] && x[i] != "*" && y[i] != "*" {
+			return false
+		}
+	}
+	return len(x) == len(y)
+}
+
+// tailWriter serialises output lines of all streams and enforces --count.
+type tailWriter struct {
+	mu    sync.Mutex
+	w     io.Writer
+	n     int
+	limit int
+	done  func()
+	err   error
+}
+
+// write prints one line; it returns false when no more lines are wanted.
+func (t *tailWriter) write(line []byte) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.err != nil || t.limit > 0 && t.n >= t.limit {
+		return false
+	}
+	if _, err := t.w.Write(append(line, '\n')); err != nil {
+		t.err = fmt.Errorf("write output: %w", err)
+		t.done()
+		return false
+	}
+	t.n++
+	if t.limit > 0 && t.n >= t.limit {
+		t.done()
+		return false
+	}
+	return true
+}
+
+// tailStream reads one stream.
+func tailStream(ctx context.Context, js jetstream.JetStream, stream string, filters []string, o tailOptions, out *tailWriter) error {
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: filters, DeliverPolicy: jetstream.DeliverNewPolicy}
+	switch {
+	case o.since != 0:
+		t := time.Now().Add(-o.since)
+		cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &t
+	case !o.startTime.IsZero():
+		cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &o.startTime
+	case o.startSeq != 0:
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, o.startSeq
+	case o.last != 0:
+		seq, err := lastNStart(ctx, js, stream, filters, uint64(o.last))
+		if err != nil {
+			return quiet(ctx, err)
+		}
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, seq
+	case o.noFollow:
+		cfg.DeliverPolicy = jetstream.DeliverAllPolicy
+	}
+	if o.noFollow {
+		n, err := pending(ctx, js, stream, cfg)
+		if err != nil || n == 0 {
+			return quiet(ctx, err)
+		}
+	}
+	cfg.InactiveThreshold = probeInactive
+	c, err := js.OrderedConsumer(ctx, stream, cfg)
+	if err != nil {
+		return quiet(ctx, fmt.Errorf("read %s: %w", stream, err))
+	}
+	it, err := c.Messages()
+	if err != nil {
+		return quiet(ctx, fmt.Errorf("read %s: %w", stream, err))
+	}
+	defer deleteOrdered(ctx, js, stream, c, it)
+	for {
+		m, err := it.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			return quiet(ctx, fmt.Errorf("read %s: %w", stream, err))
+		}
+		meta, err := m.Metadata()
+		if err != nil {
+			return fmt.Errorf("read %s: %w", stream, err)
+		}
+		if !out.write(renderTail(m, meta)) {
+			return nil
+		}
+		if o.noFollow && meta.NumPending == 0 {
+			return nil
+		}
+	}
+}
+
+// quiet drops err when ctx ended: stopping (a signal, --count reached) is
+// not a failure.
+func quiet(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// deleteOrdered stops reading and deletes the ordered consumer's current
+// server-side consumer at once, instead of leaving it to expire.
+func deleteOrdered(ctx context.Context, js jetstream.JetStream, stream string, c jetstream.Consumer, it jetstream.MessagesContext) {
+	it.Stop()
+	if info := c.CachedInfo(); info != nil {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = js.DeleteConsumer(dctx, stream, info.Name)
+	}
+}
+
+// renderTail builds the JSON line of one message.
+func renderTail(m jetstream.Msg, meta *jetstream.MsgMetadata) []byte {
+	h := m.Headers()
+	l := tailLine{
+		Stream:  meta.Stream,
+		Seq:     meta.Sequence.Stream,
+		Subject: m.Subject(),
+		Time:    events.At(meta.Timestamp),
+		Schema:  h.Get(events.HeaderSchema),
+		MsgID:   h.Get(events.HeaderMsgID),
+	}
+	if data, err := events.ToJSON(h, m.Data()); err == nil {
+		l.Data = data
+	} else {
+		l.Raw, l.Error = m.Data(), err.Error()
+	}
+	b, err := json.Marshal(l)
+	if err != nil {
+		// Data is valid JSON by construction; this is a bug, say so.
+		b, _ = json.Marshal(tailLine{Stream: l.Stream, Seq: l.Seq, Subject: l.Subject, Time: l.Time, Raw: m.Data(), Error: err.Error()})
+	}
+	return b
+}
+
+// probeInactive bounds how long a consumer of tail (ordered or probe)
+// outlives a tail that crashed.
+const probeInactive = 30 * time.Second
+
+// pending counts the messages an ordered consumer with cfg would deliver
+// now, with a short-lived ephemeral consumer that is deleted at once.
+func pending(ctx context.Context, js jetstream.JetStream, stream string, cfg jetstream.OrderedConsumerConfig) (uint64, error) {
+	c, err := js.CreateConsumer(ctx, stream, jetstream.ConsumerConfig{
+		FilterSubjects:    cfg.FilterSubjects,
+		DeliverPolicy:     cfg.DeliverPolicy,
+		OptStartSeq:       cfg.OptStartSeq,
+		OptStartTime:      cfg.OptStartTime,
+		AckPolicy:         jetstream.AckNonePolicy,
+		InactiveThreshold: probeInactive,
+		MemoryStorage:     true,
+		Replicas:          1,
+	})
+	if err != nil {
+		return 0, fmt.Errorf("count pending on %s: %w", stream, err)
+	}
+	info := c.CachedInfo()
+	_ = js.DeleteConsumer(context.WithoutCancel(ctx), stream, info.Name)
+	return info.NumPending, nil
+}
+
+// lastNStart finds the stream sequence from which exactly n messages match
+// filters (or the first sequence when fewer do), by binary search on the
+// pending count: O(log stream length) probes, whatever the stream's size.
+func lastNStart(ctx context.Context, js jetstream.JetStream, stream string, filters []string, n uint64) (uint64, error) {
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return 0, fmt.Errorf("stream %s: %w", stream, err)
+	}
+	st := s.CachedInfo().State
+	if st.Msgs == 0 {
+		return max(st.LastSeq+1, 1), nil
+	}
+	at := func(seq uint64) (uint64, error) {
+		return pending(ctx, js, stream, jetstream.OrderedConsumerConfig{
+			FilterSubjects: filters, DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: seq,
+		})
+	}
+	lo, hi := st.FirstSeq, st.LastSeq+1 // invariant: at(lo) >= n (or lo is first), at(hi) < n
+	total, err := at(lo)
+	if err != nil || total <= n {
+		return lo, err
+	}
+	for hi-lo > 1 {
+		mid := lo + (hi-lo)/2
+		p, err := at(mid)
+		if err != nil {
+			return 0, err
+		}
+		if p >= n {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return lo, nil
+}

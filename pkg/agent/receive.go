@@ -1,0 +1,219 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/vmihailenco/msgpack/v5"
+
+	topology "github.com/failbus/failbus/jetstream"
+	"github.com/failbus/failbus/pkg/events"
+)
+
+// Decisions returns the decisions the bus makes for this agent
+// (failbus.decision.<agent> on FAILBUS_DECISIONS), in order, from the moment
+// New was called (or, with WithDurable, from where this agent name last
+// stopped reading). The channel is unbuffered and a decision counts as
+// delivered when it is received from it. The channel closes when ctx ends or
+// the connection closes.
+func (a *Agent) Decisions(ctx context.Context) (<-chan events.Decision, error) {
+	it, err := a.open(ctx, topology.StreamDecisions, events.DecisionSubject(a.name), "decisions")
+	if err != nil {
+		return nil, err
+	}
+	out := make(chan events.Decision)
+	go pump(ctx, a, it, out, func(m jetstream.Msg) (events.Decision, error) {
+		d, err := decodeInto[*events.Decision](m, &events.Decision{})
+		if err != nil {
+			return events.Decision{}, err
+		}
+		return *d, nil
+	})
+	return out, nil
+}
+
+// DueRetries returns the retries of this agent that came due
+// (failbus.retry.due.<agent> on FAILBUS_RETRIES). JetStream's scheduler
+// writes them at their due time, durably: a retry scheduled before a crash
+// of every failbus process still arrives. Delivery is as for Decisions.
+// After acting on one, call Started (or Cancel when the agent gives up on
+// it).
+func (a *Agent) DueRetries(ctx context.Context) (<-chan events.RetryDue, error) {
+	it, err := a.open(ctx, topology.StreamRetries, events.RetryDueSubject(a.name), "retries")
+	if err != nil {
+		return nil, err
+	}
+	out := make(chan events.RetryDue)
+	go pump(ctx, a, it, out, func(m jetstream.Msg) (events.RetryDue, error) {
+		r, err := decodeInto[*events.RetryDue](m, &events.RetryDue{})
+		if err != nil {
+			return events.RetryDue{}, err
+		}
+		return *r, nil
+	})
+	return out, nil
+}
+
+// DurableName is the name of the durable consumer WithDurable keeps for an
+// agent and kind ("decisions" or "retries"); operators look it up with
+// `nats consumer info`.
+func DurableName(agent, kind string) string {
+	return "agent-" + events.Token(agent) + "-" + kind
+}
+
+// reader is what pump needs of a consumer: the next message and a way to
+// stop. Both ordered and durable consumers give a MessagesContext.
+type reader struct {
+	msgs jetstream.MessagesContext
+	ack  bool
+	// ordered is set for an ephemeral ordered consumer, deleted on stop.
+	ordered jetstream.Consumer
+	stream  string
+}
+
+// stop ends reading; an ephemeral consumer is deleted at once rather than
+// left to expire.
+func (r *reader) stop(js jetstream.JetStream) {
+	r.msgs.Stop()
+	if r.ordered == nil {
+		return
+	}
+	if info := r.ordered.CachedInfo(); info != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), ackTimeout)
+		defer cancel()
+		_ = js.DeleteConsumer(ctx, r.stream, info.Name)
+	}
+}
+
+// open starts a consumer on stream filtered on subject.
+func (a *Agent) open(ctx context.Context, stream, subject, kind string) (*reader, error) {
+	start := a.created
+	if !a.opts.durable {
+		c, err := a.js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
+			FilterSubjects: []string{subject},
+			DeliverPolicy:  jetstream.DeliverByStartTimePolicy,
+			OptStartTime:   &start,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("agent %s: open %s consumer on %s: %w", a.name, kind, stream, err)
+		}
+		it, err := c.Messages()
+		if err != nil {
+			return nil, fmt.Errorf("agent %s: read %s: %w", a.name, kind, err)
+		}
+		return &reader{msgs: it, ordered: c, stream: stream}, nil
+	}
+	name := DurableName(a.name, kind)
+	c, err := a.js.Consumer(ctx, stream, name)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		c, err = a.js.CreateConsumer(ctx, stream, jetstream.ConsumerConfig{
+			Durable:           name,
+			Description:       "failbus agent " + a.name + ": " + kind,
+			FilterSubject:     subject,
+			DeliverPolicy:     jetstream.DeliverByStartTimePolicy,
+			OptStartTime:      &start,
+			AckPolicy:         jetstream.AckExplicitPolicy,
+			AckWait:           durableAckWait,
+			MaxAckPending:     1,
+			InactiveThreshold: DurableInactiveThreshold,
+		})
+		if errors.Is(err, jetstream.ErrConsumerExists) {
+			c, err = a.js.Consumer(ctx, stream, name)
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("agent %s: open durable consumer %s on %s: %w", a.name, name, stream, err)
+	}
+	it, err := c.Messages()
+	if err != nil {
+		return nil, fmt.Errorf("agent %s: read %s: %w", a.name, kind, err)
+	}
+	return &reader{msgs: it, ack: true}, nil
+}
+
+// pump moves decoded messages from r to out until ctx ends or the consumer
+// stops, then closes out. A message is acknowledged (durable mode) once out
+// accepted it, and the acknowledgement is confirmed before the next message
+// is read or out is closed; one that does not decode is terminated and
+// reported.
+func pump[T any](ctx context.Context, a *Agent, r *reader, out chan<- T, decode func(jetstream.Msg) (T, error)) {
+	defer close(out)
+	defer r.stop(a.js)
+	for {
+		m, err := r.msgs.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				return
+			}
+			a.opts.onError(fmt.Errorf("agent %s: read: %w", a.name, err))
+			if errors.Is(err, jetstream.ErrConnectionClosed) {
+				return
+			}
+			continue
+		}
+		v, err := decode(m)
+		if err != nil {
+			a.opts.onError(fmt.Errorf("agent %s: undecodable message on %s: %w", a.name, m.Subject(), err))
+			if r.ack {
+				_ = m.Term()
+			}
+			continue
+		}
+		select {
+		case out <- v:
+		case <-ctx.Done():
+			// Not handed over: leave it unacknowledged so a durable
+			// consumer redelivers it to the next reader.
+			return
+		}
+		if r.ack {
+			// Acknowledged synchronously, and even when ctx has just
+			// ended: the hand-off happened, so the server must know before
+			// the channel closes.
+			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ackTimeout)
+			err := m.DoubleAck(actx)
+			cancel()
+			if err != nil {
+				a.opts.onError(fmt.Errorf("agent %s: ack %s: %w", a.name, m.Subject(), err))
+			}
+		}
+	}
+}
+
+// ackTimeout bounds the wait for the server to confirm an acknowledgement.
+const ackTimeout = 5 * time.Second
+
+// decodeInto reads a message that must be of m's type. Unlike events.Decode
+// it does not assume a missing schema header means Outcome: messages written
+// by JetStream's scheduler carry the headers of their schedule, so the type
+// is known from the subject; a header naming another type is still an error.
+func decodeInto[T events.Message](msg jetstream.Msg, m T) (T, error) {
+	h := msg.Headers()
+	if h.Get(events.HeaderSchema) != "" {
+		name, _, err := events.SchemaOf(h)
+		if err != nil {
+			return m, err
+		}
+		if name != m.SchemaName() {
+			return m, fmt.Errorf("got a %s message, want %s", name, m.SchemaName())
+		}
+	}
+	if err := events.Unmarshal(msg.Data(), m); err != nil {
+		return m, err
+	}
+	if err := m.Validate(); err != nil {
+		return m, fmt.Errorf("invalid %s: %w", m.SchemaName(), err)
+	}
+	return m, nil
+}
+
+func marshalMark(m RetryMark) ([]byte, error) {
+	b, err := msgpack.Marshal(m)
+	if err != nil {
+		return nil, fmt.Errorf("encode: %w", err)
+	}
+	return b, nil
+}
