@@ -105,19 +105,20 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 
 // serve connects, applies the topology, and runs the service until ctx ends.
 func serve(ctx context.Context, o options, log zerolog.Logger) error {
-	classify := classifier.ClassifyFunc(policy.Classify)
+	pol := policy.Default()
 	if o.policyFile != "" {
 		p, err := policy.Load(o.policyFile)
 		if err != nil {
 			return err
 		}
-		c, err := policy.NewClassifier(p.Classify)
-		if err != nil {
-			return fmt.Errorf("%s: classify: %w", o.policyFile, err)
-		}
-		classify = c.Classify
+		pol = p
 		log.Info().Str("policy", o.policyFile).Msg("policy loaded")
 	}
+	cf, err := pol.ClassifyFunc()
+	if err != nil {
+		return fmt.Errorf("%s: classify: %w", o.policyFile, err)
+	}
+	classify := classifier.ClassifyFunc(cf)
 
 	nopts := []nats.Option{nats.Name("failbus-classifier"), nats.MaxReconnects(-1)}
 	if o.creds != "" {

@@ -48,12 +48,12 @@ var services = []inProcess{
 }
 
 func newClassifier(env serviceEnv) (service, error) {
-	cls, err := policy.NewClassifier(env.policy.Classify)
+	classify, err := env.policy.ClassifyFunc()
 	if err != nil {
 		return nil, fmt.Errorf("classifier policy: %w", err)
 	}
 	return classifier.NewRunner(env.js, classifier.Options{
-		Classify: cls.Classify,
+		Classify: classify,
 		Runner:   consumer.Config{Logger: env.log, Registerer: env.registry},
 	})
 }

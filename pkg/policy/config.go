@@ -521,3 +521,22 @@ func cfgPathOr(path string) string {
 	}
 	return path
 }
+
+// ClassifyFunc compiles the policy's classify section and returns the
+// classification "after policy" (CONTRACT.md): the class's retryability is
+// the policy's retryable set for the outcome's provider, not the contract
+// default. The classifier service, `failbus classify` and `failbus simulate`
+// all classify through it, so they cannot disagree.
+func (p *Policy) ClassifyFunc() (func(*events.Outcome) events.Classification, error) {
+	cl, err := NewClassifier(p.Classify)
+	if err != nil {
+		return nil, err
+	}
+	return func(o *events.Outcome) events.Classification {
+		c := cl.Classify(o)
+		if c.Class != events.ClassOK {
+			c.Retryable = p.RetryFor(o.Provider).IsRetryable(c.Class)
+		}
+		return c
+	}, nil
+}

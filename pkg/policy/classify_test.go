@@ -1,0 +1,429 @@
+package policy
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/failbus/failbus/pkg/events"
+	"go.yaml.in/yaml/v3"
+)
+
+const corpusPath = "testdata/classify/corpus.jsonl"
+
+// corpusRow is one real provider error response with the class it must get.
+type corpusRow struct {
+	line     int
+	outcome  events.Outcome
+	Class    string `json:"expect_class"`
+	Overrule string `json:"expect_overruled"`
+	HintMS   *int64 `json:"expect_hint_ms"`
+	Source   string `json:"source"`
+	Note     string `json:"note"`
+}
+
+func loadCorpus(tb testing.TB) []corpusRow {
+	tb.Helper()
+	f, err := os.Open(corpusPath)
+	if err != nil {
+		tb.Fatalf("open corpus: %v", err)
+	}
+	defer f.Close()
+	var rows []corpusRow
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for n := 1; sc.Scan(); n++ {
+		line := sc.Bytes()
+		if len(strings.TrimSpace(string(line))) == 0 {
+			continue
+		}
+		r := corpusRow{line: n}
+		if err := json.Unmarshal(line, &r); err != nil {
+			tb.Fatalf("corpus line %d: %v", n, err)
+		}
+		if err := events.UnmarshalJSON(line, &r.outcome); err != nil {
+			tb.Fatalf("corpus line %d: outcome: %v", n, err)
+		}
+		if err := r.outcome.Validate(); err != nil {
+			tb.Fatalf("corpus line %d: outcome: %v", n, err)
+		}
+		rows = append(rows, r)
+	}
+	if err := sc.Err(); err != nil {
+		tb.Fatalf("read corpus: %v", err)
+	}
+	return rows
+}
+
+// TestCorpus classifies every real error response of the corpus and checks
+// class, overrule, retry hint, rule and evidence.
+func TestCorpus(t *testing.T) {
+	t.Parallel()
+	rows := loadCorpus(t)
+	if len(rows) < 80 {
+		t.Fatalf("corpus has %d rows, want at least 80", len(rows))
+	}
+	for _, r := range rows {
+		name := r.outcome.ID + "_" + r.outcome.Provider + "_" + r.Class
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			if r.Source == "" {
+				t.Errorf("line %d has no source", r.line)
+			}
+			c := Classify(&r.outcome)
+			if c.Class != r.Class {
+				t.Errorf("line %d (%s): class %q (rule %s, evidence %q), want %q", r.line, r.Source, c.Class, c.Rule, c.Evidence, r.Class)
+			}
+			if c.Overruled != r.Overrule {
+				t.Errorf("line %d: overruled %q, want %q (evidence %q)", r.line, c.Overruled, r.Overrule, c.Evidence)
+			}
+			if r.HintMS != nil {
+				if c.Hints == nil || c.Hints.AfterMS != *r.HintMS {
+					t.Errorf("line %d: hints %+v, want after_ms %d", r.line, c.Hints, *r.HintMS)
+				}
+			}
+			checkShape(t, &r.outcome, c)
+		})
+	}
+}
+
+// checkShape asserts what holds for every classification.
+func checkShape(t *testing.T, o *events.Outcome, c events.Classification) {
+	t.Helper()
+	info, ok := events.LookupClass(c.Class)
+	if !ok {
+		t.Fatalf("class %q is not a contract class", c.Class)
+	}
+	if c.Retryable != info.Retryable || c.Scope != info.Scope {
+		t.Errorf("retryable/scope %v/%q, want contract %v/%q", c.Retryable, c.Scope, info.Retryable, info.Scope)
+	}
+	if c.Rule == "" || len(c.Evidence) == 0 {
+		t.Errorf("rule %q evidence %q: both required", c.Rule, c.Evidence)
+	}
+	if c.Class != events.ClassUnknown && c.Rule == RuleNone {
+		t.Errorf("class %q decided by no rule", c.Class)
+	}
+	for _, e := range c.Evidence {
+		if Redact(e) != e {
+			t.Errorf("evidence leaks a secret: %q", e)
+		}
+		if len(e) > 2*maxExcerpt+64 {
+			t.Errorf("evidence too long (%d bytes): %q", len(e), e)
+		}
+	}
+	if c.OutcomeID != o.ID || c.Agent != o.Agent || c.Provider != o.Provider || c.Model != o.Model || !c.At.Equal(o.At.Time) {
+		t.Errorf("context fields not copied: %+v", c)
+	}
+}
+
+// TestCorpusCoverage keeps the corpus honest: every contract class and every
+// provider and transport family issue 3 names is represented.
+func TestCorpusCoverage(t *testing.T) {
+	t.Parallel()
+	rows := loadCorpus(t)
+	classes := map[string]bool{}
+	providers := map[string]bool{}
+	var transports []string
+	for _, r := range rows {
+		classes[r.Class] = true
+		providers[r.outcome.Provider] = true
+		transports = append(transports, strings.ToLower(r.outcome.TransportError))
+	}
+	for _, ci := range events.Classes {
+		if !classes[ci.Name] {
+			t.Errorf("no corpus row for class %q", ci.Name)
+		}
+	}
+	for _, p := range []string{"openai", "azure-openai", "anthropic", "google", "vertex", "bedrock", "mistral", "groq",
+		"deepseek", "openrouter", "vllm", "llamacpp", "ollama", "lmstudio", "cerebras", "my-gateway"} {
+		if !providers[p] {
+			t.Errorf("no corpus row for provider %q", p)
+		}
+	}
+	all := strings.Join(transports, "\n")
+	for _, s := range []string{"econnreset", "und_err_socket", "etimedout", "enotfound", "eai_again", "cert_has_expired",
+		"x509:", "i/o timeout", "fetch failed", "socket connection was closed", "httpx", "temporary failure in name resolution"} {
+		if !strings.Contains(all, s) {
+			t.Errorf("no corpus transport error with %q", s)
+		}
+	}
+}
+
+// TestSeed001 is the acceptance case of issue 3, both ways.
+func TestSeed001(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name          string
+		outcome       events.Outcome
+		class, over   string
+		evidence, rul string
+	}{
+		{
+			name: "generic gateway empty 400 with upstream CONTEXT_WINDOW_EXCEEDED at 41k of 256k is a retryable server_error",
+			outcome: events.Outcome{ID: "s1", Agent: "a", Provider: "my-gateway", Status: 400, UpstreamCode: "CONTEXT_WINDOW_EXCEEDED",
+				RequestTokens: 41000, ContextWindow: 256000},
+			class: events.ClassServerError, over: events.ClassContextOverflow, evidence: "41000 of 256000 tokens", rul: "gateway.empty_4xx",
+		},
+		{
+			name:    "cerebras empty 413 at 130.9k of 131k is a context overflow",
+			outcome: events.Outcome{ID: "s2", Agent: "a", Provider: "cerebras", Status: 413, RequestTokens: 130900, ContextWindow: 131000},
+			class:   events.ClassContextOverflow, evidence: "130900 of 131000 tokens", rul: "cerebras.empty_400_overflow",
+		},
+		{
+			name:    "the cerebras rule does not fire for a generic gateway",
+			outcome: events.Outcome{ID: "s3", Agent: "a", Provider: "my-gateway", Status: 413, RequestTokens: 130900, ContextWindow: 131000},
+			class:   events.ClassServerError, rul: "gateway.empty_4xx",
+		},
+		{
+			name:    "an empty 400 over the window is an overflow on evidence alone",
+			outcome: events.Outcome{ID: "s4", Agent: "a", Provider: "my-gateway", Status: 400, RequestTokens: 300000, ContextWindow: 256000},
+			class:   events.ClassContextOverflow, rul: "evidence.tokens_exceed_window",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			c := Classify(&tt.outcome)
+			if c.Class != tt.class || c.Overruled != tt.over || c.Rule != tt.rul {
+				t.Fatalf("got class %q overruled %q rule %q (evidence %q), want %q %q %q", c.Class, c.Overruled, c.Rule, c.Evidence, tt.class, tt.over, tt.rul)
+			}
+			if tt.evidence != "" && !strings.Contains(strings.Join(c.Evidence, "|"), tt.evidence) {
+				t.Fatalf("evidence %q lacks %q", c.Evidence, tt.evidence)
+			}
+			checkShape(t, &tt.outcome, c)
+		})
+	}
+}
+
+// TestEchoedStatusIsNotEvidence: a 400 whose text mentions 429 and rate
+// limits stays a bad request; the same words on a 429 are a rate limit.
+func TestEchoedStatusIsNotEvidence(t *testing.T) {
+	t.Parallel()
+	body := `{"error":{"message":"Invalid value: tool output was 'HTTP 429 Too Many Requests: rate limit exceeded, retry after 30 seconds'","type":"invalid_request_error","code":null}}`
+	c := Classify(&events.Outcome{ID: "e", Agent: "a", Provider: "openai", Status: 400, Body: body})
+	if c.Class != events.ClassBadRequest {
+		t.Fatalf("400 echoing 429: class %q rule %s", c.Class, c.Rule)
+	}
+	c = Classify(&events.Outcome{ID: "e", Agent: "a", Provider: "openai", Status: 429, Body: body})
+	if c.Class != events.ClassRateLimit {
+		t.Fatalf("429: class %q rule %s", c.Class, c.Rule)
+	}
+}
+
+func TestClassifyConfig(t *testing.T) {
+	t.Parallel()
+	empty400 := events.Outcome{ID: "x", Agent: "a", Provider: "cerebras", Status: 400}
+	gw400 := events.Outcome{ID: "x", Agent: "a", Provider: "my-gateway", Status: 400}
+	tests := []struct {
+		name  string
+		cfg   ClassifyConfig
+		o     events.Outcome
+		class string
+	}{
+		{"default: cerebras empty 400 is overflow", ClassifyConfig{}, empty400, events.ClassContextOverflow},
+		{"explicit empty list turns the cerebras rule off", ClassifyConfig{EmptyOverflowProviders: []string{}}, empty400, events.ClassServerError},
+		{"a configured provider gets the rule", ClassifyConfig{EmptyOverflowProviders: []string{"My-Gateway"}}, gw400, events.ClassContextOverflow},
+		{"ratio 0.1 keeps a claim at 16%", ClassifyConfig{OverflowEvidenceRatio: 0.1},
+			events.Outcome{ID: "x", Agent: "a", Provider: "cerebras", Status: 400, RequestTokens: 41000, ContextWindow: 256000}, events.ClassContextOverflow},
+		{"quota_after off keeps a long rate limit", ClassifyConfig{QuotaAfter: -1},
+			events.Outcome{ID: "x", Agent: "a", Provider: "openai", Status: 429, Headers: map[string]string{"retry-after": "86400"}}, events.ClassRateLimit},
+		{"default quota_after makes a day-long wait a quota", ClassifyConfig{},
+			events.Outcome{ID: "x", Agent: "a", Provider: "openai", Status: 429, Headers: map[string]string{"retry-after": "86400"}}, events.ClassQuotaExhausted},
+		{"user rule runs before built-ins", ClassifyConfig{Rules: []Rule{{ID: "gw.busy", Class: events.ClassOverloaded, Providers: []string{"my-gateway"}, Status: []string{"400"}, EmptyBody: ptrTrue()}}},
+			gw400, events.ClassOverloaded},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			cl, err := NewClassifier(tt.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c := cl.Classify(&tt.o); c.Class != tt.class {
+				t.Fatalf("class %q (rule %s, evidence %q), want %q", c.Class, c.Rule, c.Evidence, tt.class)
+			}
+		})
+	}
+}
+
+func TestValidateNamesTheBadRule(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		cfg  ClassifyConfig
+		want string
+	}{
+		{"unknown class", ClassifyConfig{Rules: []Rule{{ID: "ok.one", Class: "rate_limit", Status: []string{"429"}}, {ID: "my.rule", Class: "overflow", Body: []string{"x"}}}},
+			`classify.rules[1] (id "my.rule"): class: "overflow" is not a contract class`},
+		{"missing id", ClassifyConfig{Rules: []Rule{{Class: "auth", Status: []string{"401"}}}}, `classify.rules[0]: id: missing`},
+		{"no condition", ClassifyConfig{Rules: []Rule{{ID: "empty", Class: "auth"}}}, `(id "empty"): conditions:`},
+		{"bad status", ClassifyConfig{Rules: []Rule{{ID: "s", Class: "auth", Status: []string{"4x"}}}}, `(id "s"): status: "4x"`},
+		{"duplicate id", ClassifyConfig{Rules: []Rule{{ID: "d", Class: "auth", Status: []string{"401"}}, {ID: "d", Class: "auth", Status: []string{"403"}}}}, `classify.rules[1] (id "d"): id: duplicate of classify.rules[0]`},
+		{"built-in id", ClassifyConfig{Rules: []Rule{{ID: "gateway.empty_4xx", Class: "auth", Status: []string{"401"}}}}, `is a built-in rule id`},
+		{"upper-case header", ClassifyConfig{Rules: []Rule{{ID: "h", Class: "auth", Headers: map[string]string{"X-Foo": ""}}}}, `(id "h"): headers:`},
+		{"ratio", ClassifyConfig{OverflowEvidenceRatio: 1.5}, `classify.overflow_evidence_ratio`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			err := tt.cfg.Validate()
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error %v, want it to contain %q", err, tt.want)
+			}
+			if _, err := NewClassifier(tt.cfg); err == nil {
+				t.Fatal("NewClassifier accepted an invalid config")
+			}
+		})
+	}
+	var re *RuleError
+	if err := (ClassifyConfig{Rules: []Rule{{ID: "x", Class: "nope", Status: []string{"1"}}}}).Validate(); !errors.As(err, &re) || re.Field != "class" {
+		t.Fatalf("want a *RuleError on class, got %v", err)
+	}
+}
+
+// TestClassifyYAML decodes the documented `classify:` section.
+func TestClassifyYAML(t *testing.T) {
+	t.Parallel()
+	doc := `
+rules:
+  - id: my-gateway.busy
+    class: overloaded
+    providers: [my-gateway]
+    status: [503, 4xx, 520-530]
+    body: ["queue full"]
+    headers: {x-gateway: busy}
+empty_overflow_providers: [cerebras, my-llm]
+overflow_evidence_ratio: 0.8
+quota_after: 30m
+`
+	var cfg ClassifyConfig
+	dec := yaml.NewDecoder(strings.NewReader(doc))
+	dec.KnownFields(true)
+	if err := dec.Decode(&cfg); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.QuotaAfter != 30*time.Minute || cfg.OverflowEvidenceRatio != 0.8 || len(cfg.Rules) != 1 || cfg.Rules[0].Status[0] != "503" {
+		t.Fatalf("decoded %+v", cfg)
+	}
+	cl, err := NewClassifier(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := cl.Classify(&events.Outcome{ID: "y", Agent: "a", Provider: "my-gateway", Status: 502, Body: "Gateway QUEUE FULL, come back later",
+		Headers: map[string]string{"x-gateway": "node-7 busy"}})
+	if c.Class != events.ClassServerError {
+		// 502 is outside the rule's statuses: the built-ins decide.
+		t.Fatalf("502: class %q rule %s", c.Class, c.Rule)
+	}
+	c = cl.Classify(&events.Outcome{ID: "y", Agent: "a", Provider: "my-gateway", Status: 503, Body: "Gateway QUEUE FULL, come back later",
+		Headers: map[string]string{"x-gateway": "node-7 busy"}})
+	if c.Class != events.ClassOverloaded || c.Rule != "my-gateway.busy" {
+		t.Fatalf("503: class %q rule %s evidence %q", c.Class, c.Rule, c.Evidence)
+	}
+}
+
+func TestRetryHints(t *testing.T) {
+	t.Parallel()
+	at := events.At(time.Date(2026, 3, 2, 10, 0, 0, 0, time.UTC))
+	f := false
+	tests := []struct {
+		name    string
+		o       events.Outcome
+		afterMS int64
+		source  string
+		should  *bool
+		none    bool
+	}{
+		{name: "retry-after-ms wins over retry-after", o: events.Outcome{Headers: map[string]string{"retry-after-ms": "1500.2", "retry-after": "9"}}, afterMS: 1501, source: HintRetryAfterMS},
+		{name: "retry-after seconds", o: events.Outcome{Headers: map[string]string{"retry-after": "20"}}, afterMS: 20000, source: HintRetryAfter},
+		{name: "retry-after HTTP-date against at", o: events.Outcome{At: at, Headers: map[string]string{"retry-after": "Mon, 02 Mar 2026 10:00:45 GMT"}}, afterMS: 45000, source: HintRetryAfter},
+		{name: "x-should-retry false alone", o: events.Outcome{Headers: map[string]string{"x-should-retry": "false"}}, should: &f},
+		{name: "Gemini retryDelay", o: events.Outcome{Body: `{"error":{"code":429,"status":"RESOURCE_EXHAUSTED","details":[{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"22.718768524s"}]}}`}, afterMS: 22719, source: HintRetryDelay},
+		{name: "please try again in 634ms", o: events.Outcome{Body: `{"error":{"message":"Rate limit reached. Please try again in 634ms.","code":"rate_limit_exceeded"}}`}, afterMS: 634, source: HintBody},
+		{name: "quota will reset after 39s", o: events.Outcome{Body: `{"error":{"message":"Your quota will reset after 39s.","status":"RESOURCE_EXHAUSTED"}}`}, afterMS: 39000, source: HintBody},
+		{name: "compound duration", o: events.Outcome{Body: `Please try again in 9m38.016s.`}, afterMS: 578016, source: HintBody},
+		{name: "retry after N seconds", o: events.Outcome{Body: `{"error":{"message":"Please retry after 6 seconds."}}`}, afterMS: 6000, source: HintBody},
+		{name: "no hint", o: events.Outcome{Body: `{"error":{"message":"Please try again later."}}`}, none: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			o := tt.o
+			o.ID, o.Agent, o.Provider, o.Status = "h", "a", "p", 429
+			h := Classify(&o).Hints
+			if tt.none {
+				if h != nil {
+					t.Fatalf("hints %+v, want none", h)
+				}
+				return
+			}
+			if h == nil || h.AfterMS != tt.afterMS || h.Source != tt.source {
+				t.Fatalf("hints %+v, want after_ms %d from %s", h, tt.afterMS, tt.source)
+			}
+			if (tt.should == nil) != (h.ShouldRetry == nil) || tt.should != nil && *tt.should != *h.ShouldRetry {
+				t.Fatalf("should_retry %v, want %v", h.ShouldRetry, tt.should)
+			}
+		})
+	}
+}
+
+func TestClassifyNilAndOK(t *testing.T) {
+	t.Parallel()
+	if c := Classify(nil); c.Class != events.ClassUnknown {
+		t.Fatalf("nil outcome: %+v", c)
+	}
+	o := events.Outcome{ID: "ok", Agent: "a", Provider: "p", OK: true, Status: 200}
+	c := Classify(&o)
+	if c.Class != events.ClassOK || c.Rule != RuleOK || c.Retryable {
+		t.Fatalf("ok outcome: %+v", c)
+	}
+}
+
+// FuzzClassify: whatever the outcome, Classify never panics and always
+// returns a contract class with a rule and evidence.
+func FuzzClassify(f *testing.F) {
+	for _, r := range loadCorpus(f) {
+		o := r.outcome
+		f.Add(o.Status, o.Body, o.TransportError, o.UpstreamCode, o.Provider, o.Headers["retry-after"], o.RequestTokens, o.ContextWindow, o.OK)
+	}
+	f.Add(200, `{"error":{"message":"{\"error\":{\"message\":\"[{\\\"a\\\":1}]\"}}"}}`, "", "", "x", "", 0, 0, false)
+	f.Add(400, `{"error":`, "", "CONTEXT_WINDOW_EXCEEDED", "cerebras", "Mon, 02 Jan 2006 15:04:05 GMT", -5, 0, false)
+	f.Fuzz(func(t *testing.T, status int, body, transport, upstream, provider, retryAfter string, tokens, window int, ok bool) {
+		o := events.Outcome{ID: "f", Agent: "a", Provider: provider, Status: status, Body: body, TransportError: transport,
+			UpstreamCode: upstream, RequestTokens: tokens, ContextWindow: window, OK: ok,
+			Headers: map[string]string{"retry-after": retryAfter, "retry-after-ms": retryAfter, "x-amzn-errortype": upstream}}
+		c := Classify(&o)
+		if _, valid := events.LookupClass(c.Class); !valid {
+			t.Fatalf("class %q is not a contract class", c.Class)
+		}
+		if c.Rule == "" || len(c.Evidence) == 0 {
+			t.Fatalf("rule %q evidence %q", c.Rule, c.Evidence)
+		}
+		if c.Hints != nil && (c.Hints.AfterMS < 0 || c.Hints.AfterMS > maxHintMS) {
+			t.Fatalf("hint %d out of range", c.Hints.AfterMS)
+		}
+	})
+}
+
+// BenchmarkClassify classifies the corpus mix, one outcome per op.
+func BenchmarkClassify(b *testing.B) {
+	rows := loadCorpus(b)
+	outs := make([]events.Outcome, len(rows))
+	for i := range rows {
+		outs[i] = rows[i].outcome
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	i := 0
+	for b.Loop() {
+		_ = Classify(&outs[i])
+		i++
+		if i == len(outs) {
+			i = 0
+		}
+	}
+}

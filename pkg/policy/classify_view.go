@@ -1,0 +1,578 @@
+package policy
+
+import (
+	"bytes"
+	"strings"
+	"sync"
+	"unicode/utf8"
+
+	"github.com/failbus/failbus/pkg/events"
+)
+
+// view is what the rules look at: one outcome digested once, so that no rule
+// re-reads or re-lowercases the body. Its buffers come from a pool and are
+// reused; nothing in a view outlives one Classify call.
+//
+// For a JSON body (also one wrapped in SSE "data:" or behind a text prefix
+// such as "Error: 400 "), text holds the lower-cased error fields only —
+// message, type, code, status, reason, detail, raw, quota ids, … — from any
+// depth, including JSON nested inside a string (OpenRouter's
+// metadata.raw, the Gemini CLI's message). Prompt content a provider echoes
+// elsewhere in the body is therefore not matched. For any other body, text is
+// the lower-cased body itself (HTML pages, plain text). Structured codes
+// (error.type, error.code, error.status, __type, reason, x-amzn-errortype) are
+// also kept apart for exact matching.
+type view struct {
+	status         int  // effective status (see effectiveStatus)
+	statusFromBody bool // status came from the body's error.code on a 0/2xx response
+	emptyBody      bool
+	html           bool
+	json           bool
+	bodyError      bool // the body holds an error object (key error, errors, __type, …)
+
+	text     []byte   // lower-cased error text, see above
+	hits     []uint64 // body patterns found in text (Classifier.textHits)
+	scanned  bool
+	textFull bool     // text hit its size cap: it may not hold all the body
+	thits    []uint64 // transport patterns found in trans
+	chits    []uint64 // rule codes among codes
+	cscanned bool
+	tscanned bool
+	trans    []byte // lower-cased transport_error
+	codeBuf  []byte // lower-cased codes, back to back
+	codes    [maxCodes]span
+	ncodes   int
+	tmp      []byte          // unescape scratch
+	docs     [maxDocs]string // JSON documents found inside strings
+	ndocs    int
+	msg      span // the provider's own message, for evidence
+	titleLo  int  // <title> of an HTML body, offsets into body
+	titleHi  int
+	body     string
+	jsonCode int // first numeric error.code in 100..599
+
+	retryDelay    span  // Google RetryInfo.retryDelay
+	retryAfterSec int64 // numeric retry_after (seconds)
+}
+
+const (
+	maxCodes     = 24
+	maxEmbed     = 2        // levels of JSON inside a JSON string
+	maxDocs      = 4        // embedded documents kept per outcome
+	maxTextBytes = 16 << 10 // error text examined per outcome
+	maxPageBytes = 8 << 10  // of a non-JSON body (HTML pages, text)
+	maxTransport = 4 << 10
+	maxJSONDepth = 24
+)
+
+// span locates bytes in the body (src 0) or in an embedded JSON document
+// (src i+1 for docs[i]); src -1 means unset.
+type span struct {
+	src    int8
+	lo, hi int32
+}
+
+func (s span) ok() bool { return s.src >= 0 && s.hi > s.lo }
+
+var noSpan = span{src: -1}
+
+var viewPool = sync.Pool{New: func() any {
+	return &view{text: make([]byte, 0, 1024), trans: make([]byte, 0, 256), codeBuf: make([]byte, 0, 256)}
+}}
+
+func getView() *view { return viewPool.Get().(*view) }
+
+func putView(v *view) {
+	if cap(v.text) > 4*maxTextBytes || cap(v.trans) > 4*maxTransport {
+		return // let an outsized buffer go
+	}
+	v.body = ""
+	viewPool.Put(v)
+}
+
+// reset prepares v for o.
+func (v *view) reset(o *events.Outcome) {
+	v.text = v.text[:0]
+	v.scanned, v.tscanned, v.cscanned, v.textFull = false, false, false, false
+	v.trans = v.trans[:0]
+	v.codeBuf = v.codeBuf[:0]
+	v.ncodes = 0
+	for i := 0; i < v.ndocs; i++ {
+		v.docs[i] = ""
+	}
+	v.ndocs = 0
+	v.msg = noSpan
+	v.retryDelay = noSpan
+	v.retryAfterSec = 0
+	v.titleLo, v.titleHi = 0, 0
+	v.jsonCode = 0
+	v.json, v.html, v.statusFromBody, v.bodyError = false, false, false, false
+	v.body = o.Body
+
+	body := strings.TrimSpace(o.Body)
+	switch body {
+	case "", "{}", "[]", "null", `""`:
+		v.emptyBody = true
+	default:
+		v.emptyBody = false
+	}
+	if !v.emptyBody {
+		v.digestBody(o.Body)
+	}
+	if o.TransportError != "" {
+		t := o.TransportError
+		if len(t) > maxTransport {
+			t = t[:maxTransport]
+		}
+		v.trans = appendLower(v.trans, t)
+	}
+	if s, ok := o.Headers["x-amzn-errortype"]; ok {
+		v.addCode(s, 0)
+	}
+	v.status = o.Status
+	if (o.Status == 0 || o.Status >= 200 && o.Status < 300) && v.jsonCode >= 400 {
+		v.status = v.jsonCode
+		v.statusFromBody = true
+	}
+}
+
+// digestBody fills text, codes and msg from a non-empty body.
+func (v *view) digestBody(body string) {
+	trim := strings.TrimLeft(body, " \t\r\n")
+	if trim != "" && trim[0] == '<' {
+		v.html = true
+	}
+	start := -1
+	if trim != "" && (trim[0] == '{' || trim[0] == '[') {
+		start = len(body) - len(trim)
+	} else if !v.html {
+		// A JSON object behind a short prefix: "Error: 400 {…}", SSE
+		// "event: error\ndata: {…}".
+		lim := len(body)
+		if lim > 512 {
+			lim = 512
+		}
+		if i := strings.Index(body[:lim], `{"`); i >= 0 {
+			start = i
+			v.text = appendLower(v.text, body[:i])
+		}
+	}
+	if start >= 0 {
+		w := walker{s: body, i: start, v: v}
+		w.value(0, "")
+		v.json = w.fields > 0
+		if v.json {
+			return
+		}
+		v.text = v.text[:0]
+	}
+	t := body
+	if len(t) > maxPageBytes {
+		t = t[:maxPageBytes]
+		v.textFull = true
+	}
+	v.text = appendLower(v.text, t)
+	if v.html {
+		if i := bytes.Index(v.text, []byte("<title>")); i >= 0 {
+			if j := bytes.Index(v.text[i:], []byte("</title>")); j > 0 {
+				v.titleLo, v.titleHi = i+len("<title>"), i+j
+			}
+		}
+	}
+}
+
+// str returns the raw (still JSON-escaped) text a span points at.
+func (v *view) str(s span) string {
+	if !s.ok() {
+		return ""
+	}
+	doc := v.body
+	if s.src > 0 {
+		doc = v.docs[s.src-1]
+	}
+	if int(s.hi) > len(doc) {
+		return ""
+	}
+	return doc[s.lo:s.hi]
+}
+
+// addCode records a structured code, normalised: lower case, the part after
+// a '#' (com.amazon.coral.service#ThrottlingException) and before a ':'
+// (x-amzn-errortype: ThrottlingException:http://…).
+func (v *view) addCode(raw string, _ int) {
+	if v.ncodes == maxCodes || raw == "" || len(raw) > 128 {
+		return
+	}
+	if i := strings.LastIndexByte(raw, '#'); i >= 0 {
+		raw = raw[i+1:]
+	}
+	if i := strings.IndexByte(raw, ':'); i >= 0 {
+		raw = raw[:i]
+	}
+	raw = strings.TrimSpace(raw)
+	if raw == "" {
+		return
+	}
+	lo := len(v.codeBuf)
+	v.codeBuf = appendLower(v.codeBuf, raw)
+	v.codes[v.ncodes] = span{lo: int32(lo), hi: int32(len(v.codeBuf))}
+	v.ncodes++
+}
+
+// addText appends one field's lower-cased, unescaped value to text.
+func (v *view) addText(raw string) {
+	if len(v.text) >= maxTextBytes {
+		v.textFull = true
+		return
+	}
+	if len(v.text) > 0 {
+		v.text = append(v.text, '\n')
+	}
+	if len(raw) > maxTextBytes-len(v.text) {
+		raw = raw[:maxTextBytes-len(v.text)]
+		v.textFull = true
+	}
+	v.text = appendLowerUnescaped(v.text, raw)
+}
+
+// Field roles in a JSON error body.
+const (
+	roleNone = iota
+	roleText
+	roleCode
+	roleBoth // quota ids, finish reasons: matched as code and as text
+)
+
+func fieldRole(key string) int {
+	switch key {
+	case "message", "msg", "detail", "error", "error_description", "title", "description", "raw",
+		"errorMessage", "error_message", "errorMsg", "err_msg", "quota_metric", "quotaMetric":
+		return roleText
+	case "type", "code", "status", "__type", "reason", "error_code", "error_type", "errorType",
+		"errorCode", "error_name", "object":
+		return roleCode
+	case "quotaId", "quota_id", "quota_limit", "quotaLimit", "blockReason", "block_reason",
+		"finishReason", "finish_reason", "stop_reason", "stopReason", "limit_source":
+		return roleBoth
+	}
+	return roleNone
+}
+
+// walker is a forgiving, allocation-free JSON reader that visits the fields
+// of an error body. On malformed input it stops and keeps what it found.
+type walker struct {
+	s      string
+	i      int
+	v      *view
+	src    int8 // span source of s: 0 body, i+1 docs[i]
+	level  int  // JSON-in-string nesting level of s
+	fields int
+}
+
+func (w *walker) ws() {
+	for w.i < len(w.s) {
+		switch w.s[w.i] {
+		case ' ', '\t', '\r', '\n':
+			w.i++
+		default:
+			return
+		}
+	}
+}
+
+// str reads a JSON string at w.i (which must be '"') and returns its raw,
+// still-escaped contents.
+func (w *walker) str() (lo, hi int, ok bool) {
+	w.i++
+	lo = w.i
+	for w.i < len(w.s) {
+		j := strings.IndexByte(w.s[w.i:], '"')
+		if j < 0 {
+			break
+		}
+		q := w.i + j
+		// The quote ends the string unless an odd run of backslashes
+		// escapes it.
+		n := 0
+		for k := q - 1; k >= lo && w.s[k] == '\\'; k-- {
+			n++
+		}
+		w.i = q + 1
+		if n%2 == 0 {
+			return lo, q, true
+		}
+	}
+	w.i = len(w.s)
+	return 0, 0, false
+}
+
+func (w *walker) value(depth int, key string) bool {
+	if depth > maxJSONDepth {
+		return false
+	}
+	w.ws()
+	if w.i >= len(w.s) {
+		return false
+	}
+	switch c := w.s[w.i]; c {
+	case '{':
+		w.i++
+		for {
+			w.ws()
+			if w.i >= len(w.s) {
+				return false
+			}
+			if w.s[w.i] == '}' {
+				w.i++
+				return true
+			}
+			if w.s[w.i] != '"' {
+				return false
+			}
+			lo, hi, ok := w.str()
+			if !ok {
+				return false
+			}
+			w.ws()
+			if w.i >= len(w.s) || w.s[w.i] != ':' {
+				return false
+			}
+			w.i++
+			switch w.s[lo:hi] {
+			case "error", "errors", "__type", "error_code", "errorType", "errorMessage", "error_message":
+				w.v.bodyError = true
+			}
+			if !w.value(depth+1, w.s[lo:hi]) {
+				return false
+			}
+			w.ws()
+			if w.i < len(w.s) && w.s[w.i] == ',' {
+				w.i++
+				continue
+			}
+			if w.i < len(w.s) && w.s[w.i] == '}' {
+				w.i++
+				return true
+			}
+			return false
+		}
+	case '[':
+		w.i++
+		for {
+			w.ws()
+			if w.i >= len(w.s) {
+				return false
+			}
+			if w.s[w.i] == ']' {
+				w.i++
+				return true
+			}
+			if !w.value(depth+1, key) {
+				return false
+			}
+			w.ws()
+			if w.i < len(w.s) && w.s[w.i] == ',' {
+				w.i++
+				continue
+			}
+			if w.i < len(w.s) && w.s[w.i] == ']' {
+				w.i++
+				return true
+			}
+			return false
+		}
+	case '"':
+		lo, hi, ok := w.str()
+		if !ok {
+			return false
+		}
+		w.leafString(key, lo, hi)
+		return true
+	default:
+		lo := w.i
+		for w.i < len(w.s) {
+			c := w.s[w.i]
+			if c == ',' || c == '}' || c == ']' || c == ' ' || c == '\t' || c == '\r' || c == '\n' {
+				break
+			}
+			w.i++
+		}
+		if w.i == lo {
+			return false
+		}
+		w.leafScalar(key, w.s[lo:w.i])
+		return true
+	}
+}
+
+func (w *walker) leafString(key string, lo, hi int) {
+	raw := w.s[lo:hi]
+	v := w.v
+	if key == "retryDelay" || key == "retry_delay" {
+		v.retryDelay = span{src: w.src, lo: int32(lo), hi: int32(hi)}
+		w.fields++
+		return
+	}
+	role := fieldRole(key)
+	if role == roleNone {
+		return
+	}
+	w.fields++
+	if role == roleCode || role == roleBoth {
+		if key == "code" || key == "status" || key == "error_code" {
+			if n, ok := status3(raw); ok && v.jsonCode == 0 {
+				v.jsonCode = n
+			}
+		}
+		v.addCode(unescapeSimple(raw), 0)
+		v.addText(raw)
+		return
+	}
+	// Text. JSON inside a string (OpenRouter metadata.raw, wrapped SDK
+	// errors) is walked as JSON. The unescaped copy is one allocation per
+	// embedded document, bounded by maxEmbed and maxDocs.
+	if w.level < maxEmbed && v.ndocs < maxDocs && looksLikeJSON(raw) {
+		v.tmp = appendUnescaped(v.tmp[:0], raw)
+		v.docs[v.ndocs] = string(v.tmp)
+		v.ndocs++
+		inner := walker{s: v.docs[v.ndocs-1], v: v, src: int8(v.ndocs), level: w.level + 1}
+		inner.value(0, "")
+		if inner.fields > 0 {
+			w.fields += inner.fields
+			return
+		}
+	}
+	if !v.msg.ok() && (key == "message" || key == "msg" || key == "detail" || key == "error" || key == "errorMessage" || key == "error_message" || key == "raw") {
+		v.msg = span{src: w.src, lo: int32(lo), hi: int32(hi)}
+	}
+	v.addText(raw)
+}
+
+func (w *walker) leafScalar(key, tok string) {
+	switch key {
+	case "code", "status", "error_code", "status_code", "raw_status_code":
+		if n, ok := status3(tok); ok && w.v.jsonCode == 0 {
+			w.v.jsonCode = n
+		}
+	case "retry_after", "retryAfter":
+		if ms, ok := parseNumber(tok, 1); ok && ms > 0 {
+			w.v.retryAfterSec = ms
+		}
+	}
+}
+
+// status3 parses a three-digit HTTP status 100..599.
+func status3(s string) (int, bool) {
+	if len(s) != 3 {
+		return 0, false
+	}
+	n := 0
+	for i := 0; i < 3; i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return 0, false
+		}
+		n = n*10 + int(s[i]-'0')
+	}
+	return n, n >= 100 && n <= 599
+}
+
+func looksLikeJSON(raw string) bool {
+	t := strings.TrimLeft(raw, " \t\r\n")
+	if strings.HasPrefix(t, `\n`) {
+		t = strings.TrimLeft(t[2:], " ")
+	}
+	return len(t) > 1 && (t[0] == '{' || t[0] == '[')
+}
+
+// unescapeSimple returns raw when it has no escapes (the common case for
+// codes); otherwise the first escape cuts it, which is enough for a code.
+func unescapeSimple(raw string) string {
+	if i := strings.IndexByte(raw, '\\'); i >= 0 {
+		return raw[:i]
+	}
+	return raw
+}
+
+// appendLower appends s lower-cased (ASCII).
+func appendLower(dst []byte, s string) []byte {
+	n := len(dst)
+	dst = append(dst, s...)
+	for i := n; i < len(dst); i++ {
+		dst[i] = lowerTable[dst[i]]
+	}
+	return dst
+}
+
+var lowerTable = func() (t [256]byte) {
+	for i := range t {
+		t[i] = lowerByte(byte(i))
+	}
+	return t
+}()
+
+// appendLowerUnescaped appends a raw JSON string's contents, unescaped and
+// lower-cased.
+func appendLowerUnescaped(dst []byte, raw string) []byte {
+	if strings.IndexByte(raw, '\\') < 0 {
+		return appendLower(dst, raw)
+	}
+	start := len(dst)
+	dst = appendUnescaped(dst, raw)
+	for i := start; i < len(dst); i++ {
+		dst[i] = lowerByte(dst[i])
+	}
+	return dst
+}
+
+// appendUnescaped appends the unescaped contents of a raw JSON string.
+// Invalid escapes are copied through; it never fails.
+func appendUnescaped(dst []byte, raw string) []byte {
+	for i := 0; i < len(raw); i++ {
+		c := raw[i]
+		if c != '\\' || i+1 >= len(raw) {
+			dst = append(dst, c)
+			continue
+		}
+		i++
+		switch raw[i] {
+		case 'n':
+			dst = append(dst, '\n')
+		case 't':
+			dst = append(dst, '\t')
+		case 'r':
+			dst = append(dst, '\r')
+		case 'b', 'f':
+			dst = append(dst, ' ')
+		case 'u':
+			if i+4 < len(raw) {
+				if r, ok := hex4(raw[i+1 : i+5]); ok {
+					dst = utf8.AppendRune(dst, r)
+					i += 4
+					continue
+				}
+			}
+			dst = append(dst, 'u')
+		default: // \" \\ \/ and anything else
+			dst = append(dst, raw[i])
+		}
+	}
+	return dst
+}
+
+func hex4(s string) (rune, bool) {
+	var r rune
+	for i := 0; i < 4; i++ {
+		c := s[i]
+		switch {
+		case c >= '0' && c <= '9':
+			r = r<<4 | rune(c-'0')
+		case c >= 'a' && c <= 'f':
+			r = r<<4 | rune(c-'a'+10)
+		case c >= 'A' && c <= 'F':
+			r = r<<4 | rune(c-'A'+10)
+		default:
+			return 0, false
+		}
+	}
+	return r, true
+}

@@ -1,0 +1,303 @@
+package policy
+
+import "strings"
+
+// Redact masks credentials in s: provider API keys (sk-…, sk-ant-…, sk-or-…,
+// AIza…, gsk_…, xai-…, csk-…, AKIA…, hf_…, ghp_…, glpat-…, JWTs), the token
+// after "Bearer " or "Basic ", and the value of any key=…, key: … or
+// "key": "…" whose name ends in key, token, secret, password, signature,
+// credential or authorization (so api_key=, ?key=, x-api-key:,
+// X-Amz-Signature= and "access_token": are all covered).
+//
+// Error bodies echo keys back ("Incorrect API key provided: sk-proj-…") and
+// URLs carry them in query strings, so everything failbus shows a human —
+// classification evidence, logs, notifications — goes through Redact. Raw
+// bodies stay only in the outcome stream.
+//
+// A recognised secret keeps a short prefix so the reader can tell which kind
+// of credential it was ("sk-ant-***", "Bearer ***", "key=***"). Redact does
+// not allocate when there is nothing to mask. It is not a guarantee: a secret
+// in a shape it does not know passes through.
+func Redact(s string) string {
+	if !mayHoldSecret(s) {
+		return s
+	}
+	var b []byte // lazily allocated output; nil while s is copied unchanged
+	last := 0    // s[last:i] not yet copied to b
+	for i := 0; i < len(s); {
+		if i > 0 && isTokenByte(s[i-1]) {
+			i++ // secrets start on a token boundary
+			continue
+		}
+		start, end, keep := secretAt(s, i)
+		if end <= start {
+			i++
+			continue
+		}
+		if b == nil {
+			b = make([]byte, 0, len(s))
+		}
+		b = append(b, s[last:start+keep]...)
+		b = append(b, "***"...)
+		last, i = end, end
+	}
+	if b == nil {
+		return s
+	}
+	b = append(b, s[last:]...)
+	return string(b)
+}
+
+// redactTriggers are cheap, case-insensitive markers: without one of them no
+// rule below can fire, so most strings leave Redact after one pass. Every
+// key prefix, auth scheme and sensitive name below contains one.
+var redactTriggers = []string{
+	"sk-", "sk_", "aiza", "gsk_", "xai-", "csk-", "akia", "asia", "hf_", "gh", "glpat-",
+	"pplx-", "nvapi-", "r8_", "eyj", "bearer", "basic", "key", "token", "secret",
+	"passw", "signature", "credential", "auth", "sig",
+}
+
+// triggersByByte indexes redactTriggers by first byte, both cases, so
+// mayHoldSecret reads s once.
+var triggersByByte = func() (t [256][]string) {
+	for _, tr := range redactTriggers {
+		c := tr[0]
+		t[c] = append(t[c], tr)
+		if c >= 'a' && c <= 'z' {
+			t[c-'a'+'A'] = append(t[c-'a'+'A'], tr)
+		}
+	}
+	return t
+}()
+
+// triggerPairs holds the first two bytes of every trigger (lower case), a
+// cheap filter before the prefix comparisons.
+var triggerPairs = func() (t [256][4]uint64) {
+	for _, tr := range redactTriggers {
+		a, b := tr[0], tr[1]
+		t[a][b>>6] |= 1 << (b & 63)
+	}
+	return t
+}()
+
+func mayHoldSecret(s string) bool {
+	for i := 0; i+1 < len(s); i++ {
+		a, b := lowerByte(s[i]), lowerByte(s[i+1])
+		if triggerPairs[a][b>>6]&(1<<(b&63)) == 0 {
+			continue
+		}
+		for _, t := range triggersByByte[s[i]] {
+			if hasPrefixFold(s[i:], t) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// prefixesByByte indexes keyPrefixes by first byte.
+var prefixesByByte = func() (t [256][]int) {
+	for i, kp := range keyPrefixes {
+		t[kp.prefix[0]] = append(t[kp.prefix[0]], i)
+	}
+	return t
+}()
+
+// keyPrefixes are credential formats recognised by their prefix. min is the
+// least number of token characters after the prefix for a match, so words
+// such as "sk-learn" stay readable.
+var keyPrefixes = []struct {
+	prefix string
+	min    int
+}{
+	{"sk-ant-", 12}, {"sk-proj-", 12}, {"sk-or-", 12}, {"sk-", 16}, {"sk_live_", 12}, {"sk_test_", 12},
+	{"AIza", 30}, {"gsk_", 16}, {"xai-", 16}, {"csk-", 16}, {"AKIA", 16}, {"ASIA", 16},
+	{"hf_", 16}, {"ghp_", 16}, {"gho_", 16}, {"ghu_", 16}, {"ghs_", 16}, {"github_pat_", 16},
+	{"glpat-", 16}, {"pplx-", 16}, {"nvapi-", 16}, {"r8_", 16}, {"eyJ", 20},
+}
+
+// secretAt reports a secret starting at s[i]: the span [start,end) to mask
+// and how many leading bytes of it to keep. end <= start means none.
+func secretAt(s string, i int) (start, end, keep int) {
+	if i > 0 && isTokenByte(s[i-1]) {
+		return 0, 0, 0 // secrets start on a token boundary
+	}
+	c := s[i]
+	// 1. Known key prefixes.
+	for _, k := range prefixesByByte[c] {
+		kp := keyPrefixes[k]
+		if !strings.HasPrefix(s[i:], kp.prefix) {
+			continue
+		}
+		j := i + len(kp.prefix)
+		for j < len(s) && isSecretByte(s[j]) {
+			j++
+		}
+		j = trimDots(s, i+len(kp.prefix), j)
+		if j-(i+len(kp.prefix)) >= kp.min {
+			return i, j, len(kp.prefix)
+		}
+	}
+	// 2. Authorization schemes: "Bearer <token>", "Basic <token>".
+	for _, scheme := range [...]string{"bearer", "basic"} {
+		if lowerByte(c) != 'b' {
+			break
+		}
+		if len(s)-i > len(scheme) && hasPrefixFold(s[i:], scheme) && (s[i+len(scheme)] == ' ' || s[i+len(scheme)] == '\t') {
+			j := i + len(scheme)
+			for j < len(s) && (s[j] == ' ' || s[j] == '\t') {
+				j++
+			}
+			k := j
+			for k < len(s) && isSecretByte(s[k]) {
+				k++
+			}
+			k = trimDots(s, j, k)
+			if k-j >= 8 && !alreadyMasked(s[j:k]) {
+				return i, k, j - i
+			}
+		}
+	}
+	// 3. name=value, name: value, "name": "value" for sensitive names.
+	if !isNameByte(c) {
+		return 0, 0, 0
+	}
+	j := i
+	for j < len(s) && isNameByte(s[j]) {
+		j++
+	}
+	k := j
+	if k < len(s) && s[k] == '"' { // JSON key
+		k++
+	}
+	if k >= len(s) || s[k] != '=' && s[k] != ':' || !sensitiveName(s[i:j]) {
+		return 0, 0, 0
+	}
+	switch {
+	case k < len(s) && s[k] == '=':
+		k++
+	case k < len(s) && s[k] == ':':
+		k++
+		for k < len(s) && (s[k] == ' ' || s[k] == '\t') {
+			k++
+		}
+	default:
+		return 0, 0, 0
+	}
+	if k < len(s) && (s[k] == '"' || s[k] == '\'') {
+		k++
+	}
+	vs := k
+	// A value that is itself "Bearer xyz" is left to rule 2 on a later step.
+	if hasPrefixFold(s[vs:], "bearer ") || hasPrefixFold(s[vs:], "basic ") {
+		return 0, 0, 0
+	}
+	for k < len(s) && isValueByte(s[k]) {
+		k++
+	}
+	v := s[vs:k]
+	if len(v) < 4 || alreadyMasked(v) || allDigits(v) {
+		return 0, 0, 0
+	}
+	return i, k, vs - i
+}
+
+// sensitiveName reports whether an identifier names a credential: it ends in
+// key, token, secret, password, passwd, signature, sig, credential or
+// authorization (case-insensitive), or is "auth" or "apikey".
+func sensitiveName(name string) bool {
+	if len(name) > 64 {
+		return false
+	}
+	for _, suf := range [...]string{"key", "token", "secret", "password", "passwd", "signature", "credential", "authorization"} {
+		if len(name) >= len(suf) && hasPrefixFold(name[len(name)-len(suf):], suf) {
+			return true
+		}
+	}
+	return equalFold(name, "sig") || equalFold(name, "auth") || equalFold(name, "x-amz-credential")
+}
+
+// trimDots drops sentence punctuation from the end of s[lo:hi]: a key at
+// the end of a sentence keeps its full stop.
+func trimDots(s string, lo, hi int) int {
+	for hi > lo && s[hi-1] == '.' {
+		hi--
+	}
+	return hi
+}
+
+func alreadyMasked(v string) bool {
+	return strings.HasPrefix(v, "***") || strings.HasPrefix(v, "[redacted") || strings.HasPrefix(v, "<redacted") || strings.HasPrefix(v, "REDACTED")
+}
+
+func allDigits(v string) bool {
+	for i := 0; i < len(v); i++ {
+		if v[i] < '0' || v[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// isTokenByte: characters that continue a word, so a secret cannot start
+// right after one.
+func isTokenByte(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-'
+}
+
+// isSecretByte: characters of API keys, base64(url) tokens and JWTs.
+func isSecretByte(c byte) bool {
+	return isTokenByte(c) || c == '.' || c == '*' || c == '+' || c == '/' || c == '=' || c == '~'
+}
+
+func isNameByte(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-'
+}
+
+// isValueByte: a value runs until whitespace, a quote or a delimiter.
+func isValueByte(c byte) bool {
+	switch c {
+	case ' ', '\t', '\r', '\n', '"', '\'', '&', ',', ';', '}', ')', ']', '<', '>', '\\':
+		return false
+	}
+	return true
+}
+
+func lowerByte(c byte) byte {
+	if c >= 'A' && c <= 'Z' {
+		return c + 'a' - 'A'
+	}
+	return c
+}
+
+// hasPrefixFold is strings.HasPrefix with ASCII case folding; lowerPrefix
+// must be lower case.
+func hasPrefixFold(s, lowerPrefix string) bool {
+	if len(s) < len(lowerPrefix) {
+		return false
+	}
+	for i := 0; i < len(lowerPrefix); i++ {
+		if lowerByte(s[i]) != lowerPrefix[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func equalFold(a, lowerB string) bool { return len(a) == len(lowerB) && hasPrefixFold(a, lowerB) }
+
+// indexFold finds lowerSub in s ignoring ASCII case; lowerSub must be lower
+// case and non-empty.
+func indexFold(s, lowerSub string) int {
+	n := len(lowerSub)
+	if n == 0 || n > len(s) {
+		return -1
+	}
+	c0 := lowerSub[0]
+	for i := 0; i+n <= len(s); i++ {
+		if lowerByte(s[i]) == c0 && hasPrefixFold(s[i:], lowerSub) {
+			return i
+		}
+	}
+	return -1
+}

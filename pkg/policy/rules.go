@@ -1,0 +1,422 @@
+package policy
+
+import (
+	"fmt"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/failbus/failbus/pkg/events"
+)
+
+// Rule is one classification rule, as written in the `classify.rules` list of
+// the policy file. A rule matches an outcome when every condition it sets
+// holds; within one list, any entry may match. Unset conditions are ignored,
+// but a rule must set at least one.
+//
+//	classify:
+//	  rules:
+//	    - id: my-gateway.busy            # stable id, reported as `rule`
+//	      class: overloaded              # a CONTRACT.md class
+//	      providers: [my-gateway]        # only outcomes of these providers
+//	      status: [503, 4xx, 520-530]    # HTTP status: code, Nxx or a range; 0 = no response
+//	      codes: [gateway_busy]          # structured error.type/code/status/__type/reason, exact
+//	      body: ["server is busy"]       # substrings of the error text, case-insensitive
+//	      not_body: ["rate limit"]       # none of these substrings
+//	      transport: [econnreset]        # substrings of transport_error, case-insensitive
+//	      headers: {x-gateway: "busy"}   # header contains the value ("" = is present)
+//	      upstream_codes: [BUSY]         # upstream_code, case-insensitive
+//	      stop_reasons: [content_filter] # stop_reason, case-insensitive
+//	      empty_body: true               # body is empty (also "{}", "null")
+//
+// The error text of a JSON body is its error fields (message, type, code,
+// status, reason, detail, raw, quota ids…), not the whole body, so prompt
+// text a provider echoes back does not match; for any other body it is the
+// body itself. Status is the HTTP status, except that a 0 or 2xx response
+// whose body carries an error.code of 4xx/5xx (a streamed error) uses that
+// code.
+//
+// User rules run before every built-in rule (see Classifier for the order)
+// and apply to failed outcomes only, except rules on stop_reasons, which also
+// see outcomes the agent marked ok.
+type Rule struct {
+	ID            string            `yaml:"id" json:"id"`
+	Class         string            `yaml:"class" json:"class"`
+	Providers     []string          `yaml:"providers,omitempty" json:"providers,omitempty"`
+	Status        []string          `yaml:"status,omitempty" json:"status,omitempty"`
+	Codes         []string          `yaml:"codes,omitempty" json:"codes,omitempty"`
+	Body          []string          `yaml:"body,omitempty" json:"body,omitempty"`
+	NotBody       []string          `yaml:"not_body,omitempty" json:"not_body,omitempty"`
+	Transport     []string          `yaml:"transport,omitempty" json:"transport,omitempty"`
+	Headers       map[string]string `yaml:"headers,omitempty" json:"headers,omitempty"`
+	UpstreamCodes []string          `yaml:"upstream_codes,omitempty" json:"upstream_codes,omitempty"`
+	StopReasons   []string          `yaml:"stop_reasons,omitempty" json:"stop_reasons,omitempty"`
+	EmptyBody     *bool             `yaml:"empty_body,omitempty" json:"empty_body,omitempty"`
+}
+
+// RuleError says which rule of the policy is unusable and why, so an
+// operator can fix the policy file without guessing.
+type RuleError struct {
+	Index   int    // position in classify.rules
+	ID      string // the rule's id, may be empty
+	Field   string // offending key, e.g. "class"
+	Problem string
+}
+
+func (e *RuleError) Error() string {
+	if e.ID != "" {
+		return fmt.Sprintf("classify.rules[%d] (id %q): %s: %s", e.Index, e.ID, e.Field, e.Problem)
+	}
+	return fmt.Sprintf("classify.rules[%d]: %s: %s", e.Index, e.Field, e.Problem)
+}
+
+var ruleIDPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,127}$`)
+
+// validate checks one user rule; builtin reports clashes with built-in ids.
+func (r *Rule) validate(i int, builtin map[string]bool) error {
+	bad := func(field, problem string, args ...any) error {
+		return &RuleError{Index: i, ID: r.ID, Field: field, Problem: fmt.Sprintf(problem, args...)}
+	}
+	switch {
+	case r.ID == "":
+		return bad("id", "missing")
+	case !ruleIDPattern.MatchString(r.ID):
+		return bad("id", "%q must be lower-case letters, digits, '.', '_' or '-'", r.ID)
+	case builtin[r.ID]:
+		return bad("id", "%q is a built-in rule id; choose another", r.ID)
+	}
+	if _, ok := events.LookupClass(r.Class); !ok {
+		return bad("class", "%q is not a contract class (want one of %s)", r.Class, classNames())
+	}
+	for _, s := range r.Status {
+		if _, _, err := parseStatusSpec(s); err != nil {
+			return bad("status", "%v", err)
+		}
+	}
+	lists := []struct {
+		field string
+		vals  []string
+	}{
+		{"providers", r.Providers}, {"codes", r.Codes}, {"body", r.Body}, {"not_body", r.NotBody},
+		{"transport", r.Transport}, {"upstream_codes", r.UpstreamCodes}, {"stop_reasons", r.StopReasons},
+	}
+	for _, l := range lists {
+		for _, v := range l.vals {
+			if strings.TrimSpace(v) == "" {
+				return bad(l.field, "empty entry")
+			}
+		}
+	}
+	for name := range r.Headers {
+		if name == "" || name != strings.ToLower(name) {
+			return bad("headers", "header name %q must be non-empty lower case", name)
+		}
+	}
+	if len(r.Status)+len(r.Codes)+len(r.Body)+len(r.Transport)+len(r.Headers)+len(r.UpstreamCodes)+len(r.StopReasons) == 0 && r.EmptyBody == nil {
+		return bad("conditions", "a rule needs at least one of status, codes, body, transport, headers, upstream_codes, stop_reasons, empty_body")
+	}
+	return nil
+}
+
+func classNames() string {
+	names := make([]string, 0, len(events.Classes))
+	for _, c := range events.Classes {
+		names = append(names, c.Name)
+	}
+	return strings.Join(names, ", ")
+}
+
+// parseStatusSpec reads "429", "4xx" or "500-504" into an inclusive range.
+func parseStatusSpec(s string) (lo, hi int, err error) {
+	s = strings.TrimSpace(strings.ToLower(s))
+	if len(s) == 3 && s[1:] == "xx" && s[0] >= '1' && s[0] <= '9' {
+		d := int(s[0]-'0') * 100
+		return d, d + 99, nil
+	}
+	if a, b, ok := strings.Cut(s, "-"); ok {
+		lo, err1 := strconv.Atoi(strings.TrimSpace(a))
+		hi, err2 := strconv.Atoi(strings.TrimSpace(b))
+		if err1 != nil || err2 != nil || lo < 0 || hi > 999 || lo > hi {
+			return 0, 0, fmt.Errorf("%q is not a status range like 500-504", s)
+		}
+		return lo, hi, nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 || n > 999 {
+		return 0, 0, fmt.Errorf("%q is not a status: want a code (429, 0 = no response), Nxx or a range", s)
+	}
+	return n, n, nil
+}
+
+// statusSet is a bitset of statuses 0..1023.
+type statusSet [16]uint64
+
+func (s *statusSet) add(lo, hi int) {
+	for n := lo; n <= hi && n < 1024; n++ {
+		s[n>>6] |= 1 << (n & 63)
+	}
+}
+
+func (s *statusSet) has(n int) bool {
+	return n >= 0 && n < 1024 && s[n>>6]&(1<<(n&63)) != 0
+}
+
+// rule is a compiled Rule: patterns lower-cased once, evidence strings built
+// once, so matching allocates nothing.
+type rule struct {
+	id        string
+	class     string
+	info      events.ClassInfo
+	providers []string // lower case; empty = all
+	// emptyOverflow: providers come from ClassifyConfig.EmptyOverflowProviders.
+	emptyOverflow bool
+	anyStatus     bool
+	status        statusSet
+	codes         [][]byte
+	codeIDs       []int32 // ids in the Classifier's code table
+	codeEv        []string
+	body          [][]byte // lower-case patterns; matched through bodyIDs
+	bodyIDs       []int32  // ids in the Classifier's patternSet
+	bodyEv        []string
+	notBody       [][]byte
+	notBodyIDs    []int32
+	transport     [][]byte
+	transIDs      []int32 // ids in the Classifier's transport patternSet
+	transEv       []string
+	headers       []headerCond
+	upstream      []string
+	upEv          []string
+	stop          []string
+	stopEv        []string
+	empty         int8 // 1 empty body, -1 non-empty, 0 either
+	html          int8 // 1 HTML body, -1 not HTML, 0 either
+	// transportStage rules read transport_error; they yield when the body
+	// carries an error object (a 200 stream that ended on an error event).
+	transportStage bool
+	// heuristic marks a claim evidence may overrule (upstream_code hints).
+	heuristic bool
+	// when is an extra condition of a built-in rule, with note as evidence.
+	when func(o *events.Outcome, v *view) bool
+	note string
+}
+
+type headerCond struct {
+	name, value string // value lower case; "" = present
+	ev          string
+}
+
+// evidence collects a match's evidence without allocating.
+type evidence struct {
+	a [8]string
+	n int
+}
+
+func (e *evidence) add(s string) {
+	if s != "" && e.n < len(e.a) {
+		e.a[e.n] = s
+		e.n++
+	}
+}
+
+func (e *evidence) list() []string {
+	out := make([]string, e.n)
+	copy(out, e.a[:e.n])
+	return out
+}
+
+func lowerAll(in []string) [][]byte {
+	out := make([][]byte, 0, len(in))
+	for _, s := range in {
+		out = append(out, []byte(strings.ToLower(strings.TrimSpace(s))))
+	}
+	return out
+}
+
+func quoteEv(prefix string, in []string) []string {
+	out := make([]string, len(in))
+	for i, s := range in {
+		out[i] = prefix + strconv.Quote(strings.ToLower(strings.TrimSpace(s)))
+	}
+	return out
+}
+
+// compile turns a validated Rule into its matching form.
+func compileRule(r Rule) *rule {
+	info, _ := events.LookupClass(r.Class)
+	c := &rule{id: r.ID, class: r.Class, info: info}
+	for _, p := range r.Providers {
+		c.providers = append(c.providers, strings.ToLower(strings.TrimSpace(p)))
+	}
+	c.anyStatus = len(r.Status) == 0
+	for _, s := range r.Status {
+		lo, hi, _ := parseStatusSpec(s)
+		c.status.add(lo, hi)
+	}
+	c.codes, c.codeEv = lowerAll(r.Codes), quoteEv("error code ", r.Codes)
+	c.body, c.bodyEv = lowerAll(r.Body), quoteEv("error text has ", r.Body)
+	c.notBody = lowerAll(r.NotBody)
+	c.transport, c.transEv = lowerAll(r.Transport), quoteEv("transport error has ", r.Transport)
+	names := make([]string, 0, len(r.Headers))
+	for n := range r.Headers {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		v := strings.ToLower(r.Headers[n])
+		ev := "header " + n
+		if v != "" {
+			ev += " has " + strconv.Quote(v)
+		}
+		c.headers = append(c.headers, headerCond{name: n, value: v, ev: ev})
+	}
+	for _, u := range r.UpstreamCodes {
+		c.upstream = append(c.upstream, strings.TrimSpace(u))
+		c.upEv = append(c.upEv, "upstream_code "+strings.TrimSpace(u))
+	}
+	for _, s := range r.StopReasons {
+		c.stop = append(c.stop, strings.ToLower(strings.TrimSpace(s)))
+		c.stopEv = append(c.stopEv, "stop_reason "+strings.ToLower(strings.TrimSpace(s)))
+	}
+	if r.EmptyBody != nil {
+		if *r.EmptyBody {
+			c.empty = 1
+		} else {
+			c.empty = -1
+		}
+	}
+	return c
+}
+
+// match reports whether r fires for o, adding what it saw to ev. Cheap
+// integer checks run first, substring scans last.
+func (r *rule) match(c *Classifier, o *events.Outcome, v *view, ev *evidence) bool {
+	if o.OK && len(r.stop) == 0 {
+		return false
+	}
+	if r.emptyOverflow {
+		if !c.emptyOverflowProvider(o.Provider) {
+			return false
+		}
+	} else if len(r.providers) > 0 && !hasFold(r.providers, o.Provider) {
+		return false
+	}
+	if !r.anyStatus {
+		if !r.status.has(v.status) {
+			return false
+		}
+	}
+	if r.transportStage && v.bodyError {
+		return false
+	}
+	if r.empty == 1 && !v.emptyBody || r.empty == -1 && v.emptyBody {
+		return false
+	}
+	if r.html == 1 && !v.html || r.html == -1 && v.html {
+		return false
+	}
+	mark := ev.n
+	if len(r.upstream) > 0 {
+		i := indexFoldList(r.upstream, o.UpstreamCode)
+		if i < 0 {
+			return false
+		}
+		ev.add(r.upEv[i])
+	}
+	if len(r.stop) > 0 {
+		i := indexFoldList(r.stop, o.StopReason)
+		if i < 0 {
+			return false
+		}
+		ev.add(r.stopEv[i])
+	}
+	if len(r.codeIDs) > 0 {
+		if v.ncodes == 0 {
+			return false
+		}
+		hits := c.codeHits(v)
+		i := -1
+		for k, id := range r.codeIDs {
+			if hit(hits, id) {
+				i = k
+				break
+			}
+		}
+		if i < 0 {
+			ev.n = mark
+			return false
+		}
+		ev.add(r.codeEv[i])
+	}
+	for _, h := range r.headers {
+		hv, ok := o.Headers[h.name]
+		if !ok || h.value != "" && indexFold(hv, h.value) < 0 {
+			ev.n = mark
+			return false
+		}
+		ev.add(h.ev)
+	}
+	if len(r.transIDs) > 0 {
+		hits := c.transHits(v)
+		i := -1
+		for k, id := range r.transIDs {
+			if hit(hits, id) {
+				i = k
+				break
+			}
+		}
+		if i < 0 {
+			ev.n = mark
+			return false
+		}
+		ev.add(r.transEv[i])
+	}
+	if len(r.bodyIDs) > 0 {
+		hits := c.textHits(v)
+		i := -1
+		for k, id := range r.bodyIDs {
+			if hit(hits, id) {
+				i = k
+				break
+			}
+		}
+		if i < 0 {
+			ev.n = mark
+			return false
+		}
+		ev.add(r.bodyEv[i])
+	}
+	if len(r.notBodyIDs) > 0 {
+		hits := c.textHits(v)
+		for _, id := range r.notBodyIDs {
+			if hit(hits, id) {
+				ev.n = mark
+				return false
+			}
+		}
+	}
+	if r.when != nil && !r.when(o, v) {
+		ev.n = mark
+		return false
+	}
+	ev.add(r.note)
+	if r.empty == 1 {
+		ev.add("empty body")
+	}
+	return true
+}
+
+func hasFold(list []string, s string) bool { return indexFoldList(list, s) >= 0 }
+
+// indexFoldList finds s in list ignoring case.
+func indexFoldList(list []string, s string) int {
+	if s == "" {
+		return -1
+	}
+	for i, x := range list {
+		if strings.EqualFold(x, s) {
+			return i
+		}
+	}
+	return -1
+}
