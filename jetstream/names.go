@@ -41,9 +41,17 @@ const (
 	ConsumerClassifier = "classifier"
 	// ConsumerScheduler reads every classification on StreamClassified.
 	ConsumerScheduler = "scheduler"
+	// ConsumerSchedulerControl reads agents' started and cancel records on
+	// StreamRetries (failbus.retry.started.> and failbus.retry.cancel.>), so
+	// the scheduler marks the retry ledger and purges cancelled schedules.
+	ConsumerSchedulerControl = "scheduler-control"
 	// ConsumerRefusals reads only content refusals on StreamClassified
 	// (failbus.classified.*.content_refusal), for the refusal tiers.
 	ConsumerRefusals = "refusals"
+	// ConsumerRefusalBoundaries reads only segment boundaries on
+	// StreamOutcomes (failbus.segment.>), so the refusal tiers retire the
+	// state of a session's earlier segments.
+	ConsumerRefusalBoundaries = "refusals-boundaries"
 	// ConsumerNotifier reads StreamNotify.
 	ConsumerNotifier = "notifier"
 	// ConsumerRecovery reads StreamHealth.

@@ -191,6 +191,17 @@ func Consumer(name string) (stream string, cfg jetstream.ConsumerConfig, ok bool
 	return "", jetstream.ConsumerConfig{}, false
 }
 
+// Consumers returns the names of every durable consumer of the topology,
+// in file order, so tools and tests need not list them again.
+func Consumers() []string {
+	t := mustLoad()
+	out := make([]string, len(t.consumers))
+	for i, d := range t.consumers {
+		out[i] = d.cfg.Durable
+	}
+	return out
+}
+
 // Buckets returns every KV bucket of the topology with its default settings,
 // sorted by name. The result is a copy.
 func Buckets() []jetstream.KeyValueConfig {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/failbus/failbus/internal/embedded"
 	"github.com/failbus/failbus/internal/service/classifier"
+	"github.com/failbus/failbus/internal/service/refusals"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/policy"
@@ -45,6 +46,7 @@ type inProcess struct {
 // adds its line here, and dev and demo run it.
 var services = []inProcess{
 	{classifier.Service, newClassifier},
+	{refusals.Service, newRefusals},
 }
 
 func newClassifier(env serviceEnv) (service, error) {
@@ -141,7 +143,37 @@ func startBus(o busOptions) (_ *bus, err error) {
 			}
 		})
 	}
+	// Ready means every service is bound and answering (the route service
+	// registered, consumers attached), so a caller's first request is not
+	// lost to a start-up race.
+	if err := b.waitHealthy(applyTimeout); err != nil {
+		return nil, err
+	}
 	return b, nil
+}
+
+// waitHealthy polls the services' health until all are healthy, one fails,
+// or the deadline passes.
+func (b *bus) waitHealthy(limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		err := b.healthy()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("services not healthy after %s: %w", limit, err)
+		}
+		select {
+		case <-b.failed:
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			return fmt.Errorf("a service stopped while starting: %w", errors.Join(b.errs...))
+		case <-tick.C:
+		}
+	}
 }
 
 // healthy is the /healthz check: every service healthy.

@@ -110,6 +110,7 @@ var demoScenarios = []demoScenario{
 			return d.expectDeadLetter(ctx, events.OutcomeSubject("openai", demoAgent), []byte("this is not msgpack"), "msgpack")
 		},
 	},
+	refusalScenario,
 }
 
 // demoTimeout bounds the whole demo; demoWait bounds one answer of the bus.

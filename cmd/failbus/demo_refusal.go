@@ -1,0 +1,388 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/internal/service/refusals"
+	topology "github.com/failbus/failbus/jetstream"
+	"github.com/failbus/failbus/pkg/agent"
+	"github.com/failbus/failbus/pkg/consumer"
+	"github.com/failbus/failbus/pkg/events"
+	"github.com/failbus/failbus/pkg/policy"
+)
+
+// newRefusals builds the refusal tiers for the in-process bus (dev, demo):
+// the refusals and boundary consumers and the failbus-refusals route service,
+// running the policy's `refusal:` section.
+func newRefusals(env serviceEnv) (service, error) {
+	return refusals.New(env.js, refusals.Options{
+		Policy: env.policy.Refusal,
+		Runner: consumer.Config{Logger: env.log, Registerer: env.registry},
+	})
+}
+
+// demoRefusalPolicy is the seed's schedule compressed 1:18000 (15m → 50ms,
+// 1h → 200ms, 6h → 1.2s), so one segment's whole refusal life takes about
+// three seconds.
+func demoRefusalPolicy() *policy.Policy {
+	p := policy.Default()
+	p.Refusal.ReprobeDelays = []time.Duration{50 * time.Millisecond, 200 * time.Millisecond, 1200 * time.Millisecond}
+	p.Refusal.StateTTL = time.Hour
+	return p
+}
+
+// refusalScenario is the refusal tiers in `failbus demo` (seed 000, issue 5
+// deliverable 6): one segment's whole refusal life — the first refusal,
+// three re-probes measured from the latest refusal, the freeze, the two
+// notifications, turns that keep skipping, and a boundary that lets the
+// provider try again. It runs on a bus of its own whose policy compresses
+// the schedule (demoRefusalPolicy), so it does not depend on the demo bus's
+// policy.
+var refusalScenario = demoScenario{
+	title: "A provider refuses a segment's history (seed 000)",
+	about: "Waiting does not change a refusal of bytes that stay in every request: bounded re-probes after the latest\n" +
+		"refusal, then frozen until a boundary. Two notifications, not one and not one per turn.",
+	run: func(ctx context.Context, d *demo) error { return runRefusalScenario(ctx, d.printf) },
+}
+
+// Names in the refusal scenario.
+const (
+	demoRefuser  = "strict-llm"
+	demoFallback = "fallback-llm"
+	demoSession  = "demo-session"
+)
+
+// runRefusalScenario starts a bus with demoRefusalPolicy (and the refusal
+// tiers, whether or not `services` lists them yet), then drives one agent
+// through the segment's life, printing with printf. It fails when the bus
+// decides anything but the seed's rule.
+func runRefusalScenario(ctx context.Context, printf func(string, ...any)) (err error) {
+	pol := demoRefusalPolicy()
+	cfg := pol.Refusal
+	b, err := startBus(busOptions{server: embedded.Options{ServerName: "failbus-demo-refusals"}, policy: pol, log: zerolog.Nop()})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if serr := b.stop(); serr != nil && err == nil {
+			err = serr
+		}
+	}()
+	if !slices.Contains(b.names, refusals.Service) {
+		stop, err := runExtraService(b, pol, newRefusals)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+
+	nc, err := b.srv.Connect(nats.Name("failbus demo refusal agent"))
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	sc := &refusalDemo{printf: printf, js: b.js, cfg: cfg}
+	if sc.ag, err = agent.New(nc, demoAgent); err != nil {
+		return err
+	}
+	dctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if sc.decisions, err = sc.ag.Decisions(dctx); err != nil {
+		return err
+	}
+	return sc.run(ctx)
+}
+
+// runExtraService runs one more in-process service on b until stop is
+// called.
+func runExtraService(b *bus, pol *policy.Policy, build func(serviceEnv) (service, error)) (stop func(), err error) {
+	svc, err := build(serviceEnv{js: b.js, policy: pol, log: zerolog.Nop(), registry: b.registry})
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(ctx) }()
+	deadline := time.Now().Add(demoWait)
+	for svc.Healthy() != nil {
+		if time.Now().After(deadline) {
+			cancel()
+			<-done
+			return nil, fmt.Errorf("refusal tiers not healthy: %w", svc.Healthy())
+		}
+		select {
+		case err := <-done:
+			cancel()
+			return nil, fmt.Errorf("refusal tiers stopped: %w", err)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return func() { cancel(); <-done }, nil
+}
+
+// refusalDemo is the state of one run of the scenario.
+type refusalDemo struct {
+	printf    func(string, ...any)
+	js        jetstream.JetStream
+	cfg       policy.RefusalConfig
+	ag        *agent.Agent
+	decisions <-chan events.Decision
+	segment   int
+	turn      int
+	sends     int
+	notes     []*events.Notification
+	latest    time.Time // the latest refusal
+}
+
+func (s *refusalDemo) run(ctx context.Context) error {
+	s.segment = 1
+	s.printf("on a bus of its own whose policy compresses refusal.reprobe_delays 1:18000 (15m → 50ms, 1h → 200ms, 6h → 1.2s);")
+	s.printf("the rule, worded from those values: %s", policy.RefusalRule(s.cfg))
+	providers := []string{demoRefuser, demoFallback}
+
+	// The first refusal, then one re-probe per delay.
+	for probe := 0; probe <= s.cfg.MaxReprobes(); probe++ {
+		if probe > 0 {
+			waited, fallbacks, err := s.awaitProbe(ctx, providers)
+			if err != nil {
+				return err
+			}
+			s.printf("route  %d turns went to %s; at +%s after the latest refusal %s may be re-probed (%d of %d)",
+				fallbacks, demoFallback, roundMS(waited), demoRefuser, probe, s.cfg.MaxReprobes())
+		} else {
+			r, err := s.route(ctx, providers)
+			if err != nil {
+				return err
+			}
+			s.printf("route  segment %s: allowed %s", events.SegmentKey(demoSession, s.segment), strings.Join(r.Allowed, ", "))
+		}
+		d, err := s.send(ctx)
+		if err != nil {
+			return err
+		}
+		s.printf("bus    %s: %s", d.Action, d.Reason)
+		if err := s.printNotifications(ctx); err != nil {
+			return err
+		}
+		if probe == 0 {
+			r, err := s.route(ctx, providers)
+			if err != nil {
+				return err
+			}
+			if len(r.Skipped) != 1 || r.Skipped[0].Provider != demoRefuser || r.Skipped[0].NextProbeAt == nil {
+				return fmt.Errorf("right after the first refusal route answered %+v; want %s skipped with a next probe time", r, demoRefuser)
+			}
+			s.printf("route  the same turn falls back: allowed %s; %s skipped until +%s",
+				strings.Join(r.Allowed, ", "), demoRefuser, roundMS(r.Skipped[0].NextProbeAt.Sub(s.latest)))
+		}
+	}
+
+	// Frozen: turns go on, well past the longest delay, and none reaches
+	// the refuser.
+	until := s.latest.Add(s.cfg.ReprobeDelays[len(s.cfg.ReprobeDelays)-1] * 3 / 2)
+	turns := 0
+	for time.Now().Before(until) {
+		r, err := s.route(ctx, providers)
+		if err != nil {
+			return err
+		}
+		if slices.Contains(r.Allowed, demoRefuser) || len(r.Skipped) != 1 || !r.Skipped[0].Frozen {
+			return fmt.Errorf("after the freeze route answered %+v; want %s frozen", r, demoRefuser)
+		}
+		turns++
+		if err := pause(ctx, 100*time.Millisecond); err != nil {
+			return err
+		}
+	}
+	s.printf("route  %d more turns over %s (past the longest delay; 100 hours on the virtual clock are the same): %s frozen in every one",
+		turns, roundMS(time.Since(s.latest)), demoRefuser)
+	if s.sends != 1+s.cfg.MaxReprobes() || len(s.notes) != 2 {
+		return fmt.Errorf("%s received the segment %d times with %d notifications; want %d and 2", demoRefuser, s.sends, len(s.notes), 1+s.cfg.MaxReprobes())
+	}
+	s.printf("       %s received segment %s %d times in all, and a human was told twice.", demoRefuser, events.SegmentKey(demoSession, s.segment), s.sends)
+
+	// A boundary: the refused bytes leave the request.
+	if err := s.ag.Boundary(ctx, events.Boundary{Session: demoSession, Segment: s.segment + 1, Reason: "tool surface changed"}); err != nil {
+		return err
+	}
+	s.segment++
+	s.printf("agent  boundary: the tool surface changed, segment %s starts", events.SegmentKey(demoSession, s.segment))
+	if err := s.awaitRetired(ctx, events.SegmentKey(demoSession, s.segment-1)); err != nil {
+		return err
+	}
+	r, err := s.route(ctx, providers)
+	if err != nil {
+		return err
+	}
+	if len(r.Allowed) == 0 || r.Allowed[0] != demoRefuser {
+		return fmt.Errorf("after the boundary route answered %+v; want %s allowed again", r, demoRefuser)
+	}
+	s.printf("route  segment %s: allowed %s — %s may try again", events.SegmentKey(demoSession, s.segment), strings.Join(r.Allowed, ", "), demoRefuser)
+	return nil
+}
+
+// awaitRetired waits until the boundary consumer has deleted the refusal
+// state of segment.
+func (s *refusalDemo) awaitRetired(ctx context.Context, segment string) error {
+	store, err := refusals.OpenStore(ctx, s.js)
+	if err != nil {
+		return err
+	}
+	key := policy.RefusalKey(segment, demoRefuser)
+	wctx, cancel := context.WithTimeout(ctx, demoWait)
+	defer cancel()
+	for {
+		_, found, err := store.Get(wctx, key)
+		if err != nil {
+			return err
+		}
+		if !found {
+			s.printf("bus    segment %s's refusal state retired from KV %s (key %s)", segment, topology.BucketRefusals, key)
+			return nil
+		}
+		if err := pause(wctx, 10*time.Millisecond); err != nil {
+			return fmt.Errorf("refusal state of %s not retired: %w", segment, err)
+		}
+	}
+}
+
+func (s *refusalDemo) route(ctx context.Context, providers []string) (policy.RouteResult, error) {
+	rctx, cancel := context.WithTimeout(ctx, demoWait)
+	defer cancel()
+	return s.ag.Route(rctx, demoSession, s.segment, providers)
+}
+
+// awaitProbe takes a turn every 20ms until route allows the refuser again;
+// it returns the wait since the latest refusal and the turns that fell back.
+func (s *refusalDemo) awaitProbe(ctx context.Context, providers []string) (time.Duration, int, error) {
+	for fallbacks := 0; ; fallbacks++ {
+		r, err := s.route(ctx, providers)
+		if err != nil {
+			return 0, 0, err
+		}
+		if len(r.Allowed) > 0 && r.Allowed[0] == demoRefuser {
+			return time.Since(s.latest), fallbacks, nil
+		}
+		if len(r.Skipped) != 1 || r.Skipped[0].Frozen {
+			return 0, 0, fmt.Errorf("waiting for a re-probe route answered %+v", r)
+		}
+		if err := pause(ctx, 20*time.Millisecond); err != nil {
+			return 0, 0, err
+		}
+	}
+}
+
+// send reports a refusal of the segment's history by the refuser and
+// returns the bus's decision for it.
+func (s *refusalDemo) send(ctx context.Context) (events.Decision, error) {
+	s.turn++
+	s.sends++
+	o := &events.Outcome{
+		Provider: demoRefuser, Model: "strict-1", Session: demoSession, Segment: s.segment, Turn: s.turn,
+		OK: true, Status: 200, StopReason: "refusal", RefusalScope: policy.RefusalScopeHistory,
+	}
+	if err := s.ag.Report(ctx, o); err != nil {
+		return events.Decision{}, err
+	}
+	// Route answers carry milliseconds (JSON): measure from the same.
+	s.latest = o.At.Time.Truncate(time.Millisecond)
+	s.printf("agent  %s: status 200, stop_reason refusal, refusal_scope history (send %d of this segment)", demoRefuser, s.sends)
+	wctx, cancel := context.WithTimeout(ctx, demoWait)
+	defer cancel()
+	for {
+		select {
+		case d, ok := <-s.decisions:
+			if !ok {
+				return events.Decision{}, errors.New("decisions closed")
+			}
+			if d.OutcomeID != o.ID {
+				continue
+			}
+			if d.Action != events.ActionSkipProvider {
+				return d, fmt.Errorf("decision %s; want %s", d.Action, events.ActionSkipProvider)
+			}
+			return d, nil
+		case <-wctx.Done():
+			return events.Decision{}, fmt.Errorf("no decision for %s within %v", o.ID, demoWait)
+		}
+	}
+}
+
+// printNotifications prints the notification requests published since the
+// last call, once the refusal service has settled what it handled.
+func (s *refusalDemo) printNotifications(ctx context.Context) error {
+	wctx, cancel := context.WithTimeout(ctx, demoWait)
+	defer cancel()
+	for {
+		c, err := s.js.Consumer(wctx, topology.StreamClassified, topology.ConsumerRefusals)
+		if err != nil {
+			return err
+		}
+		info, err := c.Info(wctx)
+		if err != nil {
+			return err
+		}
+		if info.NumPending == 0 && info.NumAckPending == 0 {
+			break
+		}
+		if err := pause(wctx, 5*time.Millisecond); err != nil {
+			return err
+		}
+	}
+	oc, err := s.js.OrderedConsumer(wctx, topology.StreamNotify, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{events.NotifyPrefix + ".>"}, DeliverPolicy: jetstream.DeliverAllPolicy,
+	})
+	if err != nil {
+		return err
+	}
+	var all []*events.Notification
+	for {
+		batch, err := oc.FetchNoWait(64)
+		if err != nil {
+			return err
+		}
+		n := 0
+		for m := range batch.Messages() {
+			v, err := events.DecodeAs[*events.Notification](m.Headers(), m.Data())
+			if err != nil {
+				return err
+			}
+			all = append(all, v)
+			n++
+		}
+		if n == 0 {
+			break
+		}
+	}
+	for _, n := range all[min(len(s.notes), len(all)):] {
+		s.printf("notify %s  %s", n.Severity, n.DedupeKey)
+		s.printf("       %s", n.Title)
+	}
+	s.notes = all
+	return nil
+}
+
+// pause waits d or until ctx ends: the pace of the scripted agent's turns.
+func pause(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// roundMS rounds a duration to whole milliseconds for printing.
+func roundMS(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
