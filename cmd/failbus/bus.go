@@ -14,7 +14,9 @@ import (
 
 	"github.com/failbus/failbus/internal/embedded"
 	"github.com/failbus/failbus/internal/service/classifier"
+	"github.com/failbus/failbus/internal/service/notifier"
 	"github.com/failbus/failbus/internal/service/refusals"
+	"github.com/failbus/failbus/internal/service/scheduler"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/policy"
@@ -47,6 +49,8 @@ type inProcess struct {
 var services = []inProcess{
 	{classifier.Service, newClassifier},
 	{refusals.Service, newRefusals},
+	{notifier.Service, newNotifier},
+	{scheduler.Service, newScheduler},
 }
 
 func newClassifier(env serviceEnv) (service, error) {
@@ -57,6 +61,14 @@ func newClassifier(env serviceEnv) (service, error) {
 	return classifier.NewRunner(env.js, classifier.Options{
 		Classify: classify,
 		Runner:   consumer.Config{Logger: env.log, Registerer: env.registry},
+	})
+}
+
+// newNotifier runs the notifier with the policy's sinks; with none
+// configured it writes every notification to the log sink.
+func newNotifier(env serviceEnv) (service, error) {
+	return notifier.New(context.Background(), env.js, notifier.Config{
+		Notify: env.policy.Notify, Logger: env.log, Registerer: env.registry,
 	})
 }
 

@@ -1,0 +1,235 @@
+// Package notifier is the notifier service: the notify.Notifier on the
+// consumer runner, reading failbus.notify.> through the durable consumer
+// "notifier". cmd/notifier and `failbus dev` start it; replicas share the
+// consumer, the dedupe ledger and the budget, so any number of them
+// delivers each notification once.
+package notifier
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	topology "github.com/failbus/failbus/jetstream"
+	"github.com/failbus/failbus/pkg/consumer"
+	"github.com/failbus/failbus/pkg/events"
+	"github.com/failbus/failbus/pkg/notify"
+	"github.com/failbus/failbus/pkg/policy"
+)
+
+// Service is the runner's service name: it names the dead-letter subject
+// failbus.dlq.notifier, the audit subjects failbus.audit.notifier.<kind>
+// and the metrics' service label.
+const Service = notify.DefaultService
+
+// DefaultOpsAddr is where cmd/notifier serves /metrics and /healthz unless
+// told otherwise: loopback, since the endpoints have no authentication.
+const DefaultOpsAddr = "127.0.0.1:9404"
+
+// DefaultConcurrency is how many requests one replica handles at once.
+// Notifications have no order to keep; sends to sinks that cannot
+// deduplicate are still bounded by notify.Config.MaxUnconfirmed.
+const DefaultConcurrency = 8
+
+// Config configures the service. Every field documents its default.
+type Config struct {
+	// Notify is the policy's notify section: the daily budget and the
+	// sinks. Pass a loaded policy's (or policy.Default().Notify): the zero
+	// value is a budget of 0, which holds back every non-critical
+	// notification, and the log sink.
+	Notify policy.NotifyConfig
+	// Routes, when set, replace the sinks built from Notify.Sinks (tests,
+	// embedders with their own sinks). Defaults to notify.Routes(Notify).
+	Routes []notify.Route
+	// Getenv reads the sinks' secrets. Defaults to os.Getenv.
+	Getenv func(string) string
+	// HTTPClient is used by the HTTP sinks. Defaults to a shared client.
+	HTTPClient *http.Client
+
+	// DedupeLifetime, ClaimLease, MaxUnconfirmed and Replica are passed
+	// to notify.Config; see there for their defaults.
+	DedupeLifetime time.Duration
+	ClaimLease     time.Duration
+	MaxUnconfirmed int
+	Replica        string
+
+	// Concurrency is how many requests are handled at once. Defaults to
+	// DefaultConcurrency.
+	Concurrency int
+	// ConsumerConfig, when set, replaces the topology's "notifier"
+	// consumer settings (created or updated on start); tests use it for
+	// short AckWaits. Defaults to nil: the consumer topology.Apply made.
+	ConsumerConfig *jetstream.ConsumerConfig
+	// MaxDeliver is the delivery on which a still failing request is
+	// dead-lettered. Defaults to the consumer's MaxDeliver (10).
+	MaxDeliver int
+	// Heartbeat is how often a request being handled is marked in
+	// progress. Defaults to a third of the consumer's AckWait.
+	Heartbeat time.Duration
+	// FetchWait is the runner's pull wait. Defaults to the runner's.
+	FetchWait time.Duration
+
+	// Now is the clock. Defaults to time.Now.
+	Now func() time.Time
+	// Logger receives the service's and the log sink's lines. The zero
+	// value logs nothing.
+	Logger zerolog.Logger
+	// Registerer receives the runner's and the notifier's metrics.
+	// Defaults to a new registry (see Runner().Gatherer()).
+	Registerer prometheus.Registerer
+}
+
+// Svc is a running notifier replica.
+type Svc struct {
+	notifier   *notify.Notifier
+	runner     *consumer.Runner
+	maxDeliver int
+	decisions  *prometheus.CounterVec
+}
+
+// New builds the sinks, binds the buckets and prepares the runner. The
+// topology must be applied (topology.Apply) unless cfg.ConsumerConfig is
+// set; the buckets must exist in any case.
+func New(ctx context.Context, js jetstream.JetStream, cfg Config) (*Svc, error) {
+	routes := cfg.Routes
+	if routes == nil {
+		var err error
+		routes, err = notify.Routes(cfg.Notify, notify.BuildOptions{Getenv: cfg.Getenv, HTTPClient: cfg.HTTPClient, Log: cfg.Logger})
+		if err != nil {
+			return nil, fmt.Errorf("notifier: sinks: %w", err)
+		}
+	}
+	_, ccfg, ok := topology.Consumer(topology.ConsumerNotifier)
+	if !ok {
+		return nil, errors.New("notifier: the topology has no notifier consumer")
+	}
+	if cfg.ConsumerConfig != nil {
+		ccfg = *cfg.ConsumerConfig
+	}
+	maxDeliver := cfg.MaxDeliver
+	if maxDeliver == 0 {
+		maxDeliver = ccfg.MaxDeliver
+	}
+	if maxDeliver <= 0 {
+		maxDeliver = consumer.DefaultMaxDeliver
+	}
+	hb := cfg.Heartbeat
+	if hb == 0 {
+		wait := ccfg.AckWait
+		if len(ccfg.BackOff) > 0 {
+			wait = ccfg.BackOff[0] // the server uses BackOff[0] as the first AckWait
+		}
+		if wait <= 0 {
+			wait = 30 * time.Second
+		}
+		hb = wait / 3
+	}
+	concurrency := cfg.Concurrency
+	if concurrency == 0 {
+		concurrency = DefaultConcurrency
+	}
+	reg := cfg.Registerer
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+
+	n, err := notify.New(ctx, notify.Config{
+		JetStream:      js,
+		Routes:         routes,
+		DailyBudget:    cfg.Notify.DailyBudget,
+		DedupeLifetime: cfg.DedupeLifetime,
+		ClaimLease:     cfg.ClaimLease,
+		MaxUnconfirmed: cfg.MaxUnconfirmed,
+		Replica:        cfg.Replica,
+		Service:        Service,
+		Now:            cfg.Now,
+		Log:            cfg.Logger.With().Str("service", Service).Logger(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("notifier: %w", err)
+	}
+	decisions, err := consumer.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "failbus_notifier_decisions_total",
+		Help: "Notification requests by decision: sent, deduped, held_by_budget, failed (retried or dead-lettered), unrouted.",
+	}, []string{"decision"}))
+	if err != nil {
+		return nil, fmt.Errorf("notifier: metrics: %w", err)
+	}
+	s := &Svc{notifier: n, maxDeliver: maxDeliver, decisions: decisions}
+	var cc *jetstream.ConsumerConfig
+	if cfg.ConsumerConfig != nil {
+		c := *cfg.ConsumerConfig
+		cc = &c
+	}
+	s.runner, err = consumer.New(js, consumer.Config{
+		Service:        Service,
+		Consumer:       topology.ConsumerNotifier,
+		Stream:         topology.StreamNotify,
+		ConsumerConfig: cc,
+		Decode:         true,
+		Concurrency:    concurrency,
+		MaxDeliver:     maxDeliver,
+		FetchWait:      cfg.FetchWait,
+		Middleware:     []consumer.Middleware{consumer.Heartbeat(hb)},
+		Logger:         cfg.Logger,
+		Registerer:     reg,
+	}, s.Handle)
+	if err != nil {
+		return nil, fmt.Errorf("notifier: %w", err)
+	}
+	return s, nil
+}
+
+// Run consumes requests until ctx ends, then drains (see consumer.Runner).
+func (s *Svc) Run(ctx context.Context) error { return s.runner.Run(ctx) }
+
+// Healthy reports nil while the service is consuming (the /healthz check;
+// see consumer.Runner.Healthy).
+func (s *Svc) Healthy() error { return s.runner.Healthy() }
+
+// Runner is the consumer runner, for its health check and metrics.
+func (s *Svc) Runner() *consumer.Runner { return s.runner }
+
+// Notifier is the decision core, for operators and tests (budget reads).
+func (s *Svc) Notifier() *notify.Notifier { return s.notifier }
+
+// Handle is the consumer.Handler: one notification request in, a decision
+// out. The request's identity is its stream position, unique per stored
+// message and stable across redeliveries.
+func (s *Svc) Handle(ctx context.Context, m *consumer.Msg, _ *consumer.Outputs) error {
+	note, ok := m.Value.(*events.Notification)
+	if !ok {
+		return consumer.DeadLetterf("%s carries a %s, not a notification request", m.Subject, schemaOf(m.Value))
+	}
+	res, err := s.notifier.Process(ctx, notify.Request{
+		ID:           m.Stream + ":" + fmt.Sprint(m.Seq),
+		Notification: *note,
+		LastDelivery: m.Delivered >= s.maxDeliver,
+	})
+	if err != nil {
+		return err // the bus itself: the runner retries with backoff
+	}
+	if res.Kind != "" {
+		s.decisions.WithLabelValues(res.Kind).Inc()
+	}
+	switch res.Action {
+	case notify.Retry:
+		return consumer.Retry(res.After, res.Reason)
+	case notify.DeadLetter:
+		return consumer.DeadLetter(res.Reason)
+	}
+	return nil
+}
+
+func schemaOf(v events.Message) string {
+	if v == nil {
+		return "nothing"
+	}
+	return v.SchemaName()
+}

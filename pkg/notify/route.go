@@ -1,0 +1,228 @@
+package notify
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/failbus/failbus/pkg/events"
+	"github.com/failbus/failbus/pkg/policy"
+)
+
+// Defaults of a Route's retry policy and send timeout. A sink that keeps
+// failing is attempted DefaultMaxAttempts times over about three minutes
+// (2s, 4s, 8s, 16s, 32s, 60s, 60s between attempts), which rides out a
+// one-minute outage of the receiver, and is then dead-lettered with its
+// last answer.
+const (
+	DefaultMaxAttempts  = 8
+	DefaultRetryInitial = 2 * time.Second
+	DefaultRetryMax     = 60 * time.Second
+	DefaultSendTimeout  = 10 * time.Second
+)
+
+// retryJitter spreads retries of many notifications that failed together
+// (±20%), so a recovering receiver is not hit by all of them at once.
+const retryJitter = 0.2
+
+// RetryPolicy says how often and how fast a failing sink is retried. The
+// retries are JetStream redeliveries of the request, so they survive a
+// notifier crash.
+type RetryPolicy struct {
+	// MaxAttempts is the number of attempts before the request is
+	// dead-lettered with the sink's last answer. Defaults to
+	// DefaultMaxAttempts. The consumer's MaxDeliver bounds it too: on the
+	// last allowed delivery a failure is dead-lettered whatever the count.
+	MaxAttempts int
+	// Initial is the delay after the first failure; it doubles after each
+	// further one. Defaults to DefaultRetryInitial.
+	Initial time.Duration
+	// Max caps the delay. Defaults to DefaultRetryMax; it must not exceed
+	// the topology's MaxRedeliveryDelay (5m).
+	Max time.Duration
+}
+
+func (p RetryPolicy) withDefaults() RetryPolicy {
+	if p.MaxAttempts <= 0 {
+		p.MaxAttempts = DefaultMaxAttempts
+	}
+	if p.Initial <= 0 {
+		p.Initial = DefaultRetryInitial
+	}
+	if p.Max <= 0 {
+		p.Max = max(DefaultRetryMax, p.Initial)
+	}
+	return p
+}
+
+// Delay is the wait after the attempt-th failed attempt (1-based):
+// Initial·2^(attempt-1), capped at Max, with ±20% jitter (never above Max).
+func (p RetryPolicy) Delay(attempt int) time.Duration {
+	p = p.withDefaults()
+	d := p.Initial
+	for i := 1; i < attempt && d < p.Max; i++ {
+		d *= 2
+	}
+	d = min(d, p.Max)
+	d = time.Duration(float64(d) * (1 - retryJitter + 2*retryJitter*rand.Float64()))
+	return min(d, p.Max)
+}
+
+// Route is one sink and what it receives.
+type Route struct {
+	// Sink delivers.
+	Sink Sink
+	// Severities the sink receives; empty means all.
+	Severities []string
+	// Labels the notification must carry (value "*": any value); empty
+	// means all.
+	Labels map[string]string
+	// Retry is how failures of this sink are retried.
+	Retry RetryPolicy
+	// Timeout bounds one Send. Defaults to DefaultSendTimeout.
+	Timeout time.Duration
+}
+
+// Matches reports whether the route takes n: its severity is listed (or no
+// severity is) and it carries every required label.
+func (r Route) Matches(n *events.Notification) bool {
+	if len(r.Severities) > 0 && !slices.Contains(r.Severities, n.Severity) {
+		return false
+	}
+	for k, want := range r.Labels {
+		have, ok := n.Labels[k]
+		if !ok || (want != "*" && have != want) {
+			return false
+		}
+	}
+	return true
+}
+
+func (r Route) timeout() time.Duration {
+	if r.Timeout > 0 {
+		return r.Timeout
+	}
+	return DefaultSendTimeout
+}
+
+// BuildOptions are what Routes needs besides the policy.
+type BuildOptions struct {
+	// Getenv reads the environment variables the policy names. Defaults to
+	// os.Getenv.
+	Getenv func(string) string
+	// HTTPClient is used by the HTTP sinks. Defaults to a shared client.
+	HTTPClient *http.Client
+	// Log is where log sinks write. The zero value writes nothing.
+	Log zerolog.Logger
+}
+
+// Routes builds the sinks of the policy's notify section. Secrets come
+// from the environment variables it names; a named variable that is empty
+// is an error, so a signature or credential cannot silently go missing.
+// With no sink configured it returns one log sink (DefaultLogSinkName)
+// taking everything: `failbus dev` and `failbus demo` print notifications.
+func Routes(cfg policy.NotifyConfig, opts BuildOptions) ([]Route, error) {
+	if opts.Getenv == nil {
+		opts.Getenv = os.Getenv
+	}
+	if len(cfg.Sinks) == 0 {
+		s, err := NewLog(DefaultLogSinkName, opts.Log)
+		if err != nil {
+			return nil, err
+		}
+		return []Route{{Sink: s}}, nil
+	}
+	var (
+		routes []Route
+		errs   []error
+	)
+	for _, sc := range cfg.Sinks {
+		s, err := buildSink(sc, opts)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		routes = append(routes, Route{
+			Sink:       s,
+			Severities: slices.Clone(sc.Severities),
+			Labels:     sc.Labels,
+			Retry:      RetryPolicy{MaxAttempts: sc.MaxAttempts, Initial: sc.RetryInitial, Max: sc.RetryMax},
+			Timeout:    sc.Timeout,
+		})
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return routes, nil
+}
+
+func buildSink(sc policy.SinkConfig, opts BuildOptions) (Sink, error) {
+	env := func(field, name string, required bool) (string, error) {
+		if name == "" {
+			if required {
+				return "", fmt.Errorf("sink %q: %s is required", sc.Name, field)
+			}
+			return "", nil
+		}
+		v := opts.Getenv(name)
+		if v == "" {
+			return "", fmt.Errorf("sink %q: %s names $%s, which is not set", sc.Name, field, name)
+		}
+		return v, nil
+	}
+	rawURL := sc.URL
+	if sc.URLEnv != "" {
+		v, err := env("url_env", sc.URLEnv, true)
+		if err != nil {
+			return nil, err
+		}
+		rawURL = v
+	}
+	switch sc.Type {
+	case policy.SinkWebhook:
+		secret, err := env("secret_env", sc.SecretEnv, false)
+		if err != nil {
+			return nil, err
+		}
+		return NewWebhook(WebhookConfig{Name: sc.Name, URL: rawURL, Secret: []byte(secret), Idempotent: sc.Idempotent, Client: opts.HTTPClient})
+	case policy.SinkSlack:
+		return NewSlack(SlackConfig{Name: sc.Name, URL: rawURL, Client: opts.HTTPClient})
+	case policy.SinkNtfy:
+		token, err := env("secret_env", sc.SecretEnv, false)
+		if err != nil {
+			return nil, err
+		}
+		return NewNtfy(NtfyConfig{Name: sc.Name, URL: rawURL, Topic: sc.Topic, Token: token, Client: opts.HTTPClient})
+	case policy.SinkSMTP:
+		u, err := url.Parse(rawURL)
+		if err != nil || u.Scheme != "smtp" || u.Host == "" {
+			return nil, fmt.Errorf("sink %q: url must be smtp://host:port", sc.Name)
+		}
+		password, err := env("secret_env", sc.SecretEnv, false)
+		if err != nil {
+			return nil, err
+		}
+		return NewSMTP(SMTPConfig{Name: sc.Name, Addr: u.Host, From: sc.From, To: slices.Clone(sc.To),
+			Username: sc.Username, Password: password, StartTLS: sc.StartTLS})
+	case policy.SinkPagerDuty:
+		name := sc.RoutingKeyEnv
+		if name == "" {
+			name = sc.SecretEnv
+		}
+		key, err := env("routing_key_env", name, true)
+		if err != nil {
+			return nil, err
+		}
+		return NewPagerDuty(PagerDutyConfig{Name: sc.Name, URL: rawURL, RoutingKey: key, Client: opts.HTTPClient})
+	case policy.SinkLog:
+		return NewLog(sc.Name, opts.Log)
+	}
+	return nil, fmt.Errorf("sink %q: unknown type %q", sc.Name, sc.Type)
+}
