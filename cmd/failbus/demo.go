@@ -110,6 +110,7 @@ var demoScenarios = []demoScenario{
 			return d.expectDeadLetter(ctx, events.OutcomeSubject("openai", demoAgent), []byte("this is not msgpack"), "msgpack")
 		},
 	},
+	retryScenario,
 	refusalScenario,
 }
 

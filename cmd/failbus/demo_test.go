@@ -27,7 +27,7 @@ func TestCLIDemo(t *testing.T) {
 		"bus    context_overflow · not retryable",
 		"bus    transport · retryable",
 		"dead letter on failbus.dlq.classifier",
-		"All 8 scenarios went as expected.",
+		"All 9 scenarios went as expected.",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out)

@@ -1,0 +1,145 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/failbus/failbus/pkg/agent"
+	"github.com/failbus/failbus/pkg/consumer"
+	"github.com/failbus/failbus/pkg/events"
+	"github.com/failbus/failbus/pkg/policy"
+)
+
+// Control kinds, as the metrics label them.
+const (
+	controlCancel  = "cancel"
+	controlStarted = "started"
+)
+
+// handleControl is the handler of the `scheduler-control` consumer: an
+// agent's started or cancel record (agent.RetryMark) marks the budget's
+// latest retry in the ledger, and a cancel purges its schedule.
+func (s *Scheduler) handleControl(ctx context.Context, m *consumer.Msg, _ *consumer.Outputs) error {
+	var kind, schema string
+	switch {
+	case strings.HasPrefix(m.Subject, events.RetryPrefix+".cancel."):
+		kind, schema = controlCancel, agent.SchemaRetryCancel
+	case strings.HasPrefix(m.Subject, events.RetryPrefix+".started."):
+		kind, schema = controlStarted, agent.SchemaRetryStarted
+	default:
+		return consumer.DeadLetterf("subject %s is neither a started nor a cancel record", m.Subject)
+	}
+	mark, err := decodeMark(m, schema)
+	if err != nil {
+		return consumer.DeadLetter(err.Error())
+	}
+	if tok := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]; tok != events.Token(mark.Agent) {
+		// Subject permissions give each agent its own subjects; a record
+		// about another agent's retry on them is not trusted.
+		return consumer.DeadLetterf("%s record of agent %q on %s, another agent's subject", kind, mark.Agent, m.Subject)
+	}
+	token, _, ok := policy.SplitRetryID(mark.RetryID)
+	if !ok {
+		return consumer.DeadLetterf("retry_id %q is not a retry id failbus issued", mark.RetryID)
+	}
+	at := mark.At
+	if at.IsZero() {
+		at = events.At(s.now())
+	}
+	result, err := s.mark(ctx, kind, mark, token, at)
+	if err != nil {
+		return err
+	}
+	s.m.controls.WithLabelValues(kind, result).Inc()
+	return nil
+}
+
+// mark applies one started or cancel record; it returns "marked" or
+// "ignored".
+func (s *Scheduler) mark(ctx context.Context, kind string, mark agent.RetryMark, token string, at events.Time) (string, error) {
+	for range maxLedgerAttempts {
+		last, err := s.ledgerLast(ctx, token)
+		if err != nil {
+			return "", err
+		}
+		if last == nil || last.entry.RetryID != mark.RetryID || last.entry.Agent != mark.Agent {
+			// Not the budget's latest retry (an older one, already
+			// superseded, or one this agent does not own): nothing to
+			// mark. A cancel still makes sure no schedule of that id is
+			// left under the agent's own subject.
+			if kind == controlCancel {
+				if err := s.purge(ctx, mark.Agent, mark.RetryID); err != nil {
+					return "", err
+				}
+			}
+			return "ignored", nil
+		}
+		e := last.entry
+		if e.Cancelled() || e.Started() {
+			// The first answer wins: a started after a cancel is ignored,
+			// and so is a cancel after a start.
+			if kind == controlCancel && e.Cancelled() {
+				if err := s.purge(ctx, e.Agent, e.RetryID); err != nil {
+					return "", err
+				}
+			}
+			return "ignored", nil
+		}
+		if kind == controlCancel {
+			e.CancelledAt = at
+		} else {
+			e.StartedAt = at
+		}
+		_, err = s.ledgerAppend(ctx, &e, last.seq, kind)
+		if errors.Is(err, errLedgerConflict) {
+			s.m.conflicts.Inc()
+			continue
+		}
+		if err != nil {
+			return "", err
+		}
+		if kind == controlCancel {
+			s.crash(CrashAfterCancelMark)
+			if err := s.purge(ctx, e.Agent, e.RetryID); err != nil {
+				return "", err
+			}
+		}
+		return "marked", nil
+	}
+	return "", fmt.Errorf("ledger of %s: %d conflicting writes in a row; redelivering", mark.RetryID, maxLedgerAttempts)
+}
+
+// decodeMark reads an agent.RetryMark: msgpack, with the schema header when
+// present naming the record the subject says.
+func decodeMark(m *consumer.Msg, schema string) (agent.RetryMark, error) {
+	var mark agent.RetryMark
+	if v := m.Header.Get(events.HeaderSchema); v != "" {
+		name, ver, err := events.ParseSchemaHeader(v)
+		if err != nil {
+			return mark, err
+		}
+		if name != schema {
+			return mark, fmt.Errorf("got a %s record on %s, want %s", name, m.Subject, schema)
+		}
+		if ver > events.CurrentVersion {
+			return mark, fmt.Errorf("%s version %d is newer than this reader (%d)", name, ver, events.CurrentVersion)
+		}
+	}
+	if len(m.Data) == 0 || !(m.Data[0] >= 0x80 && m.Data[0] <= 0x8f || m.Data[0] == 0xde || m.Data[0] == 0xdf) {
+		return mark, fmt.Errorf("%s: payload is not a msgpack map", schema)
+	}
+	if err := msgpack.Unmarshal(m.Data, &mark); err != nil {
+		return mark, fmt.Errorf("decode %s: %w", schema, err)
+	}
+	if mark.RetryID == "" {
+		return mark, fmt.Errorf("%s: field %q: required", schema, "retry_id")
+	}
+	if mark.Agent == "" {
+		return mark, fmt.Errorf("%s: field %q: required", schema, "agent")
+	}
+	return mark, nil
+}

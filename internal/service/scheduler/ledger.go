@@ -1,0 +1,204 @@
+package scheduler
+
+// The retry ledger: one subject per budget in FAILBUS_RETRIES,
+// events.RetryLedgerSubject(policy.BudgetKey.Token()), holding LedgerEntry
+// messages in order. The last one is the budget's state (its Retry is the
+// count spent); earlier ones are the history a redelivered outcome is looked
+// up in. Appends are compare-and-set on the subject's last sequence.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/failbus/failbus/pkg/events"
+	"github.com/failbus/failbus/pkg/policy"
+)
+
+// SchemaLedgerEntry is the Failbus-Schema name of a LedgerEntry.
+const SchemaLedgerEntry = "retry_ledger"
+
+// LedgerEntry is one message of a budget's ledger: the retry record seed 003
+// writes before the wait (policy.RetryRecord, with the same keys), and the
+// agent's answer to it once it came: started or cancelled, whichever came
+// first. A mark is a new entry with the same record, so the last entry of a
+// budget always carries the budget's count.
+type LedgerEntry struct {
+	policy.RetryRecord
+	// CancelledAt is when the agent cancelled the pending retry; zero when
+	// it did not.
+	CancelledAt events.Time `msgpack:"cancelled_at,omitempty" json:"cancelled_at,omitzero"`
+	// StartedAt is when the agent started the retry after it came due;
+	// zero when it did not (yet).
+	StartedAt events.Time `msgpack:"started_at,omitempty" json:"started_at,omitzero"`
+}
+
+// SchemaName implements events.Message.
+func (*LedgerEntry) SchemaName() string { return SchemaLedgerEntry }
+
+// Validate implements events.Message: an entry names its retry, its budget
+// and a retry number.
+func (e *LedgerEntry) Validate() error {
+	for _, f := range []struct{ name, v string }{
+		{"retry_id", e.RetryID}, {"outcome_id", e.OutcomeID}, {"agent", e.Agent},
+		{"provider", e.Provider}, {"policy_key", e.PolicyKey},
+	} {
+		if f.v == "" {
+			return &events.FieldError{Field: f.name, Problem: "required"}
+		}
+	}
+	if e.Retry < 1 {
+		return &events.FieldError{Field: "retry", Problem: "must be >= 1"}
+	}
+	return nil
+}
+
+// Cancelled reports whether the agent cancelled the retry.
+func (e *LedgerEntry) Cancelled() bool { return !e.CancelledAt.IsZero() }
+
+// Started reports whether the agent started the retry.
+func (e *LedgerEntry) Started() bool { return !e.StartedAt.IsZero() }
+
+// ledgerRead is an entry as stored, with its stream sequence.
+type ledgerRead struct {
+	entry LedgerEntry
+	seq   uint64
+}
+
+// errLedgerConflict: another writer appended to the budget first.
+var errLedgerConflict = errors.New("ledger: the budget changed since it was read")
+
+// DecodeLedgerEntry reads a ledger message (for tools and tests that audit
+// the ledger).
+func DecodeLedgerEntry(h nats.Header, data []byte) (*LedgerEntry, error) {
+	if v := h.Get(events.HeaderSchema); v != "" {
+		name, ver, err := events.ParseSchemaHeader(v)
+		if err != nil {
+			return nil, err
+		}
+		if name != SchemaLedgerEntry {
+			return nil, fmt.Errorf("got a %s message on the ledger, want %s", name, SchemaLedgerEntry)
+		}
+		if ver > events.CurrentVersion {
+			return nil, fmt.Errorf("ledger entry version %d is newer than this reader (%d)", ver, events.CurrentVersion)
+		}
+	}
+	var e LedgerEntry
+	if err := events.Unmarshal(data, &e); err != nil {
+		return nil, err
+	}
+	if err := e.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid ledger entry: %w", err)
+	}
+	return &e, nil
+}
+
+func decodeRaw(m *jetstream.RawStreamMsg) (*ledgerRead, error) {
+	e, err := DecodeLedgerEntry(m.Header, m.Data)
+	if err != nil {
+		return nil, fmt.Errorf("ledger %s seq %d: %w", m.Subject, m.Sequence, err)
+	}
+	return &ledgerRead{entry: *e, seq: m.Sequence}, nil
+}
+
+// ledgerLast reads the budget's last entry; nil when the budget is
+// untouched.
+func (s *Scheduler) ledgerLast(ctx context.Context, token string) (*ledgerRead, error) {
+	subj := events.RetryLedgerSubject(token)
+	m, err := s.retries.GetLastMsgForSubject(ctx, subj)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read ledger %s: %w", subj, err)
+	}
+	return decodeRaw(m)
+}
+
+// ledgerFind returns the first entry of the budget written for outcomeID,
+// or nil. A budget holds at most max_retries records plus their marks, so
+// this walks a handful of messages.
+func (s *Scheduler) ledgerFind(ctx context.Context, token, outcomeID string) (*ledgerRead, error) {
+	subj := events.RetryLedgerSubject(token)
+	seq := uint64(1)
+	for {
+		m, err := s.retries.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subj))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return nil, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read ledger %s from seq %d: %w", subj, seq, err)
+		}
+		r, err := decodeRaw(m)
+		if err != nil {
+			return nil, err
+		}
+		if r.entry.OutcomeID == outcomeID {
+			return r, nil
+		}
+		seq = m.Sequence + 1
+	}
+}
+
+// ledgerAppend stores e as the budget's new last entry if the budget's last
+// sequence is still expect (0: untouched); otherwise errLedgerConflict. The
+// Nats-Msg-Id is "scheduler:<retry id>:<kind>". A duplicate acknowledgement
+// counts as success only when the stored message is this very entry.
+func (s *Scheduler) ledgerAppend(ctx context.Context, e *LedgerEntry, expect uint64, kind string) (uint64, error) {
+	subj := events.RetryLedgerSubject(e.Budget().Token())
+	msgID := Service + ":" + e.RetryID + ":" + kind
+	ack, err := s.publish(ctx, subj, e, msgID, nil, jetstream.WithExpectLastSequencePerSubject(expect))
+	if isWrongLastSeq(err) {
+		return 0, errLedgerConflict
+	}
+	if err != nil {
+		return 0, err
+	}
+	if ack.Duplicate {
+		m, err := s.retries.GetMsg(ctx, ack.Sequence)
+		if err != nil {
+			return 0, fmt.Errorf("read back ledger %s seq %d: %w", subj, ack.Sequence, err)
+		}
+		r, err := decodeRaw(m)
+		if err != nil {
+			return 0, err
+		}
+		if r.entry.OutcomeID != e.OutcomeID || r.entry.RetryID != e.RetryID ||
+			r.entry.Cancelled() != e.Cancelled() || r.entry.Started() != e.Started() {
+			return 0, errLedgerConflict
+		}
+	}
+	return ack.Sequence, nil
+}
+
+// isWrongLastSeq reports a compare-and-set conflict (10071, or 10164 on
+// replicated streams).
+func isWrongLastSeq(err error) bool {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) {
+		return false
+	}
+	return apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
+}
+
+// publish encodes v with the failbus codec, adds msgID and extra headers,
+// and waits for the stream's acknowledgement.
+func (s *Scheduler) publish(ctx context.Context, subject string, v events.Message, msgID string, extra nats.Header, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+	data, hdr, err := events.Encode(v)
+	if err != nil {
+		return nil, fmt.Errorf("%s to %s: %w", v.SchemaName(), subject, err)
+	}
+	hdr.Set(events.HeaderMsgID, msgID)
+	for k, vs := range extra {
+		hdr[k] = vs
+	}
+	ack, err := s.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: hdr, Data: data}, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("publish %s to %s (%s): %w", v.SchemaName(), subject, msgID, err)
+	}
+	return ack, nil
+}

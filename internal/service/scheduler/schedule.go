@@ -1,0 +1,133 @@
+package scheduler
+
+// Durable delayed messages with JetStream's own message scheduler
+// (DESIGN.md §3, measured with nats-server 2.15.2): one schedule per
+// schedule subject, `Nats-Schedule: @at <time>` fires once at that time
+// (never before; the server checks on a 250 ms timer), the fired message is
+// stored on the target subject with `Nats-Scheduler: <schedule subject>`
+// and the schedule message is purged in the same step; a schedule that fell
+// due while the server was down fires at once when it is back.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	topology "github.com/failbus/failbus/jetstream"
+	"github.com/failbus/failbus/pkg/events"
+)
+
+// Message-scheduling headers (nats-server 2.12+). nats.go's WithScheduleAt
+// formats the time without its fraction of a second, so the scheduler sets
+// the headers itself.
+const (
+	// HeaderSchedule holds "@at <RFC3339Nano>": fire once at that time.
+	HeaderSchedule = "Nats-Schedule"
+	// HeaderScheduleTarget is the subject (in the same stream) the fired
+	// message is stored on: failbus.retry.due.<agent>.
+	HeaderScheduleTarget = "Nats-Schedule-Target"
+	// HeaderScheduler is set by the server on a fired message: the
+	// schedule subject it came from.
+	HeaderScheduler = "Nats-Scheduler"
+	// HeaderTTL is the per-message TTL; "never" exempts the schedule from
+	// the stream's MaxAge, which would otherwise remove a schedule older
+	// than MaxAge before it fires. The fired message does not inherit it.
+	HeaderTTL = "Nats-TTL"
+)
+
+// ScheduleHeader is the Nats-Schedule value that fires once at t, with full
+// (nanosecond) precision.
+func ScheduleHeader(t time.Time) string { return "@at " + t.UTC().Format(time.RFC3339Nano) }
+
+// schedule publishes the due message of e on its schedule subject. A
+// re-publish within the duplicate window is dropped by its Nats-Msg-Id.
+func (s *Scheduler) schedule(ctx context.Context, e *LedgerEntry) error {
+	due := e.Due()
+	extra := nats.Header{}
+	extra.Set(HeaderSchedule, ScheduleHeader(e.DueAt.Time))
+	extra.Set(HeaderScheduleTarget, events.RetryDueSubject(e.Agent))
+	extra.Set(HeaderTTL, "never")
+	_, err := s.publish(ctx, events.RetryScheduleSubject(e.Agent, e.RetryID), &due, Service+":"+e.RetryID+":schedule", extra)
+	return err
+}
+
+// schedulePending reports whether e's schedule is stored and has not fired.
+func (s *Scheduler) schedulePending(ctx context.Context, e *LedgerEntry) (bool, error) {
+	subj := events.RetryScheduleSubject(e.Agent, e.RetryID)
+	_, err := s.retries.GetLastMsgForSubject(ctx, subj)
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("read schedule %s: %w", subj, err)
+	}
+	return true, nil
+}
+
+// fired reports whether e's schedule has fired: a message on the agent's
+// due subject, stored since e was written, carries Nats-Scheduler with e's
+// schedule subject. It reads headers only.
+func (s *Scheduler) fired(ctx context.Context, e *LedgerEntry) (bool, error) {
+	sched := events.RetryScheduleSubject(e.Agent, e.RetryID)
+	start := e.At.Add(-time.Second)
+	err := readStream(ctx, s.js, topology.StreamRetries, events.RetryDueSubject(e.Agent), &start, true, func(m jetstream.Msg) error {
+		if m.Headers().Get(HeaderScheduler) == sched {
+			return errFound
+		}
+		return nil
+	})
+	switch {
+	case errors.Is(err, errFound):
+		return true, nil
+	case err != nil:
+		return false, fmt.Errorf("look for fired %s: %w", sched, err)
+	}
+	return false, nil
+}
+
+// errFound stops a stream read early.
+var errFound = errors.New("found")
+
+// purge removes a pending schedule, so it never fires.
+func (s *Scheduler) purge(ctx context.Context, agent, retryID string) error {
+	subj := events.RetryScheduleSubject(agent, retryID)
+	if err := s.retries.Purge(ctx, jetstream.WithPurgeSubject(subj)); err != nil {
+		return fmt.Errorf("purge schedule %s: %w", subj, err)
+	}
+	return nil
+}
+
+// restore makes sure the retry of a replayed entry comes due exactly once:
+// nothing to do when it was cancelled or started, or when its schedule is
+// pending or has fired; otherwise (the previous delivery stopped between
+// the ledger and the schedule) it is scheduled now, at its recorded due
+// time. A cancel that raced the restore is honoured by purging again.
+func (s *Scheduler) restore(ctx context.Context, r *ledgerRead) error {
+	e := &r.entry
+	if e.Cancelled() || e.Started() {
+		return nil
+	}
+	if ok, err := s.schedulePending(ctx, e); err != nil || ok {
+		return err
+	}
+	if ok, err := s.fired(ctx, e); err != nil || ok {
+		return err
+	}
+	if err := s.schedule(ctx, e); err != nil {
+		return err
+	}
+	s.m.restored.Inc()
+	s.log.Info().Str("retry_id", e.RetryID).Str("due_at", e.DueAt.Format(events.JSONTimeLayout)).Msg("schedule restored from the ledger")
+	last, err := s.ledgerLast(ctx, e.Budget().Token())
+	if err != nil {
+		return err
+	}
+	if last != nil && last.entry.RetryID == e.RetryID && last.entry.Cancelled() {
+		return s.purge(ctx, e.Agent, e.RetryID)
+	}
+	return nil
+}

@@ -1,0 +1,453 @@
+// Package scheduler is the durable retry scheduler (seed 003, issue 4): the
+// pure decision core of pkg/policy (ProviderState.Observe, DecideRetry, the
+// same functions `failbus simulate` composes) with its state kept where a
+// crash cannot lose it.
+//
+// Classifications in (the topology's `scheduler` consumer on
+// failbus.classified.>). For each one, in this order:
+//
+//  1. Fault scope: the classification is observed by the provider's
+//     policy.ProviderState. Health changes go out on failbus.health.<provider>
+//     and notification requests on failbus.notify.<severity>. Successes (class
+//     ok) and content refusals stop here: refusals are decided by the refusal
+//     tiers (internal/service/refusals), never twice.
+//  2. The budget's ledger is read back: the last message on
+//     events.RetryLedgerSubject(budget token) in FAILBUS_RETRIES, a
+//     LedgerEntry. policy.DecideRetry decides with it.
+//  3. A retry is persisted BEFORE it is scheduled: the LedgerEntry is
+//     appended with compare-and-set on the subject's last sequence
+//     (Nats-Expected-Last-Subject-Sequence), so two deliveries or replicas
+//     racing on one budget never both spend the same retry.
+//  4. The due message is scheduled with JetStream's own message scheduler: a
+//     publish on events.RetryScheduleSubject(agent, retry id) with
+//     `Nats-Schedule: @at <RFC3339Nano>` (full precision; nats.go's
+//     WithScheduleAt drops the fraction of a second), `Nats-Schedule-Target:
+//     failbus.retry.due.<agent>` and `Nats-TTL: never`, so the stream's
+//     MaxAge can never remove a schedule before it fires. The payload is the
+//     events.RetryDue the agent receives.
+//  5. The decision goes out on failbus.decision.<agent>, then the input is
+//     acknowledged.
+//
+// Every publish carries a Nats-Msg-Id derived from the retry id
+// ("scheduler:<retry id>:ledger|schedule|decision") or, for decisions that
+// are not retries, from the input ("scheduler:<input id>:decision"), and a
+// redelivered classification whose outcome already has a ledger record is
+// replayed from that record (same retry id, delay and due time, nothing
+// spent again): the schedule is restored only if it is neither pending nor
+// already fired nor cancelled, which the scheduler checks on the stream
+// itself (a fired message carries `Nats-Scheduler: <schedule subject>`), so
+// a crash between any two steps neither loses nor doubles a retry, however
+// late the redelivery.
+//
+// Agents' started and cancel records in (the `scheduler-control` consumer on
+// failbus.retry.started.> and failbus.retry.cancel.>, payload
+// agent.RetryMark): the first of the two for the budget's latest retry is
+// marked in the ledger; a cancel then purges the schedule subject, so no due
+// message arrives; a started after a cancel (or a cancel after a start) is
+// ignored. A cancelled retry still counts against its budget: its record was
+// written before the wait began (seed 003), so cancelling cannot refund it.
+//
+// Policy: Options.Policy (the --policy file, or the default), overridden by
+// the YAML under key PolicyKVKey of KV bucket FAILBUS_POLICY while that key
+// exists, reloaded whenever it changes (a KV watch). Each change is recorded
+// on failbus.audit.scheduler.policy. A change of any behavioural retry field
+// is a new policy key, hence new budgets.
+//
+// Fault-scope state lives in this process's memory, rebuilt at start:
+// outages still open are read from the FAILBUS_HEALTH records this service
+// wrote, then the classifications stored within the last scope.window are
+// replayed through the same Observe. The scope's clock is the
+// classifications' `at` (the outcome's time, as in simulate), never running
+// backwards and never ahead of the time the stream stored the classification
+// by more than MaxFutureSkew.
+//
+// What is not guaranteed: a decision that is not a retry, a health record
+// and a notification request are deduplicated by the streams' duplicate
+// window (10 minutes) only, as for every service. Several scheduler
+// replicas are safe for the ledger and the schedules (compare-and-set, and
+// the checks above), but each replica keeps its own fault scope, so run one
+// replica per deployment unless providers' outages may be detected by
+// whichever replica sees the evidence. A cancel that races the due time may
+// come too late: the due message may already be stored.
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	topology "github.com/failbus/failbus/jetstream"
+	"github.com/failbus/failbus/pkg/consumer"
+	"github.com/failbus/failbus/pkg/policy"
+)
+
+// Names of the service. Service labels metrics and logs, names the
+// dead-letter subject failbus.dlq.scheduler and prefixes the Nats-Msg-Id of
+// what it publishes; ControlService does the same for started and cancel
+// records.
+const (
+	Service        = "scheduler"
+	ControlService = "scheduler-control"
+)
+
+// Defaults of Options and of cmd/scheduler.
+const (
+	// DefaultOpsAddr is where cmd/scheduler serves /metrics and /healthz
+	// (the classifier uses 9401).
+	DefaultOpsAddr = "127.0.0.1:9402"
+	// DefaultConcurrency is how many classifications are handled at once.
+	// Compare-and-set on the ledger makes concurrent handling of one budget
+	// safe.
+	DefaultConcurrency = 4
+	// PolicyKVKey is the key of the active policy (YAML, the --policy file
+	// format) in KV bucket FAILBUS_POLICY.
+	PolicyKVKey = "active"
+	// DefaultMaxFutureSkew bounds how far an outcome's `at` may lie ahead of
+	// the time the bus stored its classification before the fault scope
+	// distrusts the agent's clock.
+	DefaultMaxFutureSkew = time.Minute
+	// DefaultSeenTTL is how long the fault-scope observation of an outcome
+	// is remembered, so a redelivered classification is not observed twice.
+	// It exceeds the longest redelivery chain of the topology's consumers.
+	DefaultSeenTTL = time.Hour
+)
+
+// Crash points: where Options.CrashAt is called, between the durable steps
+// of a retry (tests kill the process there).
+const (
+	// CrashAfterLedger: the ledger entry is stored, the schedule is not.
+	CrashAfterLedger = "after-ledger"
+	// CrashAfterSchedule: the schedule is stored, the decision is not.
+	CrashAfterSchedule = "after-schedule"
+	// CrashAfterDecision: the decision is stored, the input not
+	// acknowledged.
+	CrashAfterDecision = "after-decision"
+	// CrashAfterCancelMark: a cancel is marked in the ledger, the schedule
+	// not purged yet.
+	CrashAfterCancelMark = "after-cancel-mark"
+)
+
+// maxLedgerAttempts bounds compare-and-set retries on one budget within one
+// delivery; beyond it the input is redelivered with the runner's backoff.
+const maxLedgerAttempts = 32
+
+// Options configure the scheduler. The zero value runs the default policy,
+// without watching KV.
+type Options struct {
+	// Policy is the policy used while KV holds none (the --policy file).
+	// Defaults to policy.Default().
+	Policy *policy.Policy
+
+	// WatchPolicy makes the policy under PolicyKVKey in KV bucket
+	// FAILBUS_POLICY override Policy while it exists, reloaded on every
+	// change. Defaults to false.
+	WatchPolicy bool
+
+	// Now is the clock of decisions and due times. Defaults to time.Now.
+	Now func() time.Time
+
+	// Rand supplies uniform [0, 1) numbers for the backoff jitter; it is
+	// called under a lock. Defaults to math/rand/v2's Float64.
+	Rand func() float64
+
+	// MaxFutureSkew: see DefaultMaxFutureSkew (the default).
+	MaxFutureSkew time.Duration
+
+	// SkipRebuild starts with an empty fault scope instead of rebuilding it
+	// from the streams. Defaults to false.
+	SkipRebuild bool
+
+	// CrashAt, when set, is called with a Crash* point between the durable
+	// steps of a retry. It is a fault-injection hook for tests (which kill
+	// the process in it); production leaves it nil.
+	CrashAt func(point string)
+
+	// Runner holds the consumer runner settings shared by the two runners:
+	// Logger, Registerer, Concurrency (defaults to DefaultConcurrency for
+	// classifications; started/cancel records always run one at a time),
+	// FetchBatch, Middleware, FetchWait, DrainTimeout, Backoff, MaxDeliver.
+	// Service, Stream, Consumer, ConsumerConfig and Decode are set here and
+	// must be left empty.
+	Runner consumer.Config
+}
+
+// Scheduler is the scheduler service: two consumer runners (classifications;
+// started and cancel records), the policy watch and the fault scope. Create
+// it with New and start it with Run; it satisfies the in-process service
+// interface of `failbus dev` (Run, Healthy).
+type Scheduler struct {
+	js      jetstream.JetStream
+	base    *policy.Policy
+	watch   bool
+	now     func() time.Time
+	randMu  sync.Mutex
+	rand    func() float64
+	crashAt func(string)
+	rebuild bool
+	log     zerolog.Logger
+	reg     prometheus.Registerer
+	m       *metrics
+
+	active atomic.Pointer[activePolicy]
+	scope  *scopeBook
+
+	classified *consumer.Runner
+	control    *consumer.Runner
+
+	retries jetstream.Stream // FAILBUS_RETRIES, set by Run before consuming
+
+	mu       sync.Mutex
+	state    error
+	watchErr error
+}
+
+// errNotStarted is Healthy's answer before Run has started consuming.
+var errNotStarted = errors.New("not running")
+
+// New checks opts and prepares the scheduler; it does no I/O. Apply the
+// topology before Run.
+func New(js jetstream.JetStream, opts Options) (*Scheduler, error) {
+	if js == nil {
+		return nil, fmt.Errorf("%w: scheduler: nil JetStream", consumer.ErrInvalidConfig)
+	}
+	rc := opts.Runner
+	if rc.Service != "" || rc.Stream != "" || rc.Consumer != "" || rc.ConsumerConfig != nil || rc.Decode {
+		return nil, fmt.Errorf("%w: scheduler sets Service, Stream, Consumer, ConsumerConfig and Decode itself", consumer.ErrInvalidConfig)
+	}
+	base := opts.Policy
+	if base == nil {
+		base = policy.Default()
+	} else if err := base.Validate(); err != nil {
+		return nil, fmt.Errorf("scheduler: %w", err)
+	}
+	if rc.Registerer == nil {
+		rc.Registerer = prometheus.NewRegistry()
+	}
+	s := &Scheduler{
+		js:      js,
+		base:    base,
+		watch:   opts.WatchPolicy,
+		now:     opts.Now,
+		rand:    opts.Rand,
+		crashAt: opts.CrashAt,
+		rebuild: !opts.SkipRebuild,
+		log:     rc.Logger.With().Str("service", Service).Logger(),
+		reg:     rc.Registerer,
+		state:   errNotStarted,
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	if s.rand == nil {
+		s.rand = rand.Float64
+	}
+	skew := opts.MaxFutureSkew
+	if skew <= 0 {
+		skew = DefaultMaxFutureSkew
+	}
+	s.scope = newScopeBook(skew, DefaultSeenTTL)
+	s.active.Store(&activePolicy{p: base, source: "options"})
+	m, err := newMetrics(rc.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	s.m = m
+
+	cc := rc
+	cc.Service, cc.Consumer = Service, topology.ConsumerScheduler
+	if cc.Concurrency == 0 {
+		cc.Concurrency = DefaultConcurrency
+	}
+	if s.classified, err = consumer.New(js, cc, s.handleClassified); err != nil {
+		return nil, fmt.Errorf("scheduler: %w", err)
+	}
+	ctl := rc
+	ctl.Service, ctl.Consumer = ControlService, topology.ConsumerSchedulerControl
+	ctl.Concurrency, ctl.FetchBatch = 1, 0
+	if s.control, err = consumer.New(js, ctl, s.handleControl); err != nil {
+		return nil, fmt.Errorf("scheduler: %w", err)
+	}
+	return s, nil
+}
+
+// Policy is the policy the scheduler decides with now.
+func (s *Scheduler) Policy() *policy.Policy { return s.active.Load().p }
+
+// Gatherer returns the registry of the service's metrics when it is a
+// prometheus.Gatherer (the default one is), for consumer.ServeOps.
+func (s *Scheduler) Gatherer() prometheus.Gatherer {
+	g, _ := s.reg.(prometheus.Gatherer)
+	return g
+}
+
+// Run opens FAILBUS_RETRIES, loads the KV policy (when watched), rebuilds
+// the fault scope, and consumes classifications and started/cancel records
+// until ctx ends; then it drains both consumers (in-flight messages finish)
+// and returns nil. It returns an error when something cannot start or a
+// consumer stops on its own. A Scheduler runs once.
+func (s *Scheduler) Run(ctx context.Context) (err error) {
+	defer func() {
+		s.mu.Lock()
+		s.state = consumer.ErrStopped
+		s.mu.Unlock()
+	}()
+	retries, err := s.js.Stream(ctx, topology.StreamRetries)
+	if err != nil {
+		return fmt.Errorf("scheduler: open %s (apply the topology first): %w", topology.StreamRetries, err)
+	}
+	s.retries = retries
+
+	var wg sync.WaitGroup
+	defer wg.Wait() // after cancel, below: the policy watch ends with rctx
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if s.watch {
+		updates, err := s.startPolicyWatch(rctx)
+		if err != nil {
+			return err
+		}
+		wg.Go(func() { s.followPolicy(rctx, updates) })
+	}
+	if s.rebuild {
+		start := time.Now()
+		n, err := s.rebuildScope(ctx)
+		if err != nil {
+			return err
+		}
+		s.log.Info().Int("replayed", n).Dur("took", time.Since(start)).Msg("fault scope rebuilt")
+	}
+	p := s.active.Load()
+	s.log.Info().Str("policy", p.source).Str("policy_key", p.p.RetryFor("").Key()).Msg("scheduler started")
+	s.mu.Lock()
+	s.state = nil
+	s.mu.Unlock()
+
+	errs := make(chan error, 2)
+	var rwg sync.WaitGroup
+	for _, r := range []*consumer.Runner{s.classified, s.control} {
+		rwg.Go(func() {
+			err := r.Run(rctx)
+			if err == nil && ctx.Err() == nil {
+				err = fmt.Errorf("%s stopped", r.Service())
+			}
+			if err != nil {
+				errs <- err
+				cancel() // one part down: stop the rest
+			}
+		})
+	}
+	rwg.Wait()
+	cancel()
+	close(errs)
+	var all []error
+	for e := range errs {
+		all = append(all, e)
+	}
+	return errors.Join(all...)
+}
+
+// Healthy reports nil while both consumers run and the policy watch (when
+// on) works; otherwise what is wrong. It is the /healthz check.
+func (s *Scheduler) Healthy() error {
+	s.mu.Lock()
+	state, werr := s.state, s.watchErr
+	s.mu.Unlock()
+	if state != nil {
+		return fmt.Errorf("%s: %w", Service, state)
+	}
+	errs := []error{s.classified.Healthy(), s.control.Healthy()}
+	if werr != nil {
+		errs = append(errs, fmt.Errorf("%s: policy watch: %w", Service, werr))
+	}
+	return errors.Join(errs...)
+}
+
+// Run runs the scheduler on nc until ctx ends: the entry point of a process
+// that runs it alone (apply the topology first). It is New and
+// Scheduler.Run.
+func Run(ctx context.Context, nc *nats.Conn, opts Options) error {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("scheduler: jetstream: %w", err)
+	}
+	s, err := New(js, opts)
+	if err != nil {
+		return err
+	}
+	return s.Run(ctx)
+}
+
+// random is one jitter draw.
+func (s *Scheduler) random() float64 {
+	s.randMu.Lock()
+	defer s.randMu.Unlock()
+	return s.rand()
+}
+
+// crash calls the fault-injection hook.
+func (s *Scheduler) crash(point string) {
+	if s.crashAt != nil {
+		s.crashAt(point)
+	}
+}
+
+// metrics are the service's own series beside the runners'.
+type metrics struct {
+	decisions *prometheus.CounterVec
+	conflicts prometheus.Counter
+	replays   prometheus.Counter
+	restored  prometheus.Counter
+	controls  *prometheus.CounterVec
+	reloads   *prometheus.CounterVec
+	replayed  prometheus.Counter
+	outage    *prometheus.GaugeVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	var (
+		m   metrics
+		err error
+	)
+	counterVec := func(name, help string, labels ...string) *prometheus.CounterVec {
+		if err != nil {
+			return nil
+		}
+		c, e := consumer.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels))
+		err = e
+		return c
+	}
+	counter := func(name, help string) prometheus.Counter {
+		if err != nil {
+			return nil
+		}
+		c, e := consumer.Register(reg, prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help}))
+		err = e
+		return c
+	}
+	m.decisions = counterVec("failbus_scheduler_decisions_total", "Decisions published, by action (replays included).", "action")
+	m.conflicts = counter("failbus_scheduler_ledger_conflicts_total", "Ledger writes that lost a compare-and-set race and were decided again.")
+	m.replays = counter("failbus_scheduler_replays_total", "Classifications whose outcome already had a ledger record: replayed, nothing spent again.")
+	m.restored = counter("failbus_scheduler_schedules_restored_total", "Replays that found the schedule neither pending, fired nor cancelled and published it.")
+	m.controls = counterVec("failbus_scheduler_controls_total", "Started and cancel records, by kind and result (marked, ignored).", "kind", "result")
+	m.reloads = counterVec("failbus_scheduler_policy_reloads_total", "KV policy changes, by result (applied, removed, rejected).", "result")
+	m.replayed = counter("failbus_scheduler_scope_replayed_total", "Classifications replayed into the fault scope at start.")
+	if err == nil {
+		m.outage, err = consumer.Register(reg, prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "failbus_scheduler_provider_outage",
+			Help: "1 while the fault scope holds the provider in an outage, else 0.",
+		}, []string{"provider"}))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("scheduler: %w", err)
+	}
+	return &m, nil
+}

@@ -1,0 +1,761 @@
+package scheduler_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/internal/service/scheduler"
+	topology "github.com/failbus/failbus/jetstream"
+	"github.com/failbus/failbus/pkg/agent"
+	"github.com/failbus/failbus/pkg/consumer"
+	"github.com/failbus/failbus/pkg/events"
+	"github.com/failbus/failbus/pkg/policy"
+)
+
+// bench is one embedded server with the topology applied.
+type bench struct {
+	t   *testing.T
+	ctx context.Context
+	srv *embedded.Server
+	nc  *nats.Conn
+	js  jetstream.JetStream
+}
+
+func setup(t *testing.T) *bench {
+	t.Helper()
+	srv := embedded.StartTest(t)
+	nc := embedded.ConnectTest(t, srv)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	if err := topology.Apply(ctx, js, topology.Options{}); err != nil {
+		t.Fatalf("apply topology: %v", err)
+	}
+	return &bench{t: t, ctx: ctx, srv: srv, nc: nc, js: js}
+}
+
+// start runs a scheduler until the test ends (or stop is called).
+func (b *bench) start(opts scheduler.Options) (*scheduler.Scheduler, func()) {
+	b.t.Helper()
+	if opts.Runner.Registerer == nil {
+		opts.Runner.Registerer = prometheus.NewRegistry()
+	}
+	if opts.Runner.FetchWait == 0 {
+		opts.Runner.FetchWait = 100 * time.Millisecond
+	}
+	s, err := scheduler.New(b.js, opts)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(b.ctx)
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				b.t.Errorf("scheduler Run: %v", err)
+			}
+		})
+	}
+	b.t.Cleanup(stop)
+	b.poll("scheduler healthy", func() bool { return s.Healthy() == nil })
+	return s, stop
+}
+
+func (b *bench) poll(what string, cond func() bool) {
+	b.t.Helper()
+	for !cond() {
+		select {
+		case <-b.ctx.Done():
+			b.t.Fatalf("timed out waiting for %s", what)
+		case <-time.After(25 * time.Millisecond): // poll interval, bounded by b.ctx
+		}
+	}
+}
+
+// cls is a classified failure of one call.
+func cls(id, agentName, provider, profile, class string, turn, step int, afterMS int64) *events.Classification {
+	c := &events.Classification{
+		OutcomeID: id, At: events.At(time.Now()), Agent: agentName, Provider: provider, Model: "m-1", Profile: profile,
+		Class: class, Rule: "test", Session: "s", Segment: 1, Turn: turn, Step: step,
+	}
+	if info, ok := events.LookupClass(class); ok {
+		c.Scope, c.Retryable = info.Scope, info.Retryable
+	}
+	if afterMS > 0 {
+		c.Hints = &events.RetryHints{AfterMS: afterMS, Source: "retry-after-ms"}
+	}
+	return c
+}
+
+// publish stores a classification as the classifier would; msgID "" uses
+// the classifier's id.
+func (b *bench) publish(c *events.Classification, msgID string) {
+	b.t.Helper()
+	data, hdr, err := events.Encode(c)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	if msgID == "" {
+		msgID = consumer.OutputMsgID("classifier", c.OutcomeID, "0")
+	}
+	hdr.Set(nats.MsgIdHdr, msgID)
+	if _, err := b.js.PublishMsg(b.ctx, &nats.Msg{Subject: events.ClassifiedSubject(c.Provider, c.Class), Header: hdr, Data: data}); err != nil {
+		b.t.Fatalf("publish %s: %v", c.OutcomeID, err)
+	}
+}
+
+func (b *bench) putPolicy(yaml string) uint64 {
+	b.t.Helper()
+	kv, err := b.js.KeyValue(b.ctx, topology.BucketPolicy)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	rev, err := kv.Put(b.ctx, scheduler.PolicyKVKey, []byte(yaml))
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	return rev
+}
+
+// waitPolicy waits for the audit record of KV revision rev.
+func (b *bench) waitPolicy(rev uint64) *scheduler.PolicyAudit {
+	b.t.Helper()
+	return b.waitAudit(fmt.Sprintf("policy revision %d audited", rev), func(a *scheduler.PolicyAudit) bool { return a.Revision == rev })
+}
+
+func (b *bench) waitAudit(what string, match func(*scheduler.PolicyAudit) bool) *scheduler.PolicyAudit {
+	b.t.Helper()
+	var got *scheduler.PolicyAudit
+	b.poll(what, func() bool {
+		for _, m := range b.read(topology.StreamAudit, scheduler.PolicyAuditSubject()) {
+			var a scheduler.PolicyAudit
+			if err := events.Unmarshal(m.Data(), &a); err == nil && match(&a) {
+				got = &a
+				return true
+			}
+		}
+		return false
+	})
+	return got
+}
+
+// idle reports whether a durable consumer has had everything its stream
+// holds on its filter delivered and acknowledged.
+func (b *bench) idle(stream, name string) bool {
+	c, err := b.js.Consumer(b.ctx, stream, name)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	info, err := c.Info(b.ctx)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	return info.NumPending == 0 && info.NumAckPending == 0
+}
+
+func (b *bench) waitIdle() {
+	b.t.Helper()
+	b.poll("scheduler consumers idle", func() bool {
+		return b.idle(topology.StreamClassified, topology.ConsumerScheduler) && b.idle(topology.StreamRetries, topology.ConsumerSchedulerControl)
+	})
+}
+
+// read returns every message of stream on filter, in order.
+func (b *bench) read(stream, filter string) []jetstream.Msg {
+	b.t.Helper()
+	c, err := b.js.OrderedConsumer(b.ctx, stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}})
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	defer func() {
+		if info := c.CachedInfo(); info != nil {
+			_ = b.js.DeleteConsumer(b.ctx, stream, info.Name)
+		}
+	}()
+	var out []jetstream.Msg
+	for {
+		batch, err := c.FetchNoWait(500)
+		if err != nil {
+			b.t.Fatal(err)
+		}
+		got := 0
+		for m := range batch.Messages() {
+			out = append(out, m)
+			got++
+		}
+		if got == 0 {
+			return out
+		}
+	}
+}
+
+func (b *bench) decisions(agentName string) []events.Decision {
+	b.t.Helper()
+	var out []events.Decision
+	for _, m := range b.read(topology.StreamDecisions, events.DecisionSubject(agentName)) {
+		d, err := events.DecodeAs[*events.Decision](m.Headers(), m.Data())
+		if err != nil {
+			b.t.Fatal(err)
+		}
+		out = append(out, *d)
+	}
+	return out
+}
+
+func (b *bench) decisionOf(agentName, outcomeID string) *events.Decision {
+	b.t.Helper()
+	var got *events.Decision
+	b.poll("decision of "+outcomeID, func() bool {
+		for _, d := range b.decisions(agentName) {
+			if d.OutcomeID == outcomeID {
+				got = &d
+				return true
+			}
+		}
+		return false
+	})
+	return got
+}
+
+// due is a retry that came due, with the time the stream stored it.
+type due struct {
+	events.RetryDue
+	stored    time.Time
+	scheduler string
+}
+
+func (b *bench) dues(agentName string) []due {
+	b.t.Helper()
+	var out []due
+	for _, m := range b.read(topology.StreamRetries, events.RetryDueSubject(agentName)) {
+		var r events.RetryDue
+		if err := events.Unmarshal(m.Data(), &r); err != nil {
+			b.t.Fatal(err)
+		}
+		md, err := m.Metadata()
+		if err != nil {
+			b.t.Fatal(err)
+		}
+		out = append(out, due{RetryDue: r, stored: md.Timestamp, scheduler: m.Headers().Get(scheduler.HeaderScheduler)})
+	}
+	return out
+}
+
+func (b *bench) ledger(token string) []scheduler.LedgerEntry {
+	b.t.Helper()
+	var out []scheduler.LedgerEntry
+	for _, m := range b.read(topology.StreamRetries, events.RetryLedgerSubject(token)) {
+		e, err := scheduler.DecodeLedgerEntry(m.Headers(), m.Data())
+		if err != nil {
+			b.t.Fatal(err)
+		}
+		out = append(out, *e)
+	}
+	return out
+}
+
+func (b *bench) pendingSchedules() int {
+	b.t.Helper()
+	return len(b.read(topology.StreamRetries, events.RetryPrefix+".sched.>"))
+}
+
+// budgetToken is the ledger token of a classification under p.
+func budgetToken(c *events.Classification, p *policy.Policy) string {
+	return policy.BudgetFor(*c, p.RetryFor(c.Provider)).Token()
+}
+
+// checkDueOnce fails unless retryID came due exactly once, not before its
+// due time, from its own schedule.
+func (b *bench) checkDueOnce(agentName, retryID string) due {
+	b.t.Helper()
+	var got []due
+	for _, d := range b.dues(agentName) {
+		if d.RetryID == retryID {
+			got = append(got, d)
+		}
+	}
+	if len(got) != 1 {
+		b.t.Fatalf("retry %s came due %d times, want once", retryID, len(got))
+	}
+	d := got[0]
+	if d.stored.Before(d.DueAt.Time) {
+		b.t.Errorf("retry %s came due %v early", retryID, d.DueAt.Sub(d.stored))
+	}
+	if want := events.RetryScheduleSubject(agentName, retryID); d.scheduler != want {
+		b.t.Errorf("retry %s fired from %q, want %q", retryID, d.scheduler, want)
+	}
+	return d
+}
+
+func TestRetryIsLedgeredScheduledAndComesDueOnceWithTheHintExactly(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.start(scheduler.Options{})
+	c := cls("o-1", "ag", "openai", "key-a", events.ClassRateLimit, 1, 1, 1500)
+	b.publish(c, "")
+	d := b.decisionOf("ag", "o-1")
+	if d.Action != events.ActionRetry || d.DelayMS != 1500 || d.Retry != 1 || d.RetryID == "" {
+		t.Fatalf("decision %+v, want retry 1 after 1500ms", d)
+	}
+	if got := d.DueAt.Sub(d.At.Time); got != 1500*time.Millisecond {
+		t.Errorf("due_at - at = %v, want the hint exactly", got)
+	}
+	entries := b.ledger(budgetToken(c, policy.Default()))
+	if len(entries) != 1 || entries[0].RetryID != d.RetryID || entries[0].Retry != 1 || !entries[0].DueAt.Equal(d.DueAt.Time) {
+		t.Fatalf("ledger %+v, want one entry for %s", entries, d.RetryID)
+	}
+	b.poll("the retry to come due", func() bool { return len(b.dues("ag")) > 0 })
+	got := b.checkDueOnce("ag", d.RetryID)
+	if got.OutcomeID != "o-1" || got.Retry != 1 || !got.DueAt.Equal(d.DueAt.Time) {
+		t.Errorf("due %+v, want the decision's", got.RetryDue)
+	}
+	if n := b.pendingSchedules(); n != 0 {
+		t.Errorf("%d schedules left after firing", n)
+	}
+	t.Logf("due at %s, stored %v later", d.DueAt.Format(time.RFC3339Nano), got.stored.Sub(got.DueAt.Time))
+}
+
+func TestBudgetIsExactWhenOneStepFailsConcurrently(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	rev := b.putPolicy("retry:\n  max_retries: 3\n  initial_delay: 100ms\n  max_delay: 1s\n")
+	b.start(scheduler.Options{WatchPolicy: true, Runner: consumer.Config{Concurrency: 8, FetchBatch: 16}})
+	b.waitPolicy(rev)
+	const fails = 7
+	for i := range fails {
+		b.publish(cls(fmt.Sprintf("c-%d", i), "ag", "anthropic", "k", events.ClassServerError, 4, 2, 0), "")
+	}
+	b.waitIdle()
+	ds := b.decisions("ag")
+	if len(ds) != fails {
+		t.Fatalf("%d decisions, want %d", len(ds), fails)
+	}
+	retries := map[int]string{}
+	giveUps := 0
+	for _, d := range ds {
+		switch d.Action {
+		case events.ActionRetry:
+			if prev, dup := retries[d.Retry]; dup {
+				t.Errorf("retry %d decided twice (%s and %s)", d.Retry, prev, d.OutcomeID)
+			}
+			retries[d.Retry] = d.RetryID
+		case events.ActionGiveUp:
+			giveUps++
+			if !strings.Contains(d.Reason, "3 of 3") {
+				t.Errorf("give_up reason %q, want the exhausted budget", d.Reason)
+			}
+		default:
+			t.Errorf("unexpected %s for %s", d.Action, d.OutcomeID)
+		}
+	}
+	if len(retries) != 3 || giveUps != fails-3 {
+		t.Fatalf("retries %v, %d give_up; want retries 1..3 and %d give_up", retries, giveUps, fails-3)
+	}
+	p, err := policy.Parse([]byte("retry:\n  max_retries: 3\n  initial_delay: 100ms\n  max_delay: 1s\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	entries := b.ledger(budgetToken(cls("x", "ag", "anthropic", "k", events.ClassServerError, 4, 2, 0), p))
+	if len(entries) != 3 || entries[2].Retry != 3 {
+		t.Fatalf("ledger holds %d entries (last %+v), want 3 ending at retry 3", len(entries), entries[len(entries)-1])
+	}
+	b.poll("three retries due", func() bool { return len(b.dues("ag")) >= 3 })
+	for _, id := range retries {
+		b.checkDueOnce("ag", id)
+	}
+}
+
+func TestRedeliveredClassificationReplaysItsRetry(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// The hook turns the first pass at each crash point into a panic: the
+	// runner dead-letters that delivery, as if the process had died there,
+	// and the test then delivers the classification again (a new message
+	// with the same outcome), as JetStream does after a crash.
+	var mu sync.Mutex
+	crashAt := map[string]string{} // outcome id -> point
+	crashed := map[string]bool{}
+	hook := func(point string) {
+		mu.Lock()
+		defer mu.Unlock()
+		for id, p := range crashAt {
+			if p == point && !crashed[id] {
+				crashed[id] = true
+				panic("crash at " + point)
+			}
+		}
+	}
+	reg := prometheus.NewRegistry()
+	b.start(scheduler.Options{CrashAt: hook, Runner: consumer.Config{Registerer: reg, Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel)}})
+	cases := []struct {
+		name, id, point string
+		afterMS         int64
+		waitDue         bool // let it fire before the redelivery
+		restored        float64
+	}{
+		{"crash after the ledger write: the schedule is restored", "r-ledger", scheduler.CrashAfterLedger, 800, false, 1},
+		{"crash after the schedule: it is not scheduled again", "r-sched", scheduler.CrashAfterSchedule, 800, false, 0},
+		{"crash after the schedule fired: it does not fire again", "r-fired", scheduler.CrashAfterSchedule, 300, true, 0},
+		{"crash after the decision: nothing new", "r-dec", scheduler.CrashAfterDecision, 800, false, 0},
+	}
+	restored := 0.0
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			b := &bench{t: t, ctx: b.ctx, srv: b.srv, nc: b.nc, js: b.js}
+			mu.Lock()
+			crashAt[tc.id] = tc.point
+			mu.Unlock()
+			// server_error, not a network class: four network failures in
+			// a row on the provider's only profile would be an outage.
+			c := cls(tc.id, "ag-"+tc.id, "openai", "k", events.ClassServerError, 1, 1, tc.afterMS)
+			b.publish(c, "")
+			b.poll("the crash", func() bool {
+				for _, m := range b.read(topology.StreamDLQ, events.DLQSubject(scheduler.Service)) {
+					if strings.Contains(string(m.Data()), tc.id) {
+						return true
+					}
+				}
+				return false
+			})
+			token := budgetToken(c, policy.Default())
+			entries := b.ledger(token)
+			if len(entries) != 1 {
+				t.Fatalf("ledger after the crash: %d entries, want 1", len(entries))
+			}
+			if tc.waitDue {
+				b.poll("the retry to fire", func() bool { return len(b.dues(c.Agent)) == 1 })
+			}
+			b.publish(c, "redelivery:"+tc.id)
+			b.waitIdle()
+			d := b.decisionOf(c.Agent, tc.id)
+			if d.RetryID != entries[0].RetryID || !d.DueAt.Equal(entries[0].DueAt.Time) || d.Retry != 1 {
+				t.Errorf("replayed decision %+v, want the ledger's %+v", d, entries[0].RetryRecord)
+			}
+			if n := len(b.decisions(c.Agent)); n != 1 {
+				t.Errorf("%d decisions, want 1", n)
+			}
+			if n := len(b.ledger(token)); n != 1 {
+				t.Errorf("ledger after the replay: %d entries, want 1 (nothing spent again)", n)
+			}
+			b.poll("the retry to fire", func() bool { return len(b.dues(c.Agent)) >= 1 && b.schedulesOf(c.Agent) == 0 })
+			b.checkDueOnce(c.Agent, d.RetryID)
+			restored += tc.restored
+			if got := counter(t, reg, "failbus_scheduler_schedules_restored_total"); got != restored {
+				t.Errorf("schedules restored: %v, want %v", got, restored)
+			}
+		})
+	}
+}
+
+func (b *bench) schedulesOf(agentName string) int {
+	return len(b.read(topology.StreamRetries, events.RetryPrefix+".sched."+events.Token(agentName)+".>"))
+}
+
+func TestCancelPurgesTheScheduleAndAStartedAfterItIsIgnored(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.start(scheduler.Options{})
+	ag, err := agent.New(b.nc, "canceller")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := cls("k-1", "canceller", "openai", "k", events.ClassOverloaded, 1, 1, 3000)
+	b.publish(c, "")
+	d := b.decisionOf("canceller", "k-1")
+	if b.schedulesOf("canceller") != 1 {
+		t.Fatal("no pending schedule after the decision")
+	}
+	if err := ag.Cancel(b.ctx, d.RetryID); err != nil {
+		t.Fatal(err)
+	}
+	b.poll("the schedule purged", func() bool { return b.schedulesOf("canceller") == 0 })
+	if err := ag.Started(b.ctx, d.RetryID); err != nil {
+		t.Fatal(err)
+	}
+	b.waitIdle()
+	entries := b.ledger(budgetToken(c, policy.Default()))
+	if len(entries) != 2 || !entries[1].Cancelled() || entries[1].Started() || entries[1].Retry != 1 {
+		t.Fatalf("ledger %+v, want the record then its cancel (still retry 1: no refund), no start", entries)
+	}
+	// A later failure of the same step spends retry 2: cancelling refunds
+	// nothing.
+	b.publish(cls("k-2", "canceller", "openai", "k", events.ClassOverloaded, 1, 1, 200), "")
+	d2 := b.decisionOf("canceller", "k-2")
+	if d2.Retry != 2 {
+		t.Errorf("next retry is %d, want 2", d2.Retry)
+	}
+	b.poll("retry 2 due", func() bool { return len(b.dues("canceller")) == 1 })
+	// The cancelled one never comes due: its due time has passed by now.
+	if !time.Now().After(d.DueAt.Time) {
+		b.poll("the cancelled retry's due time to pass", func() bool { return time.Now().After(d.DueAt.Add(500 * time.Millisecond)) })
+	}
+	for _, x := range b.dues("canceller") {
+		if x.RetryID == d.RetryID {
+			t.Errorf("cancelled retry %s came due", d.RetryID)
+		}
+	}
+}
+
+func TestStartedIsMarkedAndACancelAfterItIsIgnored(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.start(scheduler.Options{})
+	ag, err := agent.New(b.nc, "starter")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := cls("s-1", "starter", "openai", "k", events.ClassServerError, 1, 1, 200)
+	b.publish(c, "")
+	d := b.decisionOf("starter", "s-1")
+	b.poll("due", func() bool { return len(b.dues("starter")) == 1 })
+	if err := ag.Started(b.ctx, d.RetryID); err != nil {
+		t.Fatal(err)
+	}
+	if err := ag.Cancel(b.ctx, d.RetryID); err != nil {
+		t.Fatal(err)
+	}
+	b.waitIdle()
+	entries := b.ledger(budgetToken(c, policy.Default()))
+	if len(entries) != 2 || !entries[1].Started() || entries[1].Cancelled() {
+		t.Fatalf("ledger %+v, want the record then its start only", entries)
+	}
+}
+
+func TestJunkControlRecordsAreDeadLettered(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.start(scheduler.Options{})
+	mark := func(v any) []byte {
+		data, err := msgpack.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return data
+	}
+	junk := []struct {
+		name, subject string
+		data          []byte
+		reason        string
+	}{
+		{"not msgpack", events.RetryCancelSubject("a"), []byte("cancel it"), "not a msgpack map"},
+		{"no retry id", events.RetryCancelSubject("a"), mark(map[string]any{"agent": "a"}), `"retry_id": required`},
+		{"a retry id failbus never issued", events.RetryStartedSubject("a"), mark(map[string]any{"agent": "a", "retry_id": "mine-1"}), "not a retry id failbus issued"},
+		{"another agent's retry", events.RetryCancelSubject("a"), mark(map[string]any{"agent": "b", "retry_id": "b0123-1"}), "another agent's subject"},
+	}
+	for _, j := range junk {
+		if _, err := b.js.Publish(b.ctx, j.subject, j.data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.waitIdle()
+	dead := b.read(topology.StreamDLQ, events.DLQSubject(scheduler.ControlService))
+	if len(dead) != len(junk) {
+		t.Fatalf("%d dead letters, want %d", len(dead), len(junk))
+	}
+	for i, j := range junk {
+		dl, err := events.DecodeAs[*events.DeadLetter](dead[i].Headers(), dead[i].Data())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(dl.Reason, j.reason) {
+			t.Errorf("%s: reason %q, want %q", j.name, dl.Reason, j.reason)
+		}
+	}
+}
+
+// outagePolicy detects an outage after 2 network failures and recovers
+// after 2 successes spanning 1s.
+const outagePolicy = "scope:\n  outage_min_failures: 2\n  recovery_min_successes: 2\n  recovery_min_time: 1s\n"
+
+func (b *bench) health(provider string) []events.Health {
+	b.t.Helper()
+	var out []events.Health
+	for _, m := range b.read(topology.StreamHealth, events.HealthSubject(provider)) {
+		h, err := events.DecodeAs[*events.Health](m.Headers(), m.Data())
+		if err != nil {
+			b.t.Fatal(err)
+		}
+		out = append(out, *h)
+	}
+	return out
+}
+
+func TestOutageDecidesWaitProviderSpendsNoBudgetAndSurvivesARestart(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	rev := b.putPolicy(outagePolicy)
+	_, stop := b.start(scheduler.Options{WatchPolicy: true})
+	b.waitPolicy(rev)
+	t0 := time.Now()
+	at := func(d time.Duration) events.Time { return events.At(t0.Add(d)) }
+	fail := func(id, profile string, d time.Duration) *events.Classification {
+		c := cls(id, "ag", "deepseek", profile, events.ClassTransport, 1, 1, 0)
+		c.At = at(d)
+		return c
+	}
+	b.publish(fail("n-1", "key-1", 0), "")
+	if d := b.decisionOf("ag", "n-1"); d.Action != events.ActionRetry {
+		t.Fatalf("first network failure: %s, want retry", d.Action)
+	}
+	b.publish(fail("n-2", "key-2", 100*time.Millisecond), "")
+	d := b.decisionOf("ag", "n-2")
+	if d.Action != events.ActionWaitProvider || d.RetryID != "" || !strings.Contains(d.Reason, "down") {
+		t.Fatalf("second failure with every profile down: %+v, want wait_provider without a retry", d)
+	}
+	hs := b.health("deepseek")
+	if len(hs) != 1 || hs[0].State != events.HealthOutage {
+		t.Fatalf("health %+v, want one outage record", hs)
+	}
+	notes := b.read(topology.StreamNotify, events.NotifySubject(events.SeverityCritical))
+	if len(notes) != 1 {
+		t.Fatalf("%d critical notification requests, want 1", len(notes))
+	}
+	p, _ := policy.Parse([]byte(outagePolicy))
+	if n := len(b.ledger(budgetToken(fail("n-2", "key-2", 0), p))); n != 1 {
+		t.Errorf("ledger of the step holds %d records, want 1 (wait_provider spends nothing)", n)
+	}
+
+	// A restarted scheduler still holds the provider: the outage is read
+	// back from FAILBUS_HEALTH, not forgotten.
+	stop()
+	b.start(scheduler.Options{WatchPolicy: true})
+	b.publish(fail("n-3", "key-1", 200*time.Millisecond), "")
+	if d := b.decisionOf("ag", "n-3"); d.Action != events.ActionWaitProvider {
+		t.Fatalf("after a restart: %s, want wait_provider", d.Action)
+	}
+	// Recovery: two successes spanning 1s of the outcomes' time.
+	ok := func(id string, d time.Duration) *events.Classification {
+		c := cls(id, "ag", "deepseek", "key-1", events.ClassOK, 2, 1, 0)
+		c.At = at(d)
+		return c
+	}
+	b.publish(ok("ok-1", 300*time.Millisecond), "")
+	b.publish(ok("ok-2", 1400*time.Millisecond), "")
+	b.poll("recovered", func() bool {
+		hs := b.health("deepseek")
+		return len(hs) > 0 && hs[len(hs)-1].State == events.HealthRecovered
+	})
+	states := []string{}
+	for _, h := range b.health("deepseek") {
+		states = append(states, h.State)
+	}
+	if got := strings.Join(states, ","); got != "outage,degraded,recovered" {
+		t.Errorf("health sequence %s, want outage,degraded,recovered", got)
+	}
+	b.publish(fail("n-4", "key-2", 1500*time.Millisecond), "")
+	if d := b.decisionOf("ag", "n-4"); d.Action != events.ActionRetry {
+		t.Errorf("after recovery: %s, want retry", d.Action)
+	}
+}
+
+func TestANewPolicyKeyStartsANewBudget(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	rev := b.putPolicy("retry:\n  max_retries: 1\n")
+	b.start(scheduler.Options{WatchPolicy: true})
+	a := b.waitPolicy(rev)
+	if a.Kind != scheduler.PolicyApplied {
+		t.Fatalf("audit %+v, want applied", a)
+	}
+	step := func(id string) *events.Decision {
+		b.publish(cls(id, "ag", "openai", "k", events.ClassServerError, 9, 9, 5000), "")
+		return b.decisionOf("ag", id)
+	}
+	if d := step("p-1"); d.Action != events.ActionRetry || d.Retry != 1 {
+		t.Fatalf("p-1: %+v", d)
+	}
+	if d := step("p-2"); d.Action != events.ActionGiveUp {
+		t.Fatalf("p-2: %s, want give_up (budget of 1 spent)", d.Action)
+	}
+	bad := b.putPolicy("retry:\n  max_retrys: 5\n")
+	if a := b.waitPolicy(bad); a.Kind != scheduler.PolicyRejected || !strings.Contains(a.Error, "max_retrys") {
+		t.Fatalf("audit of a bad policy %+v, want rejected naming the key", a)
+	}
+	if d := step("p-3"); d.Action != events.ActionGiveUp {
+		t.Fatalf("p-3 under the kept policy: %s, want give_up", d.Action)
+	}
+	rev = b.putPolicy("retry:\n  max_retries: 2\n")
+	a2 := b.waitPolicy(rev)
+	if a2.PolicyKey == a.PolicyKey {
+		t.Fatal("a new max_retries kept the policy key")
+	}
+	d := step("p-4")
+	if d.Action != events.ActionRetry || d.Retry != 1 {
+		t.Fatalf("p-4 under a new policy key: %+v, want retry 1 of a new budget", d)
+	}
+	kv, err := b.js.KeyValue(b.ctx, topology.BucketPolicy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.Delete(b.ctx, scheduler.PolicyKVKey); err != nil {
+		t.Fatal(err)
+	}
+	if a := b.waitAudit("policy removal audited", func(a *scheduler.PolicyAudit) bool { return a.Kind == scheduler.PolicyRemoved }); a.PolicyKey != policy.Default().RetryFor("").Key() {
+		t.Fatalf("audit after delete %+v, want the default policy's key", a)
+	}
+}
+
+func TestUndecodableClassificationIsDeadLetteredAndConsumingGoesOn(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.start(scheduler.Options{})
+	if _, err := b.js.Publish(b.ctx, events.ClassifiedSubject("openai", "server_error"), []byte("junk")); err != nil {
+		t.Fatal(err)
+	}
+	nobody := cls("nobody", "", "openai", "k", events.ClassServerError, 1, 1, 0)
+	nobody.Agent = ""
+	b.publish(nobody, "")
+	b.publish(cls("after", "ag", "openai", "k", events.ClassServerError, 1, 1, 0), "")
+	b.decisionOf("ag", "after")
+	b.waitIdle()
+	if n := len(b.read(topology.StreamDLQ, events.DLQSubject(scheduler.Service))); n != 2 {
+		t.Errorf("%d dead letters, want 2", n)
+	}
+}
+
+func TestContentRefusalsAndSuccessesGetNoDecision(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.start(scheduler.Options{})
+	b.publish(cls("ref", "ag", "openai", "k", events.ClassContentRefusal, 1, 1, 0), "")
+	b.publish(cls("fine", "ag", "openai", "k", events.ClassOK, 1, 2, 0), "")
+	b.publish(cls("last", "ag", "openai", "k", events.ClassAuth, 1, 3, 0), "")
+	b.decisionOf("ag", "last")
+	b.waitIdle()
+	ds := b.decisions("ag")
+	if len(ds) != 1 || ds[0].OutcomeID != "last" || ds[0].Action != events.ActionGiveUp {
+		t.Fatalf("decisions %+v, want only give_up for the auth failure", ds)
+	}
+}
+
+// counter reads a counter without labels from reg.
+func counter(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	return 0
+}
