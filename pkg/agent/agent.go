@@ -164,15 +164,18 @@ func BoundaryMsgID(b events.Boundary) string {
 }
 
 // Started tells the scheduler that the agent started the retry retryID
-// (after it came due). A started retry counts against the budget; a retry
-// that is never started does not.
+// (after it came due), so the ledger shows the wait really ended. The
+// budget was already spent when the retry was recorded, before the wait
+// (seed 003: persist before wait), so a crash never refunds it.
 func (a *Agent) Started(ctx context.Context, retryID string) error {
 	return a.retryMark(ctx, events.RetryStartedSubject(a.name), SchemaRetryStarted, retryID)
 }
 
 // Cancel tells the scheduler that the agent no longer wants the pending
-// retry retryID (the user moved on, the turn was aborted). A cancelled wait
-// writes no "started" record, so it spends no budget.
+// retry retryID (the user moved on, the turn was aborted): the scheduler
+// purges its schedule, so no due message arrives, and no "started" record is
+// written. The retry stays counted in its budget: it was recorded before the
+// wait, and a refund would let a crash overspend it.
 func (a *Agent) Cancel(ctx context.Context, retryID string) error {
 	return a.retryMark(ctx, events.RetryCancelSubject(a.name), SchemaRetryCancel, retryID)
 }
