@@ -11,13 +11,16 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/internal/service/notifier"
 	"github.com/failbus/failbus/internal/service/refusals"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/agent"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
+	"github.com/failbus/failbus/pkg/notify"
 	"github.com/failbus/failbus/pkg/policy"
 )
 
@@ -218,6 +221,9 @@ func (s *refusalDemo) run(ctx context.Context) error {
 		return fmt.Errorf("%s received the segment %d times with %d notifications; want %d and 2", demoRefuser, s.sends, len(s.notes), 1+s.cfg.MaxReprobes())
 	}
 	s.printf("       %s received segment %s %d times in all, and a human was told twice.", demoRefuser, events.SegmentKey(demoSession, s.segment), s.sends)
+	if err := s.printDelivered(ctx); err != nil {
+		return err
+	}
 
 	// A boundary: the refused bytes leave the request.
 	if err := s.ag.Boundary(ctx, events.Boundary{Session: demoSession, Segment: s.segment + 1, Reason: "tool surface changed"}); err != nil {
@@ -377,6 +383,48 @@ func (s *refusalDemo) printNotifications(ctx context.Context) error {
 		s.printf("       %s", n.Title)
 	}
 	s.notes = all
+	return nil
+}
+
+// printDelivered waits until the notifier has delivered both notification
+// requests and prints its "sent" audit records: what reached the sink (the
+// log sink, with no sinks configured), once each.
+func (s *refusalDemo) printDelivered(ctx context.Context) error {
+	wctx, cancel := context.WithTimeout(ctx, demoWait)
+	defer cancel()
+	want := map[string]bool{}
+	for _, n := range s.notes {
+		want[n.DedupeKey] = true
+	}
+	sent := map[string][]notify.Audit{}
+	var order []string
+	oc, err := s.js.OrderedConsumer(wctx, topology.StreamAudit, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{events.AuditSubject(notifier.Service, notify.AuditSent)},
+	})
+	if err != nil {
+		return err
+	}
+	for len(order) < len(want) {
+		m, err := oc.Next(jetstream.FetchMaxWait(demoWait))
+		if err != nil {
+			return fmt.Errorf("waiting for the notifier to deliver %d notifications (%d so far): %w", len(want), len(order), err)
+		}
+		var a notify.Audit
+		if err := msgpack.Unmarshal(m.Data(), &a); err != nil {
+			return fmt.Errorf("notifier audit record: %w", err)
+		}
+		if !want[a.DedupeKey] {
+			continue
+		}
+		if len(sent[a.DedupeKey]) == 0 {
+			order = append(order, a.DedupeKey)
+		}
+		sent[a.DedupeKey] = append(sent[a.DedupeKey], a)
+	}
+	for _, k := range order {
+		a := sent[k][0]
+		s.printf("sent   %s sink ← %s %s (audit failbus.audit.notifier.sent: %d record(s) so far)", a.Sink, a.Severity, a.DedupeKey, len(sent[k]))
+	}
 	return nil
 }
 
