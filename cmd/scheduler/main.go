@@ -44,6 +44,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/rs/zerolog"
 
+	"github.com/failbus/failbus/internal/service/refusals"
 	"github.com/failbus/failbus/internal/service/scheduler"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
@@ -60,6 +61,7 @@ type options struct {
 	replicas    int
 	apply       bool
 	logLevel    string
+	refusals    bool
 }
 
 func main() {
@@ -112,6 +114,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.concurrency, "concurrency", scheduler.DefaultConcurrency, "classifications handled at once")
 	fs.IntVar(&o.replicas, "replicas", envInt("FAILBUS_REPLICAS", topology.DefaultReplicas), "stream replicas when applying the topology (env FAILBUS_REPLICAS)")
 	fs.BoolVar(&o.apply, "apply-topology", true, "create or update the streams and consumers at start")
+	fs.BoolVar(&o.refusals, "refusals", true, "also run the refusal tiers (consumers refusals and refusals-boundaries, micro service failbus-refusals)")
 	fs.StringVar(&o.logLevel, "log-level", env("FAILBUS_LOG_LEVEL", "info"), "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -159,10 +162,42 @@ func serve(ctx context.Context, o options, pol *policy.Policy, log zerolog.Logge
 	if err != nil {
 		return err
 	}
-	if _, err := consumer.ServeOps(ctx, o.opsAddr, reg, s.Healthy, log); err != nil {
+	health := []func() error{s.Healthy}
+	run := []func(context.Context) error{s.Run}
+	if o.refusals {
+		// Refusal tiers live beside the scheduler (DESIGN.md §1: "in
+		// scheduler or its own consumer"): same policy file, own consumers.
+		r, err := refusals.New(js, refusals.Options{
+			Policy: pol.Refusal,
+			Runner: consumer.Config{Logger: log, Registerer: reg},
+		})
+		if err != nil {
+			return err
+		}
+		health = append(health, r.Healthy)
+		run = append(run, r.Run)
+	}
+	if _, err := consumer.ServeOps(ctx, o.opsAddr, reg, consumer.AllHealthy(health...), log); err != nil {
 		return err
 	}
-	return s.Run(ctx)
+	// Each part drains on ctx; if one stops on its own, stop the others.
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make(chan error, len(run))
+	for _, f := range run {
+		go func() {
+			err := f(rctx)
+			cancel()
+			errs <- err
+		}()
+	}
+	var first error
+	for range run {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
 }
 
 func env(name, def string) string {
