@@ -23,41 +23,18 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
-	"strconv"
 	"syscall"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/rs/zerolog"
-
 	"github.com/failbus/failbus/internal/service/notifier"
-	topology "github.com/failbus/failbus/jetstream"
-	"github.com/failbus/failbus/pkg/consumer"
+	"github.com/failbus/failbus/internal/servicemain"
 	"github.com/failbus/failbus/pkg/notify"
-	"github.com/failbus/failbus/pkg/policy"
 )
-
-type options struct {
-	natsURL        string
-	creds          string
-	opsAddr        string
-	policyFile     string
-	concurrency    int
-	dedupeLifetime time.Duration
-	replica        string
-	replicas       int
-	apply          bool
-	logLevel       string
-}
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -66,121 +43,40 @@ func main() {
 	os.Exit(code)
 }
 
-// run is the whole command; it returns the exit code (2: unusable flags).
+// run is the whole command; it returns the exit code (2: unusable flags or
+// policy).
 func run(ctx context.Context, args []string, stderr io.Writer) int {
-	opts, err := parseFlags(args, stderr)
-	if err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		fmt.Fprintln(stderr, "notifier:", err)
-		return 2
-	}
-	level, err := zerolog.ParseLevel(opts.logLevel)
-	if err != nil {
-		fmt.Fprintln(stderr, "notifier: --log-level:", err)
-		return 2
-	}
-	log := zerolog.New(stderr).Level(level).With().Timestamp().Logger()
-	if err := serve(ctx, opts, log); err != nil {
-		log.Error().Err(err).Msg("notifier failed")
-		return 1
-	}
-	return 0
-}
-
-func parseFlags(args []string, stderr io.Writer) (options, error) {
-	fs := flag.NewFlagSet("notifier", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var o options
-	fs.StringVar(&o.natsURL, "nats-url", env("NATS_URL", nats.DefaultURL), "NATS server URL (env NATS_URL)")
-	fs.StringVar(&o.creds, "creds", env("NATS_CREDS", ""), "NATS credentials file (env NATS_CREDS)")
-	fs.StringVar(&o.opsAddr, "ops-addr", env("FAILBUS_NOTIFIER_OPS_ADDR", notifier.DefaultOpsAddr), "address of /metrics and /healthz")
-	fs.StringVar(&o.policyFile, "policy", env("FAILBUS_POLICY", ""), "policy file (env FAILBUS_POLICY); default policy when empty")
-	fs.IntVar(&o.concurrency, "concurrency", notifier.DefaultConcurrency, "requests handled at once")
-	fs.DurationVar(&o.dedupeLifetime, "dedupe-lifetime", envDuration("FAILBUS_NOTIFY_DEDUPE_LIFETIME", notify.DefaultDedupeLifetime), "how long a sent dedupe key suppresses repeats")
-	fs.StringVar(&o.replica, "replica", env("FAILBUS_NOTIFIER_REPLICA", ""), "replica name (default host-pid-random)")
-	fs.IntVar(&o.replicas, "replicas", envInt("FAILBUS_REPLICAS", topology.DefaultReplicas), "stream replicas when applying the topology (env FAILBUS_REPLICAS)")
-	fs.BoolVar(&o.apply, "apply-topology", true, "create or update the streams, consumers and buckets at start")
-	fs.StringVar(&o.logLevel, "log-level", env("FAILBUS_LOG_LEVEL", "info"), "debug, info, warn or error")
-	if err := fs.Parse(args); err != nil {
-		return o, err
-	}
-	if fs.NArg() > 0 {
-		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
-	}
-	return o, nil
-}
-
-// serve connects, applies the topology, and runs the service until ctx ends.
-func serve(ctx context.Context, o options, log zerolog.Logger) error {
-	p := policy.Default()
-	if o.policyFile != "" {
-		var err error
-		if p, err = policy.Load(o.policyFile); err != nil {
-			return err
-		}
-		log.Info().Str("policy", o.policyFile).Msg("policy loaded")
-	}
-
-	nopts := []nats.Option{nats.Name("failbus-notifier"), nats.MaxReconnects(-1)}
-	if o.creds != "" {
-		nopts = append(nopts, nats.UserCredentials(o.creds))
-	}
-	nc, err := nats.Connect(o.natsURL, nopts...)
-	if err != nil {
-		return fmt.Errorf("connect %s: %w", o.natsURL, err)
-	}
-	defer func() { _ = nc.Drain() }()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return fmt.Errorf("jetstream: %w", err)
-	}
-	if o.apply {
-		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		err := topology.Apply(actx, js, topology.Options{Replicas: o.replicas})
-		cancel()
-		if err != nil {
-			return fmt.Errorf("apply topology: %w", err)
-		}
-	}
-
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	svc, err := notifier.New(ctx, js, notifier.Config{
-		Notify:         p.Notify,
-		DedupeLifetime: o.dedupeLifetime,
-		Replica:        o.replica,
-		Concurrency:    o.concurrency,
-		Logger:         log,
-		Registerer:     reg,
-	})
-	if err != nil {
-		return err
-	}
-	if _, err := consumer.ServeOps(ctx, o.opsAddr, reg, svc.Runner().Healthy, log); err != nil {
-		return err
-	}
-	return svc.Run(ctx)
-}
-
-func env(name, def string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	return def
-}
-
-func envInt(name string, def int) int {
-	if n, err := strconv.Atoi(os.Getenv(name)); err == nil {
-		return n
-	}
-	return def
-}
-
-func envDuration(name string, def time.Duration) time.Duration {
-	if d, err := time.ParseDuration(os.Getenv(name)); err == nil {
-		return d
-	}
-	return def
+	var (
+		concurrency    int
+		dedupeLifetime time.Duration
+		replica        string
+	)
+	return servicemain.Run(ctx, servicemain.Spec{
+		Name:           notifier.Service,
+		DefaultOpsAddr: notifier.DefaultOpsAddr,
+		Flags: func(fs *flag.FlagSet) {
+			fs.IntVar(&concurrency, "concurrency", notifier.DefaultConcurrency, "requests handled at once")
+			fs.DurationVar(&dedupeLifetime, "dedupe-lifetime", servicemain.EnvDuration("FAILBUS_NOTIFY_DEDUPE_LIFETIME", notify.DefaultDedupeLifetime), "how long a sent dedupe key suppresses repeats")
+			fs.StringVar(&replica, "replica", servicemain.EnvString("FAILBUS_NOTIFIER_REPLICA", ""), "replica name (default host-pid-random)")
+		},
+		Check: func() error {
+			if concurrency < 1 {
+				return fmt.Errorf("--concurrency %d: must be at least 1", concurrency)
+			}
+			if dedupeLifetime <= 0 {
+				return fmt.Errorf("--dedupe-lifetime %s: must be positive", dedupeLifetime)
+			}
+			return nil
+		},
+		Build: func(ctx context.Context, env servicemain.Env) (servicemain.Service, error) {
+			return notifier.New(ctx, env.JS, notifier.Config{
+				Notify:         env.Policy.Notify,
+				DedupeLifetime: dedupeLifetime,
+				Replica:        replica,
+				Concurrency:    concurrency,
+				Logger:         env.Log,
+				Registerer:     env.Registry,
+			})
+		},
+	}, args, stderr)
 }

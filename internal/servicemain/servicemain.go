@@ -1,0 +1,235 @@
+// Package servicemain is the start-up every failbus service binary shares:
+// the common flags (each also read from an environment variable), logging,
+// the policy file, the NATS connection, applying the topology, the metrics
+// registry, /metrics and /healthz, and draining on SIGINT/SIGTERM. A
+// cmd/<service>/main.go registers its own flags and builds its service;
+// nothing else is repeated per binary.
+package servicemain
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/rs/zerolog"
+
+	topology "github.com/failbus/failbus/jetstream"
+	"github.com/failbus/failbus/pkg/consumer"
+	"github.com/failbus/failbus/pkg/policy"
+)
+
+// ApplyTimeout bounds applying the topology at start.
+const ApplyTimeout = 30 * time.Second
+
+// Service is what a binary runs: Run until ctx ends, then drain and return
+// nil; Healthy answers /healthz.
+type Service interface {
+	Run(ctx context.Context) error
+	Healthy() error
+}
+
+// Env is what a service is built from.
+type Env struct {
+	JS       jetstream.JetStream
+	Policy   *policy.Policy
+	Log      zerolog.Logger
+	Registry prometheus.Registerer
+	// PolicyFile is the --policy path ("" for the default policy).
+	PolicyFile string
+}
+
+// Spec describes one service binary.
+type Spec struct {
+	// Name is the service's name in errors, logs and the NATS connection.
+	Name string
+	// DefaultOpsAddr is the default of --ops-addr; its environment
+	// variable is FAILBUS_<NAME>_OPS_ADDR.
+	DefaultOpsAddr string
+	// Flags registers the binary's own flags (may be nil).
+	Flags func(fs *flag.FlagSet)
+	// Check validates the binary's own flags after parsing (may be nil).
+	Check func() error
+	// Build makes the service once connected and the topology applied.
+	Build func(ctx context.Context, env Env) (Service, error)
+}
+
+type common struct {
+	natsURL, creds, opsAddr, policyFile, logLevel string
+	replicas                                      int
+	apply                                         bool
+}
+
+// Run is a whole service binary: it returns the exit code (0 after a
+// drain, 1 when the service fails, 2 for unusable flags or policy).
+func Run(ctx context.Context, spec Spec, args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet(spec.Name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var c common
+	fs.StringVar(&c.natsURL, "nats-url", EnvString("NATS_URL", nats.DefaultURL), "NATS server URL (env NATS_URL)")
+	fs.StringVar(&c.creds, "creds", EnvString("NATS_CREDS", ""), "NATS credentials file (env NATS_CREDS)")
+	opsEnv := "FAILBUS_" + upper(spec.Name) + "_OPS_ADDR"
+	fs.StringVar(&c.opsAddr, "ops-addr", EnvString(opsEnv, spec.DefaultOpsAddr), "address of /metrics and /healthz (env "+opsEnv+")")
+	fs.StringVar(&c.policyFile, "policy", EnvString("FAILBUS_POLICY", ""), "policy file (env FAILBUS_POLICY); default policy when empty")
+	fs.IntVar(&c.replicas, "replicas", EnvInt("FAILBUS_REPLICAS", topology.DefaultReplicas), "stream replicas when applying the topology (env FAILBUS_REPLICAS)")
+	fs.BoolVar(&c.apply, "apply-topology", true, "create or update the streams, consumers and buckets at start")
+	fs.StringVar(&c.logLevel, "log-level", EnvString("FAILBUS_LOG_LEVEL", "info"), "debug, info, warn or error (env FAILBUS_LOG_LEVEL)")
+	if spec.Flags != nil {
+		spec.Flags(fs)
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintf(stderr, "%s: %v\n", spec.Name, err)
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "%s: unexpected arguments %q\n", spec.Name, fs.Args())
+		return 2
+	}
+	if spec.Check != nil {
+		if err := spec.Check(); err != nil {
+			fmt.Fprintf(stderr, "%s: %v\n", spec.Name, err)
+			return 2
+		}
+	}
+	level, err := zerolog.ParseLevel(c.logLevel)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: --log-level: %v\n", spec.Name, err)
+		return 2
+	}
+	pol := policy.Default()
+	if c.policyFile != "" {
+		if pol, err = policy.Load(c.policyFile); err != nil {
+			fmt.Fprintf(stderr, "%s: %v\n", spec.Name, err)
+			return 2
+		}
+	}
+	log := zerolog.New(stderr).Level(level).With().Timestamp().Logger()
+	if c.policyFile != "" {
+		log.Info().Str("policy", c.policyFile).Msg("policy loaded")
+	}
+	if err := serve(ctx, spec, c, pol, log); err != nil {
+		log.Error().Err(err).Msg(spec.Name + " failed")
+		return 1
+	}
+	return 0
+}
+
+// serve connects, applies the topology, builds the service, serves
+// /metrics and /healthz, and runs it until ctx ends.
+func serve(ctx context.Context, spec Spec, c common, pol *policy.Policy, log zerolog.Logger) error {
+	nopts := []nats.Option{nats.Name("failbus-" + spec.Name), nats.MaxReconnects(-1)}
+	if c.creds != "" {
+		nopts = append(nopts, nats.UserCredentials(c.creds))
+	}
+	nc, err := nats.Connect(c.natsURL, nopts...)
+	if err != nil {
+		return fmt.Errorf("connect %s: %w", c.natsURL, err)
+	}
+	defer func() { _ = nc.Drain() }()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	if c.apply {
+		actx, cancel := context.WithTimeout(ctx, ApplyTimeout)
+		err := topology.Apply(actx, js, topology.Options{Replicas: c.replicas})
+		cancel()
+		if err != nil {
+			return fmt.Errorf("apply topology: %w", err)
+		}
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	svc, err := spec.Build(ctx, Env{JS: js, Policy: pol, Log: log, Registry: reg, PolicyFile: c.policyFile})
+	if err != nil {
+		return err
+	}
+	if _, err := consumer.ServeOps(ctx, c.opsAddr, reg, svc.Healthy, log); err != nil {
+		return err
+	}
+	return svc.Run(ctx)
+}
+
+// Group runs several services as one: Run returns when all have stopped
+// (one stopping on its own stops the others), Healthy when all are.
+type Group []Service
+
+// Run implements Service.
+func (g Group) Run(ctx context.Context) error {
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make(chan error, len(g))
+	for _, s := range g {
+		go func() {
+			err := s.Run(rctx)
+			cancel()
+			errs <- err
+		}()
+	}
+	var all []error
+	for range g {
+		if err := <-errs; err != nil {
+			all = append(all, err)
+		}
+	}
+	return errors.Join(all...)
+}
+
+// Healthy implements Service.
+func (g Group) Healthy() error {
+	checks := make([]func() error, len(g))
+	for i, s := range g {
+		checks[i] = s.Healthy
+	}
+	return consumer.AllHealthy(checks...)()
+}
+
+// EnvString reads an environment variable with a default; flags use it so every
+// flag can also be set from the environment.
+func EnvString(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// EnvInt is EnvString for integers; an unparsable value keeps the default.
+func EnvInt(name string, def int) int {
+	if n, err := strconv.Atoi(os.Getenv(name)); err == nil {
+		return n
+	}
+	return def
+}
+
+// EnvDuration is EnvString for Go durations; an unparsable value keeps the
+// default.
+func EnvDuration(name string, def time.Duration) time.Duration {
+	if d, err := time.ParseDuration(os.Getenv(name)); err == nil {
+		return d
+	}
+	return def
+}
+
+func upper(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		switch {
+		case c >= 'a' && c <= 'z':
+			b[i] = c - 'a' + 'A'
+		case c == '-':
+			b[i] = '_'
+		}
+	}
+	return string(b)
+}
