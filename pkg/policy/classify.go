@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/failbus/failbus/pkg/events"
 )
@@ -204,6 +205,7 @@ func NewClassifier(cfg ClassifyConfig) (*Classifier, error) {
 		c.rules = append(c.rules, r)
 	}
 	for _, r := range c.rules {
+		r.setFeatures()
 		for _, p := range r.body {
 			r.bodyIDs = append(r.bodyIDs, c.pats.add(string(p)))
 		}
@@ -362,12 +364,13 @@ func (c *Classifier) Classify(o *events.Outcome) events.Classification {
 	if v.status >= 0 && v.status < len(c.byStatus) {
 		candidates = c.byStatus[v.status]
 	}
+	have := features(o, v)
 	for _, ri := range candidates {
 		r := c.rules[ri]
-		if skipClaims && r.class == events.ClassContextOverflow {
-			continue
+		if r.need&^have != 0 || r.forbid&have != 0 {
+			continue // r.match would fail on these flags alone
 		}
-		if o.OK && len(r.stop) == 0 {
+		if skipClaims && r.class == events.ClassContextOverflow {
 			continue
 		}
 		mark := ev.n
@@ -523,59 +526,103 @@ func (c *Classifier) transportMayHoldSecret(o *events.Outcome, v *view) bool {
 }
 
 // excerpt returns prefix + s cut to maxExcerpt bytes (on a rune boundary),
-// whitespace collapsed, JSON escapes undone when escaped, and redacted.
+// whitespace collapsed, JSON escapes undone when escaped, and redacted when
+// redact. A short s with nothing to clean (no escape, no whitespace but
+// single spaces) is kept as is, without "…" even at maxExcerpt bytes. The
+// text is built in a stack buffer, in one pass; only the returned string
+// is allocated.
 func excerpt(prefix, s string, escaped, redact bool) string {
 	s = strings.TrimSpace(s)
 	if s == "" {
 		return ""
 	}
-	if len(s) <= maxExcerpt && !strings.ContainsAny(s, "\\\n\r\t") && !strings.Contains(s, "  ") {
-		if !redact {
-			return prefix + s
-		}
-		return Redact(prefix + s) // nothing to clean: one copy
-	}
-	var b strings.Builder
-	n := len(s)
-	if n > maxExcerpt {
-		n = maxExcerpt
-	}
-	b.Grow(len(prefix) + n + 4)
-	b.WriteString(prefix)
-	space := false
-	written := 0
-	for i := 0; i < len(s); i++ {
+	var buf [excerptBuf]byte
+	b := append(buf[:0], prefix...)
+	cleaned := len(s) > maxExcerpt
+	// The leading bytes up to the first backslash, control whitespace or
+	// double space are copied as they are; finding them with the
+	// vectorised strings functions is much cheaper than the loop below.
+	plain := plainPrefix(s[:min(len(s), maxExcerpt)])
+	b = append(b, s[:plain]...)
+	space := plain > 0 && s[plain-1] == ' '
+	written := plain
+	for i := plain; i < len(s); i++ {
 		ch := s[i]
 		if written >= maxExcerpt && (ch < 0x80 || ch >= 0xC0) {
 			break // cut only between runes
 		}
-		if escaped && ch == '\\' && i+1 < len(s) {
-			i++
-			switch s[i] {
-			case 'n', 't', 'r':
+		if excerptSpecial[ch] {
+			if ch == '\\' {
+				cleaned = true
+				if escaped && i+1 < len(s) {
+					i++
+					switch s[i] {
+					case 'n', 't', 'r':
+						ch = ' '
+					default:
+						ch = s[i]
+					}
+				}
+			} else if ch != ' ' {
+				cleaned = true
+			}
+			if ch == ' ' || ch == '\n' || ch == '\t' || ch == '\r' {
+				if space {
+					cleaned = true
+					continue
+				}
+				space = true
 				ch = ' '
-			default:
-				ch = s[i]
+			} else {
+				space = false
 			}
-		}
-		if ch == ' ' || ch == '\n' || ch == '\t' || ch == '\r' {
-			if space {
-				continue
-			}
-			space = true
-			ch = ' '
 		} else {
 			space = false
 		}
-		b.WriteByte(ch)
+		b = append(b, ch)
 		written++
 	}
-	out := b.String()
-	if written >= maxExcerpt {
-		out = strings.TrimRight(out, " ") + "…"
+	if cleaned && written >= maxExcerpt {
+		for len(b) > 0 && b[len(b)-1] == ' ' {
+			b = b[:len(b)-1]
+		}
+		b = append(b, "…"...)
 	}
-	if !redact {
-		return out
+	if redact {
+		// Redact without its trigger pre-check: the caller saw a trigger
+		// in the text, and findSecret alone gives the same answer.
+		var rbuf [excerptBuf]byte
+		if r, masked := appendRedacted(rbuf[:0], unsafe.String(unsafe.SliceData(b), len(b))); masked {
+			return string(r)
+		}
 	}
-	return Redact(out)
+	return string(b)
+}
+
+// excerptBuf holds an excerpt of any well-formed text: the longest prefix,
+// maxExcerpt bytes, the rest of a cut rune and "…". A longer one (a run
+// of stray UTF-8 continuation bytes at the cut) spills to the heap.
+const excerptBuf = 256
+
+// excerptSpecial marks the bytes excerpt may change: a backslash and
+// whitespace.
+var excerptSpecial = [256]bool{'\\': true, ' ': true, '\n': true, '\t': true, '\r': true}
+
+// plainPrefix returns how many leading bytes of s excerpt copies unchanged:
+// those before the first backslash, '\n', '\t', '\r' or double space.
+func plainPrefix(s string) int {
+	n := len(s)
+	for _, c := range [...]byte{'\\', '\n', '\t', '\r'} {
+		if i := strings.IndexByte(s[:n], c); i >= 0 {
+			n = i
+		}
+	}
+	// strings.Index on a haystack of at most 64 bytes is one vector
+	// search; on a longer one it stops at every space.
+	for lo := 0; lo+1 < n; lo += 63 {
+		if i := strings.Index(s[lo:min(n, lo+64)], "  "); i >= 0 {
+			return lo + i
+		}
+	}
+	return n
 }

@@ -22,31 +22,121 @@ func Redact(s string) string {
 	if !mayHoldSecret(s) {
 		return s
 	}
-	var b []byte // lazily allocated output; nil while s is copied unchanged
-	last := 0    // s[last:i] not yet copied to b
-	for i := 0; i < len(s); {
-		if i > 0 && isTokenByte(s[i-1]) {
-			i++ // secrets start on a token boundary
-			continue
-		}
-		start, end, keep := secretAt(s, i)
-		if end <= start {
-			i++
-			continue
-		}
-		if b == nil {
-			b = make([]byte, 0, len(s))
-		}
+	start, end, keep, ok := findSecret(s, 0)
+	if !ok {
+		return s
+	}
+	b := make([]byte, 0, len(s))
+	last := 0 // s[last:] not yet copied to b
+	for ok {
 		b = append(b, s[last:start+keep]...)
 		b = append(b, "***"...)
-		last, i = end, end
-	}
-	if b == nil {
-		return s
+		last = end
+		start, end, keep, ok = findSecret(s, end)
 	}
 	b = append(b, s[last:]...)
 	return string(b)
 }
+
+// appendRedacted appends Redact(s) to dst and reports whether anything was
+// masked; when nothing was, dst is returned unchanged. It lets a caller
+// redact text held in its own buffer without copying it to a string first.
+// The masked text is never longer than s.
+//
+// It skips Redact's mayHoldSecret pre-check, which only saves time: every
+// secret findSecret finds contains a redaction trigger.
+func appendRedacted(dst []byte, s string) ([]byte, bool) {
+	start, end, keep, ok := findSecret(s, 0)
+	if !ok {
+		return dst, false
+	}
+	last := 0
+	for ok {
+		dst = append(dst, s[last:start+keep]...)
+		dst = append(dst, "***"...)
+		last = end
+		start, end, keep, ok = findSecret(s, end)
+	}
+	return append(dst, s[last:]...), true
+}
+
+// findSecret returns the first secret secretAt finds at s[i] or after: the
+// span [start,end) to mask and how many leading bytes of it to keep. Only a
+// token boundary can start a secret, and most words cannot start one (no
+// key prefix starts them, they are no auth scheme, and no '=', ':' or '"'
+// follows them), so such a word is skipped whole, without secretAt.
+func findSecret(s string, i int) (start, end, keep int, ok bool) {
+	for i < len(s) {
+		if i > 0 && tokenBytes[s[i-1]] {
+			i++ // secrets start on a token boundary
+			continue
+		}
+		c := s[i]
+		if !tokenBytes[c] {
+			i++ // no key prefix, auth scheme or name starts with c
+			continue
+		}
+		j := i + 1
+		for j < len(s) && tokenBytes[s[j]] {
+			j++
+		}
+		if !maySecretWord(s, i, j) {
+			i = j // nor can s[i+1:j+1] start one: a token byte precedes them
+			continue
+		}
+		if start, end, keep = secretAt(s, i); end > start {
+			return start, end, keep, true
+		}
+		i++
+	}
+	return 0, 0, 0, false
+}
+
+// maySecretWord reports whether secretAt can find a secret at the word
+// s[i:j] (a maximal run of token bytes): a key prefix starts it, it is an
+// auth scheme followed by a blank, or '=', ':' or '"' follows it.
+func maySecretWord(s string, i, j int) bool {
+	if j < len(s) {
+		switch s[j] {
+		case '=', ':', '"':
+			return true
+		case ' ', '\t':
+			if n := j - i; (n == len("bearer") || n == len("basic")) && lowerByte(s[i]) == 'b' {
+				return true
+			}
+		}
+	}
+	if j-i < 2 {
+		return false // every key prefix is longer than one byte
+	}
+	if c1 := s[i+1]; prefixPairs[s[i]][c1>>6]&(1<<(c1&63)) == 0 {
+		return false
+	}
+	for _, k := range prefixesByByte[s[i]] {
+		if strings.HasPrefix(s[i:], keyPrefixes[k].prefix) {
+			return true
+		}
+	}
+	return false
+}
+
+// prefixPairs holds the first two bytes of every key prefix, so that most
+// words are ruled out without comparing prefixes.
+var prefixPairs = func() (t [256][4]uint64) {
+	for _, kp := range keyPrefixes {
+		a, b := kp.prefix[0], kp.prefix[1]
+		t[a][b>>6] |= 1 << (b & 63)
+	}
+	return t
+}()
+
+// tokenBytes is isTokenByte as a table.
+var tokenBytes = func() (t [256]bool) {
+	for i := range t {
+		t[i] = isTokenByte(byte(i))
+	}
+	return t
+}()
 
 // redactTriggers are cheap, case-insensitive markers: without one of them no
 // rule below can fire, so most strings leave Redact after one pass. Every

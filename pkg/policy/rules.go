@@ -199,6 +199,98 @@ type rule struct {
 	// when is an extra condition of a built-in rule, with note as evidence.
 	when func(o *events.Outcome, v *view) bool
 	note string
+	// need and forbid are the outcome features (feat*) the rule requires
+	// and excludes: a rule fails when need&^have != 0 or forbid&have != 0,
+	// which Classify tests before calling match. See setFeatures.
+	need, forbid uint16
+}
+
+// Outcome features, tested in bulk before a rule's own match.
+const (
+	featOK        uint16 = 1 << iota // the agent marked the call ok
+	featCodes                        // the body or headers carry structured codes
+	featTransport                    // a transport error
+	featUpstream                     // an upstream_code
+	featStop                         // a stop_reason
+	featHeaders                      // any header
+	featEmpty                        // the body is empty
+	featHTML                         // the body is an HTML page
+	featBodyError                    // the body holds an error object
+)
+
+// features returns the feature bits of an outcome and its view.
+func features(o *events.Outcome, v *view) uint16 {
+	var f uint16
+	if o.OK {
+		f |= featOK
+	}
+	if v.ncodes > 0 {
+		f |= featCodes
+	}
+	if len(v.trans) > 0 {
+		f |= featTransport
+	}
+	if o.UpstreamCode != "" {
+		f |= featUpstream
+	}
+	if o.StopReason != "" {
+		f |= featStop
+	}
+	if len(o.Headers) > 0 {
+		f |= featHeaders
+	}
+	if v.emptyBody {
+		f |= featEmpty
+	}
+	if v.html {
+		f |= featHTML
+	}
+	if v.bodyError {
+		f |= featBodyError
+	}
+	return f
+}
+
+// setFeatures derives need and forbid from r's conditions. Each bit
+// restates a check of match that fails without looking further, so testing
+// the bits first changes no result: ok outcomes meet only stop_reason
+// rules; codes, transport, upstream_code, stop_reason and header
+// conditions cannot hold on an outcome without any; and empty_body, html
+// and the transport stage's yield are plain flags.
+func (r *rule) setFeatures() {
+	r.need, r.forbid = 0, 0
+	if len(r.stop) == 0 {
+		r.forbid |= featOK
+	} else {
+		r.need |= featStop
+	}
+	if len(r.codeIDs) > 0 {
+		r.need |= featCodes
+	}
+	if len(r.transIDs) > 0 {
+		r.need |= featTransport
+	}
+	if len(r.upstream) > 0 {
+		r.need |= featUpstream
+	}
+	if len(r.headers) > 0 {
+		r.need |= featHeaders
+	}
+	switch r.empty {
+	case 1:
+		r.need |= featEmpty
+	case -1:
+		r.forbid |= featEmpty
+	}
+	switch r.html {
+	case 1:
+		r.need |= featHTML
+	case -1:
+		r.forbid |= featHTML
+	}
+	if r.transportStage {
+		r.forbid |= featBodyError
+	}
 }
 
 type headerCond struct {
