@@ -8,11 +8,14 @@ import (
 	"github.com/failbus/failbus/pkg/events"
 )
 
-// RefusalBook keeps refusal state per (segment, provider) in memory, for
+// RefusalBook keeps refusal records per (segment, provider) in memory, for
 // `failbus simulate` and tests. It runs the same pure transitions
-// (RefusalState.OnRefusal, Allow) and words (RefusalNotice) as the KV-backed
-// bus service, with a map in place of compare-and-set. It is not safe for
-// concurrent use; the simulator is single-threaded by design.
+// (RefusalRecord.Refused and Probe, so also the re-probe claim of
+// DefaultProbeLease) and words (RefusalNotice) as the KV-backed bus
+// service, with a map in place of compare-and-set, so a recorded run gets
+// the answers the bus would have given: of two agents asking for one due
+// re-probe only one is allowed. It is not safe for concurrent use; the
+// simulator is single-threaded by design.
 type RefusalBook struct {
 	cfg    RefusalConfig
 	states map[refusalBookKey]refusalEntry
@@ -24,10 +27,10 @@ type refusalBookKey struct {
 	provider string
 }
 
-// refusalEntry remembers when the state was last written, to apply the same
-// TTL backstop the KV bucket applies per key.
+// refusalEntry remembers when the record was last written, to apply the
+// same TTL backstop the KV bucket applies per key.
 type refusalEntry struct {
-	state   RefusalState
+	rec     RefusalRecord
 	written time.Time
 }
 
@@ -47,7 +50,7 @@ func (b *RefusalBook) State(now time.Time, session string, segment int, provider
 	if !ok || b.expired(e, now) {
 		return RefusalState{}, false
 	}
-	return e.state, true
+	return e.rec.State, true
 }
 
 // States returns every live state at now, ordered by session, segment and
@@ -64,7 +67,7 @@ func (b *RefusalBook) States(now time.Time) []RefusalState {
 	})
 	out := make([]RefusalState, len(keys))
 	for i, k := range keys {
-		out[i] = b.states[k].state
+		out[i] = b.states[k].rec.State
 	}
 	return out
 }
@@ -97,13 +100,14 @@ func (b *RefusalBook) OnClassified(c events.Classification, now time.Time) (even
 	if c.Class != events.ClassContentRefusal {
 		return events.Decision{}, nil
 	}
-	s, ok := b.State(now, c.Session, c.Segment, c.Provider)
-	if !ok {
-		s = RefusalState{Segment: events.SegmentKey(c.Session, c.Segment), Provider: c.Provider}
+	k := refusalBookKey{c.Session, c.Segment, c.Provider}
+	e, ok := b.states[k]
+	if !ok || b.expired(e, now) {
+		e.rec = RefusalRecord{State: RefusalState{Segment: events.SegmentKey(c.Session, c.Segment), Provider: c.Provider}}
 	}
-	s.Agent = c.Agent
-	s, ev := s.OnRefusal(c.RefusalScope, RefusalIncrement(c.Turn, c.Step), now, b.cfg)
-	b.states[refusalBookKey{c.Session, c.Segment, c.Provider}] = refusalEntry{state: s, written: now}
+	// Refused also ends the reporter's re-probe claim, as on the bus.
+	rec, ev := e.rec.Refused(c.Agent, c.RefusalScope, RefusalIncrement(c.Turn, c.Step), now, b.cfg)
+	b.states[k] = refusalEntry{rec: rec, written: now}
 
 	var peers []string
 	if ev.Notify {
@@ -135,7 +139,7 @@ func (b *RefusalBook) segmentStates(now time.Time, session string, segment int) 
 	var out []RefusalState
 	for k, e := range b.states {
 		if k.session == session && k.segment == segment && !b.expired(e, now) {
-			out = append(out, e.state)
+			out = append(out, e.rec.State)
 		}
 	}
 	return out

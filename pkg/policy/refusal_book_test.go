@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -301,5 +302,75 @@ func TestRefusalBookDecision(t *testing.T) {
 	}
 	if n := ns[0]; n.Labels["segment"] != "s#2" || n.Labels["provider"] != "p" || n.Labels["rule"] != RuleRefusalSkip || n.Labels["reprobes"] != "0" {
 		t.Fatalf("labels %+v", n.Labels)
+	}
+}
+
+// TestRefusalBookRouteClaimsADueReprobe: the book answers route as the bus's
+// route service does (RefusalRecord.Probe), so a recorded run with two
+// agents asking for one due re-probe before its refusal comes back sends it
+// once, not twice.
+func TestRefusalBookRouteClaimsADueReprobe(t *testing.T) {
+	cfg := DefaultRefusalConfig()
+	b := NewRefusalBook(cfg)
+	refuse := func(agent string, at time.Time) {
+		t.Helper()
+		if d, _ := b.OnClassified(events.Classification{OutcomeID: agent + at.String(), Agent: agent, Provider: "p",
+			Class: events.ClassContentRefusal, Session: "s", RefusalScope: RefusalScopeHistory}, at); d.Action != events.ActionSkipProvider {
+			t.Fatalf("decision %+v", d)
+		}
+	}
+	allowed := func(agent string, at time.Time) (bool, RouteSkip) {
+		t.Helper()
+		r := b.Route(at, agent, "s", 0, []string{"p"})
+		if len(r.Allowed)+len(r.Skipped) != 1 {
+			t.Fatalf("route %+v", r)
+		}
+		if len(r.Skipped) == 1 {
+			return false, r.Skipped[0]
+		}
+		return true, RouteSkip{}
+	}
+	refuse("a", refusalT0)
+	due := refusalT0.Add(15 * time.Minute)
+
+	tests := []struct {
+		name  string
+		agent string
+		at    time.Time
+		ok    bool
+		next  time.Time // skipped: next_probe_at
+		held  bool      // skipped because another agent's probe is in flight
+	}{
+		{"before the delay nobody", "b", due.Add(-time.Second), false, due, false},
+		{"the first asker at the due time claims it", "a", due, true, time.Time{}, false},
+		{"the other agent is held until the lease ends", "b", due, false, due.Add(DefaultProbeLease), true},
+		{"the claimant may ask again", "a", due.Add(time.Minute), true, time.Time{}, false},
+		{"the other is still held within the lease", "b", due.Add(DefaultProbeLease - time.Second), false, due.Add(DefaultProbeLease), true},
+		{"a probe that was not refused frees it after the lease", "b", due.Add(DefaultProbeLease), true, time.Time{}, false},
+		{"and now b holds it", "a", due.Add(DefaultProbeLease + time.Second), false, due.Add(2 * DefaultProbeLease), true},
+	}
+	for _, tt := range tests {
+		ok, skip := allowed(tt.agent, tt.at)
+		if ok != tt.ok {
+			t.Fatalf("%s: allowed %v, want %v (%+v)", tt.name, ok, tt.ok, skip)
+		}
+		if ok {
+			continue
+		}
+		if skip.Frozen || skip.NextProbeAt == nil || !skip.NextProbeAt.Equal(tt.next) || strings.Contains(skip.Reason, "in flight") != tt.held {
+			t.Fatalf("%s: skip %+v, want next_probe_at %v, held %v", tt.name, skip, tt.next, tt.held)
+		}
+	}
+	// b's probe is refused: the claim ends with it and the next tier is
+	// measured from that refusal, for everyone.
+	refused := due.Add(DefaultProbeLease + 2*time.Second)
+	refuse("b", refused)
+	for _, agent := range []string{"a", "b"} {
+		if ok, skip := allowed(agent, refused.Add(time.Second)); ok || !skip.NextProbeAt.Equal(refused.Add(time.Hour)) || strings.Contains(skip.Reason, "in flight") {
+			t.Fatalf("%s after b's refusal: allowed %v, %+v", agent, ok, skip)
+		}
+	}
+	if st, _ := b.State(refused, "s", 0, "p"); st.Refusals != 2 || !st.RefusedAt.Equal(refused) {
+		t.Fatalf("state %+v", st)
 	}
 }

@@ -60,21 +60,44 @@ func RouteProviders(now time.Time, cfg RefusalConfig, providers []string, lookup
 }
 
 // Route answers which of providers, in order, may receive the segment
-// `<session>#<segment>` now. It never changes a refusal state: the only
-// write is the TTL refresh of RefusalTouchDue, which keeps a segment that is
-// still routed from expiring. agent names the asker; refusal state belongs to
-// the segment and is shared by every agent on it.
+// `<session>#<segment>` now, as the bus's route service does
+// (RefusalRecord.Probe): a provider never refused, or re-rendering, is
+// allowed; one waiting for its next probe or frozen is skipped with its
+// reason (RefusalNotice); a due re-probe is claimed for agent for
+// DefaultProbeLease, so another agent asking before agent's refusal comes
+// back is skipped with next_probe_at at the lease's end. It never moves a
+// refusal clock: besides the claim, its only write is the TTL refresh of
+// RefusalTouchDue, which keeps a segment that is still routed from expiring.
+// Refusal state belongs to the segment and is shared by every agent on it.
 func (b *RefusalBook) Route(now time.Time, agent, session string, segment int, providers []string) RouteResult {
-	_ = agent
-	return RouteProviders(now, b.cfg, providers, func(p string) (RefusalState, bool) {
+	res := RouteResult{Allowed: []string{}, Skipped: []RouteSkip{}}
+	for _, p := range providers {
 		k := refusalBookKey{session, segment, p}
 		e, ok := b.states[k]
 		if !ok || b.expired(e, now) {
-			return RefusalState{}, false
+			res.Allowed = append(res.Allowed, p)
+			continue
 		}
-		if RefusalTouchDue(e.written, now, b.cfg) {
-			b.states[k] = refusalEntry{state: e.state, written: now}
+		rec := e.rec
+		if rec.State.Provider == "" {
+			rec.State.Provider = p
 		}
-		return e.state, true
-	})
+		if rec.State.Segment == "" {
+			rec.State.Segment = events.SegmentKey(session, segment)
+		}
+		next, verdict := rec.Probe(now, b.cfg, agent, DefaultProbeLease)
+		switch {
+		case verdict == ProbeClaimed:
+			b.states[k] = refusalEntry{rec: next, written: now}
+		case RefusalTouchDue(e.written, now, b.cfg):
+			b.states[k] = refusalEntry{rec: e.rec, written: now}
+		}
+		switch verdict {
+		case ProbeFree, ProbeClaimed:
+			res.Allowed = append(res.Allowed, p)
+		default:
+			res.Skipped = append(res.Skipped, rec.Skip(now, b.cfg, p))
+		}
+	}
+	return res
 }

@@ -476,6 +476,35 @@ func TestRouteRefreshesTheTTLOfStateInUse(t *testing.T) {
 	}
 }
 
+// The bucket TTL is the backstop for state no boundary retires: a frozen
+// segment that nobody routes or refuses any more expires, and the provider
+// may receive the (abandoned) segment again.
+func TestBucketTTLRetiresStateNoBoundaryRetires(t *testing.T) {
+	b := setup(t)
+	if err := topology.Apply(b.ctx, b.js, topology.Options{
+		BucketTTL: map[string]time.Duration{topology.BucketRefusals: time.Second},
+	}); err != nil {
+		t.Fatalf("apply topology with a short refusal TTL: %v", err)
+	}
+	b.start()
+	for i := range 1 + b.cfg.MaxReprobes() {
+		b.publishRefusal(refusal(fmt.Sprintf("o-%d", i), "agent-0", "strict", "s", 1, i, t0.Add(time.Duration(i)*7*time.Hour)))
+	}
+	b.waitIdle(topology.StreamClassified, topology.ConsumerRefusals)
+	if rec, ok := b.state("s#1", "strict"); !ok || !rec.State.Frozen(b.cfg) {
+		t.Fatalf("state %+v (found %v): want frozen", rec.State, ok)
+	}
+	// No route and no boundary: only the TTL can retire it.
+	b.poll("the bucket TTL to retire the state", func() bool {
+		_, ok := b.state("s#1", "strict")
+		return !ok
+	})
+	b.clock.Set(t0.Add(1000 * time.Hour))
+	if r := b.route("agent-0", "s", 1, "strict", "spare"); !slices.Equal(r.Allowed, []string{"strict", "spare"}) {
+		t.Fatalf("route after the TTL: %+v", r)
+	}
+}
+
 // A value an operator put by hand without a refusal count is frozen, and a
 // junk classification is dead-lettered while the service goes on.
 func TestLegacyValueIsFrozenAndJunkIsDeadLettered(t *testing.T) {
@@ -528,6 +557,25 @@ func TestRouteServiceIsDiscoverableAndRejectsBadRequests(t *testing.T) {
 	if info.Name != refusals.ServiceName || len(info.Endpoints) != 1 || info.Endpoints[0].Name != refusals.RouteEndpoint ||
 		info.Endpoints[0].Subject != events.RefusalRouteSubject || info.Metadata["rule"] != policy.RefusalRule(b.cfg) {
 		t.Errorf("service info %+v", info)
+	}
+	// `nats micro ls` asks every service at once ($SRV.INFO, $SRV.PING
+	// without a name): the route service answers those too.
+	for _, verb := range []micro.Verb{micro.PingVerb, micro.InfoVerb} {
+		all, err := micro.ControlSubject(verb, "", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg, err := b.nc.RequestWithContext(b.ctx, all, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", all, err)
+		}
+		var id micro.ServiceIdentity
+		if err := json.Unmarshal(msg.Data, &id); err != nil {
+			t.Fatalf("%s: %v", all, err)
+		}
+		if id.Name != refusals.ServiceName || id.Version != refusals.ServiceVersion || id.ID == "" {
+			t.Errorf("%s answered %s", all, msg.Data)
+		}
 	}
 
 	for _, tt := range []struct {
