@@ -25,6 +25,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -518,6 +519,13 @@ func TestNotifierTenThousandRequestsExactlyOnceWithReplicasKilled(t *testing.T) 
 	if ak[notify.AuditDeduped] < repeats {
 		t.Errorf("%d deduped audit records, want at least %d", ak[notify.AuditDeduped], repeats)
 	}
+	// One "sent" record per key and sink, whoever sent it and however many
+	// deliveries it took: a record a killed replica never wrote is
+	// repeated by the request that takes its claim over, and repeats are
+	// stored once.
+	if want := 2 * len(keys); ak[notify.AuditSent] != want {
+		t.Errorf("%d sent audit records, want exactly %d (one per key and sink)", ak[notify.AuditSent], want)
+	}
 }
 
 // TestNotifierDailyBudgetFiftySurvivesRestart: with a budget of 50, 500
@@ -604,6 +612,13 @@ func TestNotifierDailyBudgetFiftySurvivesRestart(t *testing.T) {
 	t.Logf("digest: %s: %s", digest.Title, digest.Text)
 	if !strings.Contains(digest.Text, "budget of 50") || !strings.Contains(digest.Text, "held back") || !strings.Contains(digest.Title, "2026-05-04") {
 		t.Errorf("digest %q / %q: want the budget, the day and the held-back count", digest.Title, digest.Text)
+	}
+	// The count is taken when the digest is sent: every request held
+	// before it, at least the one that triggered it, at most all 450.
+	if m := regexp.MustCompile(`so (\d+) non-critical notifications? ha(?:s|ve) been held back`).FindStringSubmatch(digest.Text); m == nil {
+		t.Errorf("digest %q: no held-back count", digest.Text)
+	} else if held, _ := strconv.Atoi(m[1]); held < 1 || held > 450 {
+		t.Errorf("digest says %d held back, want between 1 and 450", held)
 	}
 	ak := b.auditKinds()
 	if ak[notify.AuditHeld] != 450 {

@@ -49,6 +49,12 @@
 //     notifications. Nothing is ever lost to a crash: the choice is a rare
 //     duplicate over a silent gap.
 //
+// A send that gets no answer before its timeout is the same unknown seen
+// from a live replica: the receiver may have taken it. It counts as a
+// failed attempt and is retried with the same idempotency key, so an
+// idempotent sink still sees it once; a non-idempotent one may see it
+// twice. Keep route timeouts well above the receiver's normal latency.
+//
 // Leases compare times written by different replicas: their clocks must
 // agree to well within ClaimLease minus the send timeout.
 //

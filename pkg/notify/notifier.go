@@ -305,9 +305,12 @@ type proc struct {
 	digest   bool
 	budgeted bool
 
-	entry     *LedgerEntry
-	rev       uint64
-	resumed   bool          // this request held the key before (a redelivery)
+	entry *LedgerEntry
+	rev   uint64
+	// resumed: the key comes from an earlier delivery of this request, or
+	// from a claim whose owner died; sinks already sent may lack their
+	// "sent" audit record, which is repeated (same id, stored once).
+	resumed   bool
 	budgetRec *BudgetRecord // the day's budget after this request took its slot
 }
 
@@ -323,6 +326,12 @@ func (p *proc) run(ctx context.Context) (Result, error) {
 	res, done, err := p.acquire(ctx)
 	if err != nil || done {
 		return res, err
+	}
+	if p.req.Notification.At.IsZero() && !p.entry.Created.IsZero() {
+		// A request without a time gets the time its key was first
+		// claimed, so every attempt of this lifetime sends the same
+		// bytes (and the same signature).
+		p.note.At = events.At(p.entry.Created)
 	}
 	if p.budgeted && p.entry.BudgetDay == "" {
 		res, done, err := p.takeBudgetSlot(ctx)
@@ -410,7 +419,7 @@ func (p *proc) fresh() *LedgerEntry {
 func (p *proc) judge(ctx context.Context, e *LedgerEntry) (Result, bool, error) {
 	n, now, mine := p.n, p.now, e.Request == p.req.ID
 	claim := func() (Result, bool, error) {
-		p.resumed = mine
+		p.resumed = mine || e.State == LedgerClaimed
 		e.State, e.Request, e.Owner, e.Until = LedgerClaimed, p.req.ID, n.cfg.Replica, now.Add(n.cfg.ClaimLease)
 		return Result{}, false, nil
 	}
@@ -569,8 +578,9 @@ func (p *proc) deliver(ctx context.Context) (Result, error) {
 		st := p.entry.sink(name)
 		if st.Sent {
 			if p.resumed {
-				// Sent by an earlier delivery of this request that died
-				// before its audit record: repeat it (same id, stored once).
+				// Sent by an earlier delivery of this request, or by a
+				// replica that died before its audit record: repeat it
+				// (the id is per generation and sink, so it is stored once).
 				if err := p.audit(AuditSent, name, st.Attempts, "", "", withGeneration(p.entry.Generation)); err != nil {
 					return Result{}, err
 				}
@@ -745,7 +755,10 @@ func withBudget(b *BudgetRecord) auditOpt {
 
 // audit publishes one audit record on failbus.audit.<service>.<kind>. Its
 // Nats-Msg-Id derives from the request, kind, sink and attempt, so a
-// redelivered request repeating a decision stores it once.
+// redelivered request repeating a decision stores it once. A "sent"
+// record's id derives from the generation and the sink instead: a send
+// happens once per lifetime of a key and sink, whichever request repeats
+// the record after a crash.
 func (p *proc) audit(kind, sink string, attempt int, answer, reason string, opts ...auditOpt) error {
 	n := p.n
 	a := &Audit{
@@ -757,6 +770,9 @@ func (p *proc) audit(kind, sink string, attempt int, answer, reason string, opts
 		o(a)
 	}
 	id := n.cfg.Service + ":audit:" + p.req.ID + ":" + kind + ":" + sink + ":" + strconv.Itoa(attempt)
+	if kind == AuditSent && a.Generation != "" {
+		id = n.cfg.Service + ":audit:sent:" + a.Generation + ":" + sink
+	}
 	return n.publish(context.Background(), events.AuditSubject(n.cfg.Service, kind), a, id)
 }
 

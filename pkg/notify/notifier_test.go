@@ -481,6 +481,84 @@ func TestUnconfirmedSendsAreBoundedOnlyForNonIdempotentSinks(t *testing.T) {
 	}
 }
 
+// A replica that recorded a send in the ledger and died before its audit
+// record leaves a claim behind. Whichever request takes the claim over
+// repeats the missing "sent" record, and the record is stored once however
+// many requests repeat it.
+func TestTakeoverRepeatsTheDeadReplicasSentRecordOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	chat, pager := newRecSink("chat", false), newRecSink("pager", true)
+	routes := []notify.Route{{Sink: chat}, {Sink: pager}}
+	now := b.clock.Now()
+	forceEntry(t, b, "k", func(e *notify.LedgerEntry) {
+		*e = notify.LedgerEntry{DedupeKey: "k", State: notify.LedgerClaimed, Generation: "gen-k", Request: "r1", Owner: "dead",
+			Until: now.Add(time.Second), Created: now,
+			Sinks: map[string]*notify.SinkState{"chat": {Sent: true, SentAt: now, Attempts: 1}}}
+	})
+	b.clock.Advance(2 * time.Second)
+	n := b.notifier(t, notify.Config{Routes: routes, Replica: "live"})
+	if res := process(t, n, "r2", note("k", events.SeverityCritical)); res.Kind != notify.AuditSent {
+		t.Fatalf("takeover by a repeat: %+v, want sent", res)
+	}
+	// The original request comes back: the key is sent, it is deduplicated.
+	if res := process(t, n, "r1", note("k", events.SeverityCritical)); res.Kind != notify.AuditDeduped {
+		t.Fatalf("redelivery of the dead replica's request: %+v, want deduped", res)
+	}
+	if c, p := len(chat.deliveries()), len(pager.deliveries()); c != 0 || p != 1 {
+		t.Fatalf("chat got %d, pager got %d: want 0 (already sent) and 1", c, p)
+	}
+	if got := pager.deliveries()[0].IdempotencyKey; got != "gen-k" {
+		t.Errorf("pager idempotency key %q, want the claim's gen-k", got)
+	}
+	sent := map[string]int{}
+	for _, a := range b.audits(t) {
+		if a.Kind == notify.AuditSent {
+			sent[a.Sink]++
+		}
+	}
+	if sent["chat"] != 1 || sent["pager"] != 1 {
+		t.Errorf("sent audit records per sink %v: want one each", sent)
+	}
+}
+
+// A request without a time is sent with the time its key was first
+// claimed, so every attempt carries the same bytes (a webhook's signature
+// does not change between retries).
+func TestAttemptsCarryTheSameTime(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	sink := newRecSink("hook", false)
+	var (
+		mu       sync.Mutex
+		attempts []events.Time
+	)
+	sink.setFail(func(d notify.Delivery) error {
+		mu.Lock()
+		defer mu.Unlock()
+		attempts = append(attempts, d.Notification.At)
+		if len(attempts) < 3 {
+			return &notify.SinkError{Sink: "hook", Status: 503, Answer: "later"}
+		}
+		return nil
+	})
+	n := b.notifier(t, notify.Config{Routes: []notify.Route{{Sink: sink}}})
+	first := b.clock.Now()
+	for i, want := range []notify.Action{notify.Retry, notify.Retry, notify.Ack} {
+		if res := process(t, n, "r1", note("k", events.SeverityNormal)); res.Action != want {
+			t.Fatalf("attempt %d: %+v, want %v", i+1, res, want)
+		}
+		b.clock.Advance(time.Minute)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i, at := range attempts {
+		if !at.Equal(first) {
+			t.Errorf("attempt %d carries at %v, want %v (the first claim)", i+1, at.Time, first)
+		}
+	}
+}
+
 // ledgerState reads the ledger entry of a dedupe key.
 func ledgerState(t *testing.T, b *bundle, key string) *notify.LedgerEntry {
 	t.Helper()

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/notify"
 	"github.com/failbus/failbus/pkg/notify/sinktest"
 	"github.com/failbus/failbus/pkg/policy"
@@ -123,6 +124,32 @@ func TestRetryDelayDoublesWithinBounds(t *testing.T) {
 				t.Fatalf("Delay(%d) = %v, want within [%v, %v]", tc.attempt, d, tc.min, tc.max)
 			}
 		}
+	}
+}
+
+// The case of a sink down for a minute, with the defaults: even
+// with every delay at the low end of its jitter, the attempts a route is
+// allowed span more than a minute, and the production consumer delivers a
+// request at least that many times, so the request is still being retried
+// when the receiver comes back.
+func TestDefaultRetryBudgetOutlastsAOneMinuteOutage(t *testing.T) {
+	t.Parallel()
+	var p notify.RetryPolicy // the defaults
+	for range 200 {
+		var span time.Duration
+		for attempt := 1; attempt < notify.DefaultMaxAttempts; attempt++ {
+			span += p.Delay(attempt)
+		}
+		if span <= time.Minute {
+			t.Fatalf("%d attempts span %v: want more than a minute", notify.DefaultMaxAttempts, span)
+		}
+	}
+	_, c, ok := topology.Consumer(topology.ConsumerNotifier)
+	if !ok {
+		t.Fatal("no notifier consumer in the topology")
+	}
+	if c.MaxDeliver < notify.DefaultMaxAttempts {
+		t.Errorf("consumer MaxDeliver %d < DefaultMaxAttempts %d: the server would give up before the sink's retry budget", c.MaxDeliver, notify.DefaultMaxAttempts)
 	}
 }
 

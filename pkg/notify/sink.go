@@ -20,8 +20,9 @@ import (
 //     permanent (retrying the same bytes cannot help) and carries the
 //     receiver's answer, which ends up in audit records and dead letters.
 //   - Send honours ctx: when it ends, Send returns promptly with an error.
-//     Whether the receiver saw the request is then unknown; the Notifier's
-//     ledger covers that case.
+//     Whether the receiver saw the request is then unknown: the Notifier
+//     retries with the same Delivery.IdempotencyKey, which an Idempotent
+//     receiver absorbs and any other may show twice.
 //   - Send is safe for concurrent use by several goroutines.
 //   - Send does not redact: the Notifier hands it an already redacted
 //     notification.

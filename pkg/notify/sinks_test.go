@@ -2,14 +2,19 @@ package notify_test
 
 import (
 	"bytes"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"html"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/rs/zerolog"
 
@@ -39,17 +44,40 @@ var webhookHarness = sinktest.Harness{
 	Start: func(t testing.TB) *sinktest.Endpoint {
 		return sinktest.NewHTTPEndpoint(t, sinktest.HTTPReceiver{
 			Decode: func(r *http.Request, body []byte) (sinktest.Received, error) {
-				if got, want := r.Header.Get(notify.HeaderSignature), notify.Sign([]byte(webhookSecret), body); got != want {
+				// CONTRACT.md: X-Failbus-Signature is the hex HMAC-SHA256 of
+				// the body, computed here independently of notify.Sign.
+				mac := hmac.New(sha256.New, []byte(webhookSecret))
+				mac.Write(body)
+				if got, want := r.Header.Get("X-Failbus-Signature"), hex.EncodeToString(mac.Sum(nil)); got != want {
 					return sinktest.Received{}, fmt.Errorf("signature %q, want %q", got, want)
 				}
+				if ct := r.Header.Get("Content-Type"); ct != "application/json" {
+					return sinktest.Received{}, fmt.Errorf("content type %q", ct)
+				}
+				// CONTRACT.md: JSON {dedupe_key, severity, title, text,
+				// labels, at}, nothing more, labels an object, at RFC 3339.
 				var raw map[string]json.RawMessage
 				if err := json.Unmarshal(body, &raw); err != nil {
 					return sinktest.Received{}, err
 				}
-				for _, k := range []string{"dedupe_key", "severity", "title", "text", "labels", "at"} {
-					if _, ok := raw[k]; !ok {
-						return sinktest.Received{}, fmt.Errorf("payload lacks %q", k)
-					}
+				want := []string{"at", "dedupe_key", "labels", "severity", "text", "title"}
+				keys := make([]string, 0, len(raw))
+				for k := range raw {
+					keys = append(keys, k)
+				}
+				sort.Strings(keys)
+				if !slices.Equal(keys, want) {
+					return sinktest.Received{}, fmt.Errorf("payload keys %v, want exactly %v", keys, want)
+				}
+				if l := raw["labels"]; len(l) == 0 || l[0] != '{' {
+					return sinktest.Received{}, fmt.Errorf("labels %s: want an object", l)
+				}
+				var at string
+				if err := json.Unmarshal(raw["at"], &at); err != nil {
+					return sinktest.Received{}, fmt.Errorf("at %s: %v", raw["at"], err)
+				}
+				if _, err := time.Parse(time.RFC3339, at); err != nil {
+					return sinktest.Received{}, fmt.Errorf("at %q is not RFC 3339: %v", at, err)
 				}
 				var p notify.WebhookPayload
 				if err := json.Unmarshal(body, &p); err != nil {
@@ -117,7 +145,10 @@ var ntfyHarness = sinktest.Harness{
 				if m.Topic != "failbus-alerts" {
 					return sinktest.Received{}, fmt.Errorf("topic %q", m.Topic)
 				}
-				sev := map[int]string{2: events.SeverityInfo, 3: events.SeverityNormal, 5: events.SeverityCritical}[m.Priority]
+				sev, ok := map[int]string{2: events.SeverityInfo, 3: events.SeverityNormal, 5: events.SeverityCritical}[m.Priority]
+				if !ok {
+					return sinktest.Received{}, fmt.Errorf("priority %d is not a mapped ntfy priority", m.Priority)
+				}
 				return sinktest.Received{Text: m.Title + "\n" + m.Message, Severity: sev}, nil
 			},
 			Temporary: sinktest.Answer{Status: http.StatusTooManyRequests, Body: `{"code":42901,"http":429,"error":"limit reached: too many requests"}`},
@@ -140,7 +171,12 @@ var pagerDutyHarness = sinktest.Harness{
 				if ev.RoutingKey != "R0UTINGKEY" || ev.EventAction != "trigger" || ev.Payload.Summary == "" || ev.Payload.Source == "" {
 					return sinktest.Received{}, fmt.Errorf("invalid event: %s", body)
 				}
-				sev := map[string]string{"info": events.SeverityInfo, "warning": events.SeverityNormal, "critical": events.SeverityCritical}[ev.Payload.Severity]
+				// Events v2 allows critical, error, warning, info; failbus
+				// maps its three severities onto three of them.
+				sev, ok := map[string]string{"info": events.SeverityInfo, "warning": events.SeverityNormal, "critical": events.SeverityCritical}[ev.Payload.Severity]
+				if !ok {
+					return sinktest.Received{}, fmt.Errorf("payload.severity %q is not a mapped PagerDuty severity", ev.Payload.Severity)
+				}
 				text, _ := ev.Payload.CustomDetails["text"].(string)
 				labels := map[string]string{}
 				if l, ok := ev.Payload.CustomDetails["labels"].(map[string]any); ok {
