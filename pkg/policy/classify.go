@@ -355,6 +355,9 @@ func (c *Classifier) Classify(o *events.Outcome) events.Classification {
 
 	var ev evidence
 	ev.add(statusEvidence(v, o))
+	if v.placeholder {
+		ev.add(placeholderNote)
+	}
 	var (
 		overruled  string
 		overEv     string
@@ -473,6 +476,10 @@ func statusEvidence(v *view, o *events.Outcome) string {
 	return "status " + strconv.Itoa(o.Status)
 }
 
+// placeholderNote is the evidence for a body that is a client library's
+// "NNN status code (no body)" (see isNoBodyPlaceholder).
+const placeholderNote = `body is a client's "status code (no body)" placeholder: no body`
+
 // maxExcerpt bounds the provider text quoted in evidence.
 const maxExcerpt = 200
 
@@ -531,24 +538,34 @@ func (c *Classifier) transportMayHoldSecret(o *events.Outcome, v *view) bool {
 // single spaces) is kept as is, without "…" even at maxExcerpt bytes. The
 // text is built in a stack buffer, in one pass; only the returned string
 // is allocated.
+//
+// Redaction runs before the cut, on up to redactMargin more bytes: a key
+// that straddles the cut is recognised whole and masked, instead of being
+// cut to a stub too short to look like a key (and shown).
 func excerpt(prefix, s string, escaped, redact bool) string {
 	s = strings.TrimSpace(s)
 	if s == "" {
 		return ""
 	}
+	limit := maxExcerpt
+	if redact {
+		limit += redactMargin
+	}
 	var buf [excerptBuf]byte
 	b := append(buf[:0], prefix...)
 	cleaned := len(s) > maxExcerpt
+	cut := false
 	// The leading bytes up to the first backslash, control whitespace or
 	// double space are copied as they are; finding them with the
 	// vectorised strings functions is much cheaper than the loop below.
-	plain := plainPrefix(s[:min(len(s), maxExcerpt)])
+	plain := plainPrefix(s[:min(len(s), limit)])
 	b = append(b, s[:plain]...)
 	space := plain > 0 && s[plain-1] == ' '
 	written := plain
 	for i := plain; i < len(s); i++ {
 		ch := s[i]
-		if written >= maxExcerpt && (ch < 0x80 || ch >= 0xC0) {
+		if written >= limit && (ch < 0x80 || ch >= 0xC0) {
+			cut = true
 			break // cut only between runes
 		}
 		if excerptSpecial[ch] {
@@ -582,27 +599,41 @@ func excerpt(prefix, s string, escaped, redact bool) string {
 		b = append(b, ch)
 		written++
 	}
-	if cleaned && written >= maxExcerpt {
+	if redact {
+		// Redact without its trigger pre-check: the caller saw a trigger
+		// in the text, and findSecret alone gives the same answer.
+		var rbuf [excerptBuf]byte
+		text := b[len(prefix):]
+		if r, masked := appendRedacted(append(rbuf[:0], prefix...), unsafe.String(unsafe.SliceData(text), len(text))); masked {
+			b = r
+		}
+		// Now cut to maxExcerpt bytes of text, between runes.
+		if end := len(prefix) + maxExcerpt; len(b) > end {
+			for end > len(prefix) && b[end] >= 0x80 && b[end] < 0xC0 {
+				end--
+			}
+			b, cut = b[:end], true
+		}
+	}
+	if cleaned && cut {
 		for len(b) > 0 && b[len(b)-1] == ' ' {
 			b = b[:len(b)-1]
 		}
 		b = append(b, "…"...)
 	}
-	if redact {
-		// Redact without its trigger pre-check: the caller saw a trigger
-		// in the text, and findSecret alone gives the same answer.
-		var rbuf [excerptBuf]byte
-		if r, masked := appendRedacted(rbuf[:0], unsafe.String(unsafe.SliceData(b), len(b))); masked {
-			return string(r)
-		}
-	}
 	return string(b)
 }
 
+// redactMargin is how far past the cut excerpt reads for redaction: enough
+// for the longest key prefix and its minimum length, and for a sensitive
+// name (at most 64 bytes) and the start of its value.
+const redactMargin = 128
+
 // excerptBuf holds an excerpt of any well-formed text: the longest prefix,
-// maxExcerpt bytes, the rest of a cut rune and "…". A longer one (a run
-// of stray UTF-8 continuation bytes at the cut) spills to the heap.
-const excerptBuf = 256
+// maxExcerpt+redactMargin bytes, the rest of a cut rune and "…". A longer
+// one (a run of stray UTF-8 continuation bytes at the cut) spills to the
+// heap.
+const excerptBuf = 384
 
 // excerptSpecial marks the bytes excerpt may change: a backslash and
 // whitespace.

@@ -427,3 +427,82 @@ func BenchmarkClassify(b *testing.B) {
 		}
 	}
 }
+
+// TestEvidenceRedactsAcrossTheCut: a credential that straddles the
+// excerpt's cut is masked, not cut down to a stub too short to look like a
+// key and shown.
+func TestEvidenceRedactsAcrossTheCut(t *testing.T) {
+	t.Parallel()
+	secrets := []struct {
+		name, text, stub string // stub: the first secret bytes after the kept prefix
+	}{
+		{"openai project key", "sk-proj-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789", "AbCd"},
+		{"anthropic key", "sk-ant-api03-QwErTyUiOpAsDfGhJkLzXcVbNm0123456789", "api0"},
+		{"google key", "AIzaSyA1b2C3d4E5f6G7h8I9j0KlMnOpQrStUvW", "SyA1"},
+		{"bearer token", "Bearer QwErTyUiOpAsDfGhJkLz0123456789", "QwEr"},
+		{"json api_key", `"api_key": "ZxCvBnMaSdFgHjKl0123"`, "ZxCv"},
+		{"key in a URL", "https://h.example/v1?key=ZxCvBnMaSdFgHjKl0123&x=1", "ZxCv"},
+	}
+	for _, sc := range secrets {
+		for pad := maxExcerpt - 40; pad <= maxExcerpt+8; pad++ {
+			text := strings.Repeat("y", pad) + " " + sc.text + " tail"
+			body, err := json.Marshal(map[string]any{"error": map[string]string{"message": text, "type": "invalid_request_error"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			outcomes := []events.Outcome{
+				{ID: "r", Agent: "a", Provider: "openai", Status: 401, Body: string(body)},
+				{ID: "r", Agent: "a", Provider: "openai", TransportError: "fetch failed: ECONNRESET " + text},
+				{ID: "r", Agent: "a", Provider: "my-gateway", Status: 502, Body: text},
+			}
+			for _, o := range outcomes {
+				c := Classify(&o)
+				for _, e := range c.Evidence {
+					if strings.Contains(e, sc.stub) {
+						t.Fatalf("%s at offset %d: evidence %q shows part of the secret", sc.name, pad, e)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestNoBodyPlaceholder: the SDK text for a response without a body is an
+// empty body (seed 001: "400 status code (no body)").
+func TestNoBodyPlaceholder(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		body  string
+		empty bool
+	}{
+		{"400 status code (no body)", true},
+		{"Error: 413 status code (no body)", true},
+		{"  502 status code (no body)\n", true},
+		{"(no status code or body)", true},
+		{"400 status code (no body) CONTEXT_WINDOW_EXCEEDED", false},
+		{"999 status code (no body)", false},
+		{"40x status code (no body)", false},
+		{"400 Bad Request", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.body, func(t *testing.T) {
+			t.Parallel()
+			v := getView()
+			defer putView(v)
+			v.reset(&events.Outcome{Status: 400, Body: tt.body})
+			if v.emptyBody != tt.empty || v.placeholder != tt.empty {
+				t.Fatalf("empty %v placeholder %v, want %v", v.emptyBody, v.placeholder, tt.empty)
+			}
+		})
+	}
+	// Through the classifier: a gateway's placeholder keeps no overflow
+	// claim; Cerebras' is its overflow signal.
+	gw := Classify(&events.Outcome{ID: "p", Agent: "a", Provider: "my-gateway", Status: 400, Body: "400 status code (no body)", UpstreamCode: "CONTEXT_WINDOW_EXCEEDED"})
+	if gw.Class != events.ClassServerError || gw.Overruled != events.ClassContextOverflow {
+		t.Fatalf("gateway placeholder: %q overruled %q (%q)", gw.Class, gw.Overruled, gw.Evidence)
+	}
+	cb := Classify(&events.Outcome{ID: "p", Agent: "a", Provider: "cerebras", Status: 400, Body: "400 status code (no body)"})
+	if cb.Class != events.ClassContextOverflow {
+		t.Fatalf("cerebras placeholder: %q (%q)", cb.Class, cb.Evidence)
+	}
+}

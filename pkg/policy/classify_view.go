@@ -26,6 +26,7 @@ type view struct {
 	status         int  // effective status (see effectiveStatus)
 	statusFromBody bool // status came from the body's error.code on a 0/2xx response
 	emptyBody      bool
+	placeholder    bool // the body is a client's "NNN status code (no body)"
 	html           bool
 	json           bool
 	bodyError      bool // the body holds an error object (key error, errors, __type, …)
@@ -110,11 +111,13 @@ func (v *view) reset(o *events.Outcome) {
 	v.body = o.Body
 
 	body := strings.TrimSpace(o.Body)
+	v.placeholder = false
 	switch body {
 	case "", "{}", "[]", "null", `""`:
 		v.emptyBody = true
 	default:
-		v.emptyBody = false
+		v.placeholder = isNoBodyPlaceholder(body)
+		v.emptyBody = v.placeholder
 	}
 	if !v.emptyBody {
 		v.digestBody(o.Body)
@@ -134,6 +137,30 @@ func (v *view) reset(o *events.Outcome) {
 		v.status = v.jsonCode
 		v.statusFromBody = true
 	}
+}
+
+// isNoBodyPlaceholder reports whether body is the text a client library
+// put where the response had no body: the Stainless SDKs (openai-node,
+// anthropic-sdk-typescript, …) raise `${status} status code (no body)`, and
+// `(no status code or body)` without a status; agents that publish the
+// SDK's error message as the body send exactly that (seed 001: "400 status
+// code (no body)"). It carries no more than an empty body does, so it is
+// classified as one: otherwise a Cerebras overflow would look explained,
+// and a gateway's empty 400 would keep an upstream_code's overflow claim.
+func isNoBodyPlaceholder(body string) bool {
+	const tail = " status code (no body)"
+	if len(body) > len("Error: 400")+len(tail) {
+		return false
+	}
+	if body == "(no status code or body)" {
+		return true
+	}
+	body = strings.TrimPrefix(body, "Error: ")
+	if len(body) != 3+len(tail) || body[3:] != tail {
+		return false
+	}
+	_, ok := status3(body[:3])
+	return ok
 }
 
 // digestBody fills text, codes and msg from a non-empty body.

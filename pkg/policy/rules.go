@@ -28,7 +28,7 @@ import (
 //	      headers: {x-gateway: "busy"}   # header contains the value ("" = is present)
 //	      upstream_codes: [BUSY]         # upstream_code, case-insensitive
 //	      stop_reasons: [content_filter] # stop_reason, case-insensitive
-//	      empty_body: true               # body is empty (also "{}", "null")
+//	      empty_body: true               # body is empty (also "{}", "null", "400 status code (no body)")
 //
 // The error text of a JSON body is its error fields (message, type, code,
 // status, reason, detail, raw, quota ids…), not the whole body, so prompt

@@ -101,6 +101,10 @@ var builtinRules = []builtin{
 	// Quota before rate limit: insufficient_quota arrives as a 429.
 	{Rule: Rule{ID: "openai.insufficient_quota", Class: cQuota, Codes: rl("insufficient_quota")}},
 	{Rule: Rule{ID: "openai.billing", Class: cQuota, Codes: rl("billing_hard_limit_reached", "billing_not_active")}},
+	// Hard spend limits: OpenAI 429 organization_/project_spend_limit_exceeded,
+	// Groq 400 blocked_api_access. Access returns next month, not next minute.
+	{Rule: Rule{ID: "spend_limit.code", Class: cQuota, Codes: rl("organization_spend_limit_exceeded",
+		"project_spend_limit_exceeded", "blocked_api_access")}},
 	{Rule: Rule{ID: "anthropic.billing_error", Class: cQuota, Codes: rl("billing_error")}},
 	{Rule: Rule{ID: "anthropic.spend_limit", Class: cQuota, Codes: rl("enforced_spend_limit_reached")}},
 	{Rule: Rule{ID: "anthropic.long_context_extra_usage", Class: cQuota, Status: rl("4xx"), Body: rl("extra usage is required")}},

@@ -93,6 +93,40 @@ func TestClassifierServicePublishesWhatClassifyReturns(t *testing.T) {
 	if got := counter(t, reg, "failbus_classifier_overrules_total"); got != 1 {
 		t.Errorf("failbus_classifier_overrules_total: %v, want 1", got)
 	}
+	// The overrule is counted as claimed → final, so a spike says what was
+	// demoted into what.
+	want := map[string]string{"claimed": events.ClassContextOverflow, "final": events.ClassServerError}
+	if got := labelled(t, reg, "failbus_classifier_overrules_total", want); got != 1 {
+		t.Errorf("failbus_classifier_overrules_total%v: %v, want 1", want, got)
+	}
+}
+
+// labelled returns the value of the counter name whose labels are exactly
+// want.
+func labelled(t *testing.T, g prometheus.Gatherer, name string, want map[string]string) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metrics:
+		for _, m := range mf.GetMetric() {
+			if len(m.GetLabel()) != len(want) {
+				continue
+			}
+			for _, l := range m.GetLabel() {
+				if want[l.GetName()] != l.GetValue() {
+					continue metrics
+				}
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	return 0
 }
 
 func TestClassifierRunnerRefusesToBeRenamed(t *testing.T) {
