@@ -104,27 +104,39 @@ func schClassified(id, agentName string, turn, step int, afterMS int64) *events.
 	}
 }
 
-// publish stores classifications as the classifier does, asynchronously.
+// schPublishWindow bounds the asynchronous publishes in flight. It must
+// stay below nats.go's PublishAsyncMaxPending (4000): above it, a publish
+// stalls and fails with ErrTooManyStalledMsgs after 200 ms without an ack,
+// which a loaded machine (the race detector, the scheduler consuming at
+// the same time) can reach.
+const schPublishWindow = 1000
+
+// publish stores classifications as the classifier does, asynchronously,
+// at most schPublishWindow unacknowledged at a time.
 func (b *schBench) publish(cs []*events.Classification) {
 	b.t.Helper()
-	futures := make([]jetstream.PubAckFuture, len(cs))
-	for i, c := range cs {
-		data, hdr, err := events.Encode(c)
-		if err != nil {
-			b.t.Fatal(err)
+	for len(cs) > 0 {
+		window := cs[:min(len(cs), schPublishWindow)]
+		cs = cs[len(window):]
+		futures := make([]jetstream.PubAckFuture, len(window))
+		for i, c := range window {
+			data, hdr, err := events.Encode(c)
+			if err != nil {
+				b.t.Fatal(err)
+			}
+			hdr.Set(nats.MsgIdHdr, consumer.OutputMsgID("classifier", c.OutcomeID, "0"))
+			if futures[i], err = b.js.PublishMsgAsync(&nats.Msg{Subject: events.ClassifiedSubject(c.Provider, c.Class), Header: hdr, Data: data}); err != nil {
+				b.t.Fatalf("publish %s: %v", c.OutcomeID, err)
+			}
 		}
-		hdr.Set(nats.MsgIdHdr, consumer.OutputMsgID("classifier", c.OutcomeID, "0"))
-		if futures[i], err = b.js.PublishMsgAsync(&nats.Msg{Subject: events.ClassifiedSubject(c.Provider, c.Class), Header: hdr, Data: data}); err != nil {
-			b.t.Fatalf("publish %s: %v", c.OutcomeID, err)
-		}
-	}
-	for i, f := range futures {
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			b.t.Fatalf("publish %s: %v", cs[i].OutcomeID, err)
-		case <-b.ctx.Done():
-			b.t.Fatal("publish: timed out")
+		for i, f := range futures {
+			select {
+			case <-f.Ok():
+			case err := <-f.Err():
+				b.t.Fatalf("publish %s: %v", window[i].OutcomeID, err)
+			case <-b.ctx.Done():
+				b.t.Fatal("publish: timed out")
+			}
 		}
 	}
 }

@@ -450,7 +450,7 @@ func (s *ProviderState) outageTransitions(cfg ScopeConfig, c events.Classificati
 		if s.RecoverySuccesses >= cfg.RecoveryMinSuccesses && span >= cfg.RecoveryMinTime {
 			since := s.OutageSince
 			reason := fmt.Sprintf("%d successes over %s since %s; the outage began %s and lasted %s",
-				s.RecoverySuccesses, span, scopeClock(s.RecoveringSince.Time), scopeClock(since.Time), now.Sub(since.Time))
+				s.RecoverySuccesses, span.Round(time.Millisecond), scopeClock(s.RecoveringSince.Time), scopeClock(since.Time), now.Sub(since.Time).Round(time.Millisecond))
 			s.Outage, s.OutageSince, s.OutageReason = false, events.Time{}, ""
 			s.RecoveringSince, s.RecoverySuccesses = events.Time{}, 0
 			obs.Health = append(obs.Health, s.health(now, events.HealthRecovered, reason))

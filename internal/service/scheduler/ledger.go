@@ -118,16 +118,20 @@ func (s *Scheduler) ledgerLast(ctx context.Context, token string) (*ledgerRead, 
 	return decodeRaw(m)
 }
 
-// ledgerFind returns the first entry of the budget written for outcomeID,
-// or nil. A budget holds at most max_retries records plus their marks, so
-// this walks a handful of messages.
+// ledgerFind returns the latest entry of the budget written for outcomeID
+// (its record, or the started or cancel mark appended after it), or nil.
+// The latest, not the first: a redelivery that finds the record behind a
+// later retry must still see that the agent cancelled it, or it would
+// restore a purged schedule. A budget holds at most max_retries records
+// plus their marks, so this walks a handful of messages.
 func (s *Scheduler) ledgerFind(ctx context.Context, token, outcomeID string) (*ledgerRead, error) {
 	subj := events.RetryLedgerSubject(token)
+	var found *ledgerRead
 	seq := uint64(1)
 	for {
 		m, err := s.retries.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subj))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return nil, nil
+			return found, nil
 		}
 		if err != nil {
 			return nil, fmt.Errorf("read ledger %s from seq %d: %w", subj, seq, err)
@@ -137,7 +141,7 @@ func (s *Scheduler) ledgerFind(ctx context.Context, token, outcomeID string) (*l
 			return nil, err
 		}
 		if r.entry.OutcomeID == outcomeID {
-			return r, nil
+			found = r
 		}
 		seq = m.Sequence + 1
 	}

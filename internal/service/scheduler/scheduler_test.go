@@ -177,7 +177,11 @@ func (b *bench) waitIdle() {
 	})
 }
 
-// read returns every message of stream on filter, in order.
+// read returns every message of stream on filter, in order. An empty
+// no-wait fetch is the end only when the consumer has nothing pending: a
+// loaded server may answer one before the new consumer has its messages
+// ready. (Messages may also disappear while it reads: fired or purged
+// schedules.)
 func (b *bench) read(stream, filter string) []jetstream.Msg {
 	b.t.Helper()
 	c, err := b.js.OrderedConsumer(b.ctx, stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}})
@@ -200,8 +204,18 @@ func (b *bench) read(stream, filter string) []jetstream.Msg {
 			out = append(out, m)
 			got++
 		}
-		if got == 0 {
+		if got > 0 {
+			continue
+		}
+		info, err := c.Info(b.ctx)
+		if err != nil {
+			b.t.Fatal(err)
+		}
+		if info.NumPending == 0 {
 			return out
+		}
+		if b.ctx.Err() != nil {
+			b.t.Fatalf("read %s %s: %d messages still pending", stream, filter, info.NumPending)
 		}
 	}
 }
@@ -471,7 +485,8 @@ func (b *bench) schedulesOf(agentName string) int {
 func TestCancelPurgesTheScheduleAndAStartedAfterItIsIgnored(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.start(scheduler.Options{})
+	reg := prometheus.NewRegistry()
+	b.start(scheduler.Options{Runner: consumer.Config{Registerer: reg}})
 	ag, err := agent.New(b.nc, "canceller")
 	if err != nil {
 		t.Fatal(err)
@@ -500,6 +515,20 @@ func TestCancelPurgesTheScheduleAndAStartedAfterItIsIgnored(t *testing.T) {
 	d2 := b.decisionOf("canceller", "k-2")
 	if d2.Retry != 2 {
 		t.Errorf("next retry is %d, want 2", d2.Retry)
+	}
+	// A late redelivery of k-1 (its acknowledgement lost before the cancel)
+	// now finds its record behind k-2's: it is replayed as retry 1 and its
+	// cancelled schedule is not restored.
+	b.publish(c, "redelivery:k-1")
+	b.waitIdle()
+	if n := len(b.ledger(budgetToken(c, policy.Default()))); n != 3 {
+		t.Errorf("ledger after the redelivery: %d entries, want 3 (record, cancel, retry 2)", n)
+	}
+	if got := counter(t, reg, "failbus_scheduler_replays_total"); got != 1 {
+		t.Errorf("replays: %v, want 1", got)
+	}
+	if got := counter(t, reg, "failbus_scheduler_schedules_restored_total"); got != 0 {
+		t.Errorf("schedules restored: %v, want 0 (the retry was cancelled)", got)
 	}
 	b.poll("retry 2 due", func() bool { return len(b.dues("canceller")) == 1 })
 	// The cancelled one never comes due: its due time has passed by now.
@@ -646,7 +675,15 @@ func TestOutageDecidesWaitProviderSpendsNoBudgetAndSurvivesARestart(t *testing.T
 		c.At = at(d)
 		return c
 	}
+	// ok-2 is published only once ok-1 was observed (its degraded record
+	// is out): the scheduler handles a fetched batch concurrently, and
+	// ok-2 observed first would start the streak at 1.4s, leaving ok-1
+	// (clamped to the clock) no time span to add.
 	b.publish(ok("ok-1", 300*time.Millisecond), "")
+	b.poll("recovering", func() bool {
+		hs := b.health("deepseek")
+		return len(hs) > 0 && hs[len(hs)-1].State == events.HealthDegraded
+	})
 	b.publish(ok("ok-2", 1400*time.Millisecond), "")
 	b.poll("recovered", func() bool {
 		hs := b.health("deepseek")
