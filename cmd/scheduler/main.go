@@ -10,8 +10,13 @@
 // SIGINT/SIGTERM drain: no new messages, in-flight ones finish, exit 0.
 //
 // The policy is --policy (or the default), overridden while KV bucket
-// FAILBUS_POLICY holds key "active" (YAML, the same format), reloaded when
-// it changes; --policy-kv=false ignores KV.
+// FAILBUS_POLICY holds key "active" (YAML, the same format); both are
+// reloaded when they change: the file is polled every --policy-poll
+// (default 2s; a change is in force once two looks agree, so write a new
+// file and rename it over the old one), and deleting the KV key brings the
+// file's current content back. An invalid change is logged, counted and audited, and the last
+// good policy stays in force. --policy-kv=false ignores KV. The refusal
+// tiers read the `refusal:` section of --policy once, at start.
 //
 // Flags (each also read from the environment variable in brackets):
 //
@@ -20,6 +25,7 @@
 //	--ops-addr ADDR     /metrics and /healthz (FAILBUS_SCHEDULER_OPS_ADDR; default 127.0.0.1:9402)
 //	--policy FILE       policy file (FAILBUS_POLICY; default policy when empty)
 //	--policy-kv         follow FAILBUS_POLICY/active in KV (default true)
+//	--policy-poll D     how often --policy is checked for changes (default 2s)
 //	--concurrency N     classifications handled at once (default 4)
 //	--refusals          also run the refusal tiers and the failbus-refusals route service (default true)
 //	--replicas N        stream replicas when applying the topology (FAILBUS_REPLICAS; default 1)
@@ -34,6 +40,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/failbus/failbus/internal/service/refusals"
 	"github.com/failbus/failbus/internal/service/scheduler"
@@ -52,12 +59,14 @@ func spec() servicemain.Spec {
 	var (
 		concurrency    int
 		policyKV, tier bool
+		policyPoll     time.Duration
 	)
 	return servicemain.Spec{
 		Name:           scheduler.Service,
 		DefaultOpsAddr: scheduler.DefaultOpsAddr,
 		Flags: func(fs *flag.FlagSet) {
 			fs.BoolVar(&policyKV, "policy-kv", true, "let FAILBUS_POLICY/"+scheduler.PolicyKVKey+" in KV override --policy, reloaded on change")
+			fs.DurationVar(&policyPoll, "policy-poll", scheduler.DefaultPolicyPollInterval, "how often the --policy file is checked for changes")
 			fs.IntVar(&concurrency, "concurrency", scheduler.DefaultConcurrency, "classifications handled at once")
 			fs.BoolVar(&tier, "refusals", true, "also run the refusal tiers (consumers refusals and refusals-boundaries, micro service failbus-refusals)")
 		},
@@ -65,13 +74,18 @@ func spec() servicemain.Spec {
 			if concurrency < 1 {
 				return fmt.Errorf("--concurrency %d: must be at least 1", concurrency)
 			}
+			if policyPoll <= 0 {
+				return fmt.Errorf("--policy-poll %v: must be positive", policyPoll)
+			}
 			return nil
 		},
 		Build: func(_ context.Context, env servicemain.Env) (servicemain.Service, error) {
 			s, err := scheduler.New(env.JS, scheduler.Options{
-				Policy:      env.Policy,
-				WatchPolicy: policyKV,
-				Runner:      consumer.Config{Concurrency: concurrency, Logger: env.Log, Registerer: env.Registry},
+				Policy:             env.Policy,
+				PolicyFile:         env.PolicyFile,
+				PolicyPollInterval: policyPoll,
+				WatchPolicy:        policyKV,
+				Runner:             consumer.Config{Concurrency: concurrency, Logger: env.Log, Registerer: env.Registry},
 			})
 			if err != nil {
 				return nil, err
@@ -80,8 +94,9 @@ func spec() servicemain.Spec {
 				return s, nil
 			}
 			// Refusal tiers live beside the scheduler (DESIGN.md: "in
-			// scheduler or its own consumer"): same policy file, own
-			// consumers and the route micro service.
+			// scheduler or its own consumer"): same policy file, read
+			// once at start (they do not follow reloads), own consumers
+			// and the route micro service.
 			r, err := refusals.New(env.JS, refusals.Options{
 				Policy: env.Policy.Refusal,
 				Runner: consumer.Config{Logger: env.Log, Registerer: env.Registry},

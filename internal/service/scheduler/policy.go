@@ -12,22 +12,53 @@ import (
 	"github.com/failbus/failbus/pkg/policy"
 )
 
-// activePolicy is the policy decisions use now, and where it came from.
+// activePolicy is one policy the scheduler may decide with, and where it
+// came from.
 type activePolicy struct {
 	p        *policy.Policy
 	source   string
 	revision uint64
 }
 
+// policyLayers are the two sources of the policy, in precedence order: kv
+// (the last valid policy under PolicyKVKey; nil while the key is absent or
+// has held no valid policy since start) over base (the policy file's last
+// good content, or Options.Policy).
+type policyLayers struct {
+	base *activePolicy
+	kv   *activePolicy
+}
+
+// inForce is the layer that wins.
+func (l *policyLayers) inForce() *activePolicy {
+	if l.kv != nil {
+		return l.kv
+	}
+	return l.base
+}
+
 // Policy audit kinds: the Kind of a PolicyAudit.
 const (
-	// PolicyApplied: a policy from KV is in force from now on.
+	// PolicyApplied: a policy from KV, or a changed policy file while KV
+	// holds none, is in force from now on.
 	PolicyApplied = "applied"
-	// PolicyRemoved: the KV key was deleted; Options.Policy is in force.
+	// PolicyShadowed: the policy file changed to a valid policy, but the
+	// KV key overrides it: the KV policy stays in force (PolicyKey is its
+	// key) and the file's applies once the key is deleted.
+	PolicyShadowed = "shadowed"
+	// PolicyRemoved: the KV key was deleted; the base policy (the policy
+	// file's current content, or Options.Policy) is in force.
 	PolicyRemoved = "removed"
-	// PolicyRejected: the KV value is not a valid policy; the previous one
-	// stays in force.
+	// PolicyRejected: the KV value or the policy file is not a valid policy
+	// (or the file cannot be read); the previous one stays in force.
 	PolicyRejected = "rejected"
+)
+
+// Sources of a policy change: the `source` label of
+// failbus_scheduler_policy_reloads_total.
+const (
+	reloadKV   = "kv"
+	reloadFile = "file"
 )
 
 // SchemaPolicyAudit is the Failbus-Schema name of a PolicyAudit.
@@ -44,9 +75,13 @@ const PolicyAuditKind = "policy"
 type PolicyAudit struct {
 	At   events.Time `msgpack:"at" json:"at"`
 	Kind string      `msgpack:"kind" json:"kind"`
-	// Source names the KV entry, e.g. "kv FAILBUS_POLICY/active".
+	// Source names where the change was seen: the KV entry, e.g. "kv
+	// FAILBUS_POLICY/active", or the policy file and the SHA-256 prefix of
+	// the content read, e.g. "file /etc/failbus/policy.yaml
+	// sha256:0123456789abcdef" (no hash when the file cannot be read).
 	Source string `msgpack:"source" json:"source"`
-	// Revision is the KV revision of the change.
+	// Revision is the KV revision of the change; 0 for a change of the
+	// policy file.
 	Revision uint64 `msgpack:"revision" json:"revision"`
 	// PolicyKey is the key of the global retry policy now in force (each
 	// provider override has its own): budgets counted from now on carry
@@ -137,16 +172,40 @@ func (s *Scheduler) applyKV(ctx context.Context, e jetstream.KeyValueEntry) {
 			s.log.Error().Err(err).Str("policy", kvSource).Uint64("revision", e.Revision()).Msg("policy rejected; keeping the current one")
 			break
 		}
-		s.active.Store(&activePolicy{p: p, source: kvSource + " rev " + strconv.FormatUint(e.Revision(), 10), revision: e.Revision()})
+		s.setLayer(func(l *policyLayers) {
+			l.kv = &activePolicy{p: p, source: kvSource + " rev " + strconv.FormatUint(e.Revision(), 10), revision: e.Revision()}
+		})
 		a.Kind, a.PolicyKey = PolicyApplied, p.RetryFor("").Key()
 		s.log.Info().Str("policy", kvSource).Uint64("revision", e.Revision()).Str("policy_key", a.PolicyKey).Msg("policy applied")
-	default: // deleted or purged: back to Options.Policy
-		s.active.Store(&activePolicy{p: s.base, source: "options (" + kvSource + " removed)", revision: e.Revision()})
-		a.Kind, a.PolicyKey = PolicyRemoved, s.base.RetryFor("").Key()
-		s.log.Info().Str("policy", kvSource).Uint64("revision", e.Revision()).Msg("policy removed from KV; back to the configured one")
+	default: // deleted or purged: back to the base policy
+		var base *activePolicy
+		s.setLayer(func(l *policyLayers) {
+			l.kv = nil
+			base = l.base
+		})
+		a.Kind, a.PolicyKey = PolicyRemoved, base.p.RetryFor("").Key()
+		s.log.Info().Str("policy", kvSource).Uint64("revision", e.Revision()).Str("now", base.source).Str("policy_key", a.PolicyKey).
+			Msg("policy removed from KV; back to the configured one")
 	}
-	s.m.reloads.WithLabelValues(a.Kind).Inc()
 	msgID := Service + ":policy:" + strconv.FormatUint(e.Revision(), 10)
+	s.recordPolicy(ctx, reloadKV, a, msgID)
+}
+
+// setLayer changes the layers with change and puts the winning one into
+// force, atomically with respect to the other source, and returns it.
+func (s *Scheduler) setLayer(change func(*policyLayers)) *activePolicy {
+	s.layersMu.Lock()
+	defer s.layersMu.Unlock()
+	change(&s.layers)
+	p := s.layers.inForce()
+	s.active.Store(p)
+	return p
+}
+
+// recordPolicy counts a policy change of source and records it on
+// failbus.audit.scheduler.policy.
+func (s *Scheduler) recordPolicy(ctx context.Context, source string, a *PolicyAudit, msgID string) {
+	s.m.reloads.WithLabelValues(source, a.Kind).Inc()
 	if _, err := s.publish(ctx, PolicyAuditSubject(), a, msgID, nil); err != nil {
 		s.log.Warn().Err(err).Msg("record policy change")
 	}

@@ -47,11 +47,21 @@
 // ignored. A cancelled retry still counts against its budget: its record was
 // written before the wait began (seed 003), so cancelling cannot refund it.
 //
-// Policy: Options.Policy (the --policy file, or the default), overridden by
-// the YAML under key PolicyKVKey of KV bucket FAILBUS_POLICY while that key
-// exists, reloaded whenever it changes (a KV watch). Each change is recorded
-// on failbus.audit.scheduler.policy. A change of any behavioural retry field
-// is a new policy key, hence new budgets.
+// Policy: two layers. The base is the policy file Options.PolicyFile (the
+// --policy file), read at start and polled every PolicyPollInterval for
+// changes (mtime, size and identity first, then a content hash, so a touch
+// or an identical rewrite reloads nothing; a change counts once two
+// consecutive looks agree, so a half-written file is never applied; rename
+// a finished file over it to change it), or Options.Policy (the default
+// policy when nil) when there is no file. The YAML under key PolicyKVKey of
+// KV bucket FAILBUS_POLICY overrides the base while that key exists,
+// reloaded whenever it changes (a KV watch); when the key is deleted, the
+// file's current content applies again. Each change of either layer is
+// recorded on failbus.audit.scheduler.policy (a PolicyAudit). An invalid or
+// unreadable file or KV value is logged, counted and audited as rejected,
+// and the last good policy stays in force: a bad edit never stops the
+// scheduler. A change of any behavioural retry field is a new policy key,
+// hence new budgets.
 //
 // Fault-scope state lives in this process's memory, rebuilt at start:
 // outages still open are read from the FAILBUS_HEALTH records this service
@@ -115,6 +125,12 @@ const (
 	// the time the bus stored its classification before the fault scope
 	// distrusts the agent's clock.
 	DefaultMaxFutureSkew = time.Minute
+	// DefaultPolicyPollInterval is how often Options.PolicyFile is checked
+	// for changes: a stat each time, a read only when the stat changed (or
+	// the file was written so recently that a same-size rewrite could share
+	// its modification time). A change is acted on when two consecutive
+	// looks agree, so it is in force within two intervals (4s).
+	DefaultPolicyPollInterval = 2 * time.Second
 	// DefaultSeenTTL is how long the fault-scope observation of an outcome
 	// is remembered, so a redelivered classification is not observed twice.
 	// It exceeds the longest redelivery chain of the topology's consumers.
@@ -141,15 +157,32 @@ const (
 const maxLedgerAttempts = 32
 
 // Options configure the scheduler. The zero value runs the default policy,
-// without watching KV.
+// without watching KV or a file.
 type Options struct {
-	// Policy is the policy used while KV holds none (the --policy file).
-	// Defaults to policy.Default().
+	// Policy is the policy used while KV holds none and there is no
+	// PolicyFile (or, with one, until the file is first read: see
+	// PolicyFile). Defaults to policy.Default().
 	Policy *policy.Policy
 
+	// PolicyFile is the path of the policy file (the --policy flag), "" for
+	// none. Run reads it before consuming and then polls it every
+	// PolicyPollInterval: its current valid content is the policy used
+	// while KV holds none, replacing Policy. When it cannot be read or is
+	// not a valid policy, the last good policy stays in force (at start:
+	// Policy, which must then be set, else Run fails), and the problem is
+	// logged, counted (failbus_scheduler_policy_reloads_total{source="file",
+	// result="rejected"}, failbus_scheduler_policy_file_valid 0) and
+	// audited.
+	PolicyFile string
+
+	// PolicyPollInterval is how often PolicyFile is checked for changes.
+	// Defaults to DefaultPolicyPollInterval (2s); must not be negative.
+	PolicyPollInterval time.Duration
+
 	// WatchPolicy makes the policy under PolicyKVKey in KV bucket
-	// FAILBUS_POLICY override Policy while it exists, reloaded on every
-	// change. Defaults to false.
+	// FAILBUS_POLICY override the base policy (PolicyFile's current
+	// content, else Policy) while it exists, reloaded on every change.
+	// Defaults to false.
 	WatchPolicy bool
 
 	// Now is the clock of decisions and due times. Defaults to time.Now.
@@ -186,8 +219,8 @@ type Options struct {
 // interface of `failbus dev` (Run, Healthy).
 type Scheduler struct {
 	js      jetstream.JetStream
-	base    *policy.Policy
 	watch   bool
+	file    *policyFile // nil without Options.PolicyFile
 	now     func() time.Time
 	randMu  sync.Mutex
 	rand    func() float64
@@ -197,8 +230,14 @@ type Scheduler struct {
 	reg     prometheus.Registerer
 	m       *metrics
 
-	active atomic.Pointer[activePolicy]
-	scope  *scopeBook
+	// active is the policy in force: layers.kv while the KV key holds a
+	// valid policy, else layers.base. layers and the store into active
+	// change together under layersMu, so the KV watch and the file poll
+	// never undo each other's precedence.
+	active   atomic.Pointer[activePolicy]
+	layersMu sync.Mutex
+	layers   policyLayers
+	scope    *scopeBook
 
 	classified *consumer.Runner
 	control    *consumer.Runner
@@ -229,12 +268,14 @@ func New(js jetstream.JetStream, opts Options) (*Scheduler, error) {
 	} else if err := base.Validate(); err != nil {
 		return nil, fmt.Errorf("scheduler: %w", err)
 	}
+	if opts.PolicyPollInterval < 0 {
+		return nil, fmt.Errorf("%w: scheduler: PolicyPollInterval %v is negative", consumer.ErrInvalidConfig, opts.PolicyPollInterval)
+	}
 	if rc.Registerer == nil {
 		rc.Registerer = prometheus.NewRegistry()
 	}
 	s := &Scheduler{
 		js:      js,
-		base:    base,
 		watch:   opts.WatchPolicy,
 		now:     opts.Now,
 		rand:    opts.Rand,
@@ -255,7 +296,15 @@ func New(js jetstream.JetStream, opts Options) (*Scheduler, error) {
 		skew = DefaultMaxFutureSkew
 	}
 	s.scope = newScopeBook(skew, DefaultSeenTTL)
-	s.active.Store(&activePolicy{p: base, source: "options"})
+	if opts.PolicyFile != "" {
+		interval := opts.PolicyPollInterval
+		if interval == 0 {
+			interval = DefaultPolicyPollInterval
+		}
+		s.file = &policyFile{path: opts.PolicyFile, interval: interval, fallback: opts.Policy != nil}
+	}
+	s.layers.base = &activePolicy{p: base, source: "options"}
+	s.active.Store(s.layers.base)
 	m, err := newMetrics(rc.Registerer)
 	if err != nil {
 		return nil, err
@@ -289,11 +338,13 @@ func (s *Scheduler) Gatherer() prometheus.Gatherer {
 	return g
 }
 
-// Run opens FAILBUS_RETRIES, loads the KV policy (when watched), rebuilds
-// the fault scope, and consumes classifications and started/cancel records
-// until ctx ends; then it drains both consumers (in-flight messages finish)
-// and returns nil. It returns an error when something cannot start or a
-// consumer stops on its own. A Scheduler runs once.
+// Run opens FAILBUS_RETRIES, reads the policy file (when set) and loads the
+// KV policy (when watched), rebuilds the fault scope, and consumes
+// classifications and started/cancel records until ctx ends, following
+// policy changes meanwhile; then it drains both consumers (in-flight
+// messages finish) and returns nil. It returns an error when something
+// cannot start (the policy file included, when unusable and Options.Policy
+// is nil) or a consumer stops on its own. A Scheduler runs once.
 func (s *Scheduler) Run(ctx context.Context) (err error) {
 	defer func() {
 		s.mu.Lock()
@@ -310,6 +361,12 @@ func (s *Scheduler) Run(ctx context.Context) (err error) {
 	defer wg.Wait() // after cancel, below: the policy watch ends with rctx
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	if s.file != nil {
+		if err := s.startPolicyFile(rctx); err != nil {
+			return err
+		}
+		wg.Go(func() { s.pollPolicyFile(rctx) })
+	}
 	if s.watch {
 		updates, err := s.startPolicyWatch(rctx)
 		if err != nil {
@@ -408,6 +465,7 @@ type metrics struct {
 	restored  prometheus.Counter
 	controls  *prometheus.CounterVec
 	reloads   *prometheus.CounterVec
+	fileValid prometheus.Gauge
 	replayed  prometheus.Counter
 	outage    *prometheus.GaugeVec
 }
@@ -438,9 +496,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.replays = counter("failbus_scheduler_replays_total", "Classifications whose outcome already had a ledger record: replayed, nothing spent again.")
 	m.restored = counter("failbus_scheduler_schedules_restored_total", "Replays that found the schedule neither pending, fired nor cancelled and published it.")
 	m.controls = counterVec("failbus_scheduler_controls_total", "Started and cancel records, by kind and result (marked, ignored).", "kind", "result")
-	m.reloads = counterVec("failbus_scheduler_policy_reloads_total", "KV policy changes, by result (applied, removed, rejected).", "result")
+	m.reloads = counterVec("failbus_scheduler_policy_reloads_total", "Policy changes seen, by source (kv, file) and result (applied, shadowed, removed, rejected).", "source", "result")
 	m.replayed = counter("failbus_scheduler_scope_replayed_total", "Classifications replayed into the fault scope at start.")
 	if err == nil {
+		m.fileValid, err = consumer.Register(reg, prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "failbus_scheduler_policy_file_valid",
+			Help: "1 while the policy file's current content is the policy loaded from it, 0 while it is unreadable or invalid (the last good policy is kept); 1 without a policy file.",
+		}))
+	}
+	if err == nil {
+		m.fileValid.Set(1)
 		m.outage, err = consumer.Register(reg, prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "failbus_scheduler_provider_outage",
 			Help: "1 while the fault scope holds the provider in an outage, else 0.",

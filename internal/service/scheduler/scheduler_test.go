@@ -3,6 +3,8 @@ package scheduler_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -795,4 +797,316 @@ func counter(t *testing.T, reg *prometheus.Registry, name string) float64 {
 		}
 	}
 	return 0
+}
+
+// syncBuffer is a log sink the scheduler writes to while the test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (w *syncBuffer) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.Write(p)
+}
+
+func (w *syncBuffer) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.String()
+}
+
+// count is how many log lines contain every one of parts.
+func (w *syncBuffer) count(parts ...string) int {
+	n := 0
+	for line := range strings.Lines(w.String()) {
+		all := true
+		for _, p := range parts {
+			all = all && strings.Contains(line, p)
+		}
+		if all {
+			n++
+		}
+	}
+	return n
+}
+
+// gauge reads a gauge without labels from reg.
+func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
+}
+
+// reloads reads failbus_scheduler_policy_reloads_total{source, result}.
+func reloads(t *testing.T, reg *prometheus.Registry, source, result string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "failbus_scheduler_policy_reloads_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["source"] == source && labels["result"] == result {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
+}
+
+// retryKey is the policy key of the global retry policy of doc.
+func retryKey(t *testing.T, doc string) string {
+	t.Helper()
+	p, err := policy.Parse([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p.RetryFor("").Key()
+}
+
+// writeFile replaces the file at path with content the recommended way: a
+// new file renamed over it, so no look sees it half written (the scheduler
+// would wait for a half-written file to settle; see
+// TestPolicyFileChangesSettleBeforeTheyCount).
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	f, err := os.CreateTemp(filepath.Dir(path), ".policy-*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString(content); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(f.Name(), path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestPolicyFileIsReloadedAndTheKVKeyOverridesIt(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const (
+		one   = "retry:\n  max_retries: 1\n"
+		three = "retry:\n  max_retries: 3\n"
+		bad   = "retry:\n  max_retrys: 5\n"
+		kvTwo = "retry:\n  max_retries: 2\n"
+		four  = "retry:\n  max_retries: 4\n"
+	)
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	writeFile(t, path, one)
+	logs := &syncBuffer{}
+	reg := prometheus.NewRegistry()
+	s, _ := b.start(scheduler.Options{
+		PolicyFile: path, PolicyPollInterval: 10 * time.Millisecond, WatchPolicy: true,
+		Runner: consumer.Config{Registerer: reg, Logger: zerolog.New(logs).Level(zerolog.DebugLevel)},
+	})
+	if got, want := s.Policy().RetryFor("").Key(), retryKey(t, one); got != want {
+		t.Fatalf("policy key at start %s, want the file's %s", got, want)
+	}
+	n := 0
+	step := func() *events.Decision {
+		n++
+		id := fmt.Sprintf("f-%d", n)
+		b.publish(cls(id, "ag", "openai", "k", events.ClassServerError, 9, 9, 5000), "")
+		return b.decisionOf("ag", id)
+	}
+	expect := func(what string, d *events.Decision, action string, retry, of int) {
+		t.Helper()
+		if d.Action != action {
+			t.Fatalf("%s: %s (%s), want %s", what, d.Action, d.Reason, action)
+		}
+		if action == events.ActionRetry && (d.Retry != retry || !strings.Contains(d.Reason, fmt.Sprintf("retry %d of %d", retry, of))) {
+			t.Fatalf("%s: retry %d (%s), want retry %d of %d", what, d.Retry, d.Reason, retry, of)
+		}
+	}
+	isFile := func(a *scheduler.PolicyAudit) bool { return strings.HasPrefix(a.Source, "file "+path) }
+	fileAudits := func() []scheduler.PolicyAudit {
+		var out []scheduler.PolicyAudit
+		for _, m := range b.read(topology.StreamAudit, scheduler.PolicyAuditSubject()) {
+			var a scheduler.PolicyAudit
+			if err := events.Unmarshal(m.Data(), &a); err != nil {
+				t.Fatal(err)
+			}
+			if isFile(&a) {
+				out = append(out, a)
+			}
+		}
+		return out
+	}
+
+	// max_retries 1 from the file: one retry, then give_up.
+	expect("first failure under the file's max_retries 1", step(), events.ActionRetry, 1, 1)
+	expect("second failure under the file's max_retries 1", step(), events.ActionGiveUp, 0, 0)
+
+	// The file rewritten with max_retries 3: a new policy key, a new budget.
+	writeFile(t, path, three)
+	a := b.waitAudit("the rewritten file applied", func(a *scheduler.PolicyAudit) bool {
+		return isFile(a) && a.Kind == scheduler.PolicyApplied
+	})
+	if a.PolicyKey != retryKey(t, three) || a.PolicyKey == retryKey(t, one) || a.Revision != 0 {
+		t.Fatalf("audit %+v, want applied with the new file's policy key %s", a, retryKey(t, three))
+	}
+	expect("the same step under the file's max_retries 3", step(), events.ActionRetry, 1, 3)
+
+	// The same content written again reloads nothing.
+	writeFile(t, path, three)
+	earlier := time.Now().Add(-time.Minute)
+	if err := os.Chtimes(path, earlier, earlier); err != nil { // a new stat for certain
+		t.Fatal(err)
+	}
+	b.poll("the identical rewrite noticed", func() bool { return logs.count("same content", path) > 0 })
+
+	// An invalid rewrite: logged, counted, audited; the last good policy
+	// stays in force and its budget goes on.
+	writeFile(t, path, bad)
+	r := b.waitAudit("the invalid file rejected", func(a *scheduler.PolicyAudit) bool {
+		return isFile(a) && a.Kind == scheduler.PolicyRejected
+	})
+	if !strings.Contains(r.Error, "max_retrys") || !strings.Contains(r.Error, path) || r.PolicyKey != retryKey(t, three) {
+		t.Fatalf("audit %+v, want rejected naming the file and the key, keeping the policy key %s", r, retryKey(t, three))
+	}
+	if logs.count("policy file rejected", "max_retrys", path) != 1 {
+		t.Errorf("want one error line for the invalid file, log:\n%s", logs)
+	}
+	if got := reloads(t, reg, "file", scheduler.PolicyRejected); got != 1 {
+		t.Errorf("rejected file reloads %v, want 1", got)
+	}
+	if got := gauge(t, reg, "failbus_scheduler_policy_file_valid"); got != 0 {
+		t.Errorf("failbus_scheduler_policy_file_valid %v while the file is invalid, want 0", got)
+	}
+	expect("the same step while the file is invalid", step(), events.ActionRetry, 2, 3)
+	if got := s.Policy().RetryFor("").Key(); got != retryKey(t, three) {
+		t.Fatalf("policy key %s after the invalid file, want the last good %s", got, retryKey(t, three))
+	}
+
+	// A KV key overrides the file (max_retries 2: a budget of its own).
+	rev := b.putPolicy(kvTwo)
+	if a := b.waitPolicy(rev); a.Kind != scheduler.PolicyApplied || a.PolicyKey != retryKey(t, kvTwo) {
+		t.Fatalf("KV audit %+v, want applied with key %s", a, retryKey(t, kvTwo))
+	}
+	expect("the same step under the KV's max_retries 2", step(), events.ActionRetry, 1, 2)
+
+	// A valid file rewrite while the KV key exists is loaded, not in force.
+	writeFile(t, path, four)
+	sh := b.waitAudit("the file shadowed by KV", func(a *scheduler.PolicyAudit) bool {
+		return isFile(a) && a.Kind == scheduler.PolicyShadowed
+	})
+	if sh.PolicyKey != retryKey(t, kvTwo) {
+		t.Fatalf("audit %+v, want shadowed with the KV policy key %s still in force", sh, retryKey(t, kvTwo))
+	}
+	if got := gauge(t, reg, "failbus_scheduler_policy_file_valid"); got != 1 {
+		t.Errorf("failbus_scheduler_policy_file_valid %v after a valid rewrite, want 1", got)
+	}
+	expect("the same step while KV overrides the file", step(), events.ActionRetry, 2, 2)
+
+	// The KV key deleted: the file's current content applies.
+	kv, err := b.js.KeyValue(b.ctx, topology.BucketPolicy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.Delete(b.ctx, scheduler.PolicyKVKey); err != nil {
+		t.Fatal(err)
+	}
+	rm := b.waitAudit("the KV removal audited", func(a *scheduler.PolicyAudit) bool { return a.Kind == scheduler.PolicyRemoved })
+	if rm.PolicyKey != retryKey(t, four) {
+		t.Fatalf("audit %+v, want removed with the file's current key %s", rm, retryKey(t, four))
+	}
+	expect("the same step back on the file's max_retries 4", step(), events.ActionRetry, 1, 4)
+
+	var kinds []string
+	for _, a := range fileAudits() {
+		kinds = append(kinds, a.Kind)
+	}
+	if got := strings.Join(kinds, ","); got != "applied,rejected,shadowed" {
+		t.Errorf("file audits %s, want applied,rejected,shadowed (nothing for the identical rewrite)", got)
+	}
+	if got := reloads(t, reg, "file", scheduler.PolicyApplied); got != 1 {
+		t.Errorf("applied file reloads %v, want 1", got)
+	}
+}
+
+func TestPolicyFileUnusableAtStart(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name     string
+		content  string // "" for no file at all
+		fallback bool   // Options.Policy set
+		wantErr  string // Run's error; "" when it runs on Options.Policy
+	}{
+		{"missing, no fallback", "", false, "no such file"},
+		{"invalid, no fallback", "retry:\n  max_retrys: 1\n", false, "max_retrys"},
+		{"missing, Options.Policy kept", "", true, ""},
+		{"invalid, Options.Policy kept", "retry: [\n", true, ""},
+	}
+	b := setup(t)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			b := &bench{t: t, ctx: b.ctx, srv: b.srv, nc: b.nc, js: b.js}
+			path := filepath.Join(t.TempDir(), "policy.yaml")
+			if tc.content != "" {
+				writeFile(t, path, tc.content)
+			}
+			reg := prometheus.NewRegistry()
+			logs := &syncBuffer{}
+			opts := scheduler.Options{
+				PolicyFile: path, PolicyPollInterval: 10 * time.Millisecond, SkipRebuild: true,
+				Runner: consumer.Config{Registerer: reg, Logger: zerolog.New(logs), FetchWait: 100 * time.Millisecond},
+			}
+			fallback, err := policy.Parse([]byte("retry:\n  max_retries: 7\n"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.fallback {
+				opts.Policy = fallback
+			}
+			if tc.wantErr != "" {
+				s, err := scheduler.New(b.js, opts)
+				if err != nil {
+					t.Fatal(err)
+				}
+				err = s.Run(b.ctx)
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("Run: %v, want an error containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			s, _ := b.start(opts)
+			if got := s.Policy().RetryFor("").Key(); got != fallback.RetryFor("").Key() {
+				t.Errorf("policy key %s, want Options.Policy's", got)
+			}
+			if logs.count("policy file rejected", path) != 1 {
+				t.Errorf("want one error line naming the file, log:\n%s", logs)
+			}
+			if got := gauge(t, reg, "failbus_scheduler_policy_file_valid"); got != 0 {
+				t.Errorf("failbus_scheduler_policy_file_valid %v, want 0", got)
+			}
+			// Once the file is fixed, it applies.
+			writeFile(t, path, "retry:\n  max_retries: 5\n")
+			b.poll("the fixed file applied", func() bool { return s.Policy().Retry.MaxRetries == 5 })
+			if got := gauge(t, reg, "failbus_scheduler_policy_file_valid"); got != 1 {
+				t.Errorf("failbus_scheduler_policy_file_valid %v after the fix, want 1", got)
+			}
+		})
+	}
 }
