@@ -36,6 +36,9 @@ type serviceEnv struct {
 	policy   *policy.Policy
 	log      zerolog.Logger
 	registry prometheus.Registerer
+	// policyFile is where policy was read from ("" for none): the
+	// scheduler follows its changes.
+	policyFile string
 }
 
 // inProcess is one service of the in-process bus.
@@ -74,9 +77,10 @@ func newNotifier(env serviceEnv) (service, error) {
 
 // busOptions configure an in-process bus.
 type busOptions struct {
-	server embedded.Options
-	policy *policy.Policy // nil: policy.Default()
-	log    zerolog.Logger
+	server     embedded.Options
+	policy     *policy.Policy // nil: policy.Default()
+	policyFile string         // where policy was read from; "" for none
+	log        zerolog.Logger
 }
 
 // bus is an embedded nats-server with the topology applied and every
@@ -132,7 +136,7 @@ func startBus(o busOptions) (_ *bus, err error) {
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	b.cancel = stop
-	env := serviceEnv{js: b.js, policy: pol, log: o.log, registry: b.registry}
+	env := serviceEnv{js: b.js, policy: pol, policyFile: o.policyFile, log: o.log, registry: b.registry}
 	for _, s := range services {
 		svc, err := s.new(env)
 		if err != nil {

@@ -26,6 +26,7 @@ import (
 func newScheduler(env serviceEnv) (service, error) {
 	return scheduler.New(env.js, scheduler.Options{
 		Policy:      env.policy,
+		PolicyFile:  env.policyFile,
 		WatchPolicy: true,
 		Runner:      consumer.Config{Logger: env.log, Registerer: env.registry},
 	})

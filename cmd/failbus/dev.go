@@ -101,8 +101,9 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			ServerName:   "failbus-dev",
 			Logging:      *natsLog,
 		},
-		policy: pol,
-		log:    log,
+		policy:     pol,
+		policyFile: *policyFile,
+		log:        log,
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "failbus dev: %v\n", err)
