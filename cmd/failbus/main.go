@@ -40,6 +40,7 @@ var commands = []command{
 	{"tail", "print messages of any subject as JSON Lines; follow, or replay from a sequence or time", runTail},
 	{"classify", "classify Outcome JSON Lines from stdin offline (no bus)", runClassify},
 	{"simulate", "run the whole decision core over JSON Lines from stdin on a virtual clock (no bus)", runSimulate},
+	{"bench", "measure throughput and retry lateness against raw JetStream on a temporary embedded bus", runBench},
 }
 
 func main() {

@@ -1,0 +1,1298 @@
+package main
+
+// `failbus bench`: how fast the bus is, measured against raw JetStream on
+// the same embedded server in the same run, so the figures are ratios a
+// reader can trust on any machine rather than absolute numbers that only
+// held on ours. Speed is measured here and in Go benchmarks, never asserted
+// in a test.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/internal/service/classifier"
+	"github.com/failbus/failbus/internal/service/scheduler"
+	topology "github.com/failbus/failbus/jetstream"
+	"github.com/failbus/failbus/pkg/events"
+	"github.com/failbus/failbus/pkg/policy"
+)
+
+// Defaults of `failbus bench`: together about a minute on a 2-core machine.
+const (
+	benchDefaultN        = 10000
+	benchDefaultRounds   = 5
+	benchDefaultK        = 2000
+	benchDefaultWindow   = 256
+	benchDefaultDelayMin = time.Second
+	benchDefaultDelayMax = 5 * time.Second
+)
+
+// Bounds of one bench run.
+const (
+	// benchTimeout bounds the whole run.
+	benchTimeout = 15 * time.Minute
+	// benchWait bounds one wait for the bus (a stream to fill, the services
+	// to catch up, a schedule to fire after its due time).
+	benchWait = 3 * time.Minute
+	// benchPoll is how often stream and consumer state is polled while a
+	// measurement runs: small against the seconds a round takes.
+	benchPoll = 5 * time.Millisecond
+	// benchClassifyMin is how long the pure classification loop runs per
+	// round, at least.
+	benchClassifyMin = 300 * time.Millisecond
+	// benchStallWait is how long an async publish may wait for a free slot
+	// in the window before it is an error.
+	benchStallWait = time.Minute
+)
+
+// Names the bench uses: scratch streams for the raw baselines, and the
+// agents and provider of its own outcomes (a provider no corpus row names,
+// so the ingest rounds' fault scope cannot hold the retries back).
+const (
+	benchRawStream   = "BENCH_RAW"
+	benchRawPrefix   = "bench.raw"
+	benchRelayStream = "BENCH_RELAY"
+	benchRelayPrefix = "bench.relay"
+	benchSchedStream = "BENCH_SCHED"
+	benchSchedPrefix = "bench.sched"
+	benchAgent       = "bench-agent"
+	benchRetryAgent  = "bench-retry"
+	benchProvider    = "bench-llm"
+)
+
+// benchDefaultCorpus is the classification corpus, relative to the module
+// root.
+var benchDefaultCorpus = filepath.Join("pkg", "policy", "testdata", "classify", "corpus.jsonl")
+
+// benchModule is the module path that marks the module root.
+const benchModule = "github.com/failbus/failbus"
+
+// benchConsumers are the durable consumers the in-process services read:
+// the bus has settled when none of them has anything pending or unacked.
+// A consumer no in-process service reads (recovery) is not listed, or the
+// bus would never settle.
+var benchConsumers = []struct{ stream, name string }{
+	{topology.StreamOutcomes, topology.ConsumerClassifier},
+	{topology.StreamOutcomes, topology.ConsumerRefusalBoundaries},
+	{topology.StreamClassified, topology.ConsumerScheduler},
+	{topology.StreamClassified, topology.ConsumerRefusals},
+	{topology.StreamNotify, topology.ConsumerNotifier},
+	{topology.StreamRetries, topology.ConsumerSchedulerControl},
+}
+
+const benchUsage = `[--n N] [--rounds R] [--k K] [--json]
+
+Measures failbus against raw JetStream on one embedded nats-server (file
+store in a temporary folder) with every service in this process, in one run,
+so the ratios hold whatever the machine:
+
+  1. raw JetStream: N msgpack outcomes published async with Nats-Msg-Id to a
+     scratch stream configured like FAILBUS_OUTCOMES, then read back by a
+     pull consumer that acks each, then relayed the way the classifier runs
+     (as many at a time as the classifier: publish, wait for the ack,
+     double-ack);
+  2. failbus ingest: the same N outcomes on failbus.outcome.*, until
+     FAILBUS_CLASSIFIED holds their N classifications, and until every
+     service has caught up (scheduler decisions, refusal tiers), as ratios
+     to raw publish + consume;
+  3. classify only: policy.Classify over the classification corpus on one
+     goroutine (per core);
+  4. scheduled-retry lateness: K raw JetStream "@at" schedules, then K 429
+     outcomes with retry-after-ms through the classifier and scheduler, due
+     --delay-min to --delay-max ahead; p50 and p99 of stored time − due time.
+
+Throughput figures are the median of R rounds; raw and failbus alternate
+within each round so a noisy machine slows both. Progress goes to stderr.
+The defaults take about a minute on 2 cores.`
+
+// benchConfig is `failbus bench`'s flags.
+type benchConfig struct {
+	n, rounds, k, window int
+	delayMin, delayMax   time.Duration
+	corpus               string
+}
+
+// runBench is `failbus bench`.
+func runBench(args []string, _ io.Reader, stdout, stderr io.Writer) int {
+	fs := newFlagSet("bench", benchUsage, stderr)
+	var c benchConfig
+	fs.IntVar(&c.n, "n", benchDefaultN, "outcomes per round")
+	fs.IntVar(&c.rounds, "rounds", benchDefaultRounds, "rounds; throughput is their median")
+	fs.IntVar(&c.k, "k", benchDefaultK, "scheduled retries, raw and through failbus, for the lateness figures")
+	fs.IntVar(&c.window, "window", benchDefaultWindow, "async publishes in flight at most")
+	fs.DurationVar(&c.delayMin, "delay-min", benchDefaultDelayMin, "earliest due time of a scheduled retry, after its publish")
+	fs.DurationVar(&c.delayMax, "delay-max", benchDefaultDelayMax, "latest due time of a scheduled retry, after its publish")
+	fs.StringVar(&c.corpus, "corpus", "", "outcome JSON Lines to classify and ingest (default: "+filepath.ToSlash(benchDefaultCorpus)+" under the module root, else a built-in mix)")
+	asJSON := fs.Bool("json", false, "print the report as one JSON object")
+	verbose := fs.Bool("verbose", false, "print the services' logs on stderr")
+	if rest, code, done := parseArgs(fs, args); done {
+		return code
+	} else if len(rest) > 0 {
+		return usageError(fs, stderr, "unexpected arguments %q", rest)
+	}
+	maxDelay := policy.Default().Retry.MaxDelay
+	switch {
+	case c.n < 1 || c.rounds < 1 || c.k < 1 || c.window < 1:
+		return usageError(fs, stderr, "--n, --rounds, --k and --window must be at least 1")
+	case c.delayMin <= 0 || c.delayMax < c.delayMin:
+		return usageError(fs, stderr, "need 0 < --delay-min <= --delay-max")
+	case c.delayMax > maxDelay:
+		// Above max_delay the default policy gives up instead of retrying.
+		return usageError(fs, stderr, "--delay-max %v is above the default policy's retry max_delay %v", c.delayMax, maxDelay)
+	}
+	log := zerolog.Nop()
+	if *verbose {
+		log = consoleLogger(stderr)
+	}
+	corpus, source, err := loadBenchCorpus(c.corpus)
+	if err != nil {
+		fmt.Fprintf(stderr, "failbus bench: %v\n", err)
+		return 1
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, benchTimeout)
+	defer cancel()
+	rep, err := bench(ctx, c, corpus, source, log, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "failbus bench: %v\n", err)
+		return 1
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(rep); err != nil {
+			fmt.Fprintf(stderr, "failbus bench: %v\n", err)
+			return 1
+		}
+		return 0
+	}
+	printBench(stdout, rep)
+	return 0
+}
+
+// benchReport is the result of one run; --json prints it as is.
+type benchReport struct {
+	Machine benchMachine `json:"machine"`
+	Params  benchParams  `json:"params"`
+	// Rounds are the throughput figures of each round, in order.
+	Rounds []benchRound `json:"rounds"`
+	// Median holds the median of each figure over the rounds (ratios
+	// included: the median of the per-round ratios).
+	Median benchRound `json:"median"`
+	// Min and Max bound each figure over the rounds.
+	Min      benchRound    `json:"min"`
+	Max      benchRound    `json:"max"`
+	Lateness benchLateness `json:"lateness"`
+	// ElapsedS is the whole run, bus start-up included.
+	ElapsedS float64 `json:"elapsed_s"`
+}
+
+// benchMachine says where the figures come from.
+type benchMachine struct {
+	GOOS        string `json:"goos"`
+	GOARCH      string `json:"goarch"`
+	CPU         string `json:"cpu,omitempty"`
+	NumCPU      int    `json:"num_cpu"`
+	GOMAXPROCS  int    `json:"gomaxprocs"`
+	GoVersion   string `json:"go_version"`
+	NATSServer  string `json:"nats_server"`
+	StoreFolder string `json:"store"`
+}
+
+// benchParams are the sizes the run used.
+type benchParams struct {
+	N          int     `json:"n"`
+	Rounds     int     `json:"rounds"`
+	K          int     `json:"k"`
+	Window     int     `json:"window"`
+	DelayMinS  float64 `json:"delay_min_s"`
+	DelayMaxS  float64 `json:"delay_max_s"`
+	Corpus     string  `json:"corpus"`
+	CorpusRows int     `json:"corpus_rows"`
+}
+
+// benchRound is one round's throughput figures, per second.
+type benchRound struct {
+	// RawPublish: messages/s stored by async publishes with Nats-Msg-Id,
+	// every ack received.
+	RawPublish float64 `json:"raw_publish_per_s"`
+	// RawConsume: messages/s a pull consumer received and acked (acks
+	// processed by the server).
+	RawConsume float64 `json:"raw_consume_per_s"`
+	// RawPipeline: N / (publish time + consume time).
+	RawPipeline float64 `json:"raw_publish_consume_per_s"`
+	// RawRelay: messages/s through a raw relay shaped like the classifier
+	// on the consumer runner: classifier.DefaultConcurrency messages at a
+	// time, each published (waiting for its ack) to a stream configured
+	// like FAILBUS_CLASSIFIED, then double-acked.
+	RawRelay float64 `json:"raw_relay_per_s"`
+	// Ingest: outcomes/s from the first publish until FAILBUS_CLASSIFIED
+	// holds all N classifications.
+	Ingest float64 `json:"ingest_per_s"`
+	// Settled: outcomes/s from the first publish until every service's
+	// consumer has nothing pending or unacked.
+	Settled float64 `json:"settled_per_s"`
+	// IngestRatio and SettledRatio are Ingest and Settled over
+	// RawPipeline; IngestRelayRatio is Ingest over RawRelay.
+	IngestRatio      float64 `json:"ingest_ratio"`
+	SettledRatio     float64 `json:"settled_ratio"`
+	IngestRelayRatio float64 `json:"ingest_relay_ratio"`
+	// Classify: policy.Classify calls/s on one goroutine.
+	Classify        float64 `json:"classify_per_s"`
+	ClassifyNsOp    float64 `json:"classify_ns_per_op"`
+	ClassifyAllocOp float64 `json:"classify_allocs_per_op"`
+}
+
+// benchLateness compares JetStream's own schedules with retries scheduled
+// through failbus.
+type benchLateness struct {
+	K int `json:"k"`
+	// Raw: stored time of the fired message − its @at time.
+	Raw benchPercentiles `json:"raw"`
+	// Failbus: stored time of failbus.retry.due.<agent> − its due_at.
+	Failbus benchPercentiles `json:"failbus"`
+	// FailbusEndToEnd: stored time of the due retry − (the outcome's at +
+	// its retry-after-ms): what the agent sees, the pipeline (classifier,
+	// scheduler) included.
+	FailbusEndToEnd benchPercentiles `json:"failbus_end_to_end"`
+	// DiffP50MS and DiffP99MS are Failbus − Raw.
+	DiffP50MS float64 `json:"diff_p50_ms"`
+	DiffP99MS float64 `json:"diff_p99_ms"`
+}
+
+// benchPercentiles of a lateness sample, in milliseconds.
+type benchPercentiles struct {
+	N     int     `json:"n"`
+	MinMS float64 `json:"min_ms"`
+	P50MS float64 `json:"p50_ms"`
+	P99MS float64 `json:"p99_ms"`
+	MaxMS float64 `json:"max_ms"`
+}
+
+// benchRunner is one run's state.
+type benchRunner struct {
+	cfg      benchConfig
+	b        *bus
+	js       jetstream.JetStream // the bench's own connection, async window cfg.window
+	corpus   []events.Outcome
+	progress io.Writer
+}
+
+// bench starts a bus and measures everything; progress goes to progress.
+func bench(ctx context.Context, cfg benchConfig, corpus []events.Outcome, source string, log zerolog.Logger, progress io.Writer) (_ *benchReport, err error) {
+	start := time.Now()
+	b, err := startBus(busOptions{server: embedded.Options{ServerName: "failbus-bench"}, log: log})
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if serr := b.stop(); serr != nil && err == nil {
+			err = serr
+		}
+	}()
+	nc, err := b.srv.Connect(nats.Name("failbus bench"))
+	if err != nil {
+		return nil, err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(cfg.window))
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	r := &benchRunner{cfg: cfg, b: b, js: js, corpus: corpus, progress: progress}
+	rep := &benchReport{
+		Machine: benchMachineInfo(b.srv.Dir()),
+		Params: benchParams{
+			N: cfg.n, Rounds: cfg.rounds, K: cfg.k, Window: cfg.window,
+			DelayMinS: cfg.delayMin.Seconds(), DelayMaxS: cfg.delayMax.Seconds(),
+			Corpus: source, CorpusRows: len(corpus),
+		},
+	}
+	if err := r.scratchStreams(ctx); err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(progress, "failbus bench: bus up at %s (services: %s); %d rounds of %d outcomes\n",
+		b.srv.ClientURL(), strings.Join(b.names, ", "), cfg.rounds, cfg.n)
+	for i := range cfg.rounds {
+		round, err := r.round(ctx, i)
+		if err != nil {
+			return nil, fmt.Errorf("round %d: %w", i+1, err)
+		}
+		rep.Rounds = append(rep.Rounds, round)
+		fmt.Fprintf(progress, "round %d/%d: raw publish %s/s, consume %s/s, relay %s/s; failbus ingest %s/s (%.3f× publish+consume), settled %s/s; classify %s/s\n",
+			i+1, cfg.rounds, human(round.RawPublish), human(round.RawConsume), human(round.RawRelay), human(round.Ingest), round.IngestRatio,
+			human(round.Settled), human(round.Classify))
+	}
+	rep.Median, rep.Min, rep.Max = summarize(rep.Rounds)
+	fmt.Fprintf(progress, "lateness: %d raw JetStream schedules, then %d retries through failbus, due %v–%v ahead\n",
+		cfg.k, cfg.k, cfg.delayMin, cfg.delayMax)
+	if rep.Lateness, err = r.lateness(ctx); err != nil {
+		return nil, err
+	}
+	rep.ElapsedS = time.Since(start).Seconds()
+	return rep, nil
+}
+
+// scratchStreams creates the raw baselines' streams as copies of the
+// failbus streams they stand for (storage, limits, duplicate window,
+// schedules and TTLs), so the only difference measured is failbus.
+func (r *benchRunner) scratchStreams(ctx context.Context) error {
+	for _, s := range []struct{ from, name, prefix string }{
+		{topology.StreamOutcomes, benchRawStream, benchRawPrefix},
+		{topology.StreamClassified, benchRelayStream, benchRelayPrefix},
+		{topology.StreamRetries, benchSchedStream, benchSchedPrefix},
+	} {
+		st, err := r.js.Stream(ctx, s.from)
+		if err != nil {
+			return fmt.Errorf("read %s: %w", s.from, err)
+		}
+		c := st.CachedInfo().Config
+		c.Name, c.Subjects, c.Metadata = s.name, []string{s.prefix + ".>"}, nil
+		c.Description = "failbus bench scratch stream, configured like " + s.from
+		if _, err := r.js.CreateStream(ctx, c); err != nil {
+			return fmt.Errorf("create %s: %w", s.name, err)
+		}
+	}
+	return nil
+}
+
+// round measures one round: raw publish, raw consume, raw relay, failbus
+// ingest, then pure classification.
+func (r *benchRunner) round(ctx context.Context, round int) (benchRound, error) {
+	var out benchRound
+	n := float64(r.cfg.n)
+	raw, ingest, err := r.ingestMsgs(round)
+	if err != nil {
+		return out, err
+	}
+
+	// 1. Raw JetStream.
+	rawSt, err := r.js.Stream(ctx, benchRawStream)
+	if err != nil {
+		return out, fmt.Errorf("%s: %w", benchRawStream, err)
+	}
+	first := rawSt.CachedInfo().State.LastSeq + 1
+	t0 := time.Now()
+	if err := r.publishAll(ctx, raw); err != nil {
+		return out, fmt.Errorf("raw publish: %w", err)
+	}
+	pub := time.Since(t0)
+	cons, err := r.rawConsume(ctx, first)
+	if err != nil {
+		return out, fmt.Errorf("raw consume: %w", err)
+	}
+	out.RawPublish, out.RawConsume = n/pub.Seconds(), n/cons.Seconds()
+	out.RawPipeline = n / (pub + cons).Seconds()
+	relay, err := r.rawRelay(ctx, first)
+	if err != nil {
+		return out, fmt.Errorf("raw relay: %w", err)
+	}
+	out.RawRelay = n / relay.Seconds()
+
+	// 2. failbus ingest.
+	classifiedBefore, err := r.streamMsgs(ctx, topology.StreamClassified)
+	if err != nil {
+		return out, err
+	}
+	deadBefore, err := r.streamMsgs(ctx, topology.StreamDLQ)
+	if err != nil {
+		return out, err
+	}
+	t0 = time.Now()
+	if err := r.publishAll(ctx, ingest); err != nil {
+		return out, fmt.Errorf("ingest publish: %w", err)
+	}
+	want := classifiedBefore + uint64(r.cfg.n)
+	if err := r.poll(ctx, "FAILBUS_CLASSIFIED to hold the round's classifications", func() (bool, error) {
+		got, err := r.streamMsgs(ctx, topology.StreamClassified)
+		return got >= want, err
+	}); err != nil {
+		return out, err
+	}
+	classified := time.Since(t0)
+	if err := r.poll(ctx, "the services to catch up", func() (bool, error) { return r.settled(ctx) }); err != nil {
+		return out, err
+	}
+	settled := time.Since(t0)
+	if dead, err := r.streamMsgs(ctx, topology.StreamDLQ); err != nil {
+		return out, err
+	} else if dead != deadBefore {
+		return out, fmt.Errorf("%d dead letters during ingest: the bench's outcomes must all be valid (failbus tail failbus.dlq.>)", dead-deadBefore)
+	}
+	out.Ingest, out.Settled = n/classified.Seconds(), n/settled.Seconds()
+	out.IngestRatio, out.SettledRatio = out.Ingest/out.RawPipeline, out.Settled/out.RawPipeline
+	out.IngestRelayRatio = out.Ingest / out.RawRelay
+
+	// 3. Classify only.
+	out.Classify, out.ClassifyNsOp, out.ClassifyAllocOp = benchClassify(r.corpus)
+	return out, nil
+}
+
+// ingestMsgs builds a round's messages before any clock starts: the
+// failbus outcomes exactly as pkg/agent's Report sends them (msgpack,
+// schema header, Nats-Msg-Id = outcome id, failbus.outcome.<provider>.<agent>)
+// and the raw copies of the same bytes for the scratch stream.
+func (r *benchRunner) ingestMsgs(round int) (raw, ingest []*nats.Msg, err error) {
+	now := events.At(time.Now())
+	raw, ingest = make([]*nats.Msg, r.cfg.n), make([]*nats.Msg, r.cfg.n)
+	for i := range r.cfg.n {
+		o := r.corpus[i%len(r.corpus)]
+		o.ID = "bench-" + strconv.Itoa(round) + "-" + strconv.Itoa(i)
+		o.Agent, o.At = benchAgent, now
+		data, hdr, err := events.Encode(&o)
+		if err != nil {
+			return nil, nil, fmt.Errorf("encode corpus outcome %d: %w", i%len(r.corpus), err)
+		}
+		rawHdr := nats.Header{}
+		for k, v := range hdr {
+			rawHdr[k] = v
+		}
+		hdr.Set(events.HeaderMsgID, o.ID)
+		rawHdr.Set(events.HeaderMsgID, "raw-"+o.ID)
+		ingest[i] = &nats.Msg{Subject: events.OutcomeSubject(o.Provider, o.Agent), Header: hdr, Data: data}
+		raw[i] = &nats.Msg{Subject: benchRawPrefix + "." + events.Token(o.Provider) + "." + benchAgent, Header: rawHdr, Data: data}
+	}
+	return raw, ingest, nil
+}
+
+// publishAll publishes msgs async, at most cfg.window in flight, and
+// returns when every ack is in. A duplicate ack is an error: every message
+// of the bench is new.
+func (r *benchRunner) publishAll(ctx context.Context, msgs []*nats.Msg) error {
+	futures := make([]jetstream.PubAckFuture, 0, len(msgs))
+	for _, m := range msgs {
+		f, err := r.js.PublishMsgAsync(m, jetstream.WithStallWait(benchStallWait))
+		if err != nil {
+			return fmt.Errorf("publish to %s: %w", m.Subject, err)
+		}
+		futures = append(futures, f)
+	}
+	select {
+	case <-r.js.PublishAsyncComplete():
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	for _, f := range futures {
+		select {
+		case err := <-f.Err():
+			return fmt.Errorf("publish to %s: %w", f.Msg().Subject, err)
+		case ack := <-f.Ok():
+			if ack.Duplicate {
+				return fmt.Errorf("publish to %s: stored as a duplicate of an earlier message", f.Msg().Subject)
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// rawConsume reads the round's raw messages from sequence first with a
+// pull consumer configured like the classifier's (explicit ack, 1000 acks
+// pending at most), acking each, and returns the time until the server has
+// processed every ack.
+func (r *benchRunner) rawConsume(ctx context.Context, first uint64) (time.Duration, error) {
+	c, err := r.js.CreateConsumer(ctx, benchRawStream, jetstream.ConsumerConfig{
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		DeliverPolicy: jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:   first,
+		AckWait:       30 * time.Second,
+		MaxAckPending: 1000,
+	})
+	if err != nil {
+		return 0, err
+	}
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_ = r.js.DeleteConsumer(dctx, benchRawStream, c.CachedInfo().Name)
+	}()
+	var (
+		mu     sync.Mutex
+		got    int
+		ackErr error
+		all    = make(chan struct{})
+	)
+	t0 := time.Now()
+	cc, err := c.Consume(func(m jetstream.Msg) {
+		err := m.Ack()
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil && ackErr == nil {
+			ackErr = err
+		}
+		got++
+		if got == r.cfg.n {
+			close(all)
+		}
+	}, jetstream.PullMaxMessages(1000))
+	if err != nil {
+		return 0, err
+	}
+	defer cc.Stop()
+	wctx, cancel := context.WithTimeout(ctx, benchWait)
+	defer cancel()
+	select {
+	case <-all:
+	case <-wctx.Done():
+		mu.Lock()
+		defer mu.Unlock()
+		return 0, fmt.Errorf("received %d of %d messages: %w", got, r.cfg.n, wctx.Err())
+	}
+	mu.Lock()
+	err = ackErr
+	mu.Unlock()
+	if err != nil {
+		return 0, fmt.Errorf("ack: %w", err)
+	}
+	if err := r.poll(ctx, "the raw consumer's acks", func() (bool, error) {
+		info, err := c.Info(ctx)
+		if err != nil {
+			return false, err
+		}
+		return info.NumAckPending == 0 && info.NumPending == 0, nil
+	}); err != nil {
+		return 0, err
+	}
+	return time.Since(t0), nil
+}
+
+// rawRelay reads the round's raw messages again and relays each the way
+// the consumer runner runs the classifier: classifier.DefaultConcurrency
+// handlers, a pull of that many at a time, each message published to
+// BENCH_RELAY with a Nats-Msg-Id (waiting for the ack), then double-acked.
+// It is what the classifier's stage costs in JetStream alone.
+func (r *benchRunner) rawRelay(ctx context.Context, first uint64) (time.Duration, error) {
+	workers := classifier.DefaultConcurrency
+	c, err := r.js.CreateConsumer(ctx, benchRawStream, jetstream.ConsumerConfig{
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		DeliverPolicy: jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:   first,
+		AckWait:       30 * time.Second,
+		MaxAckPending: 1000,
+	})
+	if err != nil {
+		return 0, err
+	}
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		_ = r.js.DeleteConsumer(dctx, benchRawStream, c.CachedInfo().Name)
+	}()
+	wctx, cancel := context.WithTimeout(ctx, benchWait)
+	defer cancel()
+	var (
+		next     = make(chan jetstream.Msg)
+		mu       sync.Mutex
+		done     int
+		firstErr error
+		all      = make(chan struct{})
+		wg       sync.WaitGroup
+	)
+	finish := func(err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil && firstErr == nil {
+			firstErr = err
+			cancel()
+		}
+		done++
+		if done == r.cfg.n {
+			close(all)
+		}
+	}
+	it, err := c.Messages(jetstream.PullMaxMessages(workers))
+	if err != nil {
+		return 0, err
+	}
+	t0 := time.Now()
+	for range workers {
+		wg.Go(func() {
+			for m := range next {
+				out := &nats.Msg{Subject: benchRelayPrefix + m.Subject()[len(benchRawPrefix):], Header: nats.Header{}, Data: m.Data()}
+				out.Header.Set(events.HeaderMsgID, "relay-"+m.Headers().Get(events.HeaderMsgID))
+				_, err := r.js.PublishMsg(wctx, out)
+				if err == nil {
+					err = m.DoubleAck(wctx)
+				}
+				finish(err)
+			}
+		})
+	}
+	go func() {
+		defer close(next)
+		for {
+			m, err := it.Next()
+			if err != nil {
+				return
+			}
+			select {
+			case next <- m:
+			case <-wctx.Done():
+				return
+			}
+		}
+	}()
+	defer func() {
+		it.Stop()
+		cancel()
+		wg.Wait()
+	}()
+	select {
+	case <-all:
+	case <-wctx.Done():
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	switch {
+	case firstErr != nil:
+		return 0, firstErr
+	case done < r.cfg.n:
+		return 0, fmt.Errorf("relayed %d of %d messages: %w", done, r.cfg.n, wctx.Err())
+	}
+	return time.Since(t0), nil
+}
+
+// streamMsgs is the number of messages a stream holds.
+func (r *benchRunner) streamMsgs(ctx context.Context, stream string) (uint64, error) {
+	s, err := r.js.Stream(ctx, stream)
+	if err != nil {
+		return 0, fmt.Errorf("stream %s: %w", stream, err)
+	}
+	return s.CachedInfo().State.Msgs, nil
+}
+
+// settled reports whether every service's consumer has nothing pending or
+// unacked.
+func (r *benchRunner) settled(ctx context.Context) (bool, error) {
+	for _, bc := range benchConsumers {
+		c, err := r.js.Consumer(ctx, bc.stream, bc.name)
+		if err != nil {
+			return false, fmt.Errorf("consumer %s/%s: %w", bc.stream, bc.name, err)
+		}
+		info := c.CachedInfo()
+		if info.NumPending > 0 || info.NumAckPending > 0 {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// poll calls cond every benchPoll until it holds, fails, a service stops,
+// or benchWait passes.
+func (r *benchRunner) poll(ctx context.Context, what string, cond func() (bool, error)) error {
+	ctx, cancel := context.WithTimeout(ctx, benchWait)
+	defer cancel()
+	tick := time.NewTicker(benchPoll)
+	defer tick.Stop()
+	for {
+		ok, err := cond()
+		if err != nil {
+			return fmt.Errorf("waiting for %s: %w", what, err)
+		}
+		if ok {
+			return nil
+		}
+		select {
+		case <-tick.C:
+		case <-r.b.failed:
+			return fmt.Errorf("waiting for %s: a service stopped", what)
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for %s: %w", what, ctx.Err())
+		}
+	}
+}
+
+// benchClassify runs policy.Classify over the corpus on this goroutine for
+// at least benchClassifyMin: calls/s, ns/op and allocations/op.
+func benchClassify(corpus []events.Outcome) (perS, nsOp, allocsOp float64) {
+	outs := make([]events.Outcome, len(corpus))
+	copy(outs, corpus)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	ops := 0
+	t0 := time.Now()
+	var elapsed time.Duration
+	for elapsed < benchClassifyMin {
+		for i := range outs {
+			_ = policy.Classify(&outs[i])
+		}
+		ops += len(outs)
+		elapsed = time.Since(t0)
+	}
+	runtime.ReadMemStats(&after)
+	return float64(ops) / elapsed.Seconds(), float64(elapsed.Nanoseconds()) / float64(ops),
+		float64(after.Mallocs-before.Mallocs) / float64(ops)
+}
+
+// lateness schedules K messages with raw JetStream, then K retries through
+// failbus, and compares how late each fired.
+func (r *benchRunner) lateness(ctx context.Context) (benchLateness, error) {
+	out := benchLateness{K: r.cfg.k}
+	raw, err := r.rawLateness(ctx)
+	if err != nil {
+		return out, fmt.Errorf("raw schedules: %w", err)
+	}
+	fb, e2e, err := r.failbusLateness(ctx)
+	if err != nil {
+		return out, fmt.Errorf("failbus retries: %w", err)
+	}
+	out.Raw, out.Failbus, out.FailbusEndToEnd = percentiles(raw), percentiles(fb), percentiles(e2e)
+	out.DiffP50MS = out.Failbus.P50MS - out.Raw.P50MS
+	out.DiffP99MS = out.Failbus.P99MS - out.Raw.P99MS
+	return out, nil
+}
+
+// delays returns K delays spread uniformly over [delayMin, delayMax] in a
+// fixed pseudo-random order, whole milliseconds (retry-after-ms has no
+// finer unit), the same for raw and failbus.
+func (r *benchRunner) delays() []time.Duration {
+	rng := rand.New(rand.NewPCG(1, 2))
+	span := r.cfg.delayMax - r.cfg.delayMin
+	out := make([]time.Duration, r.cfg.k)
+	for i := range out {
+		out[i] = (r.cfg.delayMin + time.Duration(rng.Float64()*float64(span))).Truncate(time.Millisecond)
+	}
+	return out
+}
+
+// rawLateness publishes K schedules to the scratch stream, each due at its
+// delay after it was built, with the headers the scheduler uses
+// (Nats-Schedule @at with full precision, Nats-Schedule-Target,
+// Nats-TTL: never) and a RetryDue payload, and collects stored − due of
+// every fired message.
+func (r *benchRunner) rawLateness(ctx context.Context) ([]time.Duration, error) {
+	target := benchSchedPrefix + ".due"
+	col, err := startLateCollector(ctx, r.js, benchSchedStream, target, r.cfg.k, func(d *events.RetryDue, stored time.Time) []time.Duration {
+		return []time.Duration{stored.Sub(d.DueAt.Time)}
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer col.stop()
+	msgs := make([]*nats.Msg, r.cfg.k)
+	for i, d := range r.delays() {
+		id := "bench-raw-" + strconv.Itoa(i)
+		due := time.Now().Add(d)
+		data, hdr, err := events.Encode(&events.RetryDue{RetryID: id, OutcomeID: id, Agent: benchRetryAgent, Retry: 1, DueAt: events.At(due)})
+		if err != nil {
+			return nil, err
+		}
+		hdr.Set(events.HeaderMsgID, id)
+		hdr.Set(scheduler.HeaderSchedule, scheduler.ScheduleHeader(due))
+		hdr.Set(scheduler.HeaderScheduleTarget, target)
+		hdr.Set(scheduler.HeaderTTL, "never")
+		msgs[i] = &nats.Msg{Subject: benchSchedPrefix + ".sched." + strconv.Itoa(i), Header: hdr, Data: data}
+	}
+	if err := r.publishAll(ctx, msgs); err != nil {
+		return nil, err
+	}
+	return col.wait(ctx, r.cfg.delayMax+benchWait)
+}
+
+// failbusLateness reports K rate-limited outcomes whose retry-after-ms is
+// the delay, each with its own budget (turn), and collects two samples per
+// due retry: stored − due_at, and stored − (outcome at + delay).
+func (r *benchRunner) failbusLateness(ctx context.Context) (fromDue, endToEnd []time.Duration, err error) {
+	// asked maps an outcome id to the time its retry was asked for.
+	asked := make(map[string]time.Time, r.cfg.k)
+	var askedMu sync.Mutex
+	col, err := startLateCollector(ctx, r.js, topology.StreamRetries, events.RetryDueSubject(benchRetryAgent), r.cfg.k, func(d *events.RetryDue, stored time.Time) []time.Duration {
+		askedMu.Lock()
+		at, ok := asked[d.OutcomeID]
+		askedMu.Unlock()
+		if !ok {
+			return nil
+		}
+		return []time.Duration{stored.Sub(d.DueAt.Time), stored.Sub(at)}
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	defer col.stop()
+	decisions, err := startDecisionTally(ctx, r.js, benchRetryAgent)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer decisions.stop()
+
+	msgs := make([]*nats.Msg, r.cfg.k)
+	for i, d := range r.delays() {
+		now := time.Now()
+		o := &events.Outcome{
+			ID: "bench-retry-" + strconv.Itoa(i), At: events.At(now), Agent: benchRetryAgent,
+			Provider: benchProvider, Model: "bench-model", Profile: "key-1", Turn: i + 1, Step: 1, Status: 429,
+			Headers: map[string]string{policy.HintRetryAfterMS: strconv.FormatInt(d.Milliseconds(), 10)},
+			Body:    `{"error":{"message":"Rate limit reached for requests","type":"requests","code":"rate_limit_exceeded"}}`,
+		}
+		data, hdr, err := events.Encode(o)
+		if err != nil {
+			return nil, nil, err
+		}
+		hdr.Set(events.HeaderMsgID, o.ID)
+		askedMu.Lock()
+		asked[o.ID] = now.Add(d)
+		askedMu.Unlock()
+		msgs[i] = &nats.Msg{Subject: events.OutcomeSubject(o.Provider, o.Agent), Header: hdr, Data: data}
+	}
+	if err := r.publishAll(ctx, msgs); err != nil {
+		return nil, nil, err
+	}
+	samples, err := col.wait(ctx, r.cfg.delayMax+benchWait, decisions.err)
+	if err != nil {
+		return nil, nil, err
+	}
+	for i := 0; i+1 < len(samples); i += 2 {
+		fromDue = append(fromDue, samples[i])
+		endToEnd = append(endToEnd, samples[i+1])
+	}
+	return fromDue, endToEnd, nil
+}
+
+// lateCollector reads fired messages from an ordered consumer and keeps
+// the samples sample returns for each, until it has seen want messages.
+type lateCollector struct {
+	it      jetstream.MessagesContext
+	want    int
+	mu      sync.Mutex
+	seen    int
+	samples []time.Duration
+	bad     error
+	full    chan struct{}
+	done    chan struct{}
+}
+
+func startLateCollector(ctx context.Context, js jetstream.JetStream, stream, subject string, want int,
+	sample func(d *events.RetryDue, stored time.Time) []time.Duration) (*lateCollector, error) {
+	c, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}})
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", subject, err)
+	}
+	it, err := c.Messages()
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", subject, err)
+	}
+	lc := &lateCollector{it: it, want: want, full: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(lc.done)
+		for {
+			m, err := it.Next()
+			if err != nil {
+				if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+					return
+				}
+				continue
+			}
+			meta, merr := m.Metadata()
+			d, derr := events.DecodeAs[*events.RetryDue](m.Headers(), m.Data())
+			lc.mu.Lock()
+			switch {
+			case merr != nil || derr != nil:
+				if lc.bad == nil {
+					lc.bad = fmt.Errorf("fired message on %s: %w", m.Subject(), errors.Join(merr, derr))
+				}
+			default:
+				s := sample(d, meta.Timestamp)
+				if s == nil && lc.bad == nil {
+					lc.bad = fmt.Errorf("a due retry of outcome %q the bench did not report", d.OutcomeID)
+				}
+				lc.samples = append(lc.samples, s...)
+			}
+			lc.seen++
+			if lc.seen == lc.want {
+				close(lc.full)
+			}
+			lc.mu.Unlock()
+		}
+	}()
+	return lc, nil
+}
+
+// wait returns the samples once want messages arrived, or an error after
+// limit, when a message was not usable, or when a check fails.
+func (lc *lateCollector) wait(ctx context.Context, limit time.Duration, checks ...func() error) ([]time.Duration, error) {
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-lc.full:
+			lc.mu.Lock()
+			defer lc.mu.Unlock()
+			return slices.Clone(lc.samples), lc.bad
+		case <-tick.C:
+			for _, check := range checks {
+				if err := check(); err != nil {
+					return nil, err
+				}
+			}
+		case <-ctx.Done():
+			lc.mu.Lock()
+			defer lc.mu.Unlock()
+			return nil, fmt.Errorf("%d of %d scheduled messages fired: %w", lc.seen, lc.want, ctx.Err())
+		}
+	}
+}
+
+func (lc *lateCollector) stop() {
+	lc.it.Stop()
+	<-lc.done
+}
+
+// decisionTally watches an agent's decisions and fails the lateness run as
+// soon as one is not a retry (every bench outcome must be retried, or its
+// due message never comes).
+type decisionTally struct {
+	it   jetstream.MessagesContext
+	mu   sync.Mutex
+	bad  error
+	done chan struct{}
+}
+
+func startDecisionTally(ctx context.Context, js jetstream.JetStream, agentName string) (*decisionTally, error) {
+	c, err := js.OrderedConsumer(ctx, topology.StreamDecisions, jetstream.OrderedConsumerConfig{FilterSubjects: []string{events.DecisionSubject(agentName)}})
+	if err != nil {
+		return nil, fmt.Errorf("read decisions: %w", err)
+	}
+	it, err := c.Messages()
+	if err != nil {
+		return nil, fmt.Errorf("read decisions: %w", err)
+	}
+	t := &decisionTally{it: it, done: make(chan struct{})}
+	go func() {
+		defer close(t.done)
+		for {
+			m, err := it.Next()
+			if err != nil {
+				if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+					return
+				}
+				continue
+			}
+			d, err := events.DecodeAs[*events.Decision](m.Headers(), m.Data())
+			t.mu.Lock()
+			switch {
+			case err != nil && t.bad == nil:
+				t.bad = fmt.Errorf("decision: %w", err)
+			case err == nil && d.Action != events.ActionRetry && t.bad == nil:
+				t.bad = fmt.Errorf("outcome %s was decided %s, not retry: %s", d.OutcomeID, d.Action, d.Reason)
+			}
+			t.mu.Unlock()
+		}
+	}()
+	return t, nil
+}
+
+func (t *decisionTally) err() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.bad
+}
+
+func (t *decisionTally) stop() {
+	t.it.Stop()
+	<-t.done
+}
+
+// percentiles summarizes a lateness sample (nearest rank).
+func percentiles(d []time.Duration) benchPercentiles {
+	if len(d) == 0 {
+		return benchPercentiles{}
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	rank := func(p float64) float64 {
+		i := int(math.Ceil(p*float64(len(s)))) - 1
+		return ms(s[max(i, 0)])
+	}
+	return benchPercentiles{N: len(s), MinMS: ms(s[0]), P50MS: rank(0.50), P99MS: rank(0.99), MaxMS: ms(s[len(s)-1])}
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// benchFigures lists the fields of a round, so median, min and max are
+// computed for each in one place.
+var benchFigures = []func(*benchRound) *float64{
+	func(r *benchRound) *float64 { return &r.RawPublish },
+	func(r *benchRound) *float64 { return &r.RawConsume },
+	func(r *benchRound) *float64 { return &r.RawPipeline },
+	func(r *benchRound) *float64 { return &r.RawRelay },
+	func(r *benchRound) *float64 { return &r.Ingest },
+	func(r *benchRound) *float64 { return &r.Settled },
+	func(r *benchRound) *float64 { return &r.IngestRatio },
+	func(r *benchRound) *float64 { return &r.SettledRatio },
+	func(r *benchRound) *float64 { return &r.IngestRelayRatio },
+	func(r *benchRound) *float64 { return &r.Classify },
+	func(r *benchRound) *float64 { return &r.ClassifyNsOp },
+	func(r *benchRound) *float64 { return &r.ClassifyAllocOp },
+}
+
+// summarize returns the median, minimum and maximum of every figure over
+// the rounds.
+func summarize(rounds []benchRound) (med, lo, hi benchRound) {
+	for _, f := range benchFigures {
+		v := make([]float64, len(rounds))
+		for i := range rounds {
+			v[i] = *f(&rounds[i])
+		}
+		slices.Sort(v)
+		*f(&lo), *f(&hi) = v[0], v[len(v)-1]
+		if m := len(v) / 2; len(v)%2 == 1 {
+			*f(&med) = v[m]
+		} else {
+			*f(&med) = (v[m-1] + v[m]) / 2
+		}
+	}
+	return med, lo, hi
+}
+
+// printBench writes the readable report.
+func printBench(w io.Writer, rep *benchReport) {
+	m, p := rep.Machine, rep.Params
+	fmt.Fprintf(w, "failbus bench: one embedded nats-server %s (file store in a temporary folder), every service in this process\n", m.NATSServer)
+	cpu := ""
+	if m.CPU != "" {
+		cpu = m.CPU + ", "
+	}
+	fmt.Fprintf(w, "machine: %s/%s, %s%d CPUs, GOMAXPROCS %d, %s\n", m.GOOS, m.GOARCH, cpu, m.NumCPU, m.GOMAXPROCS, m.GoVersion)
+	fmt.Fprintf(w, "corpus:  %s (%d outcomes, cycled)\n", p.Corpus, p.CorpusRows)
+	fmt.Fprintf(w, "run:     %d outcomes per round, %d rounds (median, min–max over rounds); async publish window %d; %.1fs in all\n",
+		p.N, p.Rounds, p.Window, rep.ElapsedS)
+	fmt.Fprintln(w)
+
+	med, lo, hi := rep.Median, rep.Min, rep.Max
+	t := benchTable{align: "lrrrll"}
+	t.add("THROUGHPUT", "median", "min", "max", "", "")
+	row := func(name string, f func(*benchRound) float64, unit, note string) {
+		t.add(name, human(f(&med)), human(f(&lo)), human(f(&hi)), unit, note)
+	}
+	row("raw JetStream publish (async, Nats-Msg-Id)", func(r *benchRound) float64 { return r.RawPublish }, "msgs/s", "")
+	row("raw JetStream consume (pull, ack each)", func(r *benchRound) float64 { return r.RawConsume }, "msgs/s", "")
+	row("raw publish + consume: N/(t_pub + t_cons)", func(r *benchRound) float64 { return r.RawPipeline }, "msgs/s", "baseline")
+	row(fmt.Sprintf("raw relay, the classifier's shape (%d at a time)", classifier.DefaultConcurrency), func(r *benchRound) float64 { return r.RawRelay }, "msgs/s",
+		"consume → publish, wait for ack → double-ack")
+	row("failbus ingest → FAILBUS_CLASSIFIED", func(r *benchRound) float64 { return r.Ingest }, "outcomes/s",
+		fmt.Sprintf("%.3f× baseline (%.3f–%.3f), %.2f× raw relay", med.IngestRatio, lo.IngestRatio, hi.IngestRatio, med.IngestRelayRatio))
+	row("failbus ingest → every service caught up", func(r *benchRound) float64 { return r.Settled }, "outcomes/s",
+		fmt.Sprintf("%.3f× baseline (%.3f–%.3f)", med.SettledRatio, lo.SettledRatio, hi.SettledRatio))
+	row("classify only (policy.Classify, 1 goroutine)", func(r *benchRound) float64 { return r.Classify }, "/s per core",
+		fmt.Sprintf("%.0f ns/op, %.1f allocs/op", med.ClassifyNsOp, med.ClassifyAllocOp))
+	t.write(w)
+	fmt.Fprintln(w, "Ratios are the median (and range) of the per-round ratios; raw and failbus alternate within each round.")
+	fmt.Fprintln(w)
+
+	l := rep.Lateness
+	t = benchTable{align: "lrrrrr"}
+	t.add(fmt.Sprintf("SCHEDULED-RETRY LATENESS (%d each, due %gs–%gs ahead)", l.K, p.DelayMinS, p.DelayMaxS), "n", "p50", "p99", "min", "max")
+	lrow := func(name string, s benchPercentiles) {
+		t.add(name, strconv.Itoa(s.N), fmtMS(s.P50MS), fmtMS(s.P99MS), fmtMS(s.MinMS), fmtMS(s.MaxMS))
+	}
+	lrow("raw JetStream @at: stored − due", l.Raw)
+	lrow("failbus scheduler: stored − due_at", l.Failbus)
+	t.add("failbus − raw", "", fmtSignedMS(l.DiffP50MS), fmtSignedMS(l.DiffP99MS), "", "")
+	lrow("failbus end to end: stored − (outcome at + retry-after)", l.FailbusEndToEnd)
+	t.write(w)
+	fmt.Fprintf(w, "End to end includes classifying and scheduling all %d outcomes, published at once.\n", l.K)
+}
+
+// benchTable is a plain-text table: column i is left-aligned when align[i]
+// is 'l', right-aligned otherwise.
+type benchTable struct {
+	align string
+	rows  [][]string
+}
+
+func (t *benchTable) add(cells ...string) { t.rows = append(t.rows, cells) }
+
+func (t *benchTable) write(w io.Writer) {
+	width := make([]int, len(t.align))
+	for _, r := range t.rows {
+		for i, c := range r {
+			width[i] = max(width[i], utf8.RuneCountInString(c))
+		}
+	}
+	for _, r := range t.rows {
+		var b strings.Builder
+		for i, c := range r {
+			pad := strings.Repeat(" ", width[i]-utf8.RuneCountInString(c))
+			if i > 0 {
+				b.WriteString("  ")
+			}
+			if t.align[i] == 'l' {
+				b.WriteString(c + pad)
+			} else {
+				b.WriteString(pad + c)
+			}
+		}
+		fmt.Fprintln(w, strings.TrimRight(b.String(), " "))
+	}
+}
+
+// human renders a figure with three significant digits and a k/M suffix.
+func human(v float64) string {
+	switch a := math.Abs(v); {
+	case a >= 1e6:
+		return strconv.FormatFloat(v/1e6, 'f', digits(a/1e6), 64) + "M"
+	case a >= 1e3:
+		return strconv.FormatFloat(v/1e3, 'f', digits(a/1e3), 64) + "k"
+	default:
+		return strconv.FormatFloat(v, 'f', digits(a), 64)
+	}
+}
+
+// digits is how many decimals give three significant digits for a in
+// [0, 1000).
+func digits(a float64) int {
+	switch {
+	case a >= 100:
+		return 0
+	case a >= 10:
+		return 1
+	default:
+		return 2
+	}
+}
+
+func fmtMS(v float64) string       { return strconv.FormatFloat(v, 'f', 1, 64) + " ms" }
+func fmtSignedMS(v float64) string { return fmt.Sprintf("%+.1f ms", v) }
+
+// benchMachineInfo describes the machine and the software measured.
+func benchMachineInfo(store string) benchMachine {
+	return benchMachine{
+		GOOS: runtime.GOOS, GOARCH: runtime.GOARCH, CPU: cpuModel(),
+		NumCPU: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), GoVersion: runtime.Version(),
+		NATSServer: server.VERSION, StoreFolder: store,
+	}
+}
+
+// cpuModel is the CPU's name on Linux; empty elsewhere.
+func cpuModel() string {
+	data, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return ""
+	}
+	for line := range strings.SplitSeq(string(data), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
+
+// loadBenchCorpus reads the outcomes to classify and ingest: path, or the
+// repository's classification corpus found from the working directory up
+// to the module root, or, outside the repository, benchBuiltinMix. It
+// returns where they came from.
+func loadBenchCorpus(path string) ([]events.Outcome, string, error) {
+	source := path
+	if path == "" {
+		root, ok := moduleRoot()
+		if !ok {
+			return benchBuiltinMix(), "built-in mix (run inside the failbus repository for the corpus)", nil
+		}
+		path = filepath.Join(root, benchDefaultCorpus)
+		source = filepath.ToSlash(benchDefaultCorpus)
+		if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+			return benchBuiltinMix(), "built-in mix (" + source + " not found)", nil
+		}
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, "", fmt.Errorf("corpus: %w", err)
+	}
+	defer f.Close()
+	var outs []events.Outcome
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 0, 64<<10), 8<<20)
+	for line := 1; sc.Scan(); line++ {
+		b := bytes.TrimSpace(sc.Bytes())
+		if len(b) == 0 {
+			continue
+		}
+		var o events.Outcome
+		if err := events.UnmarshalJSON(b, &o); err != nil {
+			return nil, "", fmt.Errorf("corpus %s line %d: %w", path, line, err)
+		}
+		// The bench sets id, agent and at itself.
+		o.ID, o.Agent = "x", benchAgent
+		if err := o.Validate(); err != nil {
+			return nil, "", fmt.Errorf("corpus %s line %d: %w", path, line, err)
+		}
+		outs = append(outs, o)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, "", fmt.Errorf("corpus %s: %w", path, err)
+	}
+	if len(outs) == 0 {
+		return nil, "", fmt.Errorf("corpus %s: no outcomes", path)
+	}
+	return outs, source, nil
+}
+
+// moduleRoot is the nearest folder, from the working directory up, whose
+// go.mod declares the failbus module.
+func moduleRoot() (string, bool) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", false
+	}
+	for {
+		if data, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil {
+			for line := range strings.SplitSeq(string(data), "\n") {
+				if f := strings.Fields(line); len(f) == 2 && f[0] == "module" && f[1] == benchModule {
+					return dir, true
+				}
+			}
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", false
+		}
+		dir = parent
+	}
+}
+
+// benchBuiltinMix is a small mix of the common shapes (success, rate limit
+// with a hint, 5xx page, fabricated overflow claim, true overflow,
+// transport error, content refusal) for runs outside the repository.
+func benchBuiltinMix() []events.Outcome {
+	return []events.Outcome{
+		{Provider: "openai", Model: "gpt-4.1", Profile: "key-a", OK: true, Status: 200, Body: `{"choices":[{"message":{"content":"Hello!"}}]}`},
+		{Provider: "openai", Model: "gpt-4.1", Profile: "key-a", Status: 429, Headers: map[string]string{"retry-after": "7"},
+			Body: `{"error":{"message":"Rate limit reached for gpt-4.1 on tokens per min","type":"tokens","code":"rate_limit_exceeded"}}`},
+		{Provider: "anthropic", Model: "claude-sonnet-4", Profile: "key-b", Status: 503,
+			Body: `<html><body><h1>503 Service Temporarily Unavailable</h1></body></html>`},
+		{Provider: "my-gateway", Model: "deepseek-v3", Profile: "key-c", Status: 400,
+			UpstreamCode: "CONTEXT_WINDOW_EXCEEDED", RequestTokens: 41_000, ContextWindow: 256_000},
+		{Provider: "cerebras", Model: "qwen-3-235b", Profile: "key-d", Status: 413, RequestTokens: 130_900, ContextWindow: 131_000},
+		{Provider: "openai", Model: "gpt-4.1", Profile: "key-a",
+			TransportError: "read tcp 10.0.0.5:51234->104.18.7.192:443: read: connection reset by peer (ECONNRESET)"},
+		{Provider: "openai", Model: "gpt-4o", Profile: "key-a", Status: 200, StopReason: "content_filter", Session: "s1", Segment: 1},
+	}
+}

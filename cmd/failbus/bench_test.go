@@ -1,0 +1,201 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/failbus/failbus/pkg/events"
+	"github.com/failbus/failbus/pkg/policy"
+)
+
+// benchTiny are sizes that run the whole bench in a few seconds: the test
+// checks the report's shape, never its figures.
+var benchTiny = []string{"--n", "200", "--rounds", "2", "--k", "20", "--delay-min", "100ms", "--delay-max", "300ms"}
+
+// TestBench runs `failbus bench` end to end on tiny sizes and checks the
+// shape of both outputs: every figure measured, every lateness sample
+// collected, the machine described. Timings are not checked (speed is
+// measured, not asserted).
+func TestBench(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name  string
+		args  []string
+		check func(t *testing.T, out string)
+	}{
+		{"a readable table with medians, ratios and lateness", benchTiny, func(t *testing.T, out string) {
+			for _, want := range []string{
+				"failbus bench: one embedded nats-server",
+				"machine: ", "GOMAXPROCS", "go1.",
+				"corpus:  pkg/policy/testdata/classify/corpus.jsonl",
+				"200 outcomes per round, 2 rounds (median",
+				"THROUGHPUT", "median", "min", "max", "baseline", "× baseline", "× raw relay",
+				"raw JetStream publish", "msgs/s",
+				"raw JetStream consume",
+				"raw publish + consume: N/(t_pub + t_cons)",
+				"raw relay, the classifier's shape",
+				"failbus ingest → FAILBUS_CLASSIFIED", "outcomes/s",
+				"failbus ingest → every service caught up",
+				"classify only", "/s per core", "ns/op", "allocs/op",
+				"SCHEDULED-RETRY LATENESS (20 each, due 0.1s–0.3s ahead)", "p50", "p99",
+				"raw JetStream @at: stored − due",
+				"failbus scheduler: stored − due_at",
+				"failbus − raw",
+				"failbus end to end", "published at once",
+			} {
+				if !strings.Contains(out, want) {
+					t.Errorf("output lacks %q", want)
+				}
+			}
+			if strings.Count(out, "×") < 2 {
+				t.Errorf("output lacks the failbus/raw ratios")
+			}
+		}},
+		{"one JSON object with every figure", append([]string{"--json"}, benchTiny...), func(t *testing.T, out string) {
+			var rep benchReport
+			dec := json.NewDecoder(strings.NewReader(out))
+			dec.DisallowUnknownFields()
+			if err := dec.Decode(&rep); err != nil {
+				t.Fatalf("not one report: %v", err)
+			}
+			if rep.Machine.GOMAXPROCS < 1 || rep.Machine.GoVersion == "" || rep.Machine.NATSServer == "" {
+				t.Errorf("machine %+v", rep.Machine)
+			}
+			if rep.Params.N != 200 || rep.Params.Rounds != 2 || rep.Params.K != 20 || rep.Params.CorpusRows < 100 {
+				t.Errorf("params %+v", rep.Params)
+			}
+			if len(rep.Rounds) != 2 {
+				t.Fatalf("%d rounds, want 2", len(rep.Rounds))
+			}
+			for i, r := range append(rep.Rounds, rep.Median, rep.Min, rep.Max) {
+				for j, f := range benchFigures {
+					if v := *f(&r); !(v > 0) {
+						t.Errorf("round/summary %d: figure %d is %v", i, j, v)
+					}
+				}
+			}
+			l := rep.Lateness
+			for name, p := range map[string]benchPercentiles{"raw": l.Raw, "failbus": l.Failbus, "end to end": l.FailbusEndToEnd} {
+				if p.N != 20 || p.MinMS > p.P50MS || p.P50MS > p.P99MS || p.P99MS > p.MaxMS {
+					t.Errorf("%s lateness %+v", name, p)
+				}
+			}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var stdout, stderr bytes.Buffer
+			if code := runBench(tt.args, nil, &stdout, &stderr); code != 0 {
+				t.Fatalf("exit %d\nstderr: %s\nstdout: %s", code, stderr.String(), stdout.String())
+			}
+			if !strings.Contains(stderr.String(), "round 2/2: ") {
+				t.Errorf("no progress on stderr: %q", stderr.String())
+			}
+			tt.check(t, stdout.String())
+			t.Log("\n" + stdout.String())
+		})
+	}
+}
+
+// TestBenchFull runs the bench with its defaults when FAILBUS_BENCH_FULL is
+// set (`FAILBUS_BENCH_FULL=1 go test -run TestBenchFull -v ./cmd/failbus/`),
+// for machines where `failbus bench` is not at hand; it prints the report.
+func TestBenchFull(t *testing.T) {
+	if os.Getenv("FAILBUS_BENCH_FULL") == "" {
+		t.Skip("set FAILBUS_BENCH_FULL=1 to run the full bench")
+	}
+	var stdout, stderr bytes.Buffer
+	args := strings.Fields(os.Getenv("FAILBUS_BENCH_ARGS"))
+	if code := runBench(args, nil, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d\n%s", code, stderr.String())
+	}
+	t.Log("\n" + stderr.String() + "\n" + stdout.String())
+}
+
+func TestBenchArguments(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		args []string
+		code int
+		err  string
+	}{
+		{"no outcomes", []string{"--n", "0"}, 2, "must be at least 1"},
+		{"no rounds", []string{"--rounds", "0"}, 2, "must be at least 1"},
+		{"a window of none", []string{"--window", "0"}, 2, "must be at least 1"},
+		{"delays the wrong way round", []string{"--delay-min", "3s", "--delay-max", "2s"}, 2, "--delay-min <= --delay-max"},
+		{"a delay the policy would not retry", []string{"--delay-max", "2m"}, 2, "above the default policy's retry max_delay"},
+		{"a positional argument", []string{"now"}, 2, "unexpected arguments"},
+		{"a corpus that is not there", []string{"--corpus", "/nonexistent/corpus.jsonl"}, 1, "corpus:"},
+		{"help", []string{"-h"}, 0, "Usage: failbus bench"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var stdout, stderr bytes.Buffer
+			if code := runBench(tt.args, nil, &stdout, &stderr); code != tt.code {
+				t.Errorf("exit %d, want %d", code, tt.code)
+			}
+			if !strings.Contains(stderr.String(), tt.err) {
+				t.Errorf("stderr %q lacks %q", stderr.String(), tt.err)
+			}
+		})
+	}
+}
+
+// The built-in mix (used outside the repository) is valid input, and
+// covers more than one class.
+func TestBenchBuiltinMix(t *testing.T) {
+	t.Parallel()
+	classes := map[string]bool{}
+	for i, o := range benchBuiltinMix() {
+		o.ID, o.Agent = "x", benchAgent
+		if _, _, err := events.Encode(&o); err != nil {
+			t.Errorf("row %d: %v", i, err)
+		}
+		classes[policy.Classify(&o).Class] = true
+	}
+	if len(classes) < 5 {
+		t.Errorf("classes %v: want a mix", classes)
+	}
+}
+
+func TestBenchSummaries(t *testing.T) {
+	t.Parallel()
+	t.Run("median, min and max of every figure", func(t *testing.T) {
+		rounds := []benchRound{{Ingest: 3, RawPublish: 10}, {Ingest: 1, RawPublish: 30}, {Ingest: 2, RawPublish: 20}, {Ingest: 4, RawPublish: 40}}
+		med, lo, hi := summarize(rounds)
+		if med.Ingest != 2.5 || lo.Ingest != 1 || hi.Ingest != 4 || med.RawPublish != 25 {
+			t.Errorf("median %v %v, min %v, max %v", med.Ingest, med.RawPublish, lo.Ingest, hi.Ingest)
+		}
+		med, _, _ = summarize(rounds[:3])
+		if med.Ingest != 2 {
+			t.Errorf("odd median %v, want 2", med.Ingest)
+		}
+	})
+	t.Run("nearest-rank percentiles", func(t *testing.T) {
+		var d []time.Duration
+		for i := 100; i >= 1; i-- {
+			d = append(d, time.Duration(i)*time.Millisecond)
+		}
+		p := percentiles(d)
+		if p.N != 100 || p.MinMS != 1 || p.P50MS != 50 || p.P99MS != 99 || p.MaxMS != 100 {
+			t.Errorf("%+v", p)
+		}
+		if (percentiles(nil) != benchPercentiles{}) {
+			t.Error("empty sample")
+		}
+	})
+	t.Run("figures with three significant digits", func(t *testing.T) {
+		for v, want := range map[float64]string{0.5: "0.50", 12.34: "12.3", 999: "999", 1234: "1.23k", 123456: "123k", 2.5e6: "2.50M"} {
+			if got := human(v); got != want {
+				t.Errorf("human(%v) = %q, want %q", v, got, want)
+			}
+		}
+	})
+}
