@@ -161,3 +161,45 @@ func TestCLIDevPublishTailAcrossSIGKILL(t *testing.T) {
 		t.Fatalf("dev after SIGINT: %v\n%s", err, dev.stderr.String())
 	}
 }
+
+// TestCLIReadmeStartsWithDemoAndTheCITestCommand: README.md opens with the
+// two commands a new user needs (the demo and the test command), and .ci/run
+// runs exactly that test command, so what CI checks is what the README
+// promises.
+func TestCLIReadmeStartsWithDemoAndTheCITestCommand(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(readme), "```sh\n")
+	block, _, ok2 := strings.Cut(rest, "```")
+	if !ok || !ok2 {
+		t.Fatal("README.md has no ```sh block")
+	}
+	var cmds []string
+	for line := range strings.Lines(block) {
+		cmd, _, _ := strings.Cut(line, "#")
+		if cmd = strings.TrimSpace(cmd); cmd != "" {
+			cmds = append(cmds, cmd)
+		}
+	}
+	if len(cmds) != 2 || cmds[0] != "go run ./cmd/failbus demo" || !strings.HasPrefix(cmds[1], "go test -race ") {
+		t.Fatalf("README's first block is %q, want the demo and a `go test -race` command", cmds)
+	}
+	ci, err := os.ReadFile("../.ci/run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ciTests []string
+	for line := range strings.Lines(string(ci)) {
+		if line = strings.TrimSpace(line); strings.HasPrefix(line, "go test") {
+			ciTests = append(ciTests, line)
+		}
+	}
+	if len(ciTests) != 1 || ciTests[0] != cmds[1] {
+		t.Errorf(".ci/run runs %q, want exactly the README's %q", ciTests, cmds[1])
+	}
+	if !strings.Contains(string(ci), "go vet ./...") {
+		t.Error(".ci/run does not run go vet ./...")
+	}
+}

@@ -45,7 +45,7 @@ type publishStats struct {
 // unusable arguments.
 func runPublish(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := newFlagSet("publish", "[--server URL] < outcomes.jsonl", stderr)
-	server := fs.String("server", defaultServer(), "NATS URL of the bus ($NATS_URL, else the default of `failbus dev`)")
+	server := fs.String("server", defaultServer(), "NATS URL of the bus ($NATS_URL, else the default of failbus dev)")
 	if rest, code, done := parseArgs(fs, args); done {
 		return code
 	} else if len(rest) > 0 {

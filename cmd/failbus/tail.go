@@ -59,7 +59,7 @@ type tailOptions struct {
 // runTail is `failbus tail`.
 func runTail(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 	fs := newFlagSet("tail", tailUsage, stderr)
-	server := fs.String("server", defaultServer(), "NATS URL of the bus ($NATS_URL, else the default of `failbus dev`)")
+	server := fs.String("server", defaultServer(), "NATS URL of the bus ($NATS_URL, else the default of failbus dev)")
 	var o tailOptions
 	var startTime string
 	fs.StringVar(&o.stream, "stream", "", "read only this stream (default: every stream holding the subjects)")

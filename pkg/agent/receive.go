@@ -76,16 +76,36 @@ type reader struct {
 
 // stop ends reading; an ephemeral consumer is deleted at once rather than
 // left to expire.
+//
+// A durable consumer is kept, so the next process of this agent reads on
+// from here; stop makes sure nothing is left leased to this reader: it
+// hands back (Nak) what the server had already sent but nobody received,
+// and waits until the server has processed the unsubscription. Otherwise
+// the reader's outstanding pull request stays on the server a little
+// longer than the reader, a decision published in that moment is delivered
+// into it, and the next reader sees it only after durableAckWait.
 func (r *reader) stop(js jetstream.JetStream) {
-	r.msgs.Stop()
-	if r.ordered == nil {
+	ctx, cancel := context.WithTimeout(context.Background(), ackTimeout)
+	defer cancel()
+	if r.ordered != nil {
+		r.msgs.Stop()
+		if info := r.ordered.CachedInfo(); info != nil {
+			_ = js.DeleteConsumer(ctx, r.stream, info.Name)
+		}
 		return
 	}
-	if info := r.ordered.CachedInfo(); info != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), ackTimeout)
-		defer cancel()
-		_ = js.DeleteConsumer(ctx, r.stream, info.Name)
+	// Drain unsubscribes and waits for the server to confirm it (a
+	// round trip) before Next reports the iterator closed; what arrived
+	// before that is still returned by Next.
+	r.msgs.Drain()
+	for {
+		m, err := r.msgs.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			break // ErrMsgIteratorClosed once drained, or the deadline
+		}
+		_ = m.Nak()
 	}
+	_ = js.Conn().FlushWithContext(ctx) // the naks reached the server
 }
 
 // open starts a consumer on stream filtered on subject.
@@ -165,8 +185,11 @@ func pump[T any](ctx context.Context, a *Agent, r *reader, out chan<- T, decode 
 		select {
 		case out <- v:
 		case <-ctx.Done():
-			// Not handed over: leave it unacknowledged so a durable
-			// consumer redelivers it to the next reader.
+			// Not handed over: a durable consumer redelivers it to the
+			// next reader at once.
+			if r.ack {
+				_ = m.Nak()
+			}
 			return
 		}
 		if r.ack {

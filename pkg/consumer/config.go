@@ -18,8 +18,9 @@ const (
 	// DefaultConcurrency handles one message at a time, which keeps stream
 	// order (see Config.Concurrency).
 	DefaultConcurrency = 1
-	// DefaultMaxDeliver is the delivery limit used when the consumer itself
-	// has none (MaxDeliver -1).
+	// DefaultMaxDeliver is the last delivery on which the handler runs when
+	// the consumer itself has no limit (MaxDeliver -1); with a limit, the
+	// runner stops one short of it (see Config.MaxDeliver).
 	DefaultMaxDeliver = 10
 	// DefaultFetchWait is how long one pull request waits for messages. A
 	// shutdown waits at most this long for the outstanding pull to end.
@@ -81,12 +82,17 @@ type Config struct {
 	// messages; use it only when the handler does not care.
 	Concurrency int
 
-	// MaxDeliver is the delivery on which a message whose handler still
-	// fails (an error or Retry) is dead-lettered instead of redelivered.
-	// Defaults to the consumer's own MaxDeliver, or DefaultMaxDeliver when
-	// the consumer has no limit. It must not exceed the consumer's
-	// MaxDeliver, or the server would give up first and drop the message
-	// without a dead letter; Run checks this.
+	// MaxDeliver is the last delivery on which the handler runs: a message
+	// whose handler still fails then (an error or Retry) is dead-lettered
+	// instead of redelivered. Defaults to one less than the consumer's own
+	// MaxDeliver (9 for the topology's 10), or DefaultMaxDeliver when the
+	// consumer has no limit. The delivery left over is a spare: the server
+	// stops delivering after its MaxDeliver, so when the process dies during
+	// the handler's last delivery, the spare redelivery (after AckWait) is
+	// dead-lettered at once, without running the handler, instead of being
+	// dropped by the server without a trace. It must not exceed the
+	// consumer's MaxDeliver (Run checks this); setting it equal gives up
+	// the spare, and Run logs a warning.
 	MaxDeliver int
 
 	// Backoff is the redelivery delay after a handler error: delivery n

@@ -14,8 +14,11 @@
 //   - A handler answers with its error: nil acks, Retry(after, reason) asks
 //     for a later redelivery, DeadLetter(reason) sends the input to
 //     failbus.dlq.<service> at once, any other error is retried with backoff
-//     and dead-lettered on the last allowed delivery. Nothing is dropped
-//     silently, and one bad message never stops the service.
+//     and dead-lettered on the last allowed delivery. The runner keeps one
+//     delivery of the consumer's MaxDeliver spare: if the process dies during
+//     a message's last handler delivery, the spare one dead-letters it
+//     without running the handler again, where the server would otherwise
+//     drop it silently. One bad message never stops the service.
 //   - Dead letters (events.DeadLetter) keep the original subject, headers
 //     and bytes beside the reason, so an operator can fix and replay them.
 //   - Panics become dead letters (Recover), long handlers keep their message
@@ -26,7 +29,13 @@
 // What is not guaranteed: handlers run at least once per input (a crash
 // after the handler but before the ack runs it again), so side effects other
 // than Outputs must be idempotent. Ordering holds only with Concurrency 1,
-// and even then a retried message is handled after the ones behind it.
+// and even then a retried message is handled after the ones behind it. A
+// delivery in flight when its process dies comes back only when its AckWait
+// runs out (30 s on the topology's consumers, then the consumer's backoff):
+// the server cannot tell a dead service from a slow one. A process that dies
+// again while dead-lettering on the spare delivery (milliseconds, no handler
+// involved) still loses that dead letter; the server then reports the
+// message only by its MAX_DELIVERIES advisory.
 //
 // ServeOps serves the Prometheus /metrics and /healthz endpoints every
 // failbus service exposes.

@@ -26,6 +26,11 @@ type Msg struct {
 	// Delivered counts deliveries of this message to the consumer,
 	// starting at 1; above 1 it is a redelivery.
 	Delivered int
+	// Last is true on the last delivery on which the handler runs (Delivered
+	// equals the runner's MaxDeliver): an error or Retry now dead-letters the
+	// message instead of redelivering it. A handler with side effects of its
+	// own (a notifier's send) can use it to record its final answer.
+	Last bool
 	// Timestamp is when the stream stored the message.
 	Timestamp time.Time
 	// Value is the decoded message when Config.Decode is set, else nil.

@@ -33,10 +33,20 @@ func (r *Runner) process(hctx context.Context, raw jetstream.Msg) {
 	if m.Delivered > 1 {
 		r.m.redeliveries.WithLabelValues(svc).Inc()
 	}
+	m.Last = m.Delivered >= r.maxDeliver
 	out := &Outputs{service: svc, inputID: m.ID()}
 
 	var herr error
-	if r.cfg.Decode {
+	if m.Delivered > r.maxDeliver {
+		// The spare delivery: the handler already had its last delivery,
+		// and that one was never settled (the process died, or the handler
+		// outlived AckWait). Running the handler again could die the same
+		// way and the server would then drop the message without a dead
+		// letter, so dead-letter it without running the handler.
+		herr = DeadLetter(fmt.Sprintf("delivery %d exceeds the limit of %d: delivery %d was never settled (the process handling it died, or the handler outlived AckWait)",
+			m.Delivered, r.maxDeliver, m.Delivered-1))
+	}
+	if herr == nil && r.cfg.Decode {
 		v, derr := events.Decode(m.Header, m.Data)
 		if derr != nil {
 			herr = DeadLetter("decode: " + derr.Error())

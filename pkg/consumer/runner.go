@@ -195,15 +195,14 @@ func (r *Runner) bind(ctx context.Context) (jetstream.Consumer, error) {
 	if info.AckPolicy != jetstream.AckExplicitPolicy {
 		return nil, fmt.Errorf("%w: consumer %s/%s has ack policy %s, want explicit", ErrInvalidConfig, r.cfg.Stream, r.cfg.Consumer, info.AckPolicy)
 	}
-	r.maxDeliver = r.cfg.MaxDeliver
-	switch {
-	case r.maxDeliver == 0 && info.MaxDeliver > 0:
-		r.maxDeliver = info.MaxDeliver
-	case r.maxDeliver == 0:
-		r.maxDeliver = DefaultMaxDeliver
-	case info.MaxDeliver > 0 && r.maxDeliver > info.MaxDeliver:
-		return nil, fmt.Errorf("%w: MaxDeliver %d exceeds consumer %s/%s's MaxDeliver %d: the server would drop messages before they are dead-lettered",
-			ErrInvalidConfig, r.maxDeliver, r.cfg.Stream, r.cfg.Consumer, info.MaxDeliver)
+	md, err := resolveMaxDeliver(r.cfg.MaxDeliver, info.MaxDeliver)
+	if err != nil {
+		return nil, fmt.Errorf("%w (consumer %s/%s)", err, r.cfg.Stream, r.cfg.Consumer)
+	}
+	r.maxDeliver = md
+	if info.MaxDeliver > 0 && md >= info.MaxDeliver {
+		r.log.Warn().Int("max_deliver", md).Int("consumer_max_deliver", info.MaxDeliver).
+			Msg("no spare delivery: a message whose last delivery dies with the process is dropped by the server without a dead letter; leave MaxDeliver below the consumer's")
 	}
 	return cons, nil
 }
@@ -256,4 +255,26 @@ func (r *Runner) dispatch(ctx context.Context, raw jetstream.Msg, work chan<- je
 	if err := raw.Nak(); err != nil {
 		r.log.Warn().Err(err).Str("subject", raw.Subject()).Msg("hand back on shutdown failed; redelivered after AckWait")
 	}
+}
+
+// resolveMaxDeliver is the last delivery on which the handler runs, given
+// Config.MaxDeliver (0: default) and the consumer's MaxDeliver (<= 0: no
+// limit). By default it leaves the consumer one spare delivery: the server
+// stops delivering after its MaxDeliver, so if the process died during the
+// handler's last delivery, the spare one is what lets the runner still
+// dead-letter the message (without running the handler again) instead of
+// the server dropping it silently.
+func resolveMaxDeliver(want, consumerMax int) (int, error) {
+	switch {
+	case want == 0 && consumerMax > 1:
+		return consumerMax - 1, nil
+	case want == 0 && consumerMax == 1:
+		return 1, nil // no room for a spare; the warning says so
+	case want == 0:
+		return DefaultMaxDeliver, nil // the server never gives up: every later delivery is a spare
+	case consumerMax > 0 && want > consumerMax:
+		return 0, fmt.Errorf("%w: MaxDeliver %d exceeds the consumer's MaxDeliver %d: the server would drop messages before they are dead-lettered",
+			ErrInvalidConfig, want, consumerMax)
+	}
+	return want, nil
 }

@@ -34,6 +34,7 @@ const (
 type bench struct {
 	t   *testing.T
 	ctx context.Context
+	srv *embedded.Server
 	nc  *nats.Conn
 	js  jetstream.JetStream
 }
@@ -55,13 +56,14 @@ func setup(t *testing.T) *bench {
 			t.Fatalf("create stream %s: %v", name, err)
 		}
 	}
-	return &bench{t: t, ctx: ctx, nc: nc, js: js}
+	return &bench{t: t, ctx: ctx, srv: srv, nc: nc, js: js}
 }
 
 // consumerConfig is the durable every test runner creates: short AckWait so
-// a lost ack shows quickly, MaxDeliver 3.
+// a lost ack shows quickly, MaxDeliver 4, so the handler runs on at most 3
+// deliveries and the runner keeps the fourth spare.
 func consumerConfig() *jetstream.ConsumerConfig {
-	return &jetstream.ConsumerConfig{AckPolicy: jetstream.AckExplicitPolicy, AckWait: 5 * time.Second, MaxDeliver: 3}
+	return &jetstream.ConsumerConfig{AckPolicy: jetstream.AckExplicitPolicy, AckWait: 5 * time.Second, MaxDeliver: 4}
 }
 
 // config is a runner config for the bench with fast retries and a short
@@ -601,7 +603,7 @@ func TestRunnerHeartbeatKeepsLongHandlers(t *testing.T) {
 	b := setup(t)
 	b.publishIn("test.in.x", "in-1", []byte("x"))
 	cfg := config()
-	cfg.ConsumerConfig.AckWait = time.Second
+	cfg.ConsumerConfig.AckWait = 2 * time.Second
 	cfg.Middleware = []consumer.Middleware{consumer.Heartbeat(200 * time.Millisecond)}
 	var calls atomic.Int32
 	b.start(cfg, func(ctx context.Context, m *consumer.Msg, out *consumer.Outputs) error {
@@ -657,6 +659,7 @@ func TestRunnerRefusesMaxDeliverAboveTheConsumers(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	cfg := config()
+	cfg.ConsumerConfig.MaxDeliver = 3
 	cfg.MaxDeliver = 4 // the consumer allows 3
 	r, err := consumer.New(b.js, cfg, func(context.Context, *consumer.Msg, *consumer.Outputs) error { return nil })
 	if err != nil {
@@ -726,5 +729,109 @@ func TestRunnerTimeoutGivesStuckHandlersBack(t *testing.T) {
 	}
 	if got := calls.Load(); got != 3 {
 		t.Errorf("handler calls: %d, want 3 (MaxDeliver)", got)
+	}
+}
+
+// TestRunnerLastDeliveryDyingWithTheProcess: the process handling a
+// message's last handler delivery dies (its connection closes while the
+// handler hangs). With the spare delivery the runner keeps by default, the
+// next process dead-letters the message on the spare without running the
+// handler; without it (MaxDeliver equal to the consumer's) the server gives
+// up, says so only in its MAX_DELIVERIES advisory, and no dead letter is
+// ever written: the limit the spare exists for.
+func TestRunnerLastDeliveryDyingWithTheProcess(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name       string
+		maxDeliver int // Config.MaxDeliver; the consumer's is 4
+		calls      int // handler runs, the last one dying
+		deadLetter string
+	}{
+		{name: "the spare delivery dead-letters it without the handler", maxDeliver: 0, calls: 3,
+			deadLetter: "delivery 4 exceeds the limit of 3: delivery 3 was never settled"},
+		{name: "without a spare the server drops it with only an advisory", maxDeliver: 4, calls: 4},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			advisories := make(chan *nats.Msg, 4)
+			sub, err := b.nc.ChanSubscribe("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES."+inStream+"."+service, advisories)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = sub.Unsubscribe() })
+			b.publishIn("test.in.x", "in-1", []byte("x"))
+			cfg := config()
+			cfg.MaxDeliver = tt.maxDeliver
+			cfg.ConsumerConfig.AckWait = 2 * time.Second
+
+			var (
+				mu    sync.Mutex
+				lasts []bool
+			)
+			dying, release := make(chan struct{}), make(chan struct{})
+			handler := func(_ context.Context, m *consumer.Msg, _ *consumer.Outputs) error {
+				mu.Lock()
+				lasts = append(lasts, m.Last)
+				mu.Unlock()
+				if m.Last {
+					close(dying) // the process dies in here
+					<-release
+				}
+				return errors.New("dependency down")
+			}
+			calls := func() int {
+				mu.Lock()
+				defer mu.Unlock()
+				return len(lasts)
+			}
+
+			// The first process, on its own connection.
+			ncA := embedded.ConnectTest(t, b.srv)
+			jsA, err := jetstream.New(ncA)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a, err := consumer.New(jsA, cfg, handler)
+			if err != nil {
+				t.Fatal(err)
+			}
+			doneA := make(chan error, 1)
+			go func() { doneA <- a.Run(b.ctx) }()
+			t.Cleanup(func() { close(release); <-doneA })
+			<-dying
+			ncA.Close() // SIGKILL: no ack, no nak, no dead letter from this process
+
+			// The next process.
+			b.start(cfg, handler)
+			if tt.deadLetter != "" {
+				b.waitFor("the dead letter", func() bool { return b.count(dlqStream) == 1 })
+				dls := b.deadLetters()
+				if !strings.Contains(dls[0].Reason, tt.deadLetter) || dls[0].Subject != "test.in.x" || string(dls[0].Data) != "x" {
+					t.Errorf("dead letter %+v, want reason %q with the input", dls[0], tt.deadLetter)
+				}
+				b.waitFor("input settled", func() bool { return b.settled(service) })
+			} else {
+				select {
+				case <-advisories:
+				case <-b.ctx.Done():
+					t.Fatal("no MAX_DELIVERIES advisory")
+				}
+				if got := b.count(dlqStream); got != 0 {
+					t.Errorf("dead letters: %d, want 0 (the server dropped the message)", got)
+				}
+			}
+			if got := calls(); got != tt.calls {
+				t.Errorf("handler calls: %d, want %d", got, tt.calls)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for i, last := range lasts {
+				if want := i == tt.calls-1; last != want {
+					t.Errorf("delivery %d: Last = %v, want %v", i+1, last, want)
+				}
+			}
+		})
 	}
 }
