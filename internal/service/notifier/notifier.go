@@ -67,7 +67,9 @@ type Config struct {
 	// short AckWaits. Defaults to nil: the consumer topology.Apply made.
 	ConsumerConfig *jetstream.ConsumerConfig
 	// MaxDeliver is the delivery on which a still failing request is
-	// dead-lettered. Defaults to the consumer's MaxDeliver (10).
+	// dead-lettered. Defaults to the runner's choice: the consumer's
+	// MaxDeliver (10) less one spare delivery, so a replica that dies on
+	// the last run still dead-letters the request.
 	MaxDeliver int
 	// Heartbeat is how often a request being handled is marked in
 	// progress. Defaults to a third of the consumer's AckWait.
@@ -87,10 +89,9 @@ type Config struct {
 
 // Svc is a running notifier replica.
 type Svc struct {
-	notifier   *notify.Notifier
-	runner     *consumer.Runner
-	maxDeliver int
-	decisions  *prometheus.CounterVec
+	notifier  *notify.Notifier
+	runner    *consumer.Runner
+	decisions *prometheus.CounterVec
 }
 
 // New builds the sinks, binds the buckets and prepares the runner. The
@@ -112,13 +113,10 @@ func New(ctx context.Context, js jetstream.JetStream, cfg Config) (*Svc, error) 
 	if cfg.ConsumerConfig != nil {
 		ccfg = *cfg.ConsumerConfig
 	}
+	// MaxDeliver 0 lets the runner keep its spare delivery (the consumer's
+	// MaxDeliver − 1 handler runs), so a replica dying on the last one still
+	// dead-letters the request instead of losing it.
 	maxDeliver := cfg.MaxDeliver
-	if maxDeliver == 0 {
-		maxDeliver = ccfg.MaxDeliver
-	}
-	if maxDeliver <= 0 {
-		maxDeliver = consumer.DefaultMaxDeliver
-	}
 	hb := cfg.Heartbeat
 	if hb == 0 {
 		wait := ccfg.AckWait
@@ -161,7 +159,7 @@ func New(ctx context.Context, js jetstream.JetStream, cfg Config) (*Svc, error) 
 	if err != nil {
 		return nil, fmt.Errorf("notifier: metrics: %w", err)
 	}
-	s := &Svc{notifier: n, maxDeliver: maxDeliver, decisions: decisions}
+	s := &Svc{notifier: n, decisions: decisions}
 	var cc *jetstream.ConsumerConfig
 	if cfg.ConsumerConfig != nil {
 		c := *cfg.ConsumerConfig
@@ -210,7 +208,7 @@ func (s *Svc) Handle(ctx context.Context, m *consumer.Msg, _ *consumer.Outputs) 
 	res, err := s.notifier.Process(ctx, notify.Request{
 		ID:           m.Stream + ":" + fmt.Sprint(m.Seq),
 		Notification: *note,
-		LastDelivery: m.Delivered >= s.maxDeliver,
+		LastDelivery: m.Last,
 	})
 	if err != nil {
 		return err // the bus itself: the runner retries with backoff
