@@ -17,6 +17,7 @@ import (
 	"github.com/failbus/failbus/internal/service/notifier"
 	"github.com/failbus/failbus/internal/service/refusals"
 	"github.com/failbus/failbus/internal/service/scheduler"
+	"github.com/failbus/failbus/internal/servicemain"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/policy"
@@ -131,7 +132,7 @@ func startBus(o busOptions) (_ *bus, err error) {
 	}
 	actx, cancel := context.WithTimeout(context.Background(), applyTimeout)
 	defer cancel()
-	if err := topology.Apply(actx, b.js, topology.Options{}); err != nil {
+	if err := topology.Apply(actx, b.js, servicemain.TopologyOptions(pol, 0)); err != nil {
 		return nil, fmt.Errorf("apply topology: %w", err)
 	}
 	ctx, stop := context.WithCancel(context.Background())

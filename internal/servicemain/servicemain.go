@@ -143,7 +143,7 @@ func serve(ctx context.Context, spec Spec, c common, pol *policy.Policy, log zer
 	}
 	if c.apply {
 		actx, cancel := context.WithTimeout(ctx, ApplyTimeout)
-		err := topology.Apply(actx, js, topology.Options{Replicas: c.replicas})
+		err := topology.Apply(actx, js, TopologyOptions(pol, c.replicas))
 		cancel()
 		if err != nil {
 			return fmt.Errorf("apply topology: %w", err)
@@ -159,6 +159,18 @@ func serve(ctx context.Context, spec Spec, c common, pol *policy.Policy, log zer
 		return err
 	}
 	return svc.Run(ctx)
+}
+
+// TopologyOptions are the topology settings that follow from the policy, so
+// every binary applying the topology at start agrees on them (otherwise the
+// last one started would win): the refusal bucket's TTL is the policy's
+// refusal.state_ttl, the backstop that retires what no boundary does.
+func TopologyOptions(pol *policy.Policy, replicas int) topology.Options {
+	o := topology.Options{Replicas: replicas}
+	if pol != nil && pol.Refusal.StateTTL > 0 {
+		o.BucketTTL = map[string]time.Duration{topology.BucketRefusals: pol.Refusal.StateTTL}
+	}
+	return o
 }
 
 // Group runs several services as one: Run returns when all have stopped
