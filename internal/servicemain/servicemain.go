@@ -179,23 +179,11 @@ type Group []Service
 
 // Run implements Service.
 func (g Group) Run(ctx context.Context) error {
-	rctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	errs := make(chan error, len(g))
-	for _, s := range g {
-		go func() {
-			err := s.Run(rctx)
-			cancel()
-			errs <- err
-		}()
+	parts := make([]consumer.Runnable, len(g))
+	for i, s := range g {
+		parts[i] = s
 	}
-	var all []error
-	for range g {
-		if err := <-errs; err != nil {
-			all = append(all, err)
-		}
-	}
-	return errors.Join(all...)
+	return consumer.RunAll(ctx, parts...)
 }
 
 // Healthy implements Service.

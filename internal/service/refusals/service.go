@@ -247,33 +247,11 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	s.log.Info().Str("route", routeSubject()).Dur("probe_lease", s.lease).
 		Str("rule", policy.RefusalRule(s.cfg)).Msg("refusal tiers started")
 
-	rctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	errs := make(chan error, 2)
-	var wg sync.WaitGroup
-	for _, r := range []*consumer.Runner{s.refusals, s.boundaries} {
-		wg.Go(func() {
-			err := r.Run(rctx)
-			if err == nil && ctx.Err() == nil {
-				err = fmt.Errorf("%s stopped", r.Service())
-			}
-			if err != nil {
-				errs <- err
-				cancel() // one part down: stop the rest
-			}
-		})
+	err = consumer.RunAll(ctx, s.refusals, s.boundaries)
+	if serr := svc.Stop(); serr != nil {
+		s.log.Warn().Err(serr).Msg("stop route service")
 	}
-	<-rctx.Done()
-	if err := svc.Stop(); err != nil {
-		s.log.Warn().Err(err).Msg("stop route service")
-	}
-	wg.Wait()
-	close(errs)
-	var all []error
-	for e := range errs {
-		all = append(all, e)
-	}
-	return errors.Join(all...)
+	return err
 }
 
 // Healthy reports nil while both consumers run and the route service

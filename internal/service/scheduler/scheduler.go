@@ -388,28 +388,9 @@ func (s *Scheduler) Run(ctx context.Context) (err error) {
 	s.state = nil
 	s.mu.Unlock()
 
-	errs := make(chan error, 2)
-	var rwg sync.WaitGroup
-	for _, r := range []*consumer.Runner{s.classified, s.control} {
-		rwg.Go(func() {
-			err := r.Run(rctx)
-			if err == nil && ctx.Err() == nil {
-				err = fmt.Errorf("%s stopped", r.Service())
-			}
-			if err != nil {
-				errs <- err
-				cancel() // one part down: stop the rest
-			}
-		})
-	}
-	rwg.Wait()
-	cancel()
-	close(errs)
-	var all []error
-	for e := range errs {
-		all = append(all, e)
-	}
-	return errors.Join(all...)
+	err = consumer.RunAll(rctx, s.classified, s.control)
+	cancel() // ends the policy watches
+	return err
 }
 
 // Healthy reports nil while both consumers run and the policy watch (when
