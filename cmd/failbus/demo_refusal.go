@@ -65,8 +65,7 @@ const (
 	demoSession  = "demo-session"
 )
 
-// runRefusalScenario starts a bus with demoRefusalPolicy (and the refusal
-// tiers, whether or not `services` lists them yet), then drives one agent
+// runRefusalScenario starts a bus with demoRefusalPolicy, then drives one agent
 // through the segment's life, printing with printf. It fails when the bus
 // decides anything but the seed's rule.
 func runRefusalScenario(ctx context.Context, printf func(string, ...any)) (err error) {
@@ -81,13 +80,6 @@ func runRefusalScenario(ctx context.Context, printf func(string, ...any)) (err e
 			err = serr
 		}
 	}()
-	if !slices.Contains(b.names, refusals.Service) {
-		stop, err := runExtraService(b, pol, newRefusals)
-		if err != nil {
-			return err
-		}
-		defer stop()
-	}
 
 	nc, err := b.srv.Connect(nats.Name("failbus demo refusal agent"))
 	if err != nil {
@@ -104,33 +96,6 @@ func runRefusalScenario(ctx context.Context, printf func(string, ...any)) (err e
 		return err
 	}
 	return sc.run(ctx)
-}
-
-// runExtraService runs one more in-process service on b until stop is
-// called.
-func runExtraService(b *bus, pol *policy.Policy, build func(serviceEnv) (service, error)) (stop func(), err error) {
-	svc, err := build(serviceEnv{js: b.js, policy: pol, log: zerolog.Nop(), registry: b.registry})
-	if err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- svc.Run(ctx) }()
-	deadline := time.Now().Add(demoWait)
-	for svc.Healthy() != nil {
-		if time.Now().After(deadline) {
-			cancel()
-			<-done
-			return nil, fmt.Errorf("refusal tiers not healthy: %w", svc.Healthy())
-		}
-		select {
-		case err := <-done:
-			cancel()
-			return nil, fmt.Errorf("refusal tiers stopped: %w", err)
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
-	return func() { cancel(); <-done }, nil
 }
 
 // refusalDemo is the state of one run of the scenario.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -68,8 +67,7 @@ const (
 	demoDownLLM    = "deepseek"
 )
 
-// runRetryScenario starts a bus with demoRetryPolicy (and the scheduler,
-// whether or not `services` lists it yet), then drives one agent through
+// runRetryScenario starts a bus with demoRetryPolicy, then drives one agent through
 // the three stories, printing with printf. It fails when the bus decides
 // anything but the rules say.
 func runRetryScenario(ctx context.Context, printf func(string, ...any)) (err error) {
@@ -83,13 +81,6 @@ func runRetryScenario(ctx context.Context, printf func(string, ...any)) (err err
 			err = serr
 		}
 	}()
-	if !slices.Contains(b.names, scheduler.Service) {
-		stop, err := runExtraService(b, pol, newScheduler)
-		if err != nil {
-			return err
-		}
-		defer stop()
-	}
 	nc, err := b.srv.Connect(nats.Name("failbus demo retry agent"))
 	if err != nil {
 		return err
