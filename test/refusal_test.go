@@ -115,15 +115,11 @@ func (b *refBench) poll(what string, cond func() bool) {
 func (b *refBench) idle(stream, name string) {
 	b.t.Helper()
 	b.poll(name+" idle", func() bool {
-		c, err := b.js.Consumer(b.ctx, stream, name)
+		ok, err := embedded.CaughtUp(b.ctx, b.js, stream, name)
 		if err != nil {
 			b.t.Fatal(err)
 		}
-		info, err := c.Info(b.ctx)
-		if err != nil {
-			b.t.Fatal(err)
-		}
-		return info.NumPending == 0 && info.NumAckPending == 0
+		return ok
 	})
 }
 

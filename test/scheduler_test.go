@@ -232,15 +232,11 @@ func (b *schBench) decisions() []events.Decision {
 // acknowledged.
 func (b *schBench) schedulerIdle() bool {
 	b.t.Helper()
-	c, err := b.js.Consumer(b.ctx, topology.StreamClassified, topology.ConsumerScheduler)
+	ok, err := embedded.CaughtUp(b.ctx, b.js, topology.StreamClassified, topology.ConsumerScheduler)
 	if err != nil {
 		b.t.Fatal(err)
 	}
-	info, err := c.Info(b.ctx)
-	if err != nil {
-		b.t.Fatal(err)
-	}
-	return info.NumPending == 0 && info.NumAckPending == 0
+	return ok
 }
 
 // checkDues fails unless every retry id of want came due exactly once, not

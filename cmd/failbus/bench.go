@@ -686,17 +686,13 @@ func (r *benchRunner) streamMsgs(ctx context.Context, stream string) (uint64, er
 	return s.CachedInfo().State.Msgs, nil
 }
 
-// settled reports whether every service's consumer has nothing pending or
-// unacked.
+// settled reports whether every service's consumer has acknowledged
+// everything on its filter.
 func (r *benchRunner) settled(ctx context.Context) (bool, error) {
 	for _, bc := range benchConsumers {
-		c, err := r.js.Consumer(ctx, bc.stream, bc.name)
-		if err != nil {
-			return false, fmt.Errorf("consumer %s/%s: %w", bc.stream, bc.name, err)
-		}
-		info := c.CachedInfo()
-		if info.NumPending > 0 || info.NumAckPending > 0 {
-			return false, nil
+		done, err := embedded.CaughtUp(ctx, r.js, bc.stream, bc.name)
+		if err != nil || !done {
+			return false, err
 		}
 	}
 	return true, nil

@@ -303,15 +303,11 @@ func (s *refusalDemo) printNotifications(ctx context.Context) error {
 	wctx, cancel := context.WithTimeout(ctx, demoWait)
 	defer cancel()
 	for {
-		c, err := s.js.Consumer(wctx, topology.StreamClassified, topology.ConsumerRefusals)
+		done, err := embedded.CaughtUp(wctx, s.js, topology.StreamClassified, topology.ConsumerRefusals)
 		if err != nil {
 			return err
 		}
-		info, err := c.Info(wctx)
-		if err != nil {
-			return err
-		}
-		if info.NumPending == 0 && info.NumAckPending == 0 {
+		if done {
 			break
 		}
 		if err := pause(wctx, 5*time.Millisecond); err != nil {

@@ -116,12 +116,8 @@ func (b *bench) waitFor(what string, cond func() bool) {
 
 // settled reports whether the consumer has nothing pending or unacked.
 func (b *bench) settled(name string) bool {
-	c, err := b.js.Consumer(b.ctx, inStream, name)
-	if err != nil {
-		return false
-	}
-	info, err := c.Info(b.ctx)
-	return err == nil && info.NumPending == 0 && info.NumAckPending == 0 && info.NumRedelivered == 0
+	ok, err := embedded.CaughtUp(b.ctx, b.js, inStream, name)
+	return err == nil && ok
 }
 
 func (b *bench) publishIn(subject, id string, data []byte) {

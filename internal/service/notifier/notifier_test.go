@@ -193,12 +193,8 @@ func TestServiceDeliversOncePerKey(t *testing.T) {
 	waitFor(t, "10 deliveries", func() bool { k, _ := h.count(); return k == 10 })
 	// Every request is decided (acked) before we look at the total.
 	waitFor(t, "all requests acked", func() bool {
-		c, err := b.js.Consumer(context.Background(), topology.StreamNotify, topology.ConsumerNotifier)
-		if err != nil {
-			return false
-		}
-		info, err := c.Info(context.Background())
-		return err == nil && info.NumPending == 0 && info.NumAckPending == 0
+		ok, err := embedded.CaughtUp(context.Background(), b.js, topology.StreamNotify, topology.ConsumerNotifier)
+		return err == nil && ok
 	})
 	if k, total := h.count(); k != 10 || total != 10 {
 		t.Fatalf("%d keys, %d deliveries; want 10 and 10", k, total)

@@ -161,15 +161,11 @@ func (b *bench) waitAudit(what string, match func(*scheduler.PolicyAudit) bool) 
 // idle reports whether a durable consumer has had everything its stream
 // holds on its filter delivered and acknowledged.
 func (b *bench) idle(stream, name string) bool {
-	c, err := b.js.Consumer(b.ctx, stream, name)
+	ok, err := embedded.CaughtUp(b.ctx, b.js, stream, name)
 	if err != nil {
 		b.t.Fatal(err)
 	}
-	info, err := c.Info(b.ctx)
-	if err != nil {
-		b.t.Fatal(err)
-	}
-	return info.NumPending == 0 && info.NumAckPending == 0
+	return ok
 }
 
 func (b *bench) waitIdle() {
