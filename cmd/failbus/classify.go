@@ -11,9 +11,6 @@ import (
 	"github.com/failbus/failbus/pkg/policy"
 )
 
-// classifyMaxLine bounds one input line; a longer line is an error record.
-const classifyMaxLine = 16 << 20
-
 // runClassify is `failbus classify [--policy FILE]` (CONTRACT.md "Offline
 // commands"): each stdin line is an Outcome, each stdout line its
 // Classification, `{"type":"classification", …}`, flushed before the next
@@ -46,37 +43,23 @@ func runClassify(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return 2
 	}
 
-	r := bufio.NewReaderSize(stdin, 64<<10)
 	w := bufio.NewWriterSize(stdout, 64<<10)
-	for lineNo := 1; ; lineNo++ {
-		line, tooLong, readErr := classifyReadLine(r)
-		if readErr != nil && readErr != io.EOF {
-			fmt.Fprintf(stderr, "failbus classify: read stdin: %v\n", readErr)
-			return 1
-		}
-		if readErr == io.EOF && len(line) == 0 && !tooLong {
-			break
-		}
-		var rec []byte
-		switch {
-		case tooLong:
-			rec = classifyError(lineNo, fmt.Errorf("line longer than %d bytes", classifyMaxLine))
-		case len(bytes.TrimSpace(line)) > 0:
+	err = eachLine(stdin, func(lineNo int, line []byte, tooLong bool) error {
+		rec := classifyError(lineNo, fmt.Errorf("line longer than %d bytes", maxLine))
+		if !tooLong {
 			rec = classifyLine(classify, line, lineNo)
 		}
-		if rec != nil {
-			if _, err := w.Write(append(rec, '\n')); err != nil {
-				fmt.Fprintf(stderr, "failbus classify: write stdout: %v\n", err)
-				return 1
-			}
-			if err := w.Flush(); err != nil {
-				fmt.Fprintf(stderr, "failbus classify: write stdout: %v\n", err)
-				return 1
-			}
+		if _, err := w.Write(append(rec, '\n')); err != nil {
+			return fmt.Errorf("write stdout: %w", err)
 		}
-		if readErr == io.EOF {
-			break
+		if err := w.Flush(); err != nil {
+			return fmt.Errorf("write stdout: %w", err)
 		}
+		return nil
+	})
+	if err != nil {
+		fmt.Fprintf(stderr, "failbus classify: %v\n", err)
+		return 1
 	}
 	return 0
 }
@@ -114,26 +97,4 @@ func classifyError(lineNo int, err error) []byte {
 		Error string `json:"error"`
 	}{"error", lineNo, err.Error()})
 	return b
-}
-
-// classifyReadLine reads one line without its newline. A line over
-// classifyMaxLine is consumed and reported as tooLong. err is io.EOF with
-// the last line when the input does not end in a newline.
-func classifyReadLine(r *bufio.Reader) (line []byte, tooLong bool, err error) {
-	for {
-		chunk, isPrefix, e := r.ReadLine()
-		if !tooLong {
-			if len(line)+len(chunk) > classifyMaxLine {
-				tooLong, line = true, nil
-			} else {
-				line = append(line, chunk...)
-			}
-		}
-		if e != nil {
-			return line, tooLong, e
-		}
-		if !isPrefix {
-			return line, tooLong, nil
-		}
-	}
 }

@@ -2,17 +2,12 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
 
 	"github.com/failbus/failbus/pkg/policy"
 )
-
-// simulateMaxLine bounds one input line, so a runaway line cannot take all
-// memory; longer lines are error records.
-const simulateMaxLine = 16 << 20
 
 // runSimulate is `failbus simulate [--policy FILE] [--seed N]`: the whole
 // decision core (policy.Sim) over JSON Lines on stdin, on a virtual clock
@@ -45,7 +40,6 @@ func runSimulate(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return 2
 	}
 
-	r := bufio.NewReaderSize(stdin, 64<<10)
 	w := bufio.NewWriterSize(stdout, 64<<10)
 	write := func(o policy.Output) error {
 		b, err := json.Marshal(o)
@@ -56,57 +50,24 @@ func runSimulate(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		_, err = w.Write(b)
 		return err
 	}
-	for lineNo := 1; ; lineNo++ {
-		line, tooLong, readErr := simulateReadLine(r)
-		if readErr != nil && readErr != io.EOF {
-			fmt.Fprintf(stderr, "failbus simulate: read stdin: %v\n", readErr)
-			return 1
-		}
-		if readErr == io.EOF && len(line) == 0 && !tooLong {
-			break
-		}
-		var outs []policy.Output
-		switch {
-		case tooLong:
-			outs = []policy.Output{policy.ErrorOutput(lineNo, fmt.Errorf("line longer than %d bytes", simulateMaxLine))}
-		case len(bytes.TrimSpace(line)) > 0:
+	err = eachLine(stdin, func(lineNo int, line []byte, tooLong bool) error {
+		outs := []policy.Output{policy.ErrorOutput(lineNo, fmt.Errorf("line longer than %d bytes", maxLine))}
+		if !tooLong {
 			outs = sim.StepLine(line, lineNo)
 		}
 		for _, o := range outs {
 			if err := write(o); err != nil {
-				fmt.Fprintf(stderr, "failbus simulate: write stdout: %v\n", err)
-				return 1
+				return fmt.Errorf("write stdout: %w", err)
 			}
 		}
 		if err := w.Flush(); err != nil {
-			fmt.Fprintf(stderr, "failbus simulate: write stdout: %v\n", err)
-			return 1
+			return fmt.Errorf("write stdout: %w", err)
 		}
-		if readErr == io.EOF {
-			break
-		}
+		return nil
+	})
+	if err != nil {
+		fmt.Fprintf(stderr, "failbus simulate: %v\n", err)
+		return 1
 	}
 	return 0
-}
-
-// simulateReadLine reads one line without its newline. A line over
-// simulateMaxLine is consumed and reported as tooLong. err is io.EOF with the
-// last line when the input does not end in a newline.
-func simulateReadLine(r *bufio.Reader) (line []byte, tooLong bool, err error) {
-	for {
-		chunk, isPrefix, e := r.ReadLine()
-		if !tooLong {
-			if len(line)+len(chunk) > simulateMaxLine {
-				tooLong, line = true, nil
-			} else {
-				line = append(line, chunk...)
-			}
-		}
-		if e != nil {
-			return line, tooLong, e
-		}
-		if !isPrefix {
-			return line, tooLong, nil
-		}
-	}
 }
