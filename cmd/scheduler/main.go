@@ -26,7 +26,7 @@
 //	--policy FILE       policy file (FAILBUS_POLICY; default policy when empty)
 //	--policy-kv         follow FAILBUS_POLICY/active in KV (default true)
 //	--policy-poll D     how often --policy is checked for changes (default 2s)
-//	--concurrency N     classifications handled at once (default 4)
+//	--concurrency N     classifications handled at once (default 16)
 //	--refusals          also run the refusal tiers and the failbus-refusals route service (default true)
 //	--replicas N        stream replicas when applying the topology (FAILBUS_REPLICAS; default 1)
 //	--apply-topology    create/update streams and consumers at start (default true)

@@ -116,8 +116,11 @@ const (
 	DefaultOpsAddr = "127.0.0.1:9402"
 	// DefaultConcurrency is how many classifications are handled at once.
 	// Compare-and-set on the ledger makes concurrent handling of one budget
-	// safe.
-	DefaultConcurrency = 4
+	// safe. Each failure waits on four JetStream round trips (ledger read,
+	// ledger write, schedule, decision), so the scheduler is bound by
+	// latency, not CPU: `failbus bench` on 2 cores measured the whole bus
+	// caught up at 2.0k outcomes/s with 4, 2.3k with 8 and 2.9k with 16.
+	DefaultConcurrency = 16
 	// PolicyKVKey is the key of the active policy (YAML, the --policy file
 	// format) in KV bucket FAILBUS_POLICY.
 	PolicyKVKey = "active"
