@@ -101,3 +101,15 @@ func (b *RefusalBook) Route(now time.Time, agent, session string, segment int, p
 	}
 	return res
 }
+
+// OutageSkip is the route answer for a provider in an outage (seed 002):
+// nothing can reach it now, whatever the segment's refusal state, so it is
+// skipped without claiming a re-probe. Simulate and the bus route service
+// both answer with it, from the fault scope and from the provider's latest
+// health record respectively.
+func OutageSkip(provider, reason string) RouteSkip {
+	if reason == "" {
+		reason = "all profiles fail at the network layer"
+	}
+	return RouteSkip{Provider: provider, Reason: "provider outage: " + reason + "; wait until its health says recovered"}
+}

@@ -477,19 +477,24 @@ func simFill(c *events.Classification, o *events.Outcome) {
 	}
 }
 
-// route answers from the refusal book, then moves providers in an outage
-// from allowed to skipped: they cannot receive anything now either.
+// route skips providers in an outage first (they cannot receive anything
+// now, and must not claim a re-probe), then answers the rest from the
+// refusal book.
 func (s *Sim) route(r RouteRequest, now time.Time) Output {
-	res := s.book.Route(now, r.Agent, r.Session, r.Segment, r.Providers)
-	allowed := make([]string, 0, len(res.Allowed))
-	for _, p := range res.Allowed {
+	var down []RouteSkip
+	up := make([]string, 0, len(r.Providers))
+	for _, p := range r.Providers {
 		if st := s.scope.State(p); st != nil && st.Outage {
-			res.Skipped = append(res.Skipped, RouteSkip{Provider: p, Reason: "provider outage: " + st.OutageReason + "; wait until its health says recovered"})
+			down = append(down, OutageSkip(p, st.OutageReason))
 			continue
 		}
-		allowed = append(allowed, p)
+		up = append(up, p)
 	}
-	res.Allowed = allowed
+	res := s.book.Route(now, r.Agent, r.Session, r.Segment, up)
+	if res.Allowed == nil {
+		res.Allowed = []string{}
+	}
+	res.Skipped = append(res.Skipped, down...)
 	if res.Skipped == nil {
 		res.Skipped = []RouteSkip{}
 	}

@@ -598,3 +598,33 @@ func TestRouteServiceIsDiscoverableAndRejectsBadRequests(t *testing.T) {
 		t.Errorf("RequestRoute without an agent: %v; want a 400 RouteError", err)
 	}
 }
+
+// A provider whose latest health record says outage is skipped by route
+// (as in simulate) without claiming its due re-probe; once its health says
+// recovered, the segment's refusal state decides again.
+func TestRouteSkipsAProviderInAnOutageWithoutClaiming(t *testing.T) {
+	b := setup(t)
+	b.cfg = policy.RefusalConfig{ReprobeDelays: []time.Duration{time.Minute}, MaxRerenders: 2, StateTTL: time.Hour}
+	b.start()
+	b.publishRefusal(refusal("o-1", "agent-0", "strict", "s", 1, 1, t0))
+	b.waitIdle(topology.StreamClassified, topology.ConsumerRefusals)
+	b.clock.Set(t0.Add(2 * time.Minute)) // the re-probe is due
+
+	b.publish(events.HealthSubject("strict"), &events.Health{At: events.At(t0), Provider: "strict", State: events.HealthOutage, Reason: "every profile fails at the network layer"}, "health-1")
+	r := b.route("agent-0", "s", 1, "strict", "spare")
+	if !slices.Equal(r.Allowed, []string{"spare"}) || len(r.Skipped) != 1 || !strings.Contains(r.Skipped[0].Reason, "provider outage: every profile fails") {
+		t.Fatalf("during the outage: %+v; want strict skipped for the outage", r)
+	}
+	if rec, _ := b.state("s#1", "strict"); rec.Claim.Agent != "" {
+		t.Errorf("the outage skip claimed the re-probe for %q", rec.Claim.Agent)
+	}
+
+	b.publish(events.HealthSubject("strict"), &events.Health{At: events.At(t0), Provider: "strict", State: events.HealthRecovered}, "health-2")
+	r = b.route("agent-1", "s", 1, "strict", "spare")
+	if !slices.Equal(r.Allowed, []string{"strict", "spare"}) {
+		t.Fatalf("after recovery: %+v; want the due re-probe of strict allowed", r)
+	}
+	if rec, _ := b.state("s#1", "strict"); rec.Claim.Agent != "agent-1" {
+		t.Errorf("re-probe claimed by %q, want agent-1", rec.Claim.Agent)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/failbus/failbus/pkg/events"
@@ -102,7 +103,15 @@ func (s *Server) Route(ctx context.Context, r policy.RouteRequest, peek bool) (p
 	now := s.now()
 	segment := events.SegmentKey(r.Session, r.Segment)
 	res := policy.RouteResult{Allowed: []string{}, Skipped: []policy.RouteSkip{}}
+	var down []policy.RouteSkip
 	for _, p := range r.Providers {
+		if reason, out, err := s.outage(ctx, p); err != nil {
+			return policy.RouteRecord{}, fmt.Errorf("route %s: health of %s: %w", segment, p, err)
+		} else if out {
+			// Nothing reaches it now; skipped without claiming a re-probe.
+			down = append(down, policy.OutageSkip(p, reason))
+			continue
+		}
 		ok, skip, err := s.routeOne(ctx, store, now, r.Agent, segment, p, peek)
 		if err != nil {
 			return policy.RouteRecord{}, fmt.Errorf("route %s for %s: %w", segment, p, err)
@@ -113,9 +122,35 @@ func (s *Server) Route(ctx context.Context, r policy.RouteRequest, peek bool) (p
 			res.Skipped = append(res.Skipped, skip)
 		}
 	}
+	res.Skipped = append(res.Skipped, down...)
 	return policy.RouteRecord{
 		At: events.At(now), Agent: r.Agent, Session: r.Session, Segment: r.Segment, RouteResult: res,
 	}, nil
+}
+
+// outage reads the provider's latest health record (the scheduler writes
+// one on every change): a provider whose last word is "outage" cannot
+// receive the segment now, as in simulate.
+func (s *Server) outage(ctx context.Context, provider string) (reason string, down bool, err error) {
+	s.mu.Lock()
+	health := s.health
+	s.mu.Unlock()
+	if health == nil {
+		return "", false, nil
+	}
+	m, err := health.GetLastMsgForSubject(ctx, events.HealthSubject(provider))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, err
+	}
+	h, err := events.DecodeAs[*events.Health](m.Header, m.Data)
+	if err != nil {
+		// An unreadable record says nothing about the provider.
+		return "", false, nil
+	}
+	return h.Reason, h.State == events.HealthOutage, nil
 }
 
 // routeOne decides one provider, claiming a due re-probe for agent.

@@ -132,6 +132,7 @@ type Server struct {
 
 	mu      sync.Mutex
 	store   *Store
+	health  jetstream.Stream // FAILBUS_HEALTH: route skips providers in an outage
 	micro   micro.Service
 	touchAt policy.RefusalConfig // cfg with StateTTL = min(policy TTL, bucket TTL)
 	state   error
@@ -237,6 +238,13 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	} else if ttl > 0 && (touch.StateTTL <= 0 || ttl < touch.StateTTL) {
 		touch.StateTTL = ttl
 	}
+	health, err := s.js.Stream(ctx, topology.StreamHealth)
+	if err != nil {
+		return fmt.Errorf("refusals: stream %s: %w", topology.StreamHealth, err)
+	}
+	s.mu.Lock()
+	s.health = health
+	s.mu.Unlock()
 	svc, err := s.startMicro(ctx)
 	if err != nil {
 		return err
