@@ -648,7 +648,12 @@ func (r *benchRunner) rawRelay(ctx context.Context, first uint64) (time.Duration
 		for {
 			m, err := it.Next()
 			if err != nil {
-				return
+				// Only a closed iterator ends it; a missed heartbeat on a
+				// loaded machine is reported and the iterator goes on.
+				if errors.Is(err, jetstream.ErrMsgIteratorClosed) || wctx.Err() != nil {
+					return
+				}
+				continue
 			}
 			select {
 			case next <- m:
