@@ -625,10 +625,6 @@ func (r *benchRunner) rawRelay(ctx context.Context, first uint64) (time.Duration
 			close(all)
 		}
 	}
-	it, err := c.Messages(jetstream.PullMaxMessages(workers))
-	if err != nil {
-		return 0, err
-	}
 	t0 := time.Now()
 	for range workers {
 		wg.Go(func() {
@@ -643,27 +639,32 @@ func (r *benchRunner) rawRelay(ctx context.Context, first uint64) (time.Duration
 			}
 		})
 	}
+	// Plain fetches of a few messages at a time: no iterator state
+	// (pending counts, heartbeats) to go wrong on a loaded machine.
 	go func() {
 		defer close(next)
 		for {
-			m, err := it.Next()
-			if err != nil {
-				// Only a closed iterator ends it; a missed heartbeat on a
-				// loaded machine is reported and the iterator goes on.
-				if errors.Is(err, jetstream.ErrMsgIteratorClosed) || wctx.Err() != nil {
-					return
-				}
-				continue
-			}
 			select {
-			case next <- m:
+			case <-all:
+				return
 			case <-wctx.Done():
 				return
+			default:
+			}
+			batch, err := c.Fetch(workers, jetstream.FetchMaxWait(time.Second))
+			if err != nil {
+				continue
+			}
+			for m := range batch.Messages() {
+				select {
+				case next <- m:
+				case <-wctx.Done():
+					return
+				}
 			}
 		}
 	}()
 	defer func() {
-		it.Stop()
 		cancel()
 		wg.Wait()
 	}()
