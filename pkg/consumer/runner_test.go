@@ -580,9 +580,12 @@ func TestRunnerHealthAndOpsEndpoints(t *testing.T) {
 	if code, body := get("/healthz"); code != http.StatusOK || body != "ok\n" {
 		t.Errorf("/healthz while running: %d %q", code, body)
 	}
-	if code, body := get("/metrics"); code != http.StatusOK || !strings.Contains(body, `failbus_consumer_messages_total{result="ack",service="tester"} 1`) {
-		t.Errorf("/metrics: %d\n%s", code, body)
-	}
+	// The result is counted just after the ack that settled the input, so
+	// wait for it rather than race it.
+	b.waitFor("the ack counted on /metrics", func() bool {
+		code, body := get("/metrics")
+		return code == http.StatusOK && strings.Contains(body, `failbus_consumer_messages_total{result="ack",service="tester"} 1`)
+	})
 	stopRun()
 	if err := <-done; err != nil {
 		t.Fatal(err)
