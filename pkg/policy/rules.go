@@ -449,14 +449,7 @@ func (r *rule) match(c *Classifier, o *events.Outcome, v *view, ev *evidence) bo
 		ev.add(h.ev)
 	}
 	if len(r.transIDs) > 0 {
-		hits := c.transHits(v)
-		i := -1
-		for k, id := range r.transIDs {
-			if hit(hits, id) {
-				i = k
-				break
-			}
-		}
+		i := firstHit(c.transHits(v), r.transIDs)
 		if i < 0 {
 			ev.n = mark
 			return false
@@ -464,14 +457,7 @@ func (r *rule) match(c *Classifier, o *events.Outcome, v *view, ev *evidence) bo
 		ev.add(r.transEv[i])
 	}
 	if len(r.bodyIDs) > 0 {
-		hits := c.textHits(v)
-		i := -1
-		for k, id := range r.bodyIDs {
-			if hit(hits, id) {
-				i = k
-				break
-			}
-		}
+		i := firstHit(c.textHits(v), r.bodyIDs)
 		if i < 0 {
 			ev.n = mark
 			return false

@@ -224,3 +224,14 @@ func (p *patternSet) mark(s int, text []byte, i int, hits []uint64) {
 }
 
 func hit(hits []uint64, id int32) bool { return hits[id>>6]&(1<<(id&63)) != 0 }
+
+// firstHit is the index in ids of the first pattern found in hits, or -1:
+// a rule's evidence names the first of its patterns that matched.
+func firstHit(hits []uint64, ids []int32) int {
+	for k, id := range ids {
+		if hit(hits, id) {
+			return k
+		}
+	}
+	return -1
+}
