@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/failbus/failbus/pkg/events"
 )
 
 // kvStreamPrefix is how JetStream names the stream behind a KV bucket.
@@ -186,7 +188,7 @@ func checkStream(kind, name string, have, want jetstream.StreamConfig) error {
 // covered reports whether every subject matching subject is stored under one
 // of subjects, so an update to subjects keeps storing it.
 func covered(subject string, subjects []string) bool {
-	return slices.ContainsFunc(subjects, func(s string) bool { return subjectWithin(subject, s) })
+	return slices.ContainsFunc(subjects, func(s string) bool { return events.SubjectWithin(subject, s) })
 }
 
 // checkConsumer returns an *IncompatibleError for the first setting of an

@@ -13,6 +13,8 @@ import (
 	"sync"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/failbus/failbus/pkg/events"
 )
 
 // files holds the topology as the nats CLI reads it: streams/NAME.json,
@@ -98,7 +100,7 @@ func load(fsys fs.FS) (*topo, error) {
 			filters = append([]string{c.FilterSubject}, filters...)
 		}
 		for _, f := range filters {
-			if !slices.ContainsFunc(streamSubjects, func(s string) bool { return subjectWithin(f, s) }) {
+			if !slices.ContainsFunc(streamSubjects, func(s string) bool { return events.SubjectWithin(f, s) }) {
 				return nil, fmt.Errorf("topology: %s: filter %q is outside the subjects of %s", p, f, stream)
 			}
 		}
@@ -142,28 +144,6 @@ func decodeFile(fsys fs.FS, p string, v any) error {
 		return fmt.Errorf("topology: parse %s: trailing data after the object", p)
 	}
 	return nil
-}
-
-// subjectWithin reports whether every subject matching filter also matches
-// pattern (both may hold wildcards).
-func subjectWithin(filter, pattern string) bool {
-	f, p := strings.Split(filter, "."), strings.Split(pattern, ".")
-	for i, pt := range p {
-		if pt == ">" {
-			return len(f) > i
-		}
-		if i >= len(f) {
-			return false
-		}
-		switch {
-		case f[i] == ">":
-			return false
-		case pt == "*":
-		case f[i] != pt:
-			return false
-		}
-	}
-	return len(f) == len(p)
 }
 
 // Streams returns every stream of the topology with its default settings

@@ -200,7 +200,7 @@ func tailPlan(ctx context.Context, js jetstream.JetStream, o tailOptions) ([]str
 			return nil, fmt.Errorf("stream %s: %w", o.stream, err)
 		}
 		for _, f := range o.subjects {
-			if slices.ContainsFunc(s.CachedInfo().Config.Subjects, func(p string) bool { return subjectsCollide(f, p) }) {
+			if slices.ContainsFunc(s.CachedInfo().Config.Subjects, func(p string) bool { return events.SubjectsCollide(f, p) }) {
 				byStream[o.stream] = append(byStream[o.stream], f)
 			}
 		}
@@ -242,7 +242,7 @@ func minimalFilters(fs []string) []string {
 	for i, f := range fs {
 		covered := false
 		for j, g := range fs {
-			if i != j && subjectWithin(f, g) && (f != g || j < i) {
+			if i != j && events.SubjectWithin(f, g) && (f != g || j < i) {
 				covered = true
 				break
 			}
@@ -252,42 +252,6 @@ func minimalFilters(fs []string) []string {
 		}
 	}
 	return out
-}
-
-// subjectWithin reports whether every subject matching filter also matches
-// pattern.
-func subjectWithin(filter, pattern string) bool {
-	f, p := strings.Split(filter, "."), strings.Split(pattern, ".")
-	for i, pt := range p {
-		if pt == ">" {
-			return len(f) > i
-		}
-		if i >= len(f) {
-			return false
-		}
-		switch {
-		case f[i] == ">":
-			return false
-		case pt == "*":
-		case f[i] != pt:
-			return false
-		}
-	}
-	return len(f) == len(p)
-}
-
-// subjectsCollide reports whether some subject matches both a and b.
-func subjectsCollide(a, b string) bool {
-	x, y := strings.Split(a, "."), strings.Split(b, ".")
-	for i := 0; i < len(x) && i < len(y); i++ {
-		if x[i] == ">" || y[i] == ">" {
-			return true
-		}
-		if x[i] != y[i] && x[i] != "*" && y[i] != "*" {
-			return false
-		}
-	}
-	return len(x) == len(y)
 }
 
 // tailWriter serialises output lines of all streams and enforces --count.

@@ -253,26 +253,6 @@ func TestCLITailUsage(t *testing.T) {
 
 func TestCLISubjectMatching(t *testing.T) {
 	t.Parallel()
-	tests := []struct {
-		a, b            string
-		within, collide bool
-	}{
-		{"failbus.outcome.x.y", "failbus.outcome.>", true, true},
-		{"failbus.>", "failbus.outcome.>", false, true},
-		{"failbus.outcome.*", "failbus.outcome.>", true, true},
-		{"failbus.outcome.*.bot", "failbus.outcome.openai.*", false, true},
-		{"failbus.outcome", "failbus.outcome.>", false, false},
-		{"failbus.dlq.>", "failbus.outcome.>", false, false},
-		{"a.b", "a.b", true, true},
-	}
-	for _, tt := range tests {
-		if got := subjectWithin(tt.a, tt.b); got != tt.within {
-			t.Errorf("subjectWithin(%s, %s) = %v", tt.a, tt.b, got)
-		}
-		if got := subjectsCollide(tt.a, tt.b); got != tt.collide {
-			t.Errorf("subjectsCollide(%s, %s) = %v", tt.a, tt.b, got)
-		}
-	}
 	if got := minimalFilters([]string{"a.b", "a.>", "a.b", "c.*", "c.*"}); !slices.Equal(got, []string{"a.>", "c.*"}) {
 		t.Errorf("minimalFilters = %v", got)
 	}

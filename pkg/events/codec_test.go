@@ -214,3 +214,26 @@ func TestToJSONRendersTypedAndUntyped(t *testing.T) {
 		t.Fatalf("untyped render: %s %v", js, err)
 	}
 }
+
+func TestSubjectWithinAndCollide(t *testing.T) {
+	tests := []struct {
+		a, b            string
+		within, collide bool
+	}{
+		{"failbus.outcome.x.y", "failbus.outcome.>", true, true},
+		{"failbus.>", "failbus.outcome.>", false, true},
+		{"failbus.outcome.*", "failbus.outcome.>", true, true},
+		{"failbus.outcome.*.bot", "failbus.outcome.openai.*", false, true},
+		{"failbus.outcome", "failbus.outcome.>", false, false},
+		{"failbus.dlq.>", "failbus.outcome.>", false, false},
+		{"a.b", "a.b", true, true},
+	}
+	for _, tt := range tests {
+		if got := events.SubjectWithin(tt.a, tt.b); got != tt.within {
+			t.Errorf("events.SubjectWithin(%s, %s) = %v", tt.a, tt.b, got)
+		}
+		if got := events.SubjectsCollide(tt.a, tt.b); got != tt.collide {
+			t.Errorf("events.SubjectsCollide(%s, %s) = %v", tt.a, tt.b, got)
+		}
+	}
+}

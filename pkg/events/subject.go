@@ -120,3 +120,41 @@ func AuditSubject(service, kind string) string { return join(AuditPrefix, servic
 func SegmentKey(session string, segment int) string {
 	return session + "#" + strconv.Itoa(segment)
 }
+
+// SubjectWithin reports whether every subject matching filter (which may
+// hold wildcards) also matches pattern: whether a consumer filter lies inside
+// a stream's subjects, or one tail filter inside another.
+func SubjectWithin(filter, pattern string) bool {
+	f, p := strings.Split(filter, "."), strings.Split(pattern, ".")
+	for i, pt := range p {
+		if pt == ">" {
+			return len(f) > i
+		}
+		if i >= len(f) {
+			return false
+		}
+		switch {
+		case f[i] == ">":
+			return false
+		case pt == "*":
+		case f[i] != pt:
+			return false
+		}
+	}
+	return len(f) == len(p)
+}
+
+// SubjectsCollide reports whether some subject matches both a and b (either
+// may hold wildcards): whether a stream holds anything a filter asks for.
+func SubjectsCollide(a, b string) bool {
+	x, y := strings.Split(a, "."), strings.Split(b, ".")
+	for i := 0; i < len(x) && i < len(y); i++ {
+		if x[i] == ">" || y[i] == ">" {
+			return true
+		}
+		if x[i] != y[i] && x[i] != "*" && y[i] != "*" {
+			return false
+		}
+	}
+	return len(x) == len(y)
+}
