@@ -511,11 +511,10 @@ func (r *benchRunner) publishAll(ctx context.Context, msgs []*nats.Msg) error {
 	return nil
 }
 
-// rawConsume reads the round's raw messages from sequence first with a
-// pull consumer configured like the classifier's (explicit ack, 1000 acks
-// pending at most), acking each, and returns the time until the server has
-// processed every ack.
-func (r *benchRunner) rawConsume(ctx context.Context, first uint64) (time.Duration, error) {
+// rawConsumer is an ephemeral pull consumer on the scratch stream from
+// sequence first, configured like the classifier's (explicit ack, 1000 acks
+// pending at most); drop deletes it.
+func (r *benchRunner) rawConsumer(ctx context.Context, first uint64) (jetstream.Consumer, func(), error) {
 	c, err := r.js.CreateConsumer(ctx, benchRawStream, jetstream.ConsumerConfig{
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		DeliverPolicy: jetstream.DeliverByStartSequencePolicy,
@@ -524,13 +523,26 @@ func (r *benchRunner) rawConsume(ctx context.Context, first uint64) (time.Durati
 		MaxAckPending: 1000,
 	})
 	if err != nil {
-		return 0, err
+		return nil, nil, err
 	}
-	defer func() {
+	drop := func() {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
 		_ = r.js.DeleteConsumer(dctx, benchRawStream, c.CachedInfo().Name)
-	}()
+	}
+	return c, drop, nil
+}
+
+// rawConsume reads the round's raw messages from sequence first with a
+// pull consumer configured like the classifier's (explicit ack, 1000 acks
+// pending at most), acking each, and returns the time until the server has
+// processed every ack.
+func (r *benchRunner) rawConsume(ctx context.Context, first uint64) (time.Duration, error) {
+	c, drop, err := r.rawConsumer(ctx, first)
+	if err != nil {
+		return 0, err
+	}
+	defer drop()
 	var (
 		mu     sync.Mutex
 		got    int
@@ -588,21 +600,11 @@ func (r *benchRunner) rawConsume(ctx context.Context, first uint64) (time.Durati
 // It is what the classifier's stage costs in JetStream alone.
 func (r *benchRunner) rawRelay(ctx context.Context, first uint64) (time.Duration, error) {
 	workers := classifier.DefaultConcurrency
-	c, err := r.js.CreateConsumer(ctx, benchRawStream, jetstream.ConsumerConfig{
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		DeliverPolicy: jetstream.DeliverByStartSequencePolicy,
-		OptStartSeq:   first,
-		AckWait:       30 * time.Second,
-		MaxAckPending: 1000,
-	})
+	c, drop, err := r.rawConsumer(ctx, first)
 	if err != nil {
 		return 0, err
 	}
-	defer func() {
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		_ = r.js.DeleteConsumer(dctx, benchRawStream, c.CachedInfo().Name)
-	}()
+	defer drop()
 	wctx, cancel := context.WithTimeout(ctx, benchWait)
 	defer cancel()
 	var (
