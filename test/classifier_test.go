@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/failbus/failbus/internal/bustest"
 	"github.com/failbus/failbus/internal/embedded"
 	"github.com/failbus/failbus/internal/service/classifier"
 	topology "github.com/failbus/failbus/jetstream"
@@ -39,16 +40,8 @@ type clsBench struct {
 
 func clsSetup(t *testing.T) *clsBench {
 	t.Helper()
-	srv := embedded.StartTest(t)
-	js, err := jetstream.New(embedded.ConnectTest(t, srv))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	t.Cleanup(cancel)
-	if err := topology.Apply(ctx, js, topology.Options{}); err != nil {
-		t.Fatalf("apply topology: %v", err)
-	}
+	bus := bustest.Start(t, 2*time.Minute)
+	srv, js, ctx := bus.Srv, bus.JS, bus.Ctx
 	return &clsBench{t: t, ctx: ctx, srv: srv, js: js}
 }
 

@@ -35,6 +35,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/failbus/failbus/internal/bustest"
 	"github.com/failbus/failbus/internal/embedded"
 	"github.com/failbus/failbus/internal/service/notifier"
 	topology "github.com/failbus/failbus/jetstream"
@@ -54,16 +55,8 @@ type ntfBench struct {
 
 func ntfSetup(t *testing.T) *ntfBench {
 	t.Helper()
-	srv := embedded.StartTest(t)
-	js, err := jetstream.New(embedded.ConnectTest(t, srv))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	t.Cleanup(cancel)
-	if err := topology.Apply(ctx, js, topology.Options{}); err != nil {
-		t.Fatalf("apply topology: %v", err)
-	}
+	bus := bustest.Start(t, 3*time.Minute)
+	srv, js, ctx := bus.Srv, bus.JS, bus.Ctx
 	return &ntfBench{t: t, ctx: ctx, srv: srv, js: js}
 }
 

@@ -24,6 +24,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/failbus/failbus/internal/bustest"
 	"github.com/failbus/failbus/internal/embedded"
 	"github.com/failbus/failbus/internal/service/classifier"
 	"github.com/failbus/failbus/internal/service/refusals"
@@ -46,16 +47,8 @@ type refBench struct {
 
 func refSetup(t *testing.T, cfg policy.RefusalConfig, replicas int) *refBench {
 	t.Helper()
-	srv := embedded.StartTest(t)
-	js, err := jetstream.New(embedded.ConnectTest(t, srv))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	t.Cleanup(cancel)
-	if err := topology.Apply(ctx, js, topology.Options{}); err != nil {
-		t.Fatalf("apply topology: %v", err)
-	}
+	bus := bustest.Start(t, 2*time.Minute)
+	srv, js, ctx := bus.Srv, bus.JS, bus.Ctx
 	b := &refBench{t: t, ctx: ctx, srv: srv, js: js, cfg: cfg}
 	b.run("classifier", func(js jetstream.JetStream) (func(context.Context) error, func() error) {
 		r, err := classifier.NewRunner(js, classifier.Options{Runner: consumer.Config{FetchWait: 100 * time.Millisecond, Registerer: prometheus.NewRegistry()}})

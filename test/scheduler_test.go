@@ -32,6 +32,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/failbus/failbus/internal/bustest"
 	"github.com/failbus/failbus/internal/embedded"
 	"github.com/failbus/failbus/internal/service/scheduler"
 	topology "github.com/failbus/failbus/jetstream"
@@ -50,16 +51,8 @@ type schBench struct {
 
 func schSetup(t *testing.T, timeout time.Duration) *schBench {
 	t.Helper()
-	srv := embedded.StartTest(t)
-	js, err := jetstream.New(embedded.ConnectTest(t, srv))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	t.Cleanup(cancel)
-	if err := topology.Apply(ctx, js, topology.Options{}); err != nil {
-		t.Fatalf("apply topology: %v", err)
-	}
+	bus := bustest.Start(t, timeout)
+	srv, js, ctx := bus.Srv, bus.JS, bus.Ctx
 	return &schBench{t: t, ctx: ctx, srv: srv, js: js}
 }
 

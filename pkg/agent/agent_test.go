@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/failbus/failbus/internal/bustest"
 	"github.com/failbus/failbus/internal/embedded"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/agent"
@@ -27,17 +28,9 @@ type bundle struct {
 
 func setup(t *testing.T) *bundle {
 	t.Helper()
-	srv := embedded.StartTest(t)
-	nc := embedded.ConnectTest(t, srv)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	if err := topology.Apply(ctx, js, topology.Options{}); err != nil {
-		t.Fatalf("apply topology: %v", err)
-	}
+	bus := bustest.Start(t, 30*time.Second)
+	nc := bus.NC
+	srv, js, ctx := bus.Srv, bus.JS, bus.Ctx
 	return &bundle{srv: srv, nc: nc, js: js, ctx: ctx}
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/failbus/failbus/internal/bustest"
 	"github.com/failbus/failbus/internal/embedded"
 	"github.com/failbus/failbus/internal/service/refusals"
 	topology "github.com/failbus/failbus/jetstream"
@@ -54,17 +55,9 @@ type bench struct {
 func setup(t *testing.T) *bench {
 	t.Helper()
 	t.Parallel()
-	srv := embedded.StartTest(t)
-	nc := embedded.ConnectTest(t, srv)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	t.Cleanup(cancel)
-	if err := topology.Apply(ctx, js, topology.Options{}); err != nil {
-		t.Fatalf("apply topology: %v", err)
-	}
+	bus := bustest.Start(t, 90*time.Second)
+	nc := bus.NC
+	srv, js, ctx := bus.Srv, bus.JS, bus.Ctx
 	store, err := refusals.OpenStore(ctx, js)
 	if err != nil {
 		t.Fatal(err)

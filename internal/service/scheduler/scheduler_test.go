@@ -16,6 +16,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/failbus/failbus/internal/bustest"
 	"github.com/failbus/failbus/internal/embedded"
 	"github.com/failbus/failbus/internal/service/scheduler"
 	topology "github.com/failbus/failbus/jetstream"
@@ -36,17 +37,9 @@ type bench struct {
 
 func setup(t *testing.T) *bench {
 	t.Helper()
-	srv := embedded.StartTest(t)
-	nc := embedded.ConnectTest(t, srv)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	t.Cleanup(cancel)
-	if err := topology.Apply(ctx, js, topology.Options{}); err != nil {
-		t.Fatalf("apply topology: %v", err)
-	}
+	bus := bustest.Start(t, 2*time.Minute)
+	nc := bus.NC
+	srv, js, ctx := bus.Srv, bus.JS, bus.Ctx
 	return &bench{t: t, ctx: ctx, srv: srv, nc: nc, js: js}
 }
 
