@@ -36,6 +36,14 @@ const (
 	SchemaNotification   = "notification"
 	SchemaBoundary       = "boundary"
 	SchemaDeadLetter     = "dead_letter"
+	SchemaHeartbeat      = "heartbeat"
+	SchemaCronSpec       = "cron_spec"
+	SchemaCronRun        = "cron_run"
+	SchemaWrite          = "write"
+	SchemaTask           = "task"
+	SchemaDispatch       = "dispatch"
+	SchemaControl        = "control"
+	SchemaRecovery       = "recovery"
 )
 
 // Message is a failbus wire type: it knows its schema name and can check its
@@ -148,6 +156,22 @@ func New(schema string) Message {
 		return &Boundary{}
 	case SchemaDeadLetter:
 		return &DeadLetter{}
+	case SchemaHeartbeat:
+		return &Heartbeat{}
+	case SchemaCronSpec:
+		return &CronSpec{}
+	case SchemaCronRun:
+		return &CronRun{}
+	case SchemaWrite:
+		return &Write{}
+	case SchemaTask:
+		return &Task{}
+	case SchemaDispatch:
+		return &Dispatch{}
+	case SchemaControl:
+		return &Control{}
+	case SchemaRecovery:
+		return &Recovery{}
 	}
 	return nil
 }

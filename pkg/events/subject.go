@@ -18,6 +18,12 @@ const (
 	NotifyPrefix     = Prefix + ".notify"
 	ControlPrefix    = Prefix + ".control"
 	TaskPrefix       = Prefix + ".task"
+	HeartbeatPrefix  = Prefix + ".heartbeat"
+	CronSpecPrefix   = Prefix + ".cron.spec"
+	CronRunPrefix    = Prefix + ".cron.run"
+	WritePrefix      = Prefix + ".write"
+	DispatchPrefix   = Prefix + ".dispatch"
+	RecoveryPrefix   = Prefix + ".recovery"
 	DLQPrefix        = Prefix + ".dlq"
 	AuditPrefix      = Prefix + ".audit"
 )
@@ -109,6 +115,28 @@ func NotifySubject(severity string) string { return join(NotifyPrefix, severity)
 
 // ControlSubject carries recovery commands for one agent.
 func ControlSubject(agent string) string { return join(ControlPrefix, agent) }
+
+// HeartbeatSubject is where an agent reports its subagents' heartbeats.
+func HeartbeatSubject(agent string) string { return join(HeartbeatPrefix, agent) }
+
+// CronSpecSubject is where an agent declares its crons' schedules.
+func CronSpecSubject(agent string) string { return join(CronSpecPrefix, agent) }
+
+// CronRunSubject is where an agent reports its crons' runs.
+func CronRunSubject(agent string) string { return join(CronRunPrefix, agent) }
+
+// WriteSubject is where an agent reports its memory writes.
+func WriteSubject(agent string) string { return join(WritePrefix, agent) }
+
+// TaskSubject is where an agent submits a task for a provider: held in
+// FAILBUS_TASKS while the provider is down. An empty provider becomes "_".
+func TaskSubject(provider, agent string) string { return join(TaskPrefix, provider, agent) }
+
+// DispatchSubject carries the tasks released to one agent.
+func DispatchSubject(agent string) string { return join(DispatchPrefix, agent) }
+
+// RecoverySubject carries the checklist's step records for one provider.
+func RecoverySubject(provider string) string { return join(RecoveryPrefix, provider) }
 
 // DLQSubject is the dead-letter subject of one service.
 func DLQSubject(service string) string { return join(DLQPrefix, service) }
