@@ -23,6 +23,19 @@ const (
 	// StreamTasks holds failbus.task.<provider>.…: work held while a
 	// provider is down.
 	StreamTasks = "FAILBUS_TASKS"
+	// StreamLiveness holds failbus.heartbeat.<agent>: subagent heartbeats,
+	// folded by recovery into the latest per subagent (BucketHeartbeats).
+	StreamLiveness = "FAILBUS_LIVENESS"
+	// StreamReports holds failbus.cron.spec.<agent>, failbus.cron.run.<agent>
+	// and failbus.write.<agent>: what the recovery checklist reads back over
+	// an outage (which crons ran, which writes failed).
+	StreamReports = "FAILBUS_REPORTS"
+	// StreamDispatch holds failbus.dispatch.<agent>: tasks released to their
+	// agents by recovery.
+	StreamDispatch = "FAILBUS_DISPATCH"
+	// StreamRecoveries holds failbus.recovery.<provider>: each recovery
+	// checklist step as it was done.
+	StreamRecoveries = "FAILBUS_RECOVERIES"
 	// StreamDLQ holds failbus.dlq.<service>: dead letters with the reason
 	// and the original bytes.
 	StreamDLQ = "FAILBUS_DLQ"
@@ -54,8 +67,21 @@ const (
 	ConsumerRefusalBoundaries = "refusals-boundaries"
 	// ConsumerNotifier reads StreamNotify.
 	ConsumerNotifier = "notifier"
-	// ConsumerRecovery reads StreamHealth.
+	// ConsumerRecovery reads StreamHealth: outages and recoveries start and
+	// end the recovery service's episodes.
 	ConsumerRecovery = "recovery"
+	// ConsumerRecoveryHeartbeats reads StreamLiveness (subagent
+	// heartbeats).
+	ConsumerRecoveryHeartbeats = "recovery-heartbeats"
+	// ConsumerRecoveryReports reads StreamReports (cron specs and runs,
+	// memory writes).
+	ConsumerRecoveryReports = "recovery-reports"
+	// ConsumerRecoveryTasks reads StreamTasks one message at a time (max
+	// ack pending 1), so tasks are dispatched or held in submission order.
+	ConsumerRecoveryTasks = "recovery-tasks"
+	// ConsumerRecoveryDecisions reads StreamDecisions, so recovery knows
+	// which agents use, and hold on, which provider (probe targets).
+	ConsumerRecoveryDecisions = "recovery-decisions"
 )
 
 // KV bucket names. The backing streams are named KV_<bucket> by JetStream.
@@ -71,9 +97,11 @@ const (
 	// BucketHeartbeats holds the latest heartbeat of each agent and
 	// subagent.
 	BucketHeartbeats = "FAILBUS_HEARTBEATS"
-	// BucketCrons holds cron runs.
+	// BucketCrons holds each cron's spec and first recorded run.
 	BucketCrons = "FAILBUS_CRONS"
-	// BucketRecovery holds the progress of recovery runs.
+	// BucketRecovery holds the recovery service's state per provider
+	// (outage episodes, checklist progress, held-task queue, probes), its
+	// command ledger and its task index.
 	BucketRecovery = "FAILBUS_RECOVERY"
 	// BucketPolicy holds the active policy.
 	BucketPolicy = "FAILBUS_POLICY"

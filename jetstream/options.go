@@ -71,6 +71,18 @@ const (
 	// DefaultMaxAgeTasks keeps queued tasks for 30 days, so work held
 	// through a long outage is not lost.
 	DefaultMaxAgeTasks = 30 * day
+	// DefaultMaxAgeLiveness keeps heartbeats for 7 days: only the latest
+	// per subagent matters, and it is kept in KV.
+	DefaultMaxAgeLiveness = 7 * day
+	// DefaultMaxAgeReports keeps cron and write reports for 30 days, as
+	// long as tasks: the checklist reads them back over the whole outage.
+	DefaultMaxAgeReports = 30 * day
+	// DefaultMaxAgeDispatch keeps dispatched tasks for 30 days, as long as
+	// the tasks themselves.
+	DefaultMaxAgeDispatch = 30 * day
+	// DefaultMaxAgeRecoveries keeps recovery step records for 90 days, like
+	// the health history they follow.
+	DefaultMaxAgeRecoveries = 90 * day
 	// DefaultMaxAgeDLQ keeps dead letters for 90 days: they are read late,
 	// by a human.
 	DefaultMaxAgeDLQ = 90 * day
@@ -95,9 +107,11 @@ const (
 	DefaultTTLNotifyBudget = 7 * day
 	// DefaultTTLHeartbeats forgets an agent that has not beaten for 30 days.
 	DefaultTTLHeartbeats = 30 * day
-	// DefaultTTLCrons keeps cron runs until deleted.
+	// DefaultTTLCrons keeps cron specs until deleted.
 	DefaultTTLCrons time.Duration = 0
-	// DefaultTTLRecovery forgets a recovery run 30 days after its last step.
+	// DefaultTTLRecovery forgets a provider's recovery state, a ledger
+	// entry or a task's index 30 days after its last write, as long as
+	// FAILBUS_TASKS keeps the task.
 	DefaultTTLRecovery = 30 * day
 	// DefaultTTLPolicy keeps the policy until replaced.
 	DefaultTTLPolicy time.Duration = 0

@@ -184,6 +184,10 @@ func TestFilesCarryTheDocumentedDefaults(t *testing.T) {
 		topology.StreamControl:    {topology.DefaultMaxAgeControl, []string{events.ControlPrefix + ".>"}},
 		topology.StreamTasks:      {topology.DefaultMaxAgeTasks, []string{events.TaskPrefix + ".>"}},
 		topology.StreamDLQ:        {topology.DefaultMaxAgeDLQ, []string{events.DLQPrefix + ".>"}},
+		topology.StreamLiveness:   {topology.DefaultMaxAgeLiveness, []string{events.HeartbeatPrefix + ".>"}},
+		topology.StreamReports:    {topology.DefaultMaxAgeReports, []string{events.Prefix + ".cron.>", events.WritePrefix + ".>"}},
+		topology.StreamDispatch:   {topology.DefaultMaxAgeDispatch, []string{events.DispatchPrefix + ".>"}},
+		topology.StreamRecoveries: {topology.DefaultMaxAgeRecoveries, []string{events.RecoveryPrefix + ".>"}},
 		topology.StreamAudit:      {topology.DefaultMaxAgeAudit, []string{events.AuditPrefix + ".>"}},
 	}
 	got := topology.Streams()
@@ -251,6 +255,10 @@ func TestConsumers(t *testing.T) {
 		{topology.ConsumerRefusals, topology.StreamClassified, []string{"failbus.classified.*.content_refusal"}},
 		{topology.ConsumerNotifier, topology.StreamNotify, []string{"failbus.notify.>"}},
 		{topology.ConsumerRecovery, topology.StreamHealth, []string{"failbus.health.>"}},
+		{topology.ConsumerRecoveryHeartbeats, topology.StreamLiveness, []string{"failbus.heartbeat.>"}},
+		{topology.ConsumerRecoveryReports, topology.StreamReports, []string{"failbus.cron.>", "failbus.write.>"}},
+		{topology.ConsumerRecoveryTasks, topology.StreamTasks, []string{"failbus.task.>"}},
+		{topology.ConsumerRecoveryDecisions, topology.StreamDecisions, []string{"failbus.decision.>"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -660,7 +668,8 @@ func TestREADMENamesEveryResource(t *testing.T) {
 	for _, b := range topology.Buckets() {
 		names = append(names, "| "+b.Bucket+" |", "nats kv add "+b.Bucket+" ")
 	}
-	for _, c := range []string{topology.ConsumerClassifier, topology.ConsumerScheduler, topology.ConsumerRefusals, topology.ConsumerNotifier, topology.ConsumerRecovery} {
+	for _, c := range []string{topology.ConsumerClassifier, topology.ConsumerScheduler, topology.ConsumerRefusals, topology.ConsumerNotifier, topology.ConsumerRecovery,
+		topology.ConsumerRecoveryHeartbeats, topology.ConsumerRecoveryReports, topology.ConsumerRecoveryTasks, topology.ConsumerRecoveryDecisions} {
 		names = append(names, "| "+c+" |")
 	}
 	for _, n := range names {
