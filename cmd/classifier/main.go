@@ -19,47 +19,17 @@ package main
 
 import (
 	"context"
-	"flag"
-	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
 
-	"github.com/failbus/failbus/internal/service/classifier"
 	"github.com/failbus/failbus/internal/servicemain"
-	"github.com/failbus/failbus/pkg/consumer"
+	"github.com/failbus/failbus/internal/services"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := servicemain.Run(ctx, spec(), os.Args[1:], os.Stderr)
+	code := servicemain.Run(ctx, services.Classifier(), os.Args[1:], os.Stderr)
 	stop()
 	os.Exit(code)
-}
-
-func spec() servicemain.Spec {
-	var concurrency int
-	return servicemain.Spec{
-		Name:           classifier.Service,
-		DefaultOpsAddr: classifier.DefaultOpsAddr,
-		Flags: func(fs *flag.FlagSet) {
-			fs.IntVar(&concurrency, "concurrency", classifier.DefaultConcurrency, "outcomes handled at once")
-		},
-		Check: func() error {
-			if concurrency < 1 {
-				return fmt.Errorf("--concurrency %d: must be at least 1", concurrency)
-			}
-			return nil
-		},
-		Build: func(_ context.Context, env servicemain.Env) (servicemain.Service, error) {
-			classify, err := env.Policy.ClassifyFunc()
-			if err != nil {
-				return nil, fmt.Errorf("%s: classify: %w", env.PolicyFile, err)
-			}
-			return classifier.NewRunner(env.JS, classifier.Options{
-				Classify: classifier.ClassifyFunc(classify),
-				Runner:   consumer.Config{Concurrency: concurrency, Logger: env.Log, Registerer: env.Registry},
-			})
-		},
-	}
 }

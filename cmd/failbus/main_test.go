@@ -4,7 +4,13 @@ import (
 	"bytes"
 	"strings"
 	"testing"
+
+	"github.com/failbus/failbus/internal/cli"
 )
+
+func run(args []string, stdout, stderr *bytes.Buffer) int {
+	return cli.Main(commands, args, nil, stdout, stderr)
+}
 
 func TestCLIDispatch(t *testing.T) {
 	t.Parallel()
@@ -22,7 +28,7 @@ func TestCLIDispatch(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var stdout, stderr bytes.Buffer
-			if code := run(tt.args, nil, &stdout, &stderr); code != tt.code {
+			if code := run(tt.args, &stdout, &stderr); code != tt.code {
 				t.Errorf("exit %d, want %d", code, tt.code)
 			}
 			if !strings.Contains(stdout.String(), tt.out) || !strings.Contains(stderr.String(), tt.error) {
@@ -30,9 +36,14 @@ func TestCLIDispatch(t *testing.T) {
 			}
 		})
 	}
+	seen := map[string]bool{}
 	for _, c := range commands {
-		if c.run == nil || c.summary == "" {
-			t.Errorf("command %s is incomplete", c.name)
+		if c.Name == "" || c.Run == nil || c.Summary == "" {
+			t.Errorf("command %q is incomplete", c.Name)
 		}
+		if seen[c.Name] {
+			t.Errorf("command %q listed twice", c.Name)
+		}
+		seen[c.Name] = true
 	}
 }

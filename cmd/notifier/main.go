@@ -23,17 +23,13 @@ package main
 
 import (
 	"context"
-	"flag"
-	"fmt"
 	"io"
 	"os"
 	"os/signal"
 	"syscall"
-	"time"
 
-	"github.com/failbus/failbus/internal/service/notifier"
 	"github.com/failbus/failbus/internal/servicemain"
-	"github.com/failbus/failbus/pkg/notify"
+	"github.com/failbus/failbus/internal/services"
 )
 
 func main() {
@@ -46,37 +42,5 @@ func main() {
 // run is the whole command; it returns the exit code (2: unusable flags or
 // policy).
 func run(ctx context.Context, args []string, stderr io.Writer) int {
-	var (
-		concurrency    int
-		dedupeLifetime time.Duration
-		replica        string
-	)
-	return servicemain.Run(ctx, servicemain.Spec{
-		Name:           notifier.Service,
-		DefaultOpsAddr: notifier.DefaultOpsAddr,
-		Flags: func(fs *flag.FlagSet) {
-			fs.IntVar(&concurrency, "concurrency", notifier.DefaultConcurrency, "requests handled at once")
-			fs.DurationVar(&dedupeLifetime, "dedupe-lifetime", servicemain.EnvDuration("FAILBUS_NOTIFY_DEDUPE_LIFETIME", notify.DefaultDedupeLifetime), "how long a sent dedupe key suppresses repeats")
-			fs.StringVar(&replica, "replica", servicemain.EnvString("FAILBUS_NOTIFIER_REPLICA", ""), "replica name (default host-pid-random)")
-		},
-		Check: func() error {
-			if concurrency < 1 {
-				return fmt.Errorf("--concurrency %d: must be at least 1", concurrency)
-			}
-			if dedupeLifetime <= 0 {
-				return fmt.Errorf("--dedupe-lifetime %s: must be positive", dedupeLifetime)
-			}
-			return nil
-		},
-		Build: func(ctx context.Context, env servicemain.Env) (servicemain.Service, error) {
-			return notifier.New(ctx, env.JS, notifier.Config{
-				Notify:         env.Policy.Notify,
-				DedupeLifetime: dedupeLifetime,
-				Replica:        replica,
-				Concurrency:    concurrency,
-				Logger:         env.Log,
-				Registerer:     env.Registry,
-			})
-		},
-	}, args, stderr)
+	return servicemain.Run(ctx, services.Notifier(), args, stderr)
 }

@@ -35,17 +35,12 @@ package main
 
 import (
 	"context"
-	"flag"
-	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
-	"time"
 
-	"github.com/failbus/failbus/internal/service/refusals"
-	"github.com/failbus/failbus/internal/service/scheduler"
 	"github.com/failbus/failbus/internal/servicemain"
-	"github.com/failbus/failbus/pkg/consumer"
+	"github.com/failbus/failbus/internal/services"
 )
 
 func main() {
@@ -55,56 +50,5 @@ func main() {
 	os.Exit(code)
 }
 
-func spec() servicemain.Spec {
-	var (
-		concurrency    int
-		policyKV, tier bool
-		policyPoll     time.Duration
-	)
-	return servicemain.Spec{
-		Name:           scheduler.Service,
-		DefaultOpsAddr: scheduler.DefaultOpsAddr,
-		Flags: func(fs *flag.FlagSet) {
-			fs.BoolVar(&policyKV, "policy-kv", true, "let FAILBUS_POLICY/"+scheduler.PolicyKVKey+" in KV override --policy, reloaded on change")
-			fs.DurationVar(&policyPoll, "policy-poll", scheduler.DefaultPolicyPollInterval, "how often the --policy file is checked for changes")
-			fs.IntVar(&concurrency, "concurrency", scheduler.DefaultConcurrency, "classifications handled at once")
-			fs.BoolVar(&tier, "refusals", true, "also run the refusal tiers (consumers refusals and refusals-boundaries, micro service failbus-refusals)")
-		},
-		Check: func() error {
-			if concurrency < 1 {
-				return fmt.Errorf("--concurrency %d: must be at least 1", concurrency)
-			}
-			if policyPoll <= 0 {
-				return fmt.Errorf("--policy-poll %v: must be positive", policyPoll)
-			}
-			return nil
-		},
-		Build: func(_ context.Context, env servicemain.Env) (servicemain.Service, error) {
-			s, err := scheduler.New(env.JS, scheduler.Options{
-				Policy:             env.Policy,
-				PolicyFile:         env.PolicyFile,
-				PolicyPollInterval: policyPoll,
-				WatchPolicy:        policyKV,
-				Runner:             consumer.Config{Concurrency: concurrency, Logger: env.Log, Registerer: env.Registry},
-			})
-			if err != nil {
-				return nil, err
-			}
-			if !tier {
-				return s, nil
-			}
-			// Refusal tiers live beside the scheduler (DESIGN.md: "in
-			// scheduler or its own consumer"): same policy file, read
-			// once at start (they do not follow reloads), own consumers
-			// and the route micro service.
-			r, err := refusals.New(env.JS, refusals.Options{
-				Policy: env.Policy.Refusal,
-				Runner: consumer.Config{Logger: env.Log, Registerer: env.Registry},
-			})
-			if err != nil {
-				return nil, err
-			}
-			return servicemain.Group{s, r}, nil
-		},
-	}
-}
+// spec is the scheduler's spec in the registry that failbus dev shares.
+func spec() servicemain.Spec { return services.Scheduler() }

@@ -1,4 +1,4 @@
-package main
+package tail
 
 import (
 	"context"
@@ -18,8 +18,13 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/failbus/failbus/internal/cli"
+	"github.com/failbus/failbus/internal/watch"
 	"github.com/failbus/failbus/pkg/events"
 )
+
+// Command is `failbus tail`.
+var Command = cli.Command{Name: "tail", Summary: "print messages of any subject as JSON Lines; follow, or replay from a sequence or time", Run: run}
 
 // tailUsage documents `failbus tail` and its output.
 const tailUsage = `[--server URL] [--stream NAME] [start] [--count N] [--no-follow] [SUBJECT...]
@@ -56,10 +61,11 @@ type tailOptions struct {
 	subjects  []string
 }
 
-// runTail is `failbus tail`.
-func runTail(args []string, _ io.Reader, stdout, stderr io.Writer) int {
-	fs := newFlagSet("tail", tailUsage, stderr)
-	server := fs.String("server", defaultServer(), "NATS URL of the bus ($NATS_URL, else the default of failbus dev)")
+// run is `failbus tail`.
+func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
+	fs := cli.NewFlagSet("tail", tailUsage, stderr)
+	var conn cli.Conn
+	conn.Register(fs)
 	var o tailOptions
 	var startTime string
 	fs.StringVar(&o.stream, "stream", "", "read only this stream (default: every stream holding the subjects)")
@@ -69,7 +75,7 @@ func runTail(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.last, "last", 0, "start N matching messages back, per stream")
 	fs.IntVar(&o.count, "count", 0, "exit after N messages (0: no limit)")
 	fs.BoolVar(&o.noFollow, "no-follow", false, "exit when the messages stored at start are printed")
-	subjects, code, done := parseArgs(fs, args)
+	subjects, code, done := cli.Parse(fs, args)
 	if done {
 		return code
 	}
@@ -77,26 +83,21 @@ func runTail(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 	if startTime != "" {
 		t, err := time.Parse(time.RFC3339Nano, startTime)
 		if err != nil {
-			return usageError(fs, stderr, "--start-time %q: not RFC 3339", startTime)
+			return cli.UsageError(fs, stderr, "--start-time %q: not RFC 3339", startTime)
 		}
 		o.startTime = t
 	}
 	if err := o.check(); err != nil {
-		return usageError(fs, stderr, "%v", err)
+		return cli.UsageError(fs, stderr, "%v", err)
 	}
-	nc, err := connect(*server, "tail")
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	nc, js, err := conn.JetStream(ctx, "tail")
 	if err != nil {
 		fmt.Fprintf(stderr, "failbus tail: %v\n", err)
 		return 1
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		fmt.Fprintf(stderr, "failbus tail: %v\n", err)
-		return 1
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	if err := tail(ctx, js, o, stdout); err != nil {
 		fmt.Fprintf(stderr, "failbus tail: %v\n", err)
 		return 1
@@ -286,56 +287,35 @@ func (t *tailWriter) write(line []byte) bool {
 
 // tailStream reads one stream.
 func tailStream(ctx context.Context, js jetstream.JetStream, stream string, filters []string, o tailOptions, out *tailWriter) error {
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: filters, DeliverPolicy: jetstream.DeliverNewPolicy}
+	cfg := watch.Config{Stream: stream, Filters: filters, DeliverPolicy: jetstream.DeliverNewPolicy, Follow: !o.noFollow}
 	switch {
 	case o.since != 0:
 		t := time.Now().Add(-o.since)
-		cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &t
+		cfg.DeliverPolicy, cfg.StartTime = jetstream.DeliverByStartTimePolicy, &t
 	case !o.startTime.IsZero():
-		cfg.DeliverPolicy, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, &o.startTime
+		cfg.DeliverPolicy, cfg.StartTime = jetstream.DeliverByStartTimePolicy, &o.startTime
 	case o.startSeq != 0:
-		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, o.startSeq
+		cfg.DeliverPolicy, cfg.StartSeq = jetstream.DeliverByStartSequencePolicy, o.startSeq
 	case o.last != 0:
 		seq, err := lastNStart(ctx, js, stream, filters, uint64(o.last))
 		if err != nil {
 			return quiet(ctx, err)
 		}
-		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, seq
+		cfg.DeliverPolicy, cfg.StartSeq = jetstream.DeliverByStartSequencePolicy, seq
 	case o.noFollow:
 		cfg.DeliverPolicy = jetstream.DeliverAllPolicy
 	}
-	if o.noFollow {
-		n, err := pending(ctx, js, stream, cfg)
-		if err != nil || n == 0 {
-			return quiet(ctx, err)
-		}
-	}
-	cfg.InactiveThreshold = probeInactive
-	c, err := js.OrderedConsumer(ctx, stream, cfg)
-	if err != nil {
-		return quiet(ctx, fmt.Errorf("read %s: %w", stream, err))
-	}
-	it, err := c.Messages()
-	if err != nil {
-		return quiet(ctx, fmt.Errorf("read %s: %w", stream, err))
-	}
-	defer deleteOrdered(ctx, js, stream, c, it)
-	for {
-		m, err := it.Next(jetstream.NextContext(ctx))
-		if err != nil {
-			return quiet(ctx, fmt.Errorf("read %s: %w", stream, err))
-		}
+	err := watch.Read(ctx, js, cfg, func(m jetstream.Msg) error {
 		meta, err := m.Metadata()
 		if err != nil {
 			return fmt.Errorf("read %s: %w", stream, err)
 		}
 		if !out.write(renderTail(m, meta)) {
-			return nil
+			return watch.ErrStop
 		}
-		if o.noFollow && meta.NumPending == 0 {
-			return nil
-		}
-	}
+		return nil
+	})
+	return quiet(ctx, err)
 }
 
 // quiet drops err when ctx ended: stopping (a signal, --count reached) is
@@ -345,17 +325,6 @@ func quiet(ctx context.Context, err error) error {
 		return nil
 	}
 	return err
-}
-
-// deleteOrdered stops reading and deletes the ordered consumer's current
-// server-side consumer at once, instead of leaving it to expire.
-func deleteOrdered(ctx context.Context, js jetstream.JetStream, stream string, c jetstream.Consumer, it jetstream.MessagesContext) {
-	it.Stop()
-	if info := c.CachedInfo(); info != nil {
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = js.DeleteConsumer(dctx, stream, info.Name)
-	}
 }
 
 // renderTail builds the JSON line of one message.
@@ -382,9 +351,9 @@ func renderTail(m jetstream.Msg, meta *jetstream.MsgMetadata) []byte {
 	return b
 }
 
-// probeInactive bounds how long a consumer of tail (ordered or probe)
-// outlives a tail that crashed.
-const probeInactive = 30 * time.Second
+// probeInactive bounds how long a probe consumer outlives a tail that
+// crashed.
+const probeInactive = watch.DefaultInactiveThreshold
 
 // pending counts the messages an ordered consumer with cfg would deliver
 // now, with a short-lived ephemeral consumer that is deleted at once.

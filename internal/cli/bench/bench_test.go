@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"bytes"
@@ -90,7 +90,7 @@ func TestBench(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			var stdout, stderr bytes.Buffer
-			if code := runBench(tt.args, nil, &stdout, &stderr); code != 0 {
+			if code := run(tt.args, nil, &stdout, &stderr); code != 0 {
 				t.Fatalf("exit %d\nstderr: %s\nstdout: %s", code, stderr.String(), stdout.String())
 			}
 			if !strings.Contains(stderr.String(), "round 2/2: ") {
@@ -103,7 +103,7 @@ func TestBench(t *testing.T) {
 }
 
 // TestBenchFull runs the bench with its defaults when FAILBUS_BENCH_FULL is
-// set (`FAILBUS_BENCH_FULL=1 go test -run TestBenchFull -v ./cmd/failbus/`),
+// set (`FAILBUS_BENCH_FULL=1 go test -run TestBenchFull -v ./internal/cli/bench/`),
 // for machines where `failbus bench` is not at hand; it prints the report.
 func TestBenchFull(t *testing.T) {
 	if os.Getenv("FAILBUS_BENCH_FULL") == "" {
@@ -111,7 +111,7 @@ func TestBenchFull(t *testing.T) {
 	}
 	var stdout, stderr bytes.Buffer
 	args := strings.Fields(os.Getenv("FAILBUS_BENCH_ARGS"))
-	if code := runBench(args, nil, &stdout, &stderr); code != 0 {
+	if code := run(args, nil, &stdout, &stderr); code != 0 {
 		t.Fatalf("exit %d\n%s", code, stderr.String())
 	}
 	t.Log("\n" + stderr.String() + "\n" + stdout.String())
@@ -138,7 +138,7 @@ func TestBenchArguments(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			var stdout, stderr bytes.Buffer
-			if code := runBench(tt.args, nil, &stdout, &stderr); code != tt.code {
+			if code := run(tt.args, nil, &stdout, &stderr); code != tt.code {
 				t.Errorf("exit %d, want %d", code, tt.code)
 			}
 			if !strings.Contains(stderr.String(), tt.err) {

@@ -1,4 +1,4 @@
-package main
+package simulate
 
 // Seed 000's "4 sends however long the clock runs", through the command: a
 // test agent drives `failbus simulate` line by line over pipes, as an agent
@@ -43,7 +43,7 @@ func startSimDriver(t *testing.T) *simDriver {
 	outR, outW := io.Pipe()
 	d := &simDriver{t: t, in: inW, lines: make(chan string, 64), done: make(chan int, 1)}
 	go func() {
-		code := runSimulate(nil, inR, outW, io.Discard)
+		code := run(nil, inR, outW, io.Discard)
 		_ = outW.Close()
 		d.done <- code
 	}()

@@ -1,4 +1,4 @@
-package main
+package bench
 
 // `failbus bench`: how fast the bus is, measured against raw JetStream on
 // the same embedded server in the same run, so the figures are ratios a
@@ -32,9 +32,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/failbus/failbus/internal/cli"
+	"github.com/failbus/failbus/internal/devbus"
 	"github.com/failbus/failbus/internal/embedded"
 	"github.com/failbus/failbus/internal/service/classifier"
 	"github.com/failbus/failbus/internal/service/scheduler"
+	"github.com/failbus/failbus/internal/watch"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy"
@@ -103,6 +106,9 @@ var benchConsumers = []struct{ stream, name string }{
 	{topology.StreamRetries, topology.ConsumerSchedulerControl},
 }
 
+// Command is `failbus bench`.
+var Command = cli.Command{Name: "bench", Summary: "measure throughput and retry lateness against raw JetStream on a temporary embedded bus", Run: run}
+
 const benchUsage = `[--n N] [--rounds R] [--k K] [--json]
 
 Measures failbus against raw JetStream on one embedded nats-server (file
@@ -135,9 +141,9 @@ type benchConfig struct {
 	corpus               string
 }
 
-// runBench is `failbus bench`.
-func runBench(args []string, _ io.Reader, stdout, stderr io.Writer) int {
-	fs := newFlagSet("bench", benchUsage, stderr)
+// run is `failbus bench`.
+func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
+	fs := cli.NewFlagSet("bench", benchUsage, stderr)
 	var c benchConfig
 	fs.IntVar(&c.n, "n", benchDefaultN, "outcomes per round")
 	fs.IntVar(&c.rounds, "rounds", benchDefaultRounds, "rounds; throughput is their median")
@@ -148,24 +154,24 @@ func runBench(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 	fs.StringVar(&c.corpus, "corpus", "", "outcome JSON Lines to classify and ingest (default: "+filepath.ToSlash(benchDefaultCorpus)+" under the module root, else a built-in mix)")
 	asJSON := fs.Bool("json", false, "print the report as one JSON object")
 	verbose := fs.Bool("verbose", false, "print the services' logs on stderr")
-	if rest, code, done := parseArgs(fs, args); done {
+	if rest, code, done := cli.Parse(fs, args); done {
 		return code
 	} else if len(rest) > 0 {
-		return usageError(fs, stderr, "unexpected arguments %q", rest)
+		return cli.UsageError(fs, stderr, "unexpected arguments %q", rest)
 	}
 	maxDelay := policy.Default().Retry.MaxDelay
 	switch {
 	case c.n < 1 || c.rounds < 1 || c.k < 1 || c.window < 1:
-		return usageError(fs, stderr, "--n, --rounds, --k and --window must be at least 1")
+		return cli.UsageError(fs, stderr, "--n, --rounds, --k and --window must be at least 1")
 	case c.delayMin <= 0 || c.delayMax < c.delayMin:
-		return usageError(fs, stderr, "need 0 < --delay-min <= --delay-max")
+		return cli.UsageError(fs, stderr, "need 0 < --delay-min <= --delay-max")
 	case c.delayMax > maxDelay:
 		// Above max_delay the default policy gives up instead of retrying.
-		return usageError(fs, stderr, "--delay-max %v is above the default policy's retry max_delay %v", c.delayMax, maxDelay)
+		return cli.UsageError(fs, stderr, "--delay-max %v is above the default policy's retry max_delay %v", c.delayMax, maxDelay)
 	}
 	log := zerolog.Nop()
 	if *verbose {
-		log = consoleLogger(stderr)
+		log = cli.ConsoleLogger(stderr)
 	}
 	corpus, source, err := loadBenchCorpus(c.corpus)
 	if err != nil {
@@ -296,7 +302,7 @@ type benchPercentiles struct {
 // benchRunner is one run's state.
 type benchRunner struct {
 	cfg      benchConfig
-	b        *bus
+	b        *devbus.Bus
 	js       jetstream.JetStream // the bench's own connection, async window cfg.window
 	corpus   []events.Outcome
 	progress io.Writer
@@ -305,16 +311,16 @@ type benchRunner struct {
 // bench starts a bus and measures everything; progress goes to progress.
 func bench(ctx context.Context, cfg benchConfig, corpus []events.Outcome, source string, log zerolog.Logger, progress io.Writer) (_ *benchReport, err error) {
 	start := time.Now()
-	b, err := startBus(busOptions{server: embedded.Options{ServerName: "failbus-bench"}, log: log})
+	b, err := devbus.Start(devbus.Options{Server: embedded.Options{ServerName: "failbus-bench"}, Log: log})
 	if err != nil {
 		return nil, err
 	}
 	defer func() {
-		if serr := b.stop(); serr != nil && err == nil {
+		if serr := b.Stop(); serr != nil && err == nil {
 			err = serr
 		}
 	}()
-	nc, err := b.srv.Connect(nats.Name("failbus bench"))
+	nc, err := b.Srv.Connect(nats.Name("failbus bench"))
 	if err != nil {
 		return nil, err
 	}
@@ -325,7 +331,7 @@ func bench(ctx context.Context, cfg benchConfig, corpus []events.Outcome, source
 	}
 	r := &benchRunner{cfg: cfg, b: b, js: js, corpus: corpus, progress: progress}
 	rep := &benchReport{
-		Machine: benchMachineInfo(b.srv.Dir()),
+		Machine: benchMachineInfo(b.Srv.Dir()),
 		Params: benchParams{
 			N: cfg.n, Rounds: cfg.rounds, K: cfg.k, Window: cfg.window,
 			DelayMinS: cfg.delayMin.Seconds(), DelayMaxS: cfg.delayMax.Seconds(),
@@ -336,7 +342,7 @@ func bench(ctx context.Context, cfg benchConfig, corpus []events.Outcome, source
 		return nil, err
 	}
 	fmt.Fprintf(progress, "failbus bench: bus up at %s (services: %s); %d rounds of %d outcomes\n",
-		b.srv.ClientURL(), strings.Join(b.names, ", "), cfg.rounds, cfg.n)
+		b.Srv.ClientURL(), strings.Join(b.Names, ", "), cfg.rounds, cfg.n)
 	for i := range cfg.rounds {
 		round, err := r.round(ctx, i)
 		if err != nil {
@@ -723,7 +729,7 @@ func (r *benchRunner) poll(ctx context.Context, what string, cond func() (bool, 
 		}
 		select {
 		case <-tick.C:
-		case <-r.b.failed:
+		case <-r.b.Failed():
 			return fmt.Errorf("waiting for %s: a service stopped", what)
 		case <-ctx.Done():
 			return fmt.Errorf("waiting for %s: %w", what, ctx.Err())
@@ -878,62 +884,48 @@ func (r *benchRunner) failbusLateness(ctx context.Context) (fromDue, endToEnd []
 	return fromDue, endToEnd, nil
 }
 
-// lateCollector reads fired messages from an ordered consumer and keeps
-// the samples sample returns for each, until it has seen want messages.
+// lateCollector reads fired messages and keeps the samples sample returns
+// for each, until it has seen want messages.
 type lateCollector struct {
-	it      jetstream.MessagesContext
+	w       *watch.Watch
 	want    int
 	mu      sync.Mutex
 	seen    int
 	samples []time.Duration
 	bad     error
 	full    chan struct{}
-	done    chan struct{}
 }
 
 func startLateCollector(ctx context.Context, js jetstream.JetStream, stream, subject string, want int,
 	sample func(d *events.RetryDue, stored time.Time) []time.Duration) (*lateCollector, error) {
-	c, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject}})
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", subject, err)
-	}
-	it, err := c.Messages()
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", subject, err)
-	}
-	lc := &lateCollector{it: it, want: want, full: make(chan struct{}), done: make(chan struct{})}
-	go func() {
-		defer close(lc.done)
-		for {
-			m, err := it.Next()
-			if err != nil {
-				if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-					return
-				}
-				continue
+	lc := &lateCollector{want: want, full: make(chan struct{})}
+	w, err := watch.Start(ctx, js, watch.Config{Stream: stream, Filters: []string{subject}, Follow: true}, func(m jetstream.Msg) error {
+		meta, merr := m.Metadata()
+		d, derr := events.DecodeAs[*events.RetryDue](m.Headers(), m.Data())
+		lc.mu.Lock()
+		defer lc.mu.Unlock()
+		switch {
+		case merr != nil || derr != nil:
+			if lc.bad == nil {
+				lc.bad = fmt.Errorf("fired message on %s: %w", m.Subject(), errors.Join(merr, derr))
 			}
-			meta, merr := m.Metadata()
-			d, derr := events.DecodeAs[*events.RetryDue](m.Headers(), m.Data())
-			lc.mu.Lock()
-			switch {
-			case merr != nil || derr != nil:
-				if lc.bad == nil {
-					lc.bad = fmt.Errorf("fired message on %s: %w", m.Subject(), errors.Join(merr, derr))
-				}
-			default:
-				s := sample(d, meta.Timestamp)
-				if s == nil && lc.bad == nil {
-					lc.bad = fmt.Errorf("a due retry of outcome %q the bench did not report", d.OutcomeID)
-				}
-				lc.samples = append(lc.samples, s...)
+		default:
+			s := sample(d, meta.Timestamp)
+			if s == nil && lc.bad == nil {
+				lc.bad = fmt.Errorf("a due retry of outcome %q the bench did not report", d.OutcomeID)
 			}
-			lc.seen++
-			if lc.seen == lc.want {
-				close(lc.full)
-			}
-			lc.mu.Unlock()
+			lc.samples = append(lc.samples, s...)
 		}
-	}()
+		lc.seen++
+		if lc.seen == lc.want {
+			close(lc.full)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	lc.w = w
 	return lc, nil
 }
 
@@ -964,52 +956,36 @@ func (lc *lateCollector) wait(ctx context.Context, limit time.Duration, checks .
 	}
 }
 
-func (lc *lateCollector) stop() {
-	lc.it.Stop()
-	<-lc.done
-}
+func (lc *lateCollector) stop() { _ = lc.w.Stop() }
 
 // decisionTally watches an agent's decisions and fails the lateness run as
 // soon as one is not a retry (every bench outcome must be retried, or its
 // due message never comes).
 type decisionTally struct {
-	it   jetstream.MessagesContext
-	mu   sync.Mutex
-	bad  error
-	done chan struct{}
+	w   *watch.Watch
+	mu  sync.Mutex
+	bad error
 }
 
 func startDecisionTally(ctx context.Context, js jetstream.JetStream, agentName string) (*decisionTally, error) {
-	c, err := js.OrderedConsumer(ctx, topology.StreamDecisions, jetstream.OrderedConsumerConfig{FilterSubjects: []string{events.DecisionSubject(agentName)}})
-	if err != nil {
-		return nil, fmt.Errorf("read decisions: %w", err)
-	}
-	it, err := c.Messages()
-	if err != nil {
-		return nil, fmt.Errorf("read decisions: %w", err)
-	}
-	t := &decisionTally{it: it, done: make(chan struct{})}
-	go func() {
-		defer close(t.done)
-		for {
-			m, err := it.Next()
-			if err != nil {
-				if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-					return
-				}
-				continue
-			}
-			d, err := events.DecodeAs[*events.Decision](m.Headers(), m.Data())
-			t.mu.Lock()
-			switch {
-			case err != nil && t.bad == nil:
-				t.bad = fmt.Errorf("decision: %w", err)
-			case err == nil && d.Action != events.ActionRetry && t.bad == nil:
-				t.bad = fmt.Errorf("outcome %s was decided %s, not retry: %s", d.OutcomeID, d.Action, d.Reason)
-			}
-			t.mu.Unlock()
+	t := &decisionTally{}
+	cfg := watch.Config{Stream: topology.StreamDecisions, Filters: []string{events.DecisionSubject(agentName)}, Follow: true}
+	w, err := watch.Start(ctx, js, cfg, func(m jetstream.Msg) error {
+		d, err := events.DecodeAs[*events.Decision](m.Headers(), m.Data())
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		switch {
+		case err != nil && t.bad == nil:
+			t.bad = fmt.Errorf("decision: %w", err)
+		case err == nil && d.Action != events.ActionRetry && t.bad == nil:
+			t.bad = fmt.Errorf("outcome %s was decided %s, not retry: %s", d.OutcomeID, d.Action, d.Reason)
 		}
-	}()
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read decisions: %w", err)
+	}
+	t.w = w
 	return t, nil
 }
 
@@ -1019,10 +995,7 @@ func (t *decisionTally) err() error {
 	return t.bad
 }
 
-func (t *decisionTally) stop() {
-	t.it.Stop()
-	<-t.done
-}
+func (t *decisionTally) stop() { _ = t.w.Stop() }
 
 // percentiles summarizes a lateness sample (nearest rank).
 func percentiles(d []time.Duration) benchPercentiles {

@@ -1,4 +1,4 @@
-package main
+package demo
 
 import (
 	"context"
@@ -10,26 +10,14 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
 
+	"github.com/failbus/failbus/internal/devbus"
 	"github.com/failbus/failbus/internal/embedded"
-	"github.com/failbus/failbus/internal/service/scheduler"
+	"github.com/failbus/failbus/internal/watch"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/agent"
-	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy"
 )
-
-// newScheduler builds the scheduler for the in-process bus (dev, demo): the
-// policy dev was started with, overridden by KV FAILBUS_POLICY/active while
-// it exists.
-func newScheduler(env serviceEnv) (service, error) {
-	return scheduler.New(env.js, scheduler.Options{
-		Policy:      env.policy,
-		PolicyFile:  env.policyFile,
-		WatchPolicy: true,
-		Runner:      consumer.Config{Logger: env.log, Registerer: env.registry},
-	})
-}
 
 // demoRetryPolicy keeps the default rules but shrinks the numbers so the
 // whole scenario takes seconds: a budget of 3 retries backing off from
@@ -72,16 +60,16 @@ const (
 // anything but the rules say.
 func runRetryScenario(ctx context.Context, printf func(string, ...any)) (err error) {
 	pol := demoRetryPolicy()
-	b, err := startBus(busOptions{server: embedded.Options{ServerName: "failbus-demo-retries"}, policy: pol, log: zerolog.Nop()})
+	b, err := devbus.Start(devbus.Options{Server: embedded.Options{ServerName: "failbus-demo-retries"}, Policy: pol, Log: zerolog.Nop()})
 	if err != nil {
 		return err
 	}
 	defer func() {
-		if serr := b.stop(); serr != nil && err == nil {
+		if serr := b.Stop(); serr != nil && err == nil {
 			err = serr
 		}
 	}()
-	nc, err := b.srv.Connect(nats.Name("failbus demo retry agent"))
+	nc, err := b.Srv.Connect(nats.Name("failbus demo retry agent"))
 	if err != nil {
 		return err
 	}
@@ -98,14 +86,14 @@ func runRetryScenario(ctx context.Context, printf func(string, ...any)) (err err
 	if s.due, err = s.ag.DueRetries(dctx); err != nil {
 		return err
 	}
-	if s.health, err = startWatch(dctx, b.js, topology.StreamHealth, events.HealthPrefix+".>"); err != nil {
+	if s.health, err = startLog(dctx, b.JS, topology.StreamHealth, events.HealthPrefix+".>"); err != nil {
 		return err
 	}
-	defer s.health.stop()
-	if s.notes, err = startWatch(dctx, b.js, topology.StreamNotify, events.NotifyPrefix+".>"); err != nil {
+	defer s.health.Stop()
+	if s.notes, err = startLog(dctx, b.JS, topology.StreamNotify, events.NotifyPrefix+".>"); err != nil {
 		return err
 	}
-	defer s.notes.stop()
+	defer s.notes.Stop()
 	r := pol.Retry
 	printf("on a bus of its own whose policy has retry.max_retries %d, initial_delay %s, max_delay %s; an outage after",
 		r.MaxRetries, r.InitialDelay, r.MaxDelay)
@@ -126,8 +114,8 @@ type retryDemo struct {
 	ag        *agent.Agent
 	decisions <-chan events.Decision
 	due       <-chan events.RetryDue
-	health    *watch
-	notes     *watch
+	health    *watch.Log[events.Message]
+	notes     *watch.Log[events.Message]
 	seenNotes int
 	seq       int
 }
@@ -335,7 +323,7 @@ func (s *retryDemo) outage(ctx context.Context) error {
 // expectHealth waits for the provider's next health record and checks its
 // state.
 func (s *retryDemo) expectHealth(ctx context.Context, state string) error {
-	m, err := s.health.wait(ctx, func(m events.Message) bool {
+	m, _, err := await(ctx, s.health, 0, func(m events.Message) bool {
 		h, ok := m.(*events.Health)
 		return ok && h.Provider == demoDownLLM && h.State == state
 	})
@@ -350,18 +338,11 @@ func (s *retryDemo) expectHealth(ctx context.Context, state string) error {
 // printNotes waits for n more notification requests and prints them.
 func (s *retryDemo) printNotes(ctx context.Context, n int) error {
 	for range n {
-		skip := s.seenNotes
-		m, err := s.notes.wait(ctx, func(events.Message) bool {
-			if skip > 0 {
-				skip--
-				return false
-			}
-			return true
-		})
+		m, i, err := await(ctx, s.notes, s.seenNotes, func(events.Message) bool { return true })
 		if err != nil {
 			return fmt.Errorf("no notification request: %w", err)
 		}
-		s.seenNotes++
+		s.seenNotes = i + 1
 		note := m.(*events.Notification)
 		s.printf("notify %s  %s", note.Severity, note.DedupeKey)
 		s.printf("       %s", note.Title)

@@ -1,4 +1,4 @@
-package main
+package demo
 
 import (
 	"bytes"
@@ -14,7 +14,7 @@ import (
 func TestCLIDemo(t *testing.T) {
 	t.Parallel()
 	var stdout, stderr bytes.Buffer
-	if code := run([]string{"demo"}, nil, &stdout, &stderr); code != 0 {
+	if code := run(nil, nil, &stdout, &stderr); code != 0 {
 		t.Fatalf("demo exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout.String(), stderr.String())
 	}
 	out := stdout.String()

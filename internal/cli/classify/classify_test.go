@@ -1,4 +1,4 @@
-package main
+package classify
 
 import (
 	"bufio"
@@ -11,7 +11,7 @@ import (
 	"testing"
 )
 
-const classifyCorpus = "../../pkg/policy/testdata/classify/corpus.jsonl"
+const classifyCorpus = "../../../pkg/policy/testdata/classify/corpus.jsonl"
 
 // TestClassifyCorpus is issue 3's acceptance check: `failbus classify` on
 // the corpus puts every row in its expected class, with a rule id and
@@ -23,7 +23,7 @@ func TestClassifyCorpus(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out, errb bytes.Buffer
-	if code := runClassify(nil, bytes.NewReader(in), &out, &errb); code != 0 {
+	if code := run(nil, bytes.NewReader(in), &out, &errb); code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
 	want := classifyNonEmptyLines(string(in))
@@ -111,7 +111,7 @@ classify:
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			var out, errb bytes.Buffer
-			code := runClassify(tt.args, strings.NewReader(tt.input), &out, &errb)
+			code := run(tt.args, strings.NewReader(tt.input), &out, &errb)
 			if code != tt.code {
 				t.Fatalf("exit %d, want %d; stderr %s", code, tt.code, errb.String())
 			}
@@ -139,7 +139,7 @@ func TestClassifyFlushesEachLine(t *testing.T) {
 	outR, outW := io.Pipe()
 	done := make(chan int, 1)
 	go func() {
-		done <- runClassify(nil, inR, outW, io.Discard)
+		done <- run(nil, inR, outW, io.Discard)
 		outW.Close()
 	}()
 	answers := bufio.NewReader(outR)

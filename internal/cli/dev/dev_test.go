@@ -1,4 +1,4 @@
-package main
+package dev
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/failbus/failbus/internal/cli/clitest"
 	"github.com/failbus/failbus/pkg/agent"
 	"github.com/failbus/failbus/pkg/events"
 )
@@ -28,11 +29,11 @@ var devLine = regexp.MustCompile(`NATS_URL=(nats://\S+)\s.*/metrics,/healthz: (h
 func startDevInProcess(t *testing.T, args ...string) (natsURL, opsURL string, stop func() int) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	out, errOut := &syncBuffer{}, &syncBuffer{}
+	out, errOut := &clitest.SyncBuffer{}, &clitest.SyncBuffer{}
 	done := make(chan int, 1)
 	go func() { done <- dev(ctx, args, out, errOut) }()
 	var m []string
-	waitFor(t, "dev to print its URL", func() bool {
+	clitest.WaitFor(t, "dev to print its URL", func() bool {
 		select {
 		case code := <-done:
 			t.Fatalf("dev exited %d: %s", code, errOut.String())
@@ -73,7 +74,7 @@ func TestCLIDev(t *testing.T) {
 		t.Fatal(err)
 	}
 	js, _ := jetstream.New(nc)
-	waitFor(t, "the classification", func() bool {
+	clitest.WaitFor(t, "the classification", func() bool {
 		s, err := js.Stream(ctx, "FAILBUS_CLASSIFIED")
 		return err == nil && s.CachedInfo().State.Msgs == 1
 	})
@@ -138,7 +139,7 @@ func TestCLIDevUsage(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			out, errOut := &syncBuffer{}, &syncBuffer{}
+			out, errOut := &clitest.SyncBuffer{}, &clitest.SyncBuffer{}
 			if code := dev(context.Background(), tt.args, out, errOut); code != 2 || !strings.Contains(errOut.String(), tt.has) {
 				t.Errorf("exit %d, stderr %q; want 2 and %q", code, errOut.String(), tt.has)
 			}
@@ -154,7 +155,7 @@ func TestCLIDevPortTaken(t *testing.T) {
 	}
 	defer l.Close()
 	port := l.Addr().(*net.TCPAddr).Port
-	out, errOut := &syncBuffer{}, &syncBuffer{}
+	out, errOut := &clitest.SyncBuffer{}, &clitest.SyncBuffer{}
 	code := dev(context.Background(), []string{"--port", strconv.Itoa(port), "--data", t.TempDir()}, out, errOut)
 	if code != 1 || !strings.Contains(errOut.String(), fmt.Sprintf("port %d", port)) {
 		t.Errorf("exit %d, stderr %q", code, errOut.String())

@@ -1,4 +1,4 @@
-package main
+package demo
 
 import (
 	"context"
@@ -13,26 +13,17 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/failbus/failbus/internal/devbus"
 	"github.com/failbus/failbus/internal/embedded"
 	"github.com/failbus/failbus/internal/service/notifier"
 	"github.com/failbus/failbus/internal/service/refusals"
+	"github.com/failbus/failbus/internal/watch"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/agent"
-	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/notify"
 	"github.com/failbus/failbus/pkg/policy"
 )
-
-// newRefusals builds the refusal tiers for the in-process bus (dev, demo):
-// the refusals and boundary consumers and the failbus-refusals route service,
-// running the policy's `refusal:` section.
-func newRefusals(env serviceEnv) (service, error) {
-	return refusals.New(env.js, refusals.Options{
-		Policy: env.policy.Refusal,
-		Runner: consumer.Config{Logger: env.log, Registerer: env.registry},
-	})
-}
 
 // demoRefusalPolicy is the seed's schedule compressed 1:18000 (15m → 50ms,
 // 1h → 200ms, 6h → 1.2s), so one segment's whole refusal life takes about
@@ -71,22 +62,22 @@ const (
 func runRefusalScenario(ctx context.Context, printf func(string, ...any)) (err error) {
 	pol := demoRefusalPolicy()
 	cfg := pol.Refusal
-	b, err := startBus(busOptions{server: embedded.Options{ServerName: "failbus-demo-refusals"}, policy: pol, log: zerolog.Nop()})
+	b, err := devbus.Start(devbus.Options{Server: embedded.Options{ServerName: "failbus-demo-refusals"}, Policy: pol, Log: zerolog.Nop()})
 	if err != nil {
 		return err
 	}
 	defer func() {
-		if serr := b.stop(); serr != nil && err == nil {
+		if serr := b.Stop(); serr != nil && err == nil {
 			err = serr
 		}
 	}()
 
-	nc, err := b.srv.Connect(nats.Name("failbus demo refusal agent"))
+	nc, err := b.Srv.Connect(nats.Name("failbus demo refusal agent"))
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	sc := &refusalDemo{printf: printf, js: b.js, cfg: cfg}
+	sc := &refusalDemo{printf: printf, js: b.JS, cfg: cfg}
 	if sc.ag, err = agent.New(nc, demoAgent); err != nil {
 		return err
 	}
@@ -314,30 +305,17 @@ func (s *refusalDemo) printNotifications(ctx context.Context) error {
 			return err
 		}
 	}
-	oc, err := s.js.OrderedConsumer(wctx, topology.StreamNotify, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{events.NotifyPrefix + ".>"}, DeliverPolicy: jetstream.DeliverAllPolicy,
-	})
-	if err != nil {
-		return err
-	}
 	var all []*events.Notification
-	for {
-		batch, err := oc.FetchNoWait(64)
+	err := watch.Read(wctx, s.js, watch.Config{Stream: topology.StreamNotify, Filters: []string{events.NotifyPrefix + ".>"}}, func(m jetstream.Msg) error {
+		v, err := events.DecodeAs[*events.Notification](m.Headers(), m.Data())
 		if err != nil {
 			return err
 		}
-		n := 0
-		for m := range batch.Messages() {
-			v, err := events.DecodeAs[*events.Notification](m.Headers(), m.Data())
-			if err != nil {
-				return err
-			}
-			all = append(all, v)
-			n++
-		}
-		if n == 0 {
-			break
-		}
+		all = append(all, v)
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	for _, n := range all[min(len(s.notes), len(all)):] {
 		s.printf("notify %s  %s", n.Severity, n.DedupeKey)
@@ -359,28 +337,29 @@ func (s *refusalDemo) printDelivered(ctx context.Context) error {
 	}
 	sent := map[string][]notify.Audit{}
 	var order []string
-	oc, err := s.js.OrderedConsumer(wctx, topology.StreamAudit, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{events.AuditSubject(notifier.Service, notify.AuditSent)},
-	})
-	if err != nil {
-		return err
-	}
-	for len(order) < len(want) {
-		m, err := oc.Next(jetstream.FetchMaxWait(demoWait))
-		if err != nil {
-			return fmt.Errorf("waiting for the notifier to deliver %d notifications (%d so far): %w", len(want), len(order), err)
-		}
+	cfg := watch.Config{Stream: topology.StreamAudit, Filters: []string{events.AuditSubject(notifier.Service, notify.AuditSent)}, Follow: true}
+	err := watch.Read(wctx, s.js, cfg, func(m jetstream.Msg) error {
 		var a notify.Audit
 		if err := msgpack.Unmarshal(m.Data(), &a); err != nil {
 			return fmt.Errorf("notifier audit record: %w", err)
 		}
 		if !want[a.DedupeKey] {
-			continue
+			return nil
 		}
 		if len(sent[a.DedupeKey]) == 0 {
 			order = append(order, a.DedupeKey)
 		}
 		sent[a.DedupeKey] = append(sent[a.DedupeKey], a)
+		if len(order) == len(want) {
+			return watch.ErrStop
+		}
+		return nil
+	})
+	if err == nil && len(order) < len(want) {
+		err = wctx.Err()
+	}
+	if err != nil {
+		return fmt.Errorf("waiting for the notifier to deliver %d notifications (%d so far): %w", len(want), len(order), err)
 	}
 	for _, k := range order {
 		a := sent[k][0]

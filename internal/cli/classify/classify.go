@@ -1,4 +1,4 @@
-package main
+package classify
 
 import (
 	"bufio"
@@ -7,26 +7,30 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/failbus/failbus/internal/cli"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy"
 )
 
-// runClassify is `failbus classify [--policy FILE]` (CONTRACT.md "Offline
+// Command is `failbus classify`.
+var Command = cli.Command{Name: "classify", Summary: "classify Outcome JSON Lines from stdin offline (no bus)", Run: run}
+
+// run is `failbus classify [--policy FILE]` (CONTRACT.md "Offline
 // commands"): each stdin line is an Outcome, each stdout line its
 // Classification, `{"type":"classification", …}`, flushed before the next
 // line is read so a program can drive it line by line. A line that is not a
 // usable Outcome gives `{"type":"error","line":N,"error":"…"}` and
 // processing goes on. Exit codes: 2 for unusable arguments or policy, 1 when
 // stdin or stdout fails, 0 otherwise.
-func runClassify(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	fs := newFlagSet("classify", "[--policy FILE] < outcomes.jsonl > classifications.jsonl", stderr)
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	fs := cli.NewFlagSet("classify", "[--policy FILE] < outcomes.jsonl > classifications.jsonl", stderr)
 	policyPath := fs.String("policy", "", "policy YAML file; its classify section is used (default: the built-in rules)")
-	pos, code, done := parseArgs(fs, args)
+	pos, code, done := cli.Parse(fs, args)
 	if done {
 		return code
 	}
 	if len(pos) > 0 {
-		return usageError(fs, stderr, "unexpected argument %q", pos[0])
+		return cli.UsageError(fs, stderr, "unexpected argument %q", pos[0])
 	}
 	pol := policy.Default()
 	if *policyPath != "" {
@@ -44,8 +48,8 @@ func runClassify(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 
 	w := bufio.NewWriterSize(stdout, 64<<10)
-	err = eachLine(stdin, func(lineNo int, line []byte, tooLong bool) error {
-		rec := classifyError(lineNo, fmt.Errorf("line longer than %d bytes", maxLine))
+	err = cli.EachLine(stdin, func(lineNo int, line []byte, tooLong bool) error {
+		rec := classifyError(lineNo, fmt.Errorf("line longer than %d bytes", cli.MaxLine))
 		if !tooLong {
 			rec = classifyLine(classify, line, lineNo)
 		}

@@ -1,4 +1,4 @@
-package main
+package simulate
 
 import (
 	"bufio"
@@ -6,25 +6,29 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/failbus/failbus/internal/cli"
 	"github.com/failbus/failbus/pkg/policy"
 )
 
-// runSimulate is `failbus simulate [--policy FILE] [--seed N]`: the whole
+// Command is `failbus simulate`.
+var Command = cli.Command{Name: "simulate", Summary: "run the whole decision core over JSON Lines from stdin on a virtual clock (no bus)", Run: run}
+
+// run is `failbus simulate [--policy FILE] [--seed N]`: the whole
 // decision core (policy.Sim) over JSON Lines on stdin, on a virtual clock
 // (CONTRACT.md "failbus simulate"). Output for each input line is flushed
 // before the next line is read, so a program can drive it line by line. It
 // exits 2 for unusable arguments or policy, 1 when stdin or stdout fails,
 // and 0 otherwise: a bad input line is an error record, not an exit.
-func runSimulate(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	fs := newFlagSet("simulate", "[--policy FILE] [--seed N] < input.jsonl > output.jsonl", stderr)
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	fs := cli.NewFlagSet("simulate", "[--policy FILE] [--seed N] < input.jsonl > output.jsonl", stderr)
 	policyPath := fs.String("policy", "", "policy YAML file (default: the built-in default policy)")
 	seed := fs.Uint64("seed", 1, "seed of the backoff jitter's random numbers; the same seed and input give the same output")
-	pos, code, done := parseArgs(fs, args)
+	pos, code, done := cli.Parse(fs, args)
 	if done {
 		return code
 	}
 	if len(pos) > 0 {
-		return usageError(fs, stderr, "unexpected argument %q", pos[0])
+		return cli.UsageError(fs, stderr, "unexpected argument %q", pos[0])
 	}
 	p := policy.Default()
 	if *policyPath != "" {
@@ -50,8 +54,8 @@ func runSimulate(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		_, err = w.Write(b)
 		return err
 	}
-	err = eachLine(stdin, func(lineNo int, line []byte, tooLong bool) error {
-		outs := []policy.Output{policy.ErrorOutput(lineNo, fmt.Errorf("line longer than %d bytes", maxLine))}
+	err = cli.EachLine(stdin, func(lineNo int, line []byte, tooLong bool) error {
+		outs := []policy.Output{policy.ErrorOutput(lineNo, fmt.Errorf("line longer than %d bytes", cli.MaxLine))}
 		if !tooLong {
 			outs = sim.StepLine(line, lineNo)
 		}

@@ -1,4 +1,4 @@
-package main
+package simulate
 
 import (
 	"bufio"
@@ -24,7 +24,7 @@ not json
 func runSimulateLines(t *testing.T, args []string, input string) (code int, lines []map[string]any, stderr string) {
 	t.Helper()
 	var out, errb bytes.Buffer
-	code = runSimulate(args, strings.NewReader(input), &out, &errb)
+	code = run(args, strings.NewReader(input), &out, &errb)
 	for _, l := range strings.Split(strings.TrimSpace(out.String()), "\n") {
 		if l == "" {
 			continue
@@ -110,7 +110,7 @@ func TestSimulateUnusableArguments(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			var out, errb bytes.Buffer
-			code := runSimulate(tt.args, strings.NewReader(simulateInput), &out, &errb)
+			code := run(tt.args, strings.NewReader(simulateInput), &out, &errb)
 			if code != tt.code || !strings.Contains(errb.String(), tt.stderr) {
 				t.Errorf("exit %d, stderr %q; want %d and %q", code, errb.String(), tt.code, tt.stderr)
 			}
@@ -129,7 +129,7 @@ func TestSimulateFlushesPerLine(t *testing.T) {
 	outR, outW := io.Pipe()
 	done := make(chan int, 1)
 	go func() {
-		code := runSimulate(nil, inR, outW, io.Discard)
+		code := run(nil, inR, outW, io.Discard)
 		outW.Close()
 		done <- code
 	}()

@@ -1,4 +1,4 @@
-package main
+package publish
 
 import (
 	"bufio"
@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/failbus/failbus/internal/cli"
 	"github.com/failbus/failbus/pkg/agent"
 	"github.com/failbus/failbus/pkg/events"
 )
@@ -33,7 +34,10 @@ type publishStats struct {
 	published, duplicates, invalid, failed int
 }
 
-// runPublish is `failbus publish`: Outcome JSON Lines on stdin become
+// Command is `failbus publish`.
+var Command = cli.Command{Name: "publish", Summary: "publish Outcome (and boundary) JSON Lines from stdin to the bus", Run: run}
+
+// run is `failbus publish`: Outcome JSON Lines on stdin become
 // msgpack Outcomes on failbus.outcome.<provider>.<agent>, each with
 // Nats-Msg-Id = its id and stored by JetStream before the next line is read.
 // A line {"type":"boundary",...} is a segment boundary
@@ -43,26 +47,23 @@ type publishStats struct {
 // Exit code: 0 when every line was published or rejected as invalid; 1 when
 // the bus failed to store a valid line (or could not be reached); 2 for
 // unusable arguments.
-func runPublish(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	fs := newFlagSet("publish", "[--server URL] < outcomes.jsonl", stderr)
-	server := fs.String("server", defaultServer(), "NATS URL of the bus ($NATS_URL, else the default of failbus dev)")
-	if rest, code, done := parseArgs(fs, args); done {
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	fs := cli.NewFlagSet("publish", "[--server URL] < outcomes.jsonl", stderr)
+	var conn cli.Conn
+	conn.Register(fs)
+	if rest, code, done := cli.Parse(fs, args); done {
 		return code
 	} else if len(rest) > 0 {
-		return usageError(fs, stderr, "unexpected arguments %q: input is read from stdin", rest)
+		return cli.UsageError(fs, stderr, "unexpected arguments %q: input is read from stdin", rest)
 	}
-	nc, err := connect(*server, "publish")
+	ctx := context.Background()
+	nc, js, err := conn.JetStream(ctx, "publish")
 	if err != nil {
 		fmt.Fprintf(stderr, "failbus publish: %v\n", err)
 		return 1
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		fmt.Fprintf(stderr, "failbus publish: %v\n", err)
-		return 1
-	}
-	st, err := publishLines(context.Background(), js, stdin, stdout)
+	st, err := publishLines(ctx, js, stdin, stdout)
 	fmt.Fprintf(stderr, "failbus publish: %d published, %d duplicates, %d invalid, %d failed\n",
 		st.published, st.duplicates, st.invalid, st.failed)
 	if err != nil {

@@ -1,4 +1,4 @@
-package main
+package demo
 
 import (
 	"bytes"
@@ -8,14 +8,16 @@ import (
 	"io"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/failbus/failbus/internal/cli"
+	"github.com/failbus/failbus/internal/devbus"
 	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/internal/watch"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/agent"
 	"github.com/failbus/failbus/pkg/events"
@@ -121,6 +123,9 @@ const (
 	demoWait    = 20 * time.Second
 )
 
+// Command is `failbus demo`.
+var Command = cli.Command{Name: "demo", Summary: "walk through the main scenarios on a temporary embedded bus", Run: run}
+
 const demoUsage = `[--verbose]
 
 Starts an embedded bus in a temporary folder, runs every implemented service
@@ -128,18 +133,18 @@ in this process, and walks a scripted agent through the main scenarios,
 printing what the bus decided for each. Exits 0 when every scenario went as
 expected, 1 otherwise. Nothing is left behind.`
 
-// runDemo is `failbus demo`.
-func runDemo(args []string, _ io.Reader, stdout, stderr io.Writer) int {
-	fs := newFlagSet("demo", demoUsage, stderr)
+// run is `failbus demo`.
+func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
+	fs := cli.NewFlagSet("demo", demoUsage, stderr)
 	verbose := fs.Bool("verbose", false, "print the services' logs on stderr")
-	if rest, code, done := parseArgs(fs, args); done {
+	if rest, code, done := cli.Parse(fs, args); done {
 		return code
 	} else if len(rest) > 0 {
-		return usageError(fs, stderr, "unexpected arguments %q", rest)
+		return cli.UsageError(fs, stderr, "unexpected arguments %q", rest)
 	}
 	log := zerolog.Nop()
 	if *verbose {
-		log = consoleLogger(stderr)
+		log = cli.ConsoleLogger(stderr)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), demoTimeout)
 	defer cancel()
@@ -152,12 +157,12 @@ func runDemo(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 
 // runScenarios starts a throwaway bus and runs scenarios on it.
 func runScenarios(ctx context.Context, scenarios []demoScenario, log zerolog.Logger, w io.Writer) (err error) {
-	b, err := startBus(busOptions{server: embedded.Options{ServerName: "failbus-demo"}, log: log})
+	b, err := devbus.Start(devbus.Options{Server: embedded.Options{ServerName: "failbus-demo"}, Log: log})
 	if err != nil {
 		return err
 	}
 	defer func() {
-		if serr := b.stop(); serr != nil && err == nil {
+		if serr := b.Stop(); serr != nil && err == nil {
 			err = serr
 		}
 	}()
@@ -167,7 +172,7 @@ func runScenarios(ctx context.Context, scenarios []demoScenario, log zerolog.Log
 	}
 	defer d.close()
 	fmt.Fprintf(w, "failbus demo: an embedded bus at %s (temporary store), services: %s\n",
-		b.srv.ClientURL(), strings.Join(b.names, ", "))
+		b.Srv.ClientURL(), strings.Join(b.Names, ", "))
 	fmt.Fprintf(w, "agent %q reports the raw outcome of each LLM call; the bus decides.\n", demoAgent)
 	var failed []string
 	for i, s := range scenarios {
@@ -180,7 +185,7 @@ func runScenarios(ctx context.Context, scenarios []demoScenario, log zerolog.Log
 			failed = append(failed, fmt.Sprintf("%d (%s)", i+1, s.title))
 		}
 		select {
-		case <-b.failed:
+		case <-b.Failed():
 			return errors.New("a service stopped during the demo")
 		default:
 		}
@@ -200,12 +205,12 @@ type demo struct {
 	nc         *nats.Conn
 	js         jetstream.JetStream
 	agent      *agent.Agent
-	classified *watch
-	dead       *watch
+	classified *watch.Log[events.Message]
+	dead       *watch.Log[events.Message]
 }
 
-func newDemo(ctx context.Context, b *bus, w io.Writer) (*demo, error) {
-	nc, err := b.srv.Connect(nats.Name("failbus demo agent"))
+func newDemo(ctx context.Context, b *devbus.Bus, w io.Writer) (*demo, error) {
+	nc, err := b.Srv.Connect(nats.Name("failbus demo agent"))
 	if err != nil {
 		return nil, err
 	}
@@ -214,12 +219,12 @@ func newDemo(ctx context.Context, b *bus, w io.Writer) (*demo, error) {
 		nc.Close()
 		return nil, err
 	}
-	d := &demo{w: w, nc: nc, js: b.js, agent: ag}
-	if d.classified, err = startWatch(ctx, b.js, topology.StreamClassified, events.ClassifiedPrefix+".>"); err != nil {
+	d := &demo{w: w, nc: nc, js: b.JS, agent: ag}
+	if d.classified, err = startLog(ctx, b.JS, topology.StreamClassified, events.ClassifiedPrefix+".>"); err != nil {
 		d.close()
 		return nil, err
 	}
-	if d.dead, err = startWatch(ctx, b.js, topology.StreamDLQ, events.DLQPrefix+".>"); err != nil {
+	if d.dead, err = startLog(ctx, b.JS, topology.StreamDLQ, events.DLQPrefix+".>"); err != nil {
 		d.close()
 		return nil, err
 	}
@@ -227,9 +232,9 @@ func newDemo(ctx context.Context, b *bus, w io.Writer) (*demo, error) {
 }
 
 func (d *demo) close() {
-	for _, w := range []*watch{d.classified, d.dead} {
-		if w != nil {
-			w.stop()
+	for _, l := range []*watch.Log[events.Message]{d.classified, d.dead} {
+		if l != nil {
+			_ = l.Stop()
 		}
 	}
 	d.nc.Close()
@@ -247,7 +252,7 @@ func (d *demo) expectClass(ctx context.Context, o *events.Outcome, class, overru
 		return err
 	}
 	d.printf("agent  %s", describeOutcome(o))
-	m, err := d.classified.wait(ctx, func(m events.Message) bool {
+	m, _, err := await(ctx, d.classified, 0, func(m events.Message) bool {
 		c, ok := m.(*events.Classification)
 		return ok && c.OutcomeID == o.ID
 	})
@@ -273,7 +278,7 @@ func (d *demo) expectDeadLetter(ctx context.Context, subject string, data []byte
 		return fmt.Errorf("publish junk: %w", err)
 	}
 	d.printf("agent  %d bytes that are not msgpack (%q) on %s", len(data), data, subject)
-	m, err := d.dead.wait(ctx, func(m events.Message) bool {
+	m, _, err := await(ctx, d.dead, 0, func(m events.Message) bool {
 		dl, ok := m.(*events.DeadLetter)
 		return ok && bytes.Equal(dl.Data, data)
 	})
@@ -358,76 +363,21 @@ func kTokens(n int) string {
 	return strings.TrimSuffix(s, ".0") + "k"
 }
 
-// watch collects the decoded messages of one stream from an ordered
-// consumer, so a scenario can wait for the one it expects, with a deadline,
-// instead of sleeping.
-type watch struct {
-	it      jetstream.MessagesContext
-	mu      sync.Mutex
-	msgs    []events.Message
-	changed chan struct{} // closed and replaced on every new message
-	done    chan struct{}
+// startLog follows one stream's messages on filter, decoded, so a scenario
+// can wait for the one it expects (await) instead of sleeping.
+func startLog(ctx context.Context, js jetstream.JetStream, stream, filter string) (*watch.Log[events.Message], error) {
+	return watch.StartLog(ctx, js, watch.Config{Stream: stream, Filters: []string{filter}},
+		func(m jetstream.Msg) (events.Message, error) { return events.Decode(m.Headers(), m.Data()) })
 }
 
-func startWatch(ctx context.Context, js jetstream.JetStream, stream, filter string) (*watch, error) {
-	c, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}})
-	if err != nil {
-		return nil, fmt.Errorf("watch %s: %w", stream, err)
-	}
-	it, err := c.Messages()
-	if err != nil {
-		return nil, fmt.Errorf("watch %s: %w", stream, err)
-	}
-	w := &watch{it: it, changed: make(chan struct{}), done: make(chan struct{})}
-	go func() {
-		defer close(w.done)
-		for {
-			m, err := it.Next()
-			if err != nil {
-				if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-					return
-				}
-				continue
-			}
-			v, err := events.Decode(m.Headers(), m.Data())
-			if err != nil {
-				continue // not ours to judge here; tail shows it
-			}
-			w.mu.Lock()
-			w.msgs = append(w.msgs, v)
-			close(w.changed)
-			w.changed = make(chan struct{})
-			w.mu.Unlock()
-		}
-	}()
-	return w, nil
-}
-
-// wait returns the first message that satisfies match, waiting at most
-// demoWait for it.
-func (w *watch) wait(ctx context.Context, match func(events.Message) bool) (events.Message, error) {
+// await returns the first message of l, from index from on, that satisfies
+// match, and its index, waiting at most demoWait for it.
+func await(ctx context.Context, l *watch.Log[events.Message], from int, match func(events.Message) bool) (events.Message, int, error) {
 	ctx, cancel := context.WithTimeout(ctx, demoWait)
 	defer cancel()
-	seen := 0
-	for {
-		w.mu.Lock()
-		msgs, changed := w.msgs, w.changed
-		w.mu.Unlock()
-		for _, m := range msgs[seen:] {
-			if match(m) {
-				return m, nil
-			}
-		}
-		seen = len(msgs)
-		select {
-		case <-changed:
-		case <-ctx.Done():
-			return nil, fmt.Errorf("nothing within %v: %w", demoWait, ctx.Err())
-		}
+	m, i, err := l.Wait(ctx, from, match)
+	if err != nil {
+		return nil, 0, fmt.Errorf("nothing within %v: %w", demoWait, err)
 	}
-}
-
-func (w *watch) stop() {
-	w.it.Stop()
-	<-w.done
+	return m, i, nil
 }

@@ -1,4 +1,4 @@
-package main
+package dev
 
 import (
 	"context"
@@ -10,10 +10,11 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/rs/zerolog"
 
+	"github.com/failbus/failbus/internal/cli"
+	"github.com/failbus/failbus/internal/devbus"
 	"github.com/failbus/failbus/internal/embedded"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/policy"
@@ -29,6 +30,9 @@ const (
 	DefaultDevOpsAddr = "127.0.0.1:9400"
 )
 
+// Command is `failbus dev`.
+var Command = cli.Command{Name: "dev", Summary: "run an embedded NATS server with JetStream and every service in one process", Run: run}
+
 const devUsage = `[--port N] [--data DIR] [--policy FILE] [--ops-addr ADDR] [--sync-interval D | --sync-always]
 
 Runs an embedded nats-server with JetStream storing in DIR, applies the
@@ -42,8 +46,8 @@ acknowledged within the last --sync-interval (JetStream's default is 2m)
 because the store is fsynced only that often; --sync-always fsyncs every
 write instead, at a large cost in throughput.`
 
-// runDev is `failbus dev`.
-func runDev(args []string, _ io.Reader, stdout, stderr io.Writer) int {
+// run is `failbus dev`.
+func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	return dev(ctx, args, stdout, stderr)
@@ -51,8 +55,8 @@ func runDev(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 
 // dev runs until ctx ends; runDev cancels it on SIGINT/SIGTERM.
 func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := newFlagSet("dev", devUsage, stderr)
-	port := fs.Int("port", DefaultPort, "client port to listen on (loopback only); 0 picks a free one")
+	fs := cli.NewFlagSet("dev", devUsage, stderr)
+	port := fs.Int("port", cli.DefaultPort, "client port to listen on (loopback only); 0 picks a free one")
 	data := fs.String("data", DefaultDataDir, "JetStream store folder; kept across restarts")
 	policyFile := fs.String("policy", "", "policy YAML file (default: the built-in policy)")
 	opsAddr := fs.String("ops-addr", DefaultDevOpsAddr, "address of /metrics and /healthz; \"off\" disables")
@@ -60,29 +64,29 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	syncAlways := fs.Bool("sync-always", false, "fsync every write: nothing acknowledged is lost on a host crash; much slower")
 	logLevel := fs.String("log-level", "info", "service log level: debug, info, warn, error")
 	natsLog := fs.Bool("nats-log", false, "also print nats-server's own log")
-	if rest, code, done := parseArgs(fs, args); done {
+	if rest, code, done := cli.Parse(fs, args); done {
 		return code
 	} else if len(rest) > 0 {
-		return usageError(fs, stderr, "unexpected arguments %q", rest)
+		return cli.UsageError(fs, stderr, "unexpected arguments %q", rest)
 	}
 	if *port < 0 || *port > 65535 {
-		return usageError(fs, stderr, "--port %d: not a port", *port)
+		return cli.UsageError(fs, stderr, "--port %d: not a port", *port)
 	}
 	if *syncInterval <= 0 {
-		return usageError(fs, stderr, "--sync-interval must be positive")
+		return cli.UsageError(fs, stderr, "--sync-interval must be positive")
 	}
 	if *data == "" {
-		return usageError(fs, stderr, "--data must name a folder")
+		return cli.UsageError(fs, stderr, "--data must name a folder")
 	}
 	level, err := zerolog.ParseLevel(*logLevel)
 	if err != nil {
-		return usageError(fs, stderr, "--log-level %q: %v", *logLevel, err)
+		return cli.UsageError(fs, stderr, "--log-level %q: %v", *logLevel, err)
 	}
 	pol, err := loadPolicy(*policyFile)
 	if err != nil {
-		return usageError(fs, stderr, "%v", err)
+		return cli.UsageError(fs, stderr, "%v", err)
 	}
-	log := consoleLogger(stderr).Level(level)
+	log := cli.ConsoleLogger(stderr).Level(level)
 	if *port != 0 {
 		// nats-server reports a taken port only by never becoming ready;
 		// say it at once instead.
@@ -92,8 +96,8 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 	}
 
-	b, err := startBus(busOptions{
-		server: embedded.Options{
+	b, err := devbus.Start(devbus.Options{
+		Server: embedded.Options{
 			Dir:          *data,
 			Port:         *port,
 			SyncInterval: *syncInterval,
@@ -101,9 +105,9 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			ServerName:   "failbus-dev",
 			Logging:      *natsLog,
 		},
-		policy:     pol,
-		policyFile: *policyFile,
-		log:        log,
+		Policy:     pol,
+		PolicyFile: *policyFile,
+		Log:        log,
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "failbus dev: %v\n", err)
@@ -113,9 +117,9 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	defer stopOps()
 	ops := "off"
 	if *opsAddr != "off" && *opsAddr != "" {
-		bound, err := consumer.ServeOps(opsCtx, *opsAddr, b.registry, b.healthy, log)
+		bound, err := consumer.ServeOps(opsCtx, *opsAddr, b.Registry, b.Healthy, log)
 		if err != nil {
-			_ = b.stop()
+			_ = b.Stop()
 			fmt.Fprintf(stderr, "failbus dev: %v\n", err)
 			return 1
 		}
@@ -125,21 +129,21 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if *syncAlways {
 		syncDesc = "always"
 	}
-	log.Info().Str("data", b.srv.Dir()).Str("sync", syncDesc).Str("services", strings.Join(b.names, ",")).
+	log.Info().Str("data", b.Srv.Dir()).Str("sync", syncDesc).Str("services", strings.Join(b.Names, ",")).
 		Str("ops", ops).Msg("failbus dev running")
 	fmt.Fprintf(stdout, "failbus dev: NATS_URL=%s  (services: %s; data: %s; /metrics,/healthz: %s)\n",
-		b.srv.ClientURL(), strings.Join(b.names, ", "), b.srv.Dir(), ops)
+		b.Srv.ClientURL(), strings.Join(b.Names, ", "), b.Srv.Dir(), ops)
 
 	code := 0
 	select {
 	case <-ctx.Done():
 		log.Info().Msg("signal received: draining")
-	case <-b.failed:
+	case <-b.Failed():
 		log.Error().Msg("a service stopped: shutting down")
 		code = 1
 	}
 	stopOps()
-	if err := b.stop(); err != nil {
+	if err := b.Stop(); err != nil {
 		log.Error().Err(err).Msg("service failure")
 		code = 1
 	}
@@ -154,18 +158,6 @@ func portFree(port int) error {
 		return fmt.Errorf("port %d: %w", port, err)
 	}
 	return l.Close()
-}
-
-// consoleLogger writes human-readable log lines, coloured only on a
-// terminal.
-func consoleLogger(w io.Writer) zerolog.Logger {
-	color := false
-	if f, ok := w.(*os.File); ok {
-		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
-			color = true
-		}
-	}
-	return zerolog.New(zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly, NoColor: !color}).With().Timestamp().Logger()
 }
 
 // loadPolicy reads --policy, or returns the default policy for "".

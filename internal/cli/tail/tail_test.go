@@ -1,4 +1,4 @@
-package main
+package tail
 
 import (
 	"bytes"
@@ -12,9 +12,16 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/failbus/failbus/internal/bustest"
+	"github.com/failbus/failbus/internal/cli/clitest"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
 )
+
+// bundle is a real server with the topology applied, for tail to read.
+type bundle struct{ *bustest.Bus }
+
+func setup(t *testing.T) *bundle { return &bundle{bustest.Start(t, time.Minute)} }
 
 // fill publishes n outcomes for provider, a classification of each, one
 // junk payload on the DLQ subject, and returns the outcome ids.
@@ -37,7 +44,7 @@ func (b *bundle) pub(t *testing.T, subject string, m events.Message) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.js.PublishMsg(b.ctx, &nats.Msg{Subject: subject, Header: hdr, Data: data}); err != nil {
+	if _, err := b.JS.PublishMsg(b.Ctx, &nats.Msg{Subject: subject, Header: hdr, Data: data}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -70,7 +77,7 @@ func TestCLITailNoFollow(t *testing.T) {
 	b := setup(t)
 	b.fill(t, "openai", 5)
 	b.fill(t, "anthropic", 3)
-	if _, err := b.js.Publish(b.ctx, events.DLQSubject("classifier"), []byte{0xc1, 0xff}); err != nil {
+	if _, err := b.JS.Publish(b.Ctx, events.DLQSubject("classifier"), []byte{0xc1, 0xff}); err != nil {
 		t.Fatal(err)
 	}
 	tests := []struct {
@@ -134,7 +141,7 @@ func TestCLITailNoFollow(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			var stdout, stderr bytes.Buffer
-			args := append([]string{"tail", "--server", b.srv.ClientURL()}, tt.args...)
+			args := append([]string{"--server", b.Srv.ClientURL()}, tt.args...)
 			if code := run(args, nil, &stdout, &stderr); code != 0 {
 				t.Fatalf("exit %d: %s", code, stderr.String())
 			}
@@ -159,11 +166,11 @@ func TestCLITailEnvelope(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.fill(t, "openai", 1)
-	if _, err := b.js.Publish(b.ctx, events.DLQSubject("x"), []byte{0xc1, 0xff}); err != nil {
+	if _, err := b.JS.Publish(b.Ctx, events.DLQSubject("x"), []byte{0xc1, 0xff}); err != nil {
 		t.Fatal(err)
 	}
 	var stdout, stderr bytes.Buffer
-	if code := run([]string{"tail", "--server", b.srv.ClientURL(), "--no-follow", "failbus.classified.>", "failbus.dlq.>"}, nil, &stdout, &stderr); code != 0 {
+	if code := run([]string{"--server", b.Srv.ClientURL(), "--no-follow", "failbus.classified.>", "failbus.dlq.>"}, nil, &stdout, &stderr); code != 0 {
 		t.Fatalf("exit %d: %s", code, stderr.String())
 	}
 	lines, _ := parseTail(t, stdout.String())
@@ -184,13 +191,13 @@ func TestCLITailFollow(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.fill(t, "openai", 2)
-	out := &syncBuffer{}
+	out := &clitest.SyncBuffer{}
 	done := make(chan int, 1)
 	go func() {
 		var stderr bytes.Buffer
-		done <- run([]string{"tail", "--server", b.srv.ClientURL(), "--since", "1h", "--count", "4", "failbus.outcome.>"}, nil, out, &stderr)
+		done <- run([]string{"--server", b.Srv.ClientURL(), "--since", "1h", "--count", "4", "failbus.outcome.>"}, nil, out, &stderr)
 	}()
-	waitFor(t, "the stored messages", func() bool { return strings.Count(out.String(), "\n") == 2 })
+	clitest.WaitFor(t, "the stored messages", func() bool { return strings.Count(out.String(), "\n") == 2 })
 	b.fill(t, "anthropic", 3) // the 4th outcome ends it; the 5th is never printed
 	select {
 	case code := <-done:
@@ -206,8 +213,8 @@ func TestCLITailFollow(t *testing.T) {
 	}
 	// An ordered consumer leaves nothing behind on the server: only the
 	// topology's durables remain.
-	waitFor(t, "no ephemeral consumers left", func() bool {
-		s, err := b.js.Stream(context.Background(), topology.StreamOutcomes)
+	clitest.WaitFor(t, "no ephemeral consumers left", func() bool {
+		s, err := b.JS.Stream(context.Background(), topology.StreamOutcomes)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -243,7 +250,7 @@ func TestCLITailUsage(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			var stdout, stderr bytes.Buffer
-			args := append([]string{"tail", "--server", b.srv.ClientURL(), "--no-follow"}, tt.args...)
+			args := append([]string{"--server", b.Srv.ClientURL(), "--no-follow"}, tt.args...)
 			if got := run(args, nil, &stdout, &stderr); got != tt.want || !strings.Contains(stderr.String(), tt.has) {
 				t.Errorf("exit %d, stderr %q; want %d and %q", got, stderr.String(), tt.want, tt.has)
 			}

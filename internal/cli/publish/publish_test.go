@@ -1,12 +1,15 @@
-package main
+package publish
 
 import (
 	"bytes"
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/failbus/failbus/internal/bustest"
 
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
@@ -14,7 +17,7 @@ import (
 
 func TestCLIPublish(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := bustest.Start(t, time.Minute)
 	input := strings.Join([]string{
 		`{"id":"o-1","at":"2025-03-01T12:00:00Z","agent":"bot","provider":"openai","status":429,"headers":{"retry-after":"2"}}`,
 		`{"id":"o-2","at":1740830400000,"agent":"bot","provider":"my gateway","status":400,"upstream_code":"CONTEXT_WINDOW_EXCEEDED","future_field":1}`,
@@ -29,7 +32,7 @@ func TestCLIPublish(t *testing.T) {
 		`{"id":"o-4","agent":"bot","provider":"anthropic","ok":true,"status":200}`, // no final newline
 	}, "\n")
 	var stdout, stderr bytes.Buffer
-	code := run([]string{"publish", "--server", b.srv.ClientURL()}, strings.NewReader(input), &stdout, &stderr)
+	code := run([]string{"--server", b.Srv.ClientURL()}, strings.NewReader(input), &stdout, &stderr)
 	if code != 0 {
 		t.Fatalf("exit %d, stderr: %s", code, stderr.String())
 	}
@@ -62,7 +65,7 @@ func TestCLIPublish(t *testing.T) {
 	}
 
 	// What is on the bus.
-	s, err := b.js.Stream(b.ctx, topology.StreamOutcomes)
+	s, err := b.JS.Stream(b.Ctx, topology.StreamOutcomes)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +88,7 @@ func TestCLIPublish(t *testing.T) {
 		{"failbus.outcome.anthropic.bot", "o-4", func(m events.Message) bool { return m.(*events.Outcome).OK }},
 	}
 	for _, tt := range tests {
-		m, err := s.GetLastMsgForSubject(b.ctx, tt.subject)
+		m, err := s.GetLastMsgForSubject(b.Ctx, tt.subject)
 		if err != nil {
 			t.Errorf("%s: %v", tt.subject, err)
 			continue
@@ -110,10 +113,10 @@ func TestCLIPublishUsage(t *testing.T) {
 		args []string
 		want int
 	}{
-		{"publish with an unknown flag", []string{"publish", "--nope"}, 2},
-		{"publish with a positional argument", []string{"publish", "file.jsonl"}, 2},
-		{"publish to a server that is not there", []string{"publish", "--server", "nats://127.0.0.1:1"}, 1},
-		{"publish -h", []string{"publish", "-h"}, 0},
+		{"publish with an unknown flag", []string{"--nope"}, 2},
+		{"publish with a positional argument", []string{"file.jsonl"}, 2},
+		{"publish to a server that is not there", []string{"--server", "nats://127.0.0.1:1"}, 1},
+		{"publish -h", []string{"-h"}, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

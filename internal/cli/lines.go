@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bufio"
@@ -7,17 +7,17 @@ import (
 	"io"
 )
 
-// maxLine bounds one input line of the offline commands (classify,
+// MaxLine bounds one input line of the offline commands (classify,
 // simulate), so a runaway line cannot take all memory; a longer line is an
 // error record, not an exit.
-const maxLine = 16 << 20
+const MaxLine = 16 << 20
 
-// eachLine calls fn for every non-blank line of r, without its newline,
+// EachLine calls fn for every non-blank line of r, without its newline,
 // numbered from 1 (blank lines keep their number). A line longer than
-// maxLine is consumed and passed as nil with tooLong set. It stops at the
+// MaxLine is consumed and passed as nil with tooLong set. It stops at the
 // first error fn returns, or at a read error ("read stdin: …"); the end of
 // input is not an error, and a last line without a newline still counts.
-func eachLine(r io.Reader, fn func(lineNo int, line []byte, tooLong bool) error) error {
+func EachLine(r io.Reader, fn func(lineNo int, line []byte, tooLong bool) error) error {
 	br := bufio.NewReaderSize(r, 64<<10)
 	for lineNo := 1; ; lineNo++ {
 		line, tooLong, err := readLine(br)
@@ -35,14 +35,14 @@ func eachLine(r io.Reader, fn func(lineNo int, line []byte, tooLong bool) error)
 	}
 }
 
-// readLine reads one line without its newline; a line over maxLine is
+// readLine reads one line without its newline; a line over MaxLine is
 // consumed and reported as tooLong. err is io.EOF with the last line when
 // the input does not end in a newline.
 func readLine(r *bufio.Reader) (line []byte, tooLong bool, err error) {
 	for {
 		chunk, isPrefix, e := r.ReadLine()
 		if !tooLong {
-			if len(line)+len(chunk) > maxLine {
+			if len(line)+len(chunk) > MaxLine {
 				tooLong, line = true, nil
 			} else {
 				line = append(line, chunk...)

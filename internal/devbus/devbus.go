@@ -1,0 +1,195 @@
+// Package devbus is failbus in one process: an embedded nats-server with
+// the topology applied and every service of the registry
+// (internal/services) built through the same Spec its own binary uses. It
+// is what `failbus dev` runs, and the throwaway bus of `failbus demo` and
+// `failbus bench`.
+package devbus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/internal/servicemain"
+	"github.com/failbus/failbus/internal/services"
+	topology "github.com/failbus/failbus/jetstream"
+	"github.com/failbus/failbus/pkg/consumer"
+	"github.com/failbus/failbus/pkg/policy"
+)
+
+// StartTimeout bounds applying the topology and the services becoming
+// healthy.
+const StartTimeout = 30 * time.Second
+
+// Options configure an in-process bus.
+type Options struct {
+	// Server is the embedded server's configuration (store folder, port,
+	// sync). The zero value is a temporary store on a random port.
+	Server embedded.Options
+	// Policy every service runs. Defaults to policy.Default().
+	Policy *policy.Policy
+	// PolicyFile is where Policy was read from ("" for none): the
+	// scheduler follows its changes.
+	PolicyFile string
+	// Log receives the services' logs. The zero logger writes nothing.
+	Log zerolog.Logger
+	// Registry receives every service's metrics. Defaults to a new
+	// registry; pass one to serve /metrics before the bus starts.
+	Registry *prometheus.Registry
+	// Specs are the services to run, in start order. Defaults to
+	// services.All() with every flag at its default.
+	Specs []servicemain.Spec
+}
+
+// Bus is an embedded nats-server with the topology applied and every
+// service running against it.
+type Bus struct {
+	// Srv is the embedded server.
+	Srv *embedded.Server
+	// JS is the services' JetStream context.
+	JS jetstream.JetStream
+	// Registry holds every service's metrics.
+	Registry *prometheus.Registry
+	// Names are the services running, in start order.
+	Names []string
+
+	nc     *nats.Conn
+	health []func() error
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	errs   []error
+	failed chan struct{} // closed when a service stops on its own
+	once   sync.Once
+}
+
+// Start starts the server, applies the topology (with the settings that
+// follow from the policy, as every service binary does) and starts every
+// service; it returns once all are healthy. On error everything started
+// is stopped again.
+func Start(o Options) (_ *Bus, err error) {
+	pol := o.Policy
+	if pol == nil {
+		pol = policy.Default()
+	}
+	specs := o.Specs
+	if specs == nil {
+		specs = services.All()
+	}
+	reg := o.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	srv, err := embedded.Start(o.Server)
+	if err != nil {
+		return nil, err
+	}
+	b := &Bus{Srv: srv, Registry: reg, failed: make(chan struct{})}
+	defer func() {
+		if err != nil {
+			_ = b.Stop()
+		}
+	}()
+	b.nc, err = srv.Connect(nats.Name("failbus services"), nats.MaxReconnects(-1))
+	if err != nil {
+		return nil, err
+	}
+	b.JS, err = jetstream.New(b.nc)
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	actx, cancel := context.WithTimeout(context.Background(), StartTimeout)
+	defer cancel()
+	if err := topology.Apply(actx, b.JS, servicemain.TopologyOptions(pol, 0)); err != nil {
+		return nil, fmt.Errorf("apply topology: %w", err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	b.cancel = stop
+	env := servicemain.Env{JS: b.JS, Policy: pol, PolicyFile: o.PolicyFile, Log: o.Log, Registry: reg}
+	for _, spec := range specs {
+		svc, err := spec.Build(ctx, env)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", spec.Name, err)
+		}
+		b.Names = append(b.Names, spec.Name)
+		b.health = append(b.health, svc.Healthy)
+		b.wg.Go(func() {
+			err := svc.Run(ctx)
+			if ctx.Err() == nil {
+				// A service stopped while the bus runs: that is a failure
+				// even when it says nil.
+				if err == nil {
+					err = errors.New("stopped")
+				}
+				b.mu.Lock()
+				b.errs = append(b.errs, fmt.Errorf("%s: %w", spec.Name, err))
+				b.mu.Unlock()
+				b.once.Do(func() { close(b.failed) })
+			}
+		})
+	}
+	// Ready means every service is bound and answering (the route service
+	// registered, consumers attached), so a caller's first request is not
+	// lost to a start-up race.
+	if err := b.waitHealthy(StartTimeout); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// Failed is closed when a service stopped on its own; Stop returns why.
+func (b *Bus) Failed() <-chan struct{} { return b.failed }
+
+// waitHealthy polls the services' health until all are healthy, one fails,
+// or the deadline passes.
+func (b *Bus) waitHealthy(limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		err := b.Healthy()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("services not healthy after %s: %w", limit, err)
+		}
+		select {
+		case <-b.failed:
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			return fmt.Errorf("a service stopped while starting: %w", errors.Join(b.errs...))
+		case <-tick.C:
+		}
+	}
+}
+
+// Healthy is the /healthz check: every service healthy.
+func (b *Bus) Healthy() error { return consumer.AllHealthy(b.health...)() }
+
+// Stop drains every service (each finishes its in-flight messages), then
+// closes the connection and shuts the server down. It returns the errors of
+// services that stopped on their own before.
+func (b *Bus) Stop() error {
+	if b.cancel != nil {
+		b.cancel()
+	}
+	b.wg.Wait()
+	if b.nc != nil {
+		b.nc.Close()
+	}
+	if b.Srv != nil {
+		b.Srv.Shutdown()
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return errors.Join(b.errs...)
+}

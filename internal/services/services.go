@@ -1,0 +1,155 @@
+// Package services is the registry of failbus's services: the one Spec of
+// each (its flags with their defaults, their checks, and its constructor),
+// shared by its binary (cmd/<service> runs it with servicemain.Run) and by
+// the in-process bus of `failbus dev`, `demo` and `bench` (internal/devbus
+// builds every spec of All with its defaults). A service is therefore built
+// the same way wherever it runs; a new service adds its function here and
+// its line to All.
+//
+// A Spec's flags are bound to variables that already hold their defaults
+// when the Spec is made, so Build works without parsing any flags.
+package services
+
+import (
+	"context"
+	"flag"
+	"fmt"
+
+	"github.com/failbus/failbus/internal/service/classifier"
+	"github.com/failbus/failbus/internal/service/notifier"
+	"github.com/failbus/failbus/internal/service/refusals"
+	"github.com/failbus/failbus/internal/service/scheduler"
+	"github.com/failbus/failbus/internal/servicemain"
+	"github.com/failbus/failbus/pkg/consumer"
+	"github.com/failbus/failbus/pkg/notify"
+)
+
+// All is every implemented service, in start order. The recovery service
+// joins when it is built.
+func All() []servicemain.Spec {
+	return []servicemain.Spec{Classifier(), Scheduler(), Notifier()}
+}
+
+// Classifier is the classifier service: outcomes in, one classification
+// each out.
+func Classifier() servicemain.Spec {
+	concurrency := classifier.DefaultConcurrency
+	return servicemain.Spec{
+		Name:           classifier.Service,
+		DefaultOpsAddr: classifier.DefaultOpsAddr,
+		Flags: func(fs *flag.FlagSet) {
+			fs.IntVar(&concurrency, "concurrency", concurrency, "outcomes handled at once")
+		},
+		Check: func() error {
+			if concurrency < 1 {
+				return fmt.Errorf("--concurrency %d: must be at least 1", concurrency)
+			}
+			return nil
+		},
+		Build: func(_ context.Context, env servicemain.Env) (servicemain.Service, error) {
+			classify, err := env.Policy.ClassifyFunc()
+			if err != nil {
+				return nil, fmt.Errorf("%s: classify: %w", env.PolicyFile, err)
+			}
+			return classifier.NewRunner(env.JS, classifier.Options{
+				Classify: classifier.ClassifyFunc(classify),
+				Runner:   consumer.Config{Concurrency: concurrency, Logger: env.Log, Registerer: env.Registry},
+			})
+		},
+	}
+}
+
+// Scheduler is the scheduler service, with the refusal tiers beside it
+// unless --refusals=false.
+func Scheduler() servicemain.Spec {
+	var (
+		concurrency = scheduler.DefaultConcurrency
+		policyKV    = true
+		tier        = true
+		policyPoll  = scheduler.DefaultPolicyPollInterval
+	)
+	return servicemain.Spec{
+		Name:           scheduler.Service,
+		DefaultOpsAddr: scheduler.DefaultOpsAddr,
+		Flags: func(fs *flag.FlagSet) {
+			fs.BoolVar(&policyKV, "policy-kv", policyKV, "let FAILBUS_POLICY/"+scheduler.PolicyKVKey+" in KV override --policy, reloaded on change")
+			fs.DurationVar(&policyPoll, "policy-poll", policyPoll, "how often the --policy file is checked for changes")
+			fs.IntVar(&concurrency, "concurrency", concurrency, "classifications handled at once")
+			fs.BoolVar(&tier, "refusals", tier, "also run the refusal tiers (consumers refusals and refusals-boundaries, micro service failbus-refusals)")
+		},
+		Check: func() error {
+			if concurrency < 1 {
+				return fmt.Errorf("--concurrency %d: must be at least 1", concurrency)
+			}
+			if policyPoll <= 0 {
+				return fmt.Errorf("--policy-poll %v: must be positive", policyPoll)
+			}
+			return nil
+		},
+		Build: func(_ context.Context, env servicemain.Env) (servicemain.Service, error) {
+			s, err := scheduler.New(env.JS, scheduler.Options{
+				Policy:             env.Policy,
+				PolicyFile:         env.PolicyFile,
+				PolicyPollInterval: policyPoll,
+				WatchPolicy:        policyKV,
+				Runner:             consumer.Config{Concurrency: concurrency, Logger: env.Log, Registerer: env.Registry},
+			})
+			if err != nil {
+				return nil, err
+			}
+			if !tier {
+				return s, nil
+			}
+			// Refusal tiers live beside the scheduler (DESIGN.md: "in
+			// scheduler or its own consumer"): same policy file, read
+			// once at start (they do not follow reloads), own consumers
+			// and the route micro service.
+			r, err := refusals.New(env.JS, refusals.Options{
+				Policy: env.Policy.Refusal,
+				Runner: consumer.Config{Logger: env.Log, Registerer: env.Registry},
+			})
+			if err != nil {
+				return nil, err
+			}
+			return servicemain.Group{s, r}, nil
+		},
+	}
+}
+
+// Notifier is the notifier service: notification requests in, each dedupe
+// key delivered once to the policy's sinks.
+func Notifier() servicemain.Spec {
+	var (
+		concurrency    = notifier.DefaultConcurrency
+		dedupeLifetime = servicemain.EnvDuration("FAILBUS_NOTIFY_DEDUPE_LIFETIME", notify.DefaultDedupeLifetime)
+		replica        = servicemain.EnvString("FAILBUS_NOTIFIER_REPLICA", "")
+	)
+	return servicemain.Spec{
+		Name:           notifier.Service,
+		DefaultOpsAddr: notifier.DefaultOpsAddr,
+		Flags: func(fs *flag.FlagSet) {
+			fs.IntVar(&concurrency, "concurrency", concurrency, "requests handled at once")
+			fs.DurationVar(&dedupeLifetime, "dedupe-lifetime", dedupeLifetime, "how long a sent dedupe key suppresses repeats")
+			fs.StringVar(&replica, "replica", replica, "replica name (default host-pid-random)")
+		},
+		Check: func() error {
+			if concurrency < 1 {
+				return fmt.Errorf("--concurrency %d: must be at least 1", concurrency)
+			}
+			if dedupeLifetime <= 0 {
+				return fmt.Errorf("--dedupe-lifetime %s: must be positive", dedupeLifetime)
+			}
+			return nil
+		},
+		Build: func(ctx context.Context, env servicemain.Env) (servicemain.Service, error) {
+			return notifier.New(ctx, env.JS, notifier.Config{
+				Notify:         env.Policy.Notify,
+				DedupeLifetime: dedupeLifetime,
+				Replica:        replica,
+				Concurrency:    concurrency,
+				Logger:         env.Log,
+				Registerer:     env.Registry,
+			})
+		},
+	}
+}
