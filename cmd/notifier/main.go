@@ -9,8 +9,12 @@
 //
 // Flags (each also read from the environment variable in brackets):
 //
-//	--nats-url URL          NATS server (NATS_URL; default nats://127.0.0.1:4222)
+//	--server URLS           NATS server(s), comma-separated; alias --nats-url (NATS_URL; default nats://127.0.0.1:4222)
 //	--creds FILE            NATS credentials file (NATS_CREDS)
+//	--nkey FILE             nkey seed file, e.g. from `failbus auth init` (NATS_NKEY)
+//	--user, --password      user name and password (NATS_USER, NATS_PASSWORD)
+//	--tls-ca FILE           CA of the server certificate; --tls-cert, --tls-key for mutual TLS (NATS_CA, NATS_CERT, NATS_KEY)
+//	--inbox-prefix P        reply subject prefix (NATS_INBOX_PREFIX; default _INBOX.<nkey public key> with --nkey)
 //	--ops-addr ADDR         /metrics and /healthz (FAILBUS_NOTIFIER_OPS_ADDR; default 127.0.0.1:9404)
 //	--policy FILE           policy file; its notify: section is used (FAILBUS_POLICY; default policy when empty: budget 20, log sink)
 //	--concurrency N         requests handled at once (default 8)
@@ -18,6 +22,7 @@
 //	--replica NAME          replica name in the ledger and audit records (default host-pid-random)
 //	--replicas N            stream replicas when applying the topology (FAILBUS_REPLICAS; default 1)
 //	--apply-topology        create/update streams, consumers and buckets at start (default true)
+//	--no-apply              same as --apply-topology=false: with a role's own credentials, the admin applies
 //	--log-level LEVEL       debug, info, warn, error (FAILBUS_LOG_LEVEL; default info)
 package main
 

@@ -20,8 +20,12 @@
 //
 // Flags (each also read from the environment variable in brackets):
 //
-//	--nats-url URL      NATS server (NATS_URL; default nats://127.0.0.1:4222)
+//	--server URLS       NATS server(s), comma-separated; alias --nats-url (NATS_URL; default nats://127.0.0.1:4222)
 //	--creds FILE        NATS credentials file (NATS_CREDS)
+//	--nkey FILE         nkey seed file, e.g. from `failbus auth init` (NATS_NKEY)
+//	--user, --password  user name and password (NATS_USER, NATS_PASSWORD)
+//	--tls-ca FILE       CA of the server certificate; --tls-cert, --tls-key for mutual TLS (NATS_CA, NATS_CERT, NATS_KEY)
+//	--inbox-prefix P    reply subject prefix (NATS_INBOX_PREFIX; default _INBOX.<nkey public key> with --nkey)
 //	--ops-addr ADDR     /metrics and /healthz (FAILBUS_SCHEDULER_OPS_ADDR; default 127.0.0.1:9402)
 //	--policy FILE       policy file (FAILBUS_POLICY; default policy when empty)
 //	--policy-kv         follow FAILBUS_POLICY/active in KV (default true)
@@ -30,6 +34,7 @@
 //	--refusals          also run the refusal tiers and the failbus-refusals route service (default true)
 //	--replicas N        stream replicas when applying the topology (FAILBUS_REPLICAS; default 1)
 //	--apply-topology    create/update streams and consumers at start (default true)
+//	--no-apply          same as --apply-topology=false: with a role's own credentials, the admin applies
 //	--log-level LEVEL   debug, info, warn, error (FAILBUS_LOG_LEVEL; default info)
 package main
 

@@ -57,6 +57,13 @@ type Options struct {
 	ServerName string
 	// Logging enables nats-server's own log output on stderr.
 	Logging bool
+	// ConfigFile is a nats-server configuration file read first (users and
+	// permissions, TLS, cluster); the fields above then override what it
+	// says about the store, host, port, name and sync. Empty: none.
+	ConfigFile string
+	// Configure, when set, adjusts the server options last, just before
+	// the server starts (users, TLS, cluster routes).
+	Configure func(*server.Options)
 }
 
 // Server is a running embedded nats-server.
@@ -99,17 +106,24 @@ func Start(opts Options) (*Server, error) {
 	if sync == 0 {
 		sync = DefaultSyncInterval
 	}
-	so := &server.Options{
-		ServerName:   name,
-		Host:         host,
-		Port:         port,
-		JetStream:    true,
-		StoreDir:     abs,
-		SyncInterval: sync,
-		SyncAlways:   opts.SyncAlways,
-		NoSigs:       true,
-		NoLog:        !opts.Logging,
-		MaxPayload:   8 << 20,
+	so := &server.Options{}
+	if opts.ConfigFile != "" {
+		if so, err = server.ProcessConfigFile(opts.ConfigFile); err != nil {
+			return nil, fmt.Errorf("embedded: %w", err)
+		}
+	}
+	so.ServerName = name
+	so.Host = host
+	so.Port = port
+	so.JetStream = true
+	so.StoreDir = abs
+	so.SyncInterval = sync
+	so.SyncAlways = opts.SyncAlways
+	so.NoSigs = true
+	so.NoLog = !opts.Logging
+	so.MaxPayload = 8 << 20
+	if opts.Configure != nil {
+		opts.Configure(so)
 	}
 	ns, err := server.NewServer(so)
 	if err != nil {

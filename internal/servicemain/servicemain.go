@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/rs/zerolog"
 
+	"github.com/failbus/failbus/internal/connect"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/policy"
@@ -63,9 +64,10 @@ type Spec struct {
 }
 
 type common struct {
-	natsURL, creds, opsAddr, policyFile, logLevel string
-	replicas                                      int
-	apply                                         bool
+	conn                          connect.Options
+	opsAddr, policyFile, logLevel string
+	replicas                      int
+	apply, noApply                bool
 }
 
 // Run is a whole service binary: it returns the exit code (0 after a
@@ -74,13 +76,14 @@ func Run(ctx context.Context, spec Spec, args []string, stderr io.Writer) int {
 	fs := flag.NewFlagSet(spec.Name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var c common
-	fs.StringVar(&c.natsURL, "nats-url", EnvString("NATS_URL", nats.DefaultURL), "NATS server URL (env NATS_URL)")
-	fs.StringVar(&c.creds, "creds", EnvString("NATS_CREDS", ""), "NATS credentials file (env NATS_CREDS)")
+	c.conn.Register(fs)
+	c.conn.RegisterServerAlias(fs, "nats-url")
 	opsEnv := "FAILBUS_" + upper(spec.Name) + "_OPS_ADDR"
 	fs.StringVar(&c.opsAddr, "ops-addr", EnvString(opsEnv, spec.DefaultOpsAddr), "address of /metrics and /healthz (env "+opsEnv+")")
 	fs.StringVar(&c.policyFile, "policy", EnvString("FAILBUS_POLICY", ""), "policy file (env FAILBUS_POLICY); default policy when empty")
 	fs.IntVar(&c.replicas, "replicas", EnvInt("FAILBUS_REPLICAS", topology.DefaultReplicas), "stream replicas when applying the topology (env FAILBUS_REPLICAS)")
 	fs.BoolVar(&c.apply, "apply-topology", true, "create or update the streams, consumers and buckets at start")
+	fs.BoolVar(&c.noApply, "no-apply", false, "do not touch the topology (same as --apply-topology=false): for a service running with its own role's credentials, while the admin applies the topology")
 	fs.StringVar(&c.logLevel, "log-level", EnvString("FAILBUS_LOG_LEVEL", "info"), "debug, info, warn or error (env FAILBUS_LOG_LEVEL)")
 	if spec.Flags != nil {
 		spec.Flags(fs)
@@ -94,6 +97,13 @@ func Run(ctx context.Context, spec Spec, args []string, stderr io.Writer) int {
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "%s: unexpected arguments %q\n", spec.Name, fs.Args())
+		return 2
+	}
+	if c.noApply {
+		c.apply = false
+	}
+	if _, err := c.conn.Resolve(); err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", spec.Name, err)
 		return 2
 	}
 	if spec.Check != nil {
@@ -128,24 +138,27 @@ func Run(ctx context.Context, spec Spec, args []string, stderr io.Writer) int {
 // serve connects, applies the topology, builds the service, serves
 // /metrics and /healthz, and runs it until ctx ends.
 func serve(ctx context.Context, spec Spec, c common, pol *policy.Policy, log zerolog.Logger) error {
-	nopts := []nats.Option{nats.Name("failbus-" + spec.Name), nats.MaxReconnects(-1)}
-	if c.creds != "" {
-		nopts = append(nopts, nats.UserCredentials(c.creds))
-	}
-	nc, err := nats.Connect(c.natsURL, nopts...)
+	nc, err := connect.Connect(c.conn, spec.Name, connect.WithLogger(log))
 	if err != nil {
-		return fmt.Errorf("connect %s: %w", c.natsURL, err)
+		return err
 	}
 	defer func() { _ = nc.Drain() }()
-	js, err := jetstream.New(nc)
+	log.Info().Str("server", nc.ConnectedUrlRedacted()).Str("user", nc.User()).Msg("connected to NATS")
+	js, err := jetstream.New(nc.Conn)
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
 	}
 	if c.apply {
 		actx, cancel := context.WithTimeout(ctx, ApplyTimeout)
+		actx, stop := nc.FailFast(actx)
 		err := topology.Apply(actx, js, TopologyOptions(pol, c.replicas))
+		stop()
 		cancel()
 		if err != nil {
+			err = nc.Explain(err)
+			if errors.Is(err, nats.ErrPermissionViolation) {
+				return fmt.Errorf("apply topology: %w; a service running with its own role's credentials may not change the topology: start it with --no-apply and apply the topology as admin", err)
+			}
 			return fmt.Errorf("apply topology: %w", err)
 		}
 	}
@@ -153,12 +166,12 @@ func serve(ctx context.Context, spec Spec, c common, pol *policy.Policy, log zer
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	svc, err := spec.Build(ctx, Env{JS: js, Policy: pol, Log: log, Registry: reg, PolicyFile: c.policyFile})
 	if err != nil {
-		return err
+		return nc.Explain(err)
 	}
 	if _, err := consumer.ServeOps(ctx, c.opsAddr, reg, svc.Healthy, log); err != nil {
 		return err
 	}
-	return svc.Run(ctx)
+	return nc.Explain(svc.Run(ctx))
 }
 
 // TopologyOptions are the topology settings that follow from the policy, so

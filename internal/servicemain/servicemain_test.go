@@ -1,0 +1,131 @@
+package servicemain_test
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nkeys"
+
+	"github.com/failbus/failbus/internal/connect"
+	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/internal/servicemain"
+)
+
+// idle is a service that runs until its context ends.
+type idle struct{}
+
+func (idle) Run(ctx context.Context) error { <-ctx.Done(); return nil }
+func (idle) Healthy() error                { return nil }
+
+// run runs a service binary with args until it exits or ctx ends and
+// returns its exit code and stderr; built reports whether Build was
+// reached, and onBuild (when not nil) is called then.
+func run(ctx context.Context, onBuild func(), args ...string) (code int, stderr string, built bool) {
+	var buf lockedBuffer
+	spec := servicemain.Spec{
+		Name: "probe", DefaultOpsAddr: "127.0.0.1:0",
+		Build: func(context.Context, servicemain.Env) (servicemain.Service, error) {
+			built = true
+			if onBuild != nil {
+				onBuild()
+			}
+			return idle{}, nil
+		},
+	}
+	code = servicemain.Run(ctx, spec, append(args, "--ops-addr", "127.0.0.1:0"), &buf)
+	return code, buf.String(), built
+}
+
+// lockedBuffer is a bytes.Buffer safe for the logger's goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// restricted starts a server with one nkey user that may only use its own
+// inbox and ask for JetStream account info, like a role whose permissions
+// leave the topology alone.
+func restricted(t *testing.T) (url, seed string) {
+	t.Helper()
+	for _, v := range []string{connect.EnvServer, connect.EnvCreds, connect.EnvNkey, connect.EnvUser, connect.EnvPassword} {
+		t.Setenv(v, "")
+	}
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, _ := kp.Seed()
+	pub, _ := kp.PublicKey()
+	seed = filepath.Join(t.TempDir(), "classifier.nk")
+	if err := os.WriteFile(seed, s, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv := embedded.StartTestOpts(t, embedded.Options{Dir: t.TempDir(), Configure: func(o *server.Options) {
+		o.Nkeys = []*server.NkeyUser{{Nkey: pub, Permissions: &server.Permissions{
+			Publish:   &server.SubjectPermission{Allow: []string{"$JS.API.INFO", "$JS.API.STREAM.INFO.>"}},
+			Subscribe: &server.SubjectPermission{Allow: []string{connect.InboxPrefixFor(pub) + ".>"}},
+		}}}
+	}})
+	return srv.ClientURL(), seed
+}
+
+func TestConnectionFlags(t *testing.T) {
+	url, seed := restricted(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	t.Run("without credentials the service says which flags to give", func(t *testing.T) {
+		code, stderr, built := run(ctx, nil, "--server", url)
+		if code != 1 || built || !strings.Contains(stderr, "requires credentials: give --creds, --nkey or --user/--password") {
+			t.Errorf("exit %d, built %v, stderr:\n%s", code, built, stderr)
+		}
+	})
+	t.Run("a role's credentials cannot apply the topology, and the error says what to do", func(t *testing.T) {
+		code, stderr, built := run(ctx, nil, "--nats-url", url, "--nkey", seed)
+		if code != 1 || built {
+			t.Errorf("exit %d, built %v", code, built)
+		}
+		for _, want := range []string{"permission denied publishing $JS.API.STREAM.CREATE.", "as user classifier", "start it with --no-apply"} {
+			if !strings.Contains(stderr, want) {
+				t.Errorf("stderr lacks %q:\n%s", want, stderr)
+			}
+		}
+	})
+	t.Run("with --no-apply it runs under the role's credentials", func(t *testing.T) {
+		// It runs until stopped: stop it once it built its service.
+		rctx, stop := context.WithCancel(ctx)
+		defer stop()
+		code, stderr, built := run(rctx, stop, "--server", url, "--nkey", seed, "--no-apply")
+		if code != 0 || !built {
+			t.Errorf("exit %d, built %v, stderr:\n%s", code, built, stderr)
+		}
+		if !strings.Contains(stderr, `"user":"classifier"`) {
+			t.Errorf("the start-up log does not name the user:\n%s", stderr)
+		}
+	})
+	t.Run("unusable connection flags exit 2", func(t *testing.T) {
+		code, stderr, _ := run(ctx, nil, "--server", url, "--nkey", seed, "--user", "x")
+		if code != 2 || !strings.Contains(stderr, "give one kind of credentials") {
+			t.Errorf("exit %d, stderr:\n%s", code, stderr)
+		}
+	})
+}
