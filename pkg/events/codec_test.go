@@ -20,7 +20,7 @@ func sample() *events.Outcome {
 		ID: "o-1", At: events.At(when), Agent: "agent/1", Session: "s", Segment: 2, Turn: 3, Step: 4,
 		Provider: "my-gateway", Model: "m", Profile: "p", Status: 400, Body: "",
 		Headers: map[string]string{"retry-after": "3"}, UpstreamCode: "CONTEXT_WINDOW_EXCEEDED",
-		RequestTokens: 41000, ContextWindow: 256000, Origin: &events.Origin{Kind: "cron", Name: "nightly"},
+		RequestTokens: 41000, ContextWindow: 256000, MaxOutputTokens: 8192, Origin: &events.Origin{Kind: "cron", Name: "nightly"},
 	}
 }
 
@@ -143,6 +143,7 @@ func TestDecodeErrorsNameTheProblem(t *testing.T) {
 		{"time of wrong type", nil, enc(map[string]any{"id": "x", "agent": "a", "provider": "p", "at": []any{1}}), "at", ""},
 		{"status of wrong type", nil, enc(map[string]any{"id": "x", "agent": "a", "provider": "p", "status": "boom"}), "status", ""},
 		{"bad refusal scope", nil, enc(map[string]any{"id": "x", "agent": "a", "provider": "p", "refusal_scope": "all"}), "refusal_scope", "increment or history"},
+		{"negative output budget", nil, enc(map[string]any{"id": "x", "agent": "a", "provider": "p", "max_output_tokens": -1}), "max_output_tokens", "negative"},
 		{"unknown schema", nats.Header{events.HeaderSchema: {"banana/1"}}, enc(map[string]any{"id": "x"}), "", "unknown schema"},
 		{"future version", nats.Header{events.HeaderSchema: {"outcome/9"}}, enc(map[string]any{"id": "x"}), "", "newer than this reader"},
 		{"wrong content type", nats.Header{events.HeaderContentType: {"application/json"}}, []byte(`{}`), "", "content type"},

@@ -39,7 +39,13 @@ type Outcome struct {
 	RefusalScope   string            `msgpack:"refusal_scope,omitempty" json:"refusal_scope,omitempty"`
 	RequestTokens  int               `msgpack:"request_tokens,omitempty" json:"request_tokens,omitempty"`
 	ContextWindow  int               `msgpack:"context_window,omitempty" json:"context_window,omitempty"`
-	Origin         *Origin           `msgpack:"origin,omitempty" json:"origin,omitempty"`
+	// MaxOutputTokens is the output budget the request asked for
+	// (max_tokens); 0 = unknown. Providers that count it against the window
+	// (vLLM, DeepSeek, TGI, Anthropic) reject input + output > window, so
+	// the classifier needs it to confirm such an overflow: the input alone
+	// may be far below the window.
+	MaxOutputTokens int     `msgpack:"max_output_tokens,omitempty" json:"max_output_tokens,omitempty"`
+	Origin          *Origin `msgpack:"origin,omitempty" json:"origin,omitempty"`
 }
 
 // SegmentKey is the context-segment key `<session>#<segment>` that refusal

@@ -46,6 +46,9 @@ func (o *Outcome) Validate() error {
 	if o.ContextWindow < 0 {
 		return &FieldError{Field: "context_window", Problem: "negative"}
 	}
+	if o.MaxOutputTokens < 0 {
+		return &FieldError{Field: "max_output_tokens", Problem: "negative"}
+	}
 	return nil
 }
 
