@@ -23,6 +23,7 @@ import (
 	"github.com/failbus/failbus/internal/cli/publish"
 	"github.com/failbus/failbus/internal/cli/simulate"
 	"github.com/failbus/failbus/internal/cli/tail"
+	"github.com/failbus/failbus/internal/cli/version"
 )
 
 // commands is the CLI, in the order of `failbus help`.
@@ -34,6 +35,7 @@ var commands = []cli.Command{
 	classify.Command,
 	simulate.Command,
 	bench.Command,
+	version.Command,
 }
 
 func main() {

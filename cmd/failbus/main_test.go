@@ -22,8 +22,11 @@ func TestCLIDispatch(t *testing.T) {
 	}{
 		{"no command prints usage", nil, 2, "", "Usage: failbus <command>"},
 		{"help lists every command", []string{"help"}, 0, "publish", ""},
-		{"help of one command shows its flags", []string{"help", "tail"}, 0, "", "-last"},
+		{"help of one command shows its flags on stdout, like help", []string{"help", "tail"}, 0, "-last", ""},
+		{"-h of one command shows its flags on stderr", []string{"tail", "-h"}, 0, "", "-last"},
 		{"an unknown command", []string{"nope"}, 2, "", `unknown command "nope"`},
+		{"help of an unknown command says so", []string{"help", "nope"}, 2, "", `unknown command "nope"`},
+		{"version names the Go and nats-server versions", []string{"version"}, 0, "nats-server: v2.", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -31,7 +34,8 @@ func TestCLIDispatch(t *testing.T) {
 			if code := run(tt.args, &stdout, &stderr); code != tt.code {
 				t.Errorf("exit %d, want %d", code, tt.code)
 			}
-			if !strings.Contains(stdout.String(), tt.out) || !strings.Contains(stderr.String(), tt.error) {
+			if !strings.Contains(stdout.String(), tt.out) || !strings.Contains(stderr.String(), tt.error) ||
+				tt.out == "" && stdout.Len() > 0 || tt.error == "" && stderr.Len() > 0 {
 				t.Errorf("stdout %q, stderr %q; want %q and %q", stdout.String(), stderr.String(), tt.out, tt.error)
 			}
 		})

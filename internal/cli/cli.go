@@ -57,9 +57,10 @@ type Command struct {
 }
 
 // Main dispatches args (without the program name) to one of commands and
-// returns the exit code. `failbus help` lists the commands on stdout,
-// `failbus help <command>` runs it with -h; an unknown command is named on
-// stderr and exits 2.
+// returns the exit code. `failbus help` and `failbus help <command>` write
+// to stdout and exit 0 (`failbus <command> -h` writes the same usage to
+// stderr, as flag parsing does); an unknown command, with or without help,
+// is named on stderr and exits 2.
 func Main(commands []Command, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		usage(commands, stderr)
@@ -68,9 +69,15 @@ func Main(commands []Command, args []string, stdin io.Reader, stdout, stderr io.
 	name := args[0]
 	if name == "help" || name == "-h" || name == "--help" || name == "-help" {
 		if len(args) > 1 {
-			if c, ok := lookup(commands, args[1]); ok {
-				return c.Run([]string{"-h"}, stdin, stdout, stderr)
+			c, ok := lookup(commands, args[1])
+			if !ok {
+				fmt.Fprintf(stderr, "failbus help: unknown command %q\n\n", args[1])
+				usage(commands, stderr)
+				return 2
 			}
+			// Its usage goes where the help was asked for, like the
+			// list of commands: stdout.
+			return c.Run([]string{"-h"}, stdin, stdout, stdout)
 		}
 		usage(commands, stdout)
 		return 0
