@@ -6,25 +6,16 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/failbus/failbus/internal/connect"
 )
 
 // DefaultPort is where `failbus dev` listens unless told otherwise: NATS's
 // own default port, so every other command finds it with no flags.
 const DefaultPort = 4222
-
-// DefaultServer is the --server default of the commands that connect to a
-// bus: $NATS_URL, or the URL `failbus dev` prints with its default port.
-func DefaultServer() string {
-	if u := os.Getenv("NATS_URL"); u != "" {
-		return u
-	}
-	return fmt.Sprintf("nats://127.0.0.1:%d", DefaultPort)
-}
 
 // NewFlagSet returns a flag set for one command that writes its usage to
 // stderr and reports errors instead of exiting. synopsis follows
@@ -75,36 +66,34 @@ func UsageError(fs *flag.FlagSet, stderr io.Writer, format string, args ...any) 
 }
 
 // Conn is the shared flag set of every command that connects to a bus:
-// where the server is (and, as the contract's deployment section grows,
-// how to authenticate). Register it, parse, then Connect or JetStream.
+// where the server is and how to log in (internal/connect: --server list,
+// --creds, --nkey, --user/--password, --tls-ca/--tls-cert/--tls-key,
+// --inbox-prefix, each with its NATS_* environment variable). Register it,
+// parse, then Connect or JetStream.
 type Conn struct {
-	// Server is --server: comma-separated NATS URLs.
-	Server string
+	connect.Options
 }
 
 // Register binds the connection flags to fs.
-func (c *Conn) Register(fs *flag.FlagSet) {
-	fs.StringVar(&c.Server, "server", DefaultServer(), "NATS URL of the bus ($NATS_URL, else the default of failbus dev)")
-}
+func (c *Conn) Register(fs *flag.FlagSet) { c.Options.Register(fs) }
 
 // Connect opens a client connection for command, named so the server's
-// monitoring shows who is connected; it reconnects for ever.
-func (c *Conn) Connect(command string) (*nats.Conn, error) {
-	nc, err := nats.Connect(c.Server, nats.Name("failbus "+command), nats.MaxReconnects(-1))
-	if err != nil {
-		return nil, fmt.Errorf("connect to %s: %w", c.Server, err)
-	}
-	return nc, nil
+// monitoring shows who is connected; it reconnects for ever. Its errors
+// name the server, the user and the flag to check; wrap the errors of
+// what is done with it in its Explain, so a permission the user lacks is
+// named instead of reported as a timeout.
+func (c *Conn) Connect(command string) (*connect.Conn, error) {
+	return connect.Connect(c.Options, command)
 }
 
 // JetStream connects and returns the connection (close it) and its
 // JetStream context.
-func (c *Conn) JetStream(_ context.Context, command string) (*nats.Conn, jetstream.JetStream, error) {
+func (c *Conn) JetStream(_ context.Context, command string) (*connect.Conn, jetstream.JetStream, error) {
 	nc, err := c.Connect(command)
 	if err != nil {
 		return nil, nil, err
 	}
-	js, err := jetstream.New(nc)
+	js, err := jetstream.New(nc.Conn)
 	if err != nil {
 		nc.Close()
 		return nil, nil, fmt.Errorf("jetstream: %w", err)

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/failbus/failbus/internal/cli"
+	"github.com/failbus/failbus/internal/connect"
 	"github.com/failbus/failbus/pkg/agent"
 	"github.com/failbus/failbus/pkg/events"
 )
@@ -48,7 +49,7 @@ var Command = cli.Command{Name: "publish", Summary: "publish Outcome (and bounda
 // the bus failed to store a valid line (or could not be reached); 2 for
 // unusable arguments.
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	fs := cli.NewFlagSet("publish", "[--server URL] < outcomes.jsonl", stderr)
+	fs := cli.NewFlagSet("publish", "[--server URL] [--nkey FILE | --creds FILE | --user U --password P] [--tls-ca FILE] < outcomes.jsonl", stderr)
 	var conn cli.Conn
 	conn.Register(fs)
 	if rest, code, done := cli.Parse(fs, args); done {
@@ -63,7 +64,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer nc.Close()
-	st, err := publishLines(ctx, js, stdin, stdout)
+	st, err := publishLines(ctx, js, nc, stdin, stdout)
 	fmt.Fprintf(stderr, "failbus publish: %d published, %d duplicates, %d invalid, %d failed\n",
 		st.published, st.duplicates, st.invalid, st.failed)
 	if err != nil {
@@ -76,9 +77,11 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// publishLines publishes every line of r and writes error records to w. It
-// returns an error only when reading r or writing w fails.
-func publishLines(ctx context.Context, js jetstream.JetStream, r io.Reader, w io.Writer) (publishStats, error) {
+// publishLines publishes every line of r and writes error records to w; a
+// line the user may not publish fails at once and its error names the
+// permission (connect.Conn's FailFast and Explain). It returns an error
+// only when reading r or writing w fails.
+func publishLines(ctx context.Context, js jetstream.JetStream, nc *connect.Conn, r io.Reader, w io.Writer) (publishStats, error) {
 	var st publishStats
 	br := bufio.NewReaderSize(r, 64<<10)
 	enc := json.NewEncoder(w)
@@ -92,11 +95,13 @@ func publishLines(ctx context.Context, js jetstream.JetStream, r io.Reader, w io
 			var ack *jetstream.PubAck
 			if perr == nil {
 				pctx, cancel := context.WithTimeout(ctx, publishTimeout)
+				pctx, stop := nc.FailFast(pctx)
 				ack, perr = js.PublishMsg(pctx, msg)
+				stop()
 				cancel()
 				if perr != nil {
 					st.failed++
-					perr = fmt.Errorf("publish to %s: %w", msg.Subject, perr)
+					perr = fmt.Errorf("publish to %s: %w", msg.Subject, nc.Explain(perr))
 				}
 			} else {
 				st.invalid++

@@ -98,7 +98,7 @@ func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer nc.Close()
-	if err := tail(ctx, js, o, stdout); err != nil {
+	if err := nc.Explain(tail(ctx, js, o, stdout)); err != nil {
 		fmt.Fprintf(stderr, "failbus tail: %v\n", err)
 		return 1
 	}
