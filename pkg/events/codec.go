@@ -322,12 +322,27 @@ func ToJSON(h nats.Header, data []byte) ([]byte, error) {
 			return json.Marshal(m)
 		}
 	}
-	var v any
-	if err := msgpack.Unmarshal(data, &v); err != nil {
+	b, err := MsgpackToJSON(data)
+	if err != nil {
 		if json.Valid(data) {
 			return data, nil
 		}
 		return nil, fmt.Errorf("%w: neither msgpack nor JSON", ErrNotFailbus)
+	}
+	return b, nil
+}
+
+// MsgpackToJSON renders any msgpack value as JSON (map keys become
+// strings). The whole payload must be one msgpack value: text such as
+// "this is not msgpack" is not read as the number its first byte encodes.
+func MsgpackToJSON(data []byte) ([]byte, error) {
+	r := bytes.NewReader(data)
+	var v any
+	if err := msgpack.NewDecoder(r).Decode(&v); err != nil {
+		return nil, fmt.Errorf("%w: not msgpack: %w", ErrNotFailbus, err)
+	}
+	if r.Len() > 0 {
+		return nil, fmt.Errorf("%w: not msgpack: %d bytes after the first value", ErrNotFailbus, r.Len())
 	}
 	b, err := json.Marshal(jsonable(v))
 	if err != nil {

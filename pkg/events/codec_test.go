@@ -214,6 +214,13 @@ func TestToJSONRendersTypedAndUntyped(t *testing.T) {
 	if err != nil || !strings.Contains(string(js), `"free":"form"`) {
 		t.Fatalf("untyped render: %s %v", js, err)
 	}
+	// Text is not the msgpack number its first byte encodes ('t' is 116).
+	if js, err := events.ToJSON(nil, []byte("this is not msgpack")); err == nil {
+		t.Errorf("text rendered as %s", js)
+	}
+	if js, err := events.ToJSON(nil, []byte(`{"id":"j"}`)); err != nil || string(js) != `{"id":"j"}` {
+		t.Errorf("JSON rendered as %s, %v", js, err)
+	}
 }
 
 func TestSubjectWithinAndCollide(t *testing.T) {

@@ -15,7 +15,9 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/failbus/failbus/internal/cli"
@@ -37,8 +39,11 @@ one object per message:
    "data":{...the message with its snake_case keys...}}
 
 time is when the stream stored the message; schema and msg_id are left out
-when the message has none. A payload that is neither msgpack nor JSON is
-printed as "raw" (base64) with "error" instead of "data".
+when the message has none. A payload that is not msgpack gets an "error"
+saying so, with the payload as "data" when it is JSON, else as "raw"
+(base64). A dead letter's "data" is the payload it carries, decoded where it
+decodes ("data_as": "msgpack" for msgpack shown as JSON, "text" for UTF-8
+text, "base64" for anything else).
 
 The streams are found from the subjects (a filter such as failbus.> spans
 several); each is read by its own ordered consumer, which leaves no state on
@@ -338,17 +343,72 @@ func renderTail(m jetstream.Msg, meta *jetstream.MsgMetadata) []byte {
 		Schema:  h.Get(events.HeaderSchema),
 		MsgID:   h.Get(events.HeaderMsgID),
 	}
-	if data, err := events.ToJSON(h, m.Data()); err == nil {
-		l.Data = data
-	} else {
-		l.Raw, l.Error = m.Data(), err.Error()
-	}
+	l.Data, l.Raw, l.Error = renderPayload(h, m.Data())
 	b, err := json.Marshal(l)
 	if err != nil {
 		// Data is valid JSON by construction; this is a bug, say so.
 		b, _ = json.Marshal(tailLine{Stream: l.Stream, Seq: l.Seq, Subject: l.Subject, Time: l.Time, Raw: m.Data(), Error: err.Error()})
 	}
 	return b
+}
+
+// errJSONPayload is the error of a payload that is JSON: readable, but not
+// what the bus speaks.
+const errJSONPayload = "payload is JSON, not msgpack: failbus services dead-letter it"
+
+// errBinaryPayload is the error of a payload that is neither msgpack nor
+// JSON.
+const errBinaryPayload = "payload is not msgpack (nor JSON): shown as raw, base64"
+
+// renderPayload renders a payload: msgpack as JSON (a dead letter with the
+// payload it carries decoded, see deadLetterJSON), JSON as itself with an
+// error, anything else as raw bytes with an error.
+func renderPayload(h nats.Header, data []byte) (out json.RawMessage, raw []byte, errText string) {
+	if dl, err := events.DecodeAs[*events.DeadLetter](h, data); err == nil && h.Get(events.HeaderSchema) != "" {
+		if b, err := deadLetterJSON(dl); err == nil {
+			return b, nil, ""
+		}
+	}
+	b, err := events.ToJSON(h, data)
+	switch {
+	case err != nil:
+		return nil, data, errBinaryPayload
+	case !isMsgpack(data):
+		return b, nil, errJSONPayload
+	}
+	return b, nil, ""
+}
+
+func isMsgpack(data []byte) bool {
+	_, err := events.MsgpackToJSON(data)
+	return err == nil
+}
+
+// deadLetterJSON renders a dead letter with the original payload decoded
+// where it decodes: data is the msgpack payload as JSON, or the UTF-8 text
+// as a string, or else the bytes in base64; data_as says which.
+func deadLetterJSON(dl *events.DeadLetter) ([]byte, error) {
+	type plain events.DeadLetter // the same fields, without a Data override
+	v := struct {
+		*plain
+		Data   json.RawMessage `json:"data"`
+		DataAs string          `json:"data_as"`
+	}{plain: (*plain)(dl)}
+	v.Data, v.DataAs = original(dl.Data)
+	return json.Marshal(v)
+}
+
+// original renders a dead letter's payload for people (see deadLetterJSON).
+func original(data []byte) (json.RawMessage, string) {
+	if b, err := events.MsgpackToJSON(data); err == nil {
+		return b, "msgpack"
+	}
+	if utf8.Valid(data) {
+		b, _ := json.Marshal(string(data))
+		return b, "text"
+	}
+	b, _ := json.Marshal(data)
+	return b, "base64"
 }
 
 // probeInactive bounds how long a probe consumer outlives a tail that

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/failbus/failbus/internal/bustest"
 	"github.com/failbus/failbus/internal/cli/clitest"
@@ -262,5 +263,73 @@ func TestCLISubjectMatching(t *testing.T) {
 	t.Parallel()
 	if got := minimalFilters([]string{"a.b", "a.>", "a.b", "c.*", "c.*"}); !slices.Equal(got, []string{"a.>", "c.*"}) {
 		t.Errorf("minimalFilters = %v", got)
+	}
+}
+
+// Payloads that are not msgpack are never read as a number (the first byte
+// of "this is not msgpack" is msgpack's 116): they are "raw" with an
+// "error", or "data" with an "error" when they are JSON. A dead letter shows
+// the payload it carries decoded: msgpack as JSON, UTF-8 text as text,
+// anything else as base64, and says which in "data_as".
+func TestCLITailPayloadsThatAreNotMsgpack(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	junk := []byte("this is not msgpack")
+	jsonOutcome := []byte(`{"id":"j-1","agent":"bot","provider":"openai","status":503}`)
+	binary := []byte{0xc1, 0xff, 0x00}
+	mp, err := msgpack.Marshal(map[string]any{"id": "m-1", "status": 503})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range [][]byte{junk, jsonOutcome} {
+		if _, err := b.JS.Publish(b.Ctx, events.OutcomeSubject("openai", "bot"), p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, p := range [][]byte{junk, mp, binary} {
+		b.pub(t, events.DLQSubject("classifier"), &events.DeadLetter{
+			Service: "classifier", Reason: "test", Subject: events.OutcomeSubject("openai", "bot"), Seq: uint64(i + 1), Data: p,
+		})
+	}
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"--server", b.Srv.ClientURL(), "--no-follow", "failbus.outcome.>"}, nil, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	lines, _ := parseTail(t, stdout.String())
+	if len(lines) != 2 {
+		t.Fatalf("%d lines, want 2:\n%s", len(lines), stdout.String())
+	}
+	if l := lines[0]; l.Data != nil || !bytes.Equal(l.Raw, junk) || !strings.Contains(l.Error, "not msgpack") {
+		t.Errorf("text payload: data %s, raw %q, error %q; want raw and an error", l.Data, l.Raw, l.Error)
+	}
+	if l := lines[1]; string(l.Data) != string(jsonOutcome) || l.Raw != nil || !strings.Contains(l.Error, "JSON, not msgpack") {
+		t.Errorf("JSON payload: data %s, raw %q, error %q; want the JSON as data and an error", l.Data, l.Raw, l.Error)
+	}
+
+	stdout.Reset()
+	if code := run([]string{"--server", b.Srv.ClientURL(), "--no-follow", "failbus.dlq.>"}, nil, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	lines, _ = parseTail(t, stdout.String())
+	if len(lines) != 3 {
+		t.Fatalf("%d lines, want 3:\n%s", len(lines), stdout.String())
+	}
+	want := []struct{ data, as string }{
+		{`"this is not msgpack"`, "text"},
+		{`{"id":"m-1","status":503}`, "msgpack"},
+		{`"wf8A"`, "base64"},
+	}
+	for i, l := range lines {
+		var dl struct {
+			Reason string          `json:"reason"`
+			Data   json.RawMessage `json:"data"`
+			DataAs string          `json:"data_as"`
+		}
+		if err := json.Unmarshal(l.Data, &dl); err != nil || l.Error != "" {
+			t.Fatalf("dead letter %d: %s (%v, %q)", i, l.Data, err, l.Error)
+		}
+		if dl.Reason != "test" || string(dl.Data) != want[i].data || dl.DataAs != want[i].as {
+			t.Errorf("dead letter %d: data %s as %q; want %s as %q", i, dl.Data, dl.DataAs, want[i].data, want[i].as)
+		}
 	}
 }
