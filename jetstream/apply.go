@@ -39,6 +39,9 @@ func Apply(ctx context.Context, js jetstream.JetStream, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("topology: %w", err)
 	}
+	if err := checkClustered(js, r.replicas); err != nil {
+		return err
+	}
 
 	// Step 1: check what exists, change nothing.
 	var incompatible []error
@@ -96,15 +99,59 @@ func Apply(ctx context.Context, js jetstream.JetStream, opts Options) error {
 	}
 	for _, d := range r.consumers {
 		if _, err := js.CreateOrUpdateConsumer(ctx, d.stream, d.cfg); err != nil {
-			return fmt.Errorf("topology: create or update consumer %s on %s: %w", d.cfg.Durable, d.stream, err)
+			return fmt.Errorf("topology: create or update consumer %s on %s: %w", d.cfg.Durable, d.stream, replicasError(js, r.replicas, err))
 		}
 	}
 	for _, want := range r.buckets {
 		if _, err := js.CreateOrUpdateKeyValue(ctx, want); err != nil {
-			return fmt.Errorf("topology: create or update bucket %s: %w", want.Bucket, err)
+			return fmt.Errorf("topology: create or update bucket %s: %w", want.Bucket, replicasError(js, r.replicas, err))
 		}
 	}
 	return nil
+}
+
+// ErrReplicas matches (errors.Is) every error Apply returns because the
+// servers cannot hold Options.Replicas copies: a single server asked for
+// more than one, or a cluster with fewer JetStream servers up than
+// replicas.
+var ErrReplicas = errors.New("topology: not enough servers for the replicas")
+
+// checkClustered refuses, before anything is changed, more than one
+// replica on a server that is not part of a cluster: the server would
+// refuse each stream in turn, after Apply had created the others.
+func checkClustered(js jetstream.JetStream, replicas int) error {
+	nc := js.Conn()
+	if replicas <= 1 || nc == nil || nc.ConnectedClusterName() != "" {
+		return nil
+	}
+	return fmt.Errorf("%w: Replicas %d needs a NATS cluster of at least %d servers, but %s (server %s) is a single server; run it with replicas 1 (--replicas 1), or join it to a cluster",
+		ErrReplicas, replicas, replicas, nc.ConnectedUrlRedacted(), nc.ConnectedServerName())
+}
+
+// nats-server's error codes for replicas it cannot place (nats.go has no
+// names for them).
+const (
+	errCodeNoSuitablePeers       jetstream.ErrorCode = 10005 // JSClusterNoPeersErrF
+	errCodeInsufficientResources jetstream.ErrorCode = 10023 // JSInsufficientResourcesErr
+	errCodeReplicasNotSupported  jetstream.ErrorCode = 10074 // JSStreamReplicasNotSupportedErr
+)
+
+// replicasError explains the server's refusals that come from too few
+// servers for the replicas asked for; other errors are returned as they
+// are.
+func replicasError(js jetstream.JetStream, replicas int, err error) error {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) {
+		return err
+	}
+	switch apiErr.ErrorCode {
+	case errCodeReplicasNotSupported:
+		return fmt.Errorf("%w: the server is not clustered and cannot keep %d replicas; use replicas 1: %w", ErrReplicas, replicas, err)
+	case errCodeInsufficientResources, errCodeNoSuitablePeers:
+		known := len(js.Conn().Servers())
+		return fmt.Errorf("%w: the cluster cannot place %d replicas (%d servers known to this client; are %d JetStream servers up, with room on disk?): %w", ErrReplicas, replicas, known, replicas, err)
+	}
+	return err
 }
 
 // streamConfig returns the configuration of the stream called name, or nil
@@ -130,7 +177,7 @@ func applyStream(ctx context.Context, js jetstream.JetStream, want jetstream.Str
 			return nil
 		}
 		if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			return fmt.Errorf("topology: create stream %s: %w", want.Name, err)
+			return fmt.Errorf("topology: create stream %s: %w", want.Name, replicasError(js, want.Replicas, err))
 		}
 		have, err := streamConfig(ctx, js, want.Name)
 		if err != nil {
@@ -143,7 +190,7 @@ func applyStream(ctx context.Context, js jetstream.JetStream, want jetstream.Str
 		}
 	}
 	if _, err := js.UpdateStream(ctx, want); err != nil {
-		return fmt.Errorf("topology: update stream %s: %w", want.Name, err)
+		return fmt.Errorf("topology: update stream %s: %w", want.Name, replicasError(js, want.Replicas, err))
 	}
 	return nil
 }

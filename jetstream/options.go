@@ -126,7 +126,11 @@ const (
 type Options struct {
 	// Replicas is the number of copies of every stream and bucket (consumers
 	// follow their stream). Must be between 1 and 5; more than 1 needs a
-	// clustered server. Defaults to DefaultReplicas (1).
+	// cluster with at least that many JetStream servers up: Apply refuses
+	// it on a single server before changing anything, and explains the
+	// server's refusal when the cluster cannot place them (both match
+	// ErrReplicas). Changing it on existing streams and buckets is an
+	// update. Defaults to DefaultReplicas (1).
 	Replicas int
 
 	// Storage is where streams and buckets keep their messages. The zero
@@ -162,6 +166,7 @@ type Options struct {
 
 // resolved is the topology with Options applied: what Apply sends.
 type resolved struct {
+	replicas  int
 	streams   []jetstream.StreamConfig
 	consumers []consumerDef
 	buckets   []jetstream.KeyValueConfig
@@ -205,7 +210,7 @@ func (o Options) resolve(t *topo) (*resolved, error) {
 		return nil, err
 	}
 
-	r := &resolved{}
+	r := &resolved{replicas: replicas}
 	for _, s := range t.streams {
 		c := cloneStream(s)
 		c.Replicas = replicas

@@ -696,3 +696,26 @@ func TestConcurrentApplyConverges(t *testing.T) {
 		t.Errorf("%d consumers, want %d", got, want)
 	}
 }
+
+// Replicas above 1 on a server that is not part of a cluster are refused
+// before anything is created, with an error that says why and what to do.
+func TestApplyRefusesReplicasOnASingleServer(t *testing.T) {
+	b := setup(t)
+	err := topology.Apply(b.ctx, b.js, topology.Options{Replicas: 3})
+	if !errors.Is(err, topology.ErrReplicas) {
+		t.Fatalf("Apply R3 on one server: %v, want ErrReplicas", err)
+	}
+	for _, want := range []string{"Replicas 3 needs a NATS cluster", "is a single server", "--replicas 1"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("%v\nlacks %q", err, want)
+		}
+	}
+	names := b.js.StreamNames(b.ctx)
+	for n := range names.Name() {
+		t.Errorf("stream %s created although Apply refused", n)
+	}
+	if names.Err() != nil {
+		t.Fatal(names.Err())
+	}
+	b.apply(t, topology.Options{Replicas: 1})
+}
