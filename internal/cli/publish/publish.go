@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -33,6 +34,21 @@ type errorRecord struct {
 // publishStats counts what publish did, for its summary.
 type publishStats struct {
 	published, duplicates, invalid, failed int
+	// stamped counts the published lines that had no "at" and got the
+	// time of publishing.
+	stamped int
+}
+
+// summary is the line publish ends with on stderr.
+func (st publishStats) summary() string {
+	s := fmt.Sprintf("%d published, %d duplicates, %d invalid, %d failed", st.published, st.duplicates, st.invalid, st.failed)
+	if st.stamped > 0 {
+		s += fmt.Sprintf("; %d published without \"at\" carries the time of publishing", st.stamped)
+		if st.stamped > 1 {
+			s = strings.Replace(s, "carries", "carry", 1)
+		}
+	}
+	return s
 }
 
 // Command is `failbus publish`.
@@ -42,12 +58,15 @@ var Command = cli.Command{Name: "publish", Summary: "publish Outcome (and bounda
 // msgpack Outcomes on failbus.outcome.<provider>.<agent>, each with
 // Nats-Msg-Id = its id and stored by JetStream before the next line is read.
 // A line {"type":"boundary",...} is a segment boundary
-// (failbus.segment.<agent>). A line that cannot be published is an error
-// record on stdout and publishing goes on; a summary goes to stderr.
+// (failbus.segment.<agent>). A line without "at" gets the time it is
+// published (the summary counts them). A line that cannot be published is
+// an error record on stdout and publishing goes on; a summary goes to
+// stderr.
 //
-// Exit code: 0 when every line was published or rejected as invalid; 1 when
-// the bus failed to store a valid line (or could not be reached); 2 for
-// unusable arguments.
+// Exit code: 0 when every line was published (a duplicate of a stored id
+// counts: it is on the bus); 1, after the summary, when any line was not
+// (invalid, or the bus failed to store it) or the bus could not be reached;
+// 2 for unusable arguments.
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := cli.NewFlagSet("publish", "[--server URL] [--nkey FILE | --creds FILE | --user U --password P] [--tls-ca FILE] < outcomes.jsonl", stderr)
 	var conn cli.Conn
@@ -65,13 +84,13 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	defer nc.Close()
 	st, err := publishLines(ctx, js, nc, stdin, stdout)
-	fmt.Fprintf(stderr, "failbus publish: %d published, %d duplicates, %d invalid, %d failed\n",
-		st.published, st.duplicates, st.invalid, st.failed)
+	fmt.Fprintf(stderr, "failbus publish: %s\n", st.summary())
 	if err != nil {
 		fmt.Fprintf(stderr, "failbus publish: %v\n", err)
 		return 1
 	}
-	if st.failed > 0 {
+	if n := st.invalid + st.failed; n > 0 {
+		fmt.Fprintf(stderr, "failbus publish: %d lines not published (see the error records on stdout)\n", n)
 		return 1
 	}
 	return 0
@@ -91,7 +110,7 @@ func publishLines(ctx context.Context, js jetstream.JetStream, nc *connect.Conn,
 			return st, fmt.Errorf("read stdin: %w", rerr)
 		}
 		if len(bytes.TrimSpace(line)) > 0 {
-			msg, perr := lineMsg(line)
+			msg, stamped, perr := lineMsg(line, time.Now())
 			var ack *jetstream.PubAck
 			if perr == nil {
 				pctx, cancel := context.WithTimeout(ctx, publishTimeout)
@@ -115,6 +134,9 @@ func publishLines(ctx context.Context, js jetstream.JetStream, nc *connect.Conn,
 				st.duplicates++
 			default:
 				st.published++
+				if stamped {
+					st.stamped++
+				}
 			}
 		}
 		if rerr != nil {
@@ -123,13 +145,14 @@ func publishLines(ctx context.Context, js jetstream.JetStream, nc *connect.Conn,
 	}
 }
 
-// lineMsg turns one JSON line into the message to publish.
-func lineMsg(line []byte) (*nats.Msg, error) {
+// lineMsg turns one JSON line into the message to publish; a record
+// without "at" gets now (stamped).
+func lineMsg(line []byte, now time.Time) (_ *nats.Msg, stamped bool, _ error) {
 	var head struct {
 		Type string `json:"type"`
 	}
 	if err := json.Unmarshal(line, &head); err != nil {
-		return nil, fmt.Errorf("not a JSON object: %w", err)
+		return nil, false, fmt.Errorf("not a JSON object: %w", err)
 	}
 	var (
 		m       events.Message
@@ -140,22 +163,28 @@ func lineMsg(line []byte) (*nats.Msg, error) {
 	case "", "outcome":
 		o := &events.Outcome{}
 		if err := events.UnmarshalJSON(line, o); err != nil {
-			return nil, err
+			return nil, false, err
+		}
+		if o.At.IsZero() {
+			o.At, stamped = events.At(now), true
 		}
 		m, subject, id = o, events.OutcomeSubject(o.Provider, o.Agent), o.ID
 	case "boundary":
 		b := &events.Boundary{}
 		if err := events.UnmarshalJSON(line, b); err != nil {
-			return nil, err
+			return nil, false, err
+		}
+		if b.At.IsZero() {
+			b.At, stamped = events.At(now), true
 		}
 		m, subject, id = b, events.SegmentSubject(b.Agent), agent.BoundaryMsgID(*b)
 	default:
-		return nil, fmt.Errorf("unknown type %q: want outcome (or no type) or boundary", head.Type)
+		return nil, false, fmt.Errorf("unknown type %q: want outcome (or no type) or boundary", head.Type)
 	}
 	data, hdr, err := events.Encode(m)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	hdr.Set(events.HeaderMsgID, id)
-	return &nats.Msg{Subject: subject, Header: hdr, Data: data}, nil
+	return &nats.Msg{Subject: subject, Header: hdr, Data: data}, stamped, nil
 }

@@ -32,9 +32,12 @@ func TestCLIPublish(t *testing.T) {
 		`{"id":"o-4","agent":"bot","provider":"anthropic","ok":true,"status":200}`, // no final newline
 	}, "\n")
 	var stdout, stderr bytes.Buffer
+	before := time.Now()
 	code := run([]string{"--server", b.Srv.ClientURL()}, strings.NewReader(input), &stdout, &stderr)
-	if code != 0 {
-		t.Fatalf("exit %d, stderr: %s", code, stderr.String())
+	after := time.Now()
+	// Lines were not published: exit 1, after the summary.
+	if code != 1 {
+		t.Fatalf("exit %d, want 1; stderr: %s", code, stderr.String())
 	}
 
 	// Error records, in input order, each naming its line and the problem.
@@ -60,8 +63,11 @@ func TestCLIPublish(t *testing.T) {
 	if dec.More() {
 		t.Errorf("unexpected extra output")
 	}
-	if got, want := stderr.String(), "4 published, 2 duplicates, 4 invalid, 0 failed"; !strings.Contains(got, want) {
+	if got, want := stderr.String(), "4 published, 2 duplicates, 4 invalid, 0 failed; 1 published without \"at\" carries the time of publishing"; !strings.Contains(got, want) {
 		t.Errorf("summary %q, want %q", got, want)
+	}
+	if got := stderr.String(); !strings.HasSuffix(got, "4 lines not published (see the error records on stdout)\n") {
+		t.Errorf("stderr %q does not end by saying lines were not published", got)
 	}
 
 	// What is on the bus.
@@ -85,7 +91,11 @@ func TestCLIPublish(t *testing.T) {
 		{"failbus.segment.bot", "boundary:bot:s1#2", func(m events.Message) bool {
 			return m.(*events.Boundary).Reason == "compaction"
 		}},
-		{"failbus.outcome.anthropic.bot", "o-4", func(m events.Message) bool { return m.(*events.Outcome).OK }},
+		{"failbus.outcome.anthropic.bot", "o-4", func(m events.Message) bool {
+			// No "at" in the line: the time of publishing, never null.
+			o := m.(*events.Outcome)
+			return o.OK && !o.At.Before(before.Truncate(time.Millisecond)) && !o.At.After(after)
+		}},
 	}
 	for _, tt := range tests {
 		m, err := s.GetLastMsgForSubject(b.Ctx, tt.subject)
@@ -116,6 +126,7 @@ func TestCLIPublishUsage(t *testing.T) {
 		{"publish with an unknown flag", []string{"--nope"}, 2},
 		{"publish with a positional argument", []string{"file.jsonl"}, 2},
 		{"publish to a server that is not there", []string{"--server", "nats://127.0.0.1:1"}, 1},
+		{"publish nothing", []string{"--server", bustest.Start(t, time.Minute).Srv.ClientURL()}, 0},
 		{"publish -h", []string{"-h"}, 0},
 	}
 	for _, tt := range tests {
