@@ -20,6 +20,7 @@ import (
 	"github.com/failbus/failbus/internal/cli/classify"
 	"github.com/failbus/failbus/internal/cli/demo"
 	"github.com/failbus/failbus/internal/cli/dev"
+	"github.com/failbus/failbus/internal/cli/lag"
 	"github.com/failbus/failbus/internal/cli/publish"
 	"github.com/failbus/failbus/internal/cli/simulate"
 	"github.com/failbus/failbus/internal/cli/tail"
@@ -32,6 +33,7 @@ var commands = []cli.Command{
 	demo.Command,
 	publish.Command,
 	tail.Command,
+	lag.Command,
 	classify.Command,
 	simulate.Command,
 	bench.Command,

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"io"
-	"os"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -12,11 +11,5 @@ import (
 // terminal: the services' logs in `failbus dev`, `demo --verbose` and
 // `bench --verbose`.
 func ConsoleLogger(w io.Writer) zerolog.Logger {
-	color := false
-	if f, ok := w.(*os.File); ok {
-		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
-			color = true
-		}
-	}
-	return zerolog.New(zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly, NoColor: !color}).With().Timestamp().Logger()
+	return zerolog.New(zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly, NoColor: !IsTerminal(w)}).With().Timestamp().Logger()
 }

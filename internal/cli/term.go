@@ -1,0 +1,93 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"time"
+)
+
+// IsTerminal reports whether w is a terminal (a character device), so a
+// command prints progress or redraws a screen only for a person watching,
+// never into a file or a pipe.
+func IsTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+// progressEvery is how often a Progress line is redrawn at most.
+const progressEvery = 200 * time.Millisecond
+
+// Progress reports how far a long read has come on one line of stderr,
+// redrawn in place, and only when stderr is a terminal: a pipe or a log
+// file gets nothing. A nil *Progress does nothing, so callers need not
+// check. Safe for concurrent use.
+type Progress struct {
+	w     io.Writer
+	label string
+	total uint64
+
+	mu    sync.Mutex
+	done  uint64
+	last  time.Time
+	drawn bool
+}
+
+// NewProgress returns a Progress for label writing to w, or nil when w is
+// not a terminal. total is the expected count (0: unknown).
+func NewProgress(w io.Writer, label string, total uint64) *Progress {
+	if !IsTerminal(w) {
+		return nil
+	}
+	return &Progress{w: w, label: label, total: total}
+}
+
+// AddTotal raises the expected count (a read that learns its size as it
+// opens streams).
+func (p *Progress) AddTotal(n uint64) {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	p.total += n
+	p.mu.Unlock()
+}
+
+// Add counts n more items done and redraws the line when it is due.
+func (p *Progress) Add(n uint64) {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.done += n
+	if now := time.Now(); now.Sub(p.last) >= progressEvery {
+		p.last = now
+		p.draw()
+	}
+}
+
+// Done draws the final count and ends the line.
+func (p *Progress) Done() {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.draw()
+	fmt.Fprintln(p.w)
+}
+
+func (p *Progress) draw() {
+	p.drawn = true
+	if p.total > 0 {
+		fmt.Fprintf(p.w, "\r%s: %d / %d (%d%%)\x1b[K", p.label, p.done, p.total, min(100, p.done*100/p.total))
+		return
+	}
+	fmt.Fprintf(p.w, "\r%s: %d\x1b[K", p.label, p.done)
+}
