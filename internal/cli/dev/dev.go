@@ -2,6 +2,7 @@ package dev
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -9,8 +10,10 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"github.com/failbus/failbus/internal/cli"
@@ -39,6 +42,9 @@ Runs an embedded nats-server with JetStream storing in DIR, applies the
 failbus topology, and runs every implemented service in this process. Prints
 the client URL on stdout; logs go to stderr. SIGINT or SIGTERM drains the
 services (in-flight messages finish) and exits 0.
+
+One failbus dev at a time may use DIR: it is locked while dev runs, and a
+second one exits naming the first's PID.
 
 Durability: data in DIR survives a restart of dev, also after SIGKILL. A
 crash of the whole host (power loss, kernel panic) can lose what JetStream
@@ -87,6 +93,12 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return cli.UsageError(fs, stderr, "%v", err)
 	}
 	log := cli.ConsoleLogger(stderr).Level(level)
+	unlock, err := lockData(*data)
+	if err != nil {
+		fmt.Fprintf(stderr, "failbus dev: %v\n", err)
+		return 1
+	}
+	defer unlock()
 	if *port != 0 {
 		// nats-server reports a taken port only by never becoming ready;
 		// say it at once instead.
@@ -94,6 +106,28 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "failbus dev: %v (another failbus dev or nats-server? use --port)\n", err)
 			return 1
 		}
+	}
+	// The ops endpoints are bound before any service starts, so a taken
+	// address is an error up front, not after a start and a drain.
+	// /healthz says "starting" until the bus is up.
+	registry := prometheus.NewRegistry()
+	var running atomic.Pointer[devbus.Bus]
+	health := func() error {
+		if b := running.Load(); b != nil {
+			return b.Healthy()
+		}
+		return errors.New("starting")
+	}
+	opsCtx, stopOps := context.WithCancel(context.Background())
+	defer stopOps()
+	ops := "off"
+	if *opsAddr != "off" && *opsAddr != "" {
+		bound, err := consumer.ServeOps(opsCtx, *opsAddr, registry, health, log)
+		if err != nil {
+			fmt.Fprintf(stderr, "failbus dev: %v (use --ops-addr, or off)\n", err)
+			return 1
+		}
+		ops = "http://" + bound
 	}
 
 	b, err := devbus.Start(devbus.Options{
@@ -108,23 +142,13 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		Policy:     pol,
 		PolicyFile: *policyFile,
 		Log:        log,
+		Registry:   registry,
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "failbus dev: %v\n", err)
 		return 1
 	}
-	opsCtx, stopOps := context.WithCancel(context.Background())
-	defer stopOps()
-	ops := "off"
-	if *opsAddr != "off" && *opsAddr != "" {
-		bound, err := consumer.ServeOps(opsCtx, *opsAddr, b.Registry, b.Healthy, log)
-		if err != nil {
-			_ = b.Stop()
-			fmt.Fprintf(stderr, "failbus dev: %v\n", err)
-			return 1
-		}
-		ops = "http://" + bound
-	}
+	running.Store(b)
 	syncDesc := syncInterval.String()
 	if *syncAlways {
 		syncDesc = "always"

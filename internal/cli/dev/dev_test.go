@@ -161,3 +161,41 @@ func TestCLIDevPortTaken(t *testing.T) {
 		t.Errorf("exit %d, stderr %q", code, errOut.String())
 	}
 }
+
+// A second dev on the same --data exits at once and names the first's
+// PID, instead of both replaying one store.
+func TestCLIDevDataFolderLocked(t *testing.T) {
+	t.Parallel()
+	data := filepath.Join(t.TempDir(), "store")
+	_, _, stop := startDevInProcess(t, "--port", "0", "--data", data, "--ops-addr", "127.0.0.1:0")
+	out, errOut := &clitest.SyncBuffer{}, &clitest.SyncBuffer{}
+	code := dev(context.Background(), []string{"--port", "0", "--data", data, "--ops-addr", "off"}, out, errOut)
+	want := fmt.Sprintf("pid %d", os.Getpid())
+	if code != 1 || !strings.Contains(errOut.String(), want) || !strings.Contains(errOut.String(), data) {
+		t.Errorf("second dev: exit %d, stderr %q; want 1 naming %s and %q", code, errOut.String(), data, want)
+	}
+	if strings.Contains(errOut.String(), "consumer started") {
+		t.Errorf("second dev started services: %s", errOut.String())
+	}
+	if code := stop(); code != 0 {
+		t.Fatalf("first dev exit %d", code)
+	}
+}
+
+// A taken ops address is found before any service starts.
+func TestCLIDevOpsAddressTaken(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	out, errOut := &clitest.SyncBuffer{}, &clitest.SyncBuffer{}
+	code := dev(context.Background(), []string{"--port", "0", "--data", t.TempDir(), "--ops-addr", l.Addr().String()}, out, errOut)
+	if code != 1 || !strings.Contains(errOut.String(), l.Addr().String()) {
+		t.Errorf("exit %d, stderr %q; want 1 naming %s", code, errOut.String(), l.Addr())
+	}
+	if strings.Contains(errOut.String(), "consumer started") || strings.Contains(errOut.String(), "drain") {
+		t.Errorf("services started before the ops address was checked:\n%s", errOut.String())
+	}
+}
