@@ -70,11 +70,14 @@ func (r *Raw) UnmarshalJSON(b []byte) error {
 	if err := dec.Decode(&v); err != nil {
 		return fmt.Errorf("payload: %w", err)
 	}
-	enc, err := msgpack.Marshal(fromJSON(v))
-	if err != nil {
+	var buf bytes.Buffer
+	enc := msgpack.NewEncoder(&buf)
+	enc.SetSortMapKeys(true) // one JSON value, one encoding
+	enc.UseCompactInts(true)
+	if err := enc.Encode(fromJSON(v)); err != nil {
 		return fmt.Errorf("payload: %w", err)
 	}
-	*r = enc
+	*r = buf.Bytes()
 	return nil
 }
 
