@@ -1,0 +1,275 @@
+package recovery_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/failbus/failbus/pkg/events"
+	"github.com/failbus/failbus/pkg/policy/recovery"
+)
+
+func health(at time.Time, state string) recovery.Input {
+	return recovery.Input{Health: &events.Health{At: events.At(at), Provider: down, State: state}}
+}
+
+func taskIn(at time.Time, id, agent string) recovery.Input {
+	return recovery.Input{Task: &events.Task{ID: id, At: events.At(at), Agent: agent, Provider: down}}
+}
+
+type feed struct {
+	t   *testing.T
+	sim *recovery.Sim
+	out []recovery.Output
+}
+
+func newFeed(t *testing.T, cfg recovery.Config) *feed {
+	sim, err := recovery.NewSim(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &feed{t: t, sim: sim}
+}
+
+func (f *feed) step(at time.Time, in recovery.Input) {
+	f.t.Helper()
+	o, err := f.sim.Step(context.Background(), in, at)
+	if err != nil {
+		f.t.Fatalf("step at %s: %v", at, err)
+	}
+	f.out = append(f.out, o...)
+}
+
+func (f *feed) tick(at time.Time) {
+	f.t.Helper()
+	o, err := f.sim.Tick(context.Background(), at)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.out = append(f.out, o...)
+}
+
+func (f *feed) count(typ string) (n int) {
+	for _, o := range f.out {
+		if o.Type == typ {
+			n++
+		}
+	}
+	return n
+}
+
+// Flapping (the scope's hysteresis at work): outage, then degraded and
+// outage again every 2 s for 30 s. Nothing is released and no checklist
+// starts until recovered; one episode, one run, one notification.
+func TestFlappingStartsNoDrainUntilRecovered(t *testing.T) {
+	f := newFeed(t, recovery.DefaultConfig())
+	f.step(t0, health(t0, events.HealthOutage))
+	for i := range 10 {
+		f.step(t0.Add(time.Duration(i)*time.Second), taskIn(t0.Add(time.Duration(i)*time.Second), fmt.Sprintf("t%d", i), "a"))
+	}
+	for s := 2; s <= 30; s += 2 {
+		state := events.HealthDegraded
+		if s%4 == 0 {
+			state = events.HealthOutage
+		}
+		f.step(t0.Add(time.Duration(s)*time.Second), health(t0.Add(time.Duration(s)*time.Second), state))
+	}
+	f.tick(t0.Add(40 * time.Second))
+	if n := f.count(recovery.OutputDispatch) + f.count(recovery.OutputRecovery); n != 0 {
+		t.Fatalf("%d dispatches or records while flapping", n)
+	}
+	r, _, _ := f.sim.Store.LoadProvider(context.Background(), down)
+	if len(r.Episodes) != 1 || r.Episodes[0].OutageStartedAt.Time != t0 {
+		t.Fatalf("episodes %+v, want the one outage that began at %s", r.Episodes, t0)
+	}
+	f.step(t0.Add(45*time.Second), health(t0.Add(45*time.Second), events.HealthRecovered))
+	f.tick(t0.Add(50 * time.Second))
+	if n := f.count(recovery.OutputDispatch); n != 10 {
+		t.Fatalf("%d dispatches after recovery, want 10", n)
+	}
+	if n := f.count(recovery.OutputNotification); n != 1 {
+		t.Fatalf("%d notifications, want 1", n)
+	}
+	if n := f.count(recovery.OutputRecovery); n != len(events.Steps) {
+		t.Fatalf("%d records, want %d", n, len(events.Steps))
+	}
+}
+
+// The provider goes down again while held tasks are being released: the
+// release stops at once and resumes after the second outage; each task
+// still goes out once, in order, and each outage gets its own checklist.
+func TestOutageDuringReleasePausesIt(t *testing.T) {
+	cfg := recovery.DefaultConfig()
+	cfg.DrainRate = 1
+	f := newFeed(t, cfg)
+	f.step(t0, health(t0, events.HealthOutage))
+	for i := range 20 {
+		f.step(t0.Add(time.Second), taskIn(t0.Add(time.Second), fmt.Sprintf("t%02d", i), "a"))
+	}
+	r1 := t0.Add(time.Minute)
+	f.step(r1, health(r1, events.HealthRecovered))
+	t2 := r1.Add(5500 * time.Millisecond) // 6 released (1/s from r1)
+	f.step(t2, health(t2, events.HealthOutage))
+	f.tick(t2.Add(time.Hour))
+	if n := f.count(recovery.OutputDispatch); n != 6 {
+		t.Fatalf("%d dispatches before the second outage ended, want 6", n)
+	}
+	r2 := t2.Add(time.Hour)
+	f.step(r2, health(r2, events.HealthRecovered))
+	f.tick(r2.Add(time.Minute))
+	var order []string
+	for _, o := range f.out {
+		if d, ok := o.Msg.(*events.Dispatch); ok {
+			order = append(order, d.TaskID)
+			if d.At.After(t2) && d.At.Before(r2) {
+				t.Errorf("%s dispatched at %s, during the second outage", d.TaskID, d.At)
+			}
+		}
+	}
+	for i, id := range order {
+		if id != fmt.Sprintf("t%02d", i) {
+			t.Fatalf("dispatch order %v", order)
+		}
+	}
+	if len(order) != 20 {
+		t.Fatalf("%d dispatches, want 20", len(order))
+	}
+	if n := f.count(recovery.OutputNotification); n != 2 {
+		t.Fatalf("%d notifications, want one per outage (2)", n)
+	}
+	var finals []string
+	for _, o := range f.out {
+		if r, ok := o.Msg.(*events.Recovery); ok && r.Done {
+			finals = append(finals, fmt.Sprintf("%s released %d", r.RecoveryID, r.Released))
+		}
+	}
+	want := []string{
+		fmt.Sprintf("%s released 20", recovery.RecoveryID(down, t0)),
+		fmt.Sprintf("%s released 0", recovery.RecoveryID(down, t2)),
+	}
+	if fmt.Sprint(finals) != fmt.Sprint(want) {
+		t.Fatalf("final records %v, want %v", finals, want)
+	}
+}
+
+// A task whose provider is up goes out at once as attempt 1, also when the
+// same id comes again after the stream's dedupe window (the ledger).
+func TestHealthyTaskDispatchedAtOnceOncePerID(t *testing.T) {
+	f := newFeed(t, recovery.DefaultConfig())
+	f.step(t0, taskIn(t0, "x", "a"))
+	f.step(t0.Add(time.Hour), taskIn(t0.Add(time.Hour), "x", "a"))
+	if n := f.count(recovery.OutputDispatch); n != 1 {
+		t.Fatalf("%d dispatches, want 1", n)
+	}
+	d := f.out[0].Msg.(*events.Dispatch)
+	if d.Attempt != 1 || !d.At.Equal(t0) || f.out[0].ID != recovery.DispatchID("x", 1) {
+		t.Fatalf("dispatch %+v id %s", d, f.out[0].ID)
+	}
+}
+
+// A task without a provider belongs to every provider: held while any is
+// down, released once all are back.
+func TestTaskWithoutProviderWaitsForEveryProvider(t *testing.T) {
+	f := newFeed(t, recovery.DefaultConfig())
+	f.step(t0, health(t0, events.HealthOutage))
+	f.step(t0.Add(time.Second), recovery.Input{Task: &events.Task{ID: "anywhere", Agent: "a"}})
+	f.tick(t0.Add(time.Hour))
+	if n := f.count(recovery.OutputDispatch); n != 0 {
+		t.Fatalf("dispatched during an outage")
+	}
+	f.step(t0.Add(time.Hour), health(t0.Add(time.Hour), events.HealthRecovered))
+	f.tick(t0.Add(time.Hour + time.Minute))
+	if n := f.count(recovery.OutputDispatch); n != 1 {
+		t.Fatalf("%d dispatches after recovery, want 1", n)
+	}
+}
+
+// Input the core cannot use is an error naming the field, wrapping
+// ErrInvalid; the core goes on.
+func TestBadInputNamesTheField(t *testing.T) {
+	sim, _ := recovery.NewSim(recovery.DefaultConfig())
+	for _, c := range []struct {
+		in    recovery.Input
+		field string
+	}{
+		{recovery.Input{Heartbeat: &events.Heartbeat{Agent: "a"}}, "subagent"},
+		{recovery.Input{CronSpec: &events.CronSpec{Agent: "a", Cron: "c", Schedule: "at dawn"}}, "schedule"},
+		{recovery.Input{CronSpec: &events.CronSpec{Agent: "a", Cron: "c", Schedule: "@daily", Catchup: "most"}}, "catchup"},
+		{recovery.Input{Task: &events.Task{Agent: "a"}}, "id"},
+	} {
+		_, err := sim.Step(context.Background(), c.in, t0)
+		var fe *events.FieldError
+		if !errors.Is(err, recovery.ErrInvalid) || !errors.As(err, &fe) || fe.Field != c.field {
+			t.Errorf("%+v: %v, want ErrInvalid naming %q", c.in, err, c.field)
+		}
+	}
+	f := &feed{t: t, sim: sim}
+	f.step(t0, taskIn(t0, "ok", "a"))
+	if f.count(recovery.OutputDispatch) != 1 {
+		t.Fatal("the core stopped after bad input")
+	}
+}
+
+// Replicas: several cores on one store, advancing the same provider at the
+// same time, send each command once (compare-and-set and the ledger; no
+// lease here, so they really race).
+func TestRacingCoresSendEachCommandOnce(t *testing.T) {
+	ctx := context.Background()
+	cfg := recovery.DefaultConfig()
+	cfg.DrainRate = 1000
+	mem, rec := recovery.NewMemStore(), &recovery.Recorder{}
+	var cores []*recovery.Core
+	for range 4 {
+		c, err := recovery.New(cfg, mem, rec, recovery.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cores = append(cores, c)
+	}
+	lines := eightHourStory(200)
+	var end time.Time
+	for _, l := range lines {
+		if l.in.Health != nil && l.in.Health.State == events.HealthRecovered {
+			end = l.at
+			break
+		}
+		if err := cores[0].Step(ctx, l.in, l.at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := cores[0].Step(ctx, health(end, events.HealthRecovered), end); err != nil {
+		t.Fatal(err)
+	}
+	rec.Take()
+	var wg sync.WaitGroup
+	for _, c := range cores {
+		wg.Go(func() {
+			for ms := range 1000 {
+				if err := c.Advance(ctx, down, end.Add(time.Duration(ms)*time.Millisecond)); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	out := rec.Take()
+	seen := map[string]int{}
+	dispatches := 0
+	for _, o := range out {
+		seen[o.ID]++
+		if o.Type == recovery.OutputDispatch {
+			dispatches++
+		}
+	}
+	if dispatches != 205 {
+		t.Errorf("%d dispatches, want 205 (200 released, 5 redispatched)", dispatches)
+	}
+	if n := len(out); n != len(seen) {
+		t.Errorf("%d outputs for %d ids", n, len(seen))
+	}
+	t.Logf("%d commands sent once each by 4 racing cores (%d publish attempts)", len(out), rec.Attempts())
+}

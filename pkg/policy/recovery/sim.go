@@ -1,0 +1,231 @@
+package recovery
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/failbus/failbus/pkg/events"
+)
+
+// Output record types of `failbus simulate` (CONTRACT.md § "Recovery").
+const (
+	OutputDispatch     = "dispatch"
+	OutputControl      = "control"
+	OutputRecovery     = "recovery"
+	OutputNotification = "notification"
+)
+
+// Output is one message the core sent, as the simulate engine writes it.
+type Output struct {
+	Type    string
+	ID      string
+	Subject string
+	Msg     events.Message
+}
+
+// At is the time the message carries.
+func (o Output) At() time.Time {
+	switch m := o.Msg.(type) {
+	case *events.Dispatch:
+		return m.At.Time
+	case *events.Control:
+		return m.At.Time
+	case *events.Recovery:
+		return m.At.Time
+	case *events.Notification:
+		return m.At.Time
+	}
+	return time.Time{}
+}
+
+// MarshalJSON writes the message's own keys with "type" first.
+func (o Output) MarshalJSON() ([]byte, error) {
+	body, err := json.Marshal(o.Msg)
+	if err != nil {
+		return nil, fmt.Errorf("output %s: %w", o.Type, err)
+	}
+	typ, _ := json.Marshal(o.Type)
+	out := append([]byte(`{"type":`), typ...)
+	if len(body) > 2 {
+		out = append(out, ',')
+		out = append(out, body[1:]...)
+		return out, nil
+	}
+	return append(out, '}'), nil
+}
+
+// Recorder is a Publisher that keeps what it is given, in order. Like a
+// stream it keeps one message per id (Nats-Msg-Id), however often it is
+// published: Attempts counts the publishes.
+// It is safe for concurrent use.
+type Recorder struct {
+	mu       sync.Mutex
+	out      []Output
+	attempts int
+	seen     map[string]bool
+}
+
+// Attempts counts every Publish call, duplicates included.
+func (r *Recorder) Attempts() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.attempts
+}
+
+// Take returns what was recorded since the last Take.
+func (r *Recorder) Take() []Output {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := r.out
+	r.out = nil
+	return out
+}
+
+// Publish implements Publisher.
+func (r *Recorder) Publish(_ context.Context, id, subject string, msg events.Message, _ time.Time) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.attempts++
+	if r.seen == nil {
+		r.seen = map[string]bool{}
+	}
+	if r.seen[id] {
+		return nil
+	}
+	r.seen[id] = true
+	typ := ""
+	switch msg.(type) {
+	case *events.Dispatch:
+		typ = OutputDispatch
+	case *events.Control:
+		typ = OutputControl
+	case *events.Recovery:
+		typ = OutputRecovery
+	case *events.Notification:
+		typ = OutputNotification
+	default:
+		return fmt.Errorf("recorder: unexpected %T", msg)
+	}
+	r.out = append(r.out, Output{Type: typ, ID: id, Subject: subject, Msg: msg})
+	return nil
+}
+
+// Sim runs the core on a virtual clock over MemStore, the way `failbus
+// simulate` does: before an input at time t is handled, everything that
+// fell due by t (probes, checklist steps, releases) is done at its own due
+// time, in time order; nothing waits for real time. It is not safe for
+// concurrent use.
+type Sim struct {
+	Core  *Core
+	Store *MemStore
+	rec   *Recorder
+	clock time.Time
+	// advanced is the latest time Advance ran at.
+	advanced time.Time
+}
+
+// NewSim returns a Sim running cfg.
+func NewSim(cfg Config) (*Sim, error) {
+	st, rec := NewMemStore(), &Recorder{}
+	return NewSimOn(cfg, st, rec, st, rec)
+}
+
+// NewSimOn returns a Sim whose core uses st and pub, which wrap mem and rec
+// (tests wrap them to inject faults); the Sim reads mem and rec directly.
+func NewSimOn(cfg Config, st Store, pub Publisher, mem *MemStore, rec *Recorder) (*Sim, error) {
+	c, err := New(cfg, st, pub, Options{})
+	if err != nil {
+		return nil, err
+	}
+	return &Sim{Core: c, Store: mem, rec: rec}, nil
+}
+
+// Now is the virtual clock.
+func (s *Sim) Now() time.Time { return s.clock }
+
+// Step advances the clock to at (never backwards), does what fell due, folds
+// in the input and does what that made due at once. It returns the outputs
+// in order; an invalid input yields an error wrapping ErrInvalid and the
+// outputs due before it.
+func (s *Sim) Step(ctx context.Context, in Input, at time.Time) ([]Output, error) {
+	if at.After(s.clock) {
+		s.clock = at
+	}
+	if err := s.AdvanceTo(ctx, s.clock); err != nil {
+		return s.take(), err
+	}
+	if err := s.Core.Step(ctx, in, s.clock); err != nil {
+		return s.take(), err
+	}
+	err := s.AdvanceTo(ctx, s.clock)
+	return s.take(), err
+}
+
+// Tick advances the clock to at and does what fell due.
+func (s *Sim) Tick(ctx context.Context, at time.Time) ([]Output, error) {
+	if at.After(s.clock) {
+		s.clock = at
+	}
+	err := s.AdvanceTo(ctx, s.clock)
+	return s.take(), err
+}
+
+func (s *Sim) take() []Output { return s.rec.Take() }
+
+// AdvanceTo does, in time order, everything due at or before t.
+func (s *Sim) AdvanceTo(ctx context.Context, t time.Time) error {
+	// stuck holds providers that were due but could not move (tasks without
+	// a provider wait for every provider), until another one moves.
+	stuck := map[string]bool{}
+	for range 10_000_000 {
+		p, due, err := s.nextDue(ctx, t, stuck)
+		rev := s.Store.revision(p)
+		if err != nil || due.IsZero() || due.After(t) {
+			return err
+		}
+		if due.Before(s.advanced) {
+			due = s.advanced // the virtual clock never runs backwards
+		}
+		s.advanced = due
+		if err := s.Core.Advance(ctx, p, due); err != nil {
+			return err
+		}
+		if s.Store.revision(p) == rev {
+			stuck[p] = true
+			continue
+		}
+		clear(stuck)
+	}
+	return fmt.Errorf("recovery: advance to %s does not settle", t)
+}
+
+// nextDue is the provider with the earliest due time (ties by name),
+// leaving out the stuck ones.
+func (s *Sim) nextDue(ctx context.Context, t time.Time, stuck map[string]bool) (string, time.Time, error) {
+	names, err := s.Store.ListProviders(ctx)
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	var best string
+	var bestAt time.Time
+	for _, n := range names {
+		if stuck[n] {
+			continue
+		}
+		r, _, err := s.Store.LoadProvider(ctx, n)
+		if err != nil {
+			return "", time.Time{}, err
+		}
+		due := r.NextDue(t)
+		if due.IsZero() {
+			continue
+		}
+		if bestAt.IsZero() || due.Before(bestAt) {
+			best, bestAt = n, due
+		}
+	}
+	return best, bestAt, nil
+}

@@ -1,0 +1,222 @@
+package recovery
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/failbus/failbus/pkg/events"
+)
+
+// task dispatches t at once (attempt 1) when its provider is up and nothing
+// of it is held, else holds it: it stays in the task stream, and the
+// provider's queue range grows to include it (rule "tasks are held").
+func (c *Core) task(ctx context.Context, t events.Task, seq uint64, now time.Time) error {
+	latest, err := c.latestHealth(ctx, t.Provider)
+	if err != nil {
+		return err
+	}
+	othersDown := false
+	if t.Provider == "" {
+		if othersDown, err = c.anyProviderHolding(ctx); err != nil {
+			return err
+		}
+	}
+	held := false
+	_, err = c.update(ctx, t.Provider, func(r *ProviderRecord) (bool, error) {
+		held = false
+		changed := false
+		if latest != nil {
+			// The bus stored a health change this record has not seen yet
+			// (another consumer applies it): apply it here, idempotently.
+			changed = c.applyHealth(r, *latest)
+		}
+		q := &r.Queue
+		if !(r.Down || q.Holding || othersDown) {
+			return changed, nil
+		}
+		held = true
+		if q.Holding && seq <= q.LastSeq {
+			return changed, nil // held already (a redelivery)
+		}
+		if !q.Holding {
+			q.Holding, q.Released, q.NextAt = true, 0, events.Time{}
+		}
+		if q.LastSeq <= q.Cursor {
+			// The first task held since the queue was last empty: the
+			// range to release starts here (every earlier task was
+			// dispatched or released).
+			q.Cursor = seq - 1
+		}
+		q.LastSeq = max(q.LastSeq, seq)
+		q.Held++
+		return true, nil
+	})
+	if err != nil || held {
+		return err
+	}
+	_, err = c.dispatch(ctx, &StoredTask{Seq: seq, Task: t}, 1, "submitted; "+providerWords(t.Provider)+" is up", now, now)
+	return err
+}
+
+// latestHealth is the newest health record on the bus for provider when
+// the store knows one (nil otherwise).
+func (c *Core) latestHealth(ctx context.Context, provider string) (*events.Health, error) {
+	if provider == "" {
+		return nil, nil
+	}
+	return c.st.LatestHealth(ctx, provider)
+}
+
+func providerWords(p string) string {
+	if p == "" {
+		return "no provider"
+	}
+	return "provider " + p
+}
+
+// anyProviderHolding reports whether some provider is down or still holds
+// tasks: then a task without a provider (which belongs to every provider)
+// waits too.
+func (c *Core) anyProviderHolding(ctx context.Context) (bool, error) {
+	names, err := c.st.ListProviders(ctx)
+	if err != nil {
+		return false, err
+	}
+	for _, n := range names {
+		if n == "" {
+			continue
+		}
+		r, _, err := c.st.LoadProvider(ctx, n)
+		if err != nil {
+			return false, err
+		}
+		if r != nil && (r.Down || r.Queue.Holding) {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// dispatch sends attempt n of a stored task (once: the ledger) at `at`,
+// and moves the task's index to that attempt. It reports whether it sent.
+func (c *Core) dispatch(ctx context.Context, t *StoredTask, attempt int, reason string, at, now time.Time) (bool, error) {
+	d := &events.Dispatch{
+		TaskID: t.Task.ID, Attempt: attempt, At: events.At(at), Agent: t.Task.Agent,
+		Provider: t.Task.Provider, Kind: t.Task.Kind, Payload: t.Task.Payload, Reason: reason,
+	}
+	sent, err := c.send(ctx, DispatchID(d.TaskID, attempt), events.DispatchSubject(d.Agent), d, at, now)
+	if err != nil || !sent {
+		return sent, err
+	}
+	return true, c.indexTask(ctx, t, attempt)
+}
+
+// indexTask records that attempt of t was dispatched.
+func (c *Core) indexTask(ctx context.Context, t *StoredTask, attempt int) error {
+	for range maxCAS {
+		idx, rev, err := c.st.LoadTaskIndex(ctx, t.Task.ID)
+		if err != nil {
+			return err
+		}
+		if idx == nil {
+			idx = &TaskIndex{ID: t.Task.ID, Seq: t.Seq, Agent: t.Task.Agent, Provider: t.Task.Provider}
+		}
+		if idx.Attempt >= attempt && idx.Seq != 0 {
+			return nil
+		}
+		idx.Attempt = max(idx.Attempt, attempt)
+		if idx.Seq == 0 {
+			idx.Seq = t.Seq
+		}
+		if err := c.st.SaveTaskIndex(ctx, idx, rev); errors.Is(err, ErrConflict) {
+			continue
+		} else if err != nil {
+			return err
+		}
+		return nil
+	}
+	return fmt.Errorf("recovery: task index %q: %w", t.Task.ID, ErrConflict)
+}
+
+// drain releases the provider's held tasks in stream order, one per
+// 1/drain_rate: at most one per call once caught up with the clock (the
+// next one's time is in the record, so Advance is called again then). It
+// returns true when the queue is empty and no longer holding.
+func (c *Core) drain(ctx context.Context, provider string, reason string, now time.Time) (bool, error) {
+	interval := time.Duration(float64(time.Second) / c.cfg.DrainRate)
+	for range maxCAS * 4 {
+		r, rev, err := c.st.LoadProvider(ctx, provider)
+		if err != nil {
+			return false, err
+		}
+		if r == nil || !r.Queue.Holding {
+			return true, nil
+		}
+		q := &r.Queue
+		if !q.NextAt.IsZero() && now.Before(q.NextAt.Time) {
+			return false, nil
+		}
+		var tasks []StoredTask
+		if q.LastSeq > q.Cursor {
+			if tasks, err = c.st.TasksAfter(ctx, provider, q.Cursor, q.LastSeq, 1); err != nil {
+				return false, err
+			}
+		}
+		if len(tasks) == 0 {
+			// Nothing left up to the last held task: stop holding, unless a
+			// task was held meanwhile (then the save conflicts and the loop
+			// goes on with it).
+			q.Cursor, q.Holding, q.Held = q.LastSeq, false, 0
+			if _, err := c.st.SaveProvider(ctx, r, rev); errors.Is(err, ErrConflict) {
+				continue
+			} else if err != nil {
+				return false, err
+			}
+			return true, nil
+		}
+		t := tasks[0]
+		due := now
+		if q.NextAt.After(now) {
+			due = q.NextAt.Time
+		}
+		sent, err := c.dispatch(ctx, &t, 1, reason, due, now)
+		if err != nil {
+			return false, err
+		}
+		// mine: this copy of the task was released by this queue, now or
+		// before a crash that came between sending and saving (then the
+		// ledger has it and the index points at this copy). A second copy
+		// of a task id (re-submitted after the dedupe window) is skipped
+		// and not counted.
+		mine := sent
+		if !sent {
+			idx, _, err := c.st.LoadTaskIndex(ctx, t.Task.ID)
+			if err != nil {
+				return false, err
+			}
+			mine = idx == nil || idx.Seq == t.Seq
+		}
+		if _, err := c.update(ctx, provider, func(r *ProviderRecord) (bool, error) {
+			q := &r.Queue
+			if q.Cursor >= t.Seq {
+				return false, nil
+			}
+			q.Cursor = t.Seq
+			q.Held = max(q.Held-1, 0)
+			if mine {
+				q.Released++
+				next := due
+				if q.NextAt.After(next) {
+					next = q.NextAt.Time
+				}
+				q.NextAt = events.At(next.Add(interval))
+			}
+			return true, nil
+		}); err != nil {
+			return false, err
+		}
+	}
+	return false, fmt.Errorf("recovery: drain %q: %w", provider, ErrConflict)
+}
