@@ -16,6 +16,7 @@ import (
 
 	"github.com/failbus/failbus/internal/cli"
 	"github.com/failbus/failbus/internal/connect"
+	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/agent"
 	"github.com/failbus/failbus/pkg/events"
 )
@@ -99,7 +100,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 // publishLines publishes every line of r and writes error records to w; a
 // line the user may not publish fails at once and its error names the
 // permission (connect.Conn's FailFast and Explain). It returns an error
-// only when reading r or writing w fails.
+// when reading r or writing w fails, and when the bus cannot store
+// outcomes at all (no JetStream, no topology: cli.Diagnose).
 func publishLines(ctx context.Context, js jetstream.JetStream, nc *connect.Conn, r io.Reader, w io.Writer) (publishStats, error) {
 	var st publishStats
 	br := bufio.NewReaderSize(r, 64<<10)
@@ -120,6 +122,14 @@ func publishLines(ctx context.Context, js jetstream.JetStream, nc *connect.Conn,
 				cancel()
 				if perr != nil {
 					st.failed++
+					if cli.NoAnswer(perr) {
+						// Every line would fail alike when the bus lacks
+						// JetStream or the topology: say so, and stop.
+						if d := cli.Diagnose(ctx, js, nc.ConnectedUrlRedacted(), topology.StreamOutcomes); d != nil {
+							_ = enc.Encode(errorRecord{Type: "error", Line: n, Error: d.Error()})
+							return st, d
+						}
+					}
 					perr = fmt.Errorf("publish to %s: %w", msg.Subject, nc.Explain(perr))
 				}
 			} else {

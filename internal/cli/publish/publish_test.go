@@ -7,9 +7,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/failbus/failbus/internal/bustest"
+	"github.com/failbus/failbus/internal/embedded"
 
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
@@ -134,6 +136,42 @@ func TestCLIPublishUsage(t *testing.T) {
 			var stdout, stderr bytes.Buffer
 			if got := run(tt.args, strings.NewReader(""), &stdout, &stderr); got != tt.want {
 				t.Errorf("exit %d, want %d; stderr: %s", got, tt.want, stderr.String())
+			}
+		})
+	}
+}
+
+// A bus that cannot store outcomes is named as the problem, with the
+// command that fixes it, instead of "nats: no response from stream" per
+// line.
+func TestCLIPublishToABusThatCannotStore(t *testing.T) {
+	t.Parallel()
+	noJS := embedded.StartTestOpts(t, embedded.Options{Configure: func(o *server.Options) { o.JetStream = false }})
+	noTopology := embedded.StartTest(t)
+	tests := []struct {
+		name string
+		url  string
+		has  []string
+	}{
+		{"a server without JetStream", noJS.ClientURL(), []string{"has no JetStream", "failbus dev", "-js"}},
+		{"a server without the topology", noTopology.ClientURL(), []string{"topology is not applied", "FAILBUS_OUTCOMES", "--apply-topology"}},
+	}
+	input := `{"id":"o-1","agent":"bot","provider":"openai","status":503}` + "\n" + `{"id":"o-2","agent":"bot","provider":"openai","status":503}`
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var stdout, stderr bytes.Buffer
+			code := run([]string{"--server", tt.url}, strings.NewReader(input), &stdout, &stderr)
+			if code != 1 {
+				t.Errorf("exit %d, want 1", code)
+			}
+			for _, want := range append(tt.has, tt.url, "0 published") {
+				if !strings.Contains(stderr.String(), want) {
+					t.Errorf("stderr lacks %q:\n%s", want, stderr.String())
+				}
+			}
+			if strings.Contains(stderr.String(), "no response from stream") {
+				t.Errorf("stderr still says only what nats.go says:\n%s", stderr.String())
 			}
 		})
 	}

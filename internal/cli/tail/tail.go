@@ -103,7 +103,13 @@ func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer nc.Close()
-	if err := nc.Explain(tail(ctx, js, o, stdout)); err != nil {
+	err = tail(ctx, js, o, stdout)
+	if errors.Is(err, errNoStream) || cli.NoAnswer(err) {
+		if d := cli.Diagnose(ctx, js, nc.ConnectedUrlRedacted(), cli.StreamsOf(o.subjects...)...); d != nil {
+			err = d
+		}
+	}
+	if err := nc.Explain(err); err != nil {
 		fmt.Fprintf(stderr, "failbus tail: %v\n", err)
 		return 1
 	}
@@ -191,6 +197,9 @@ func tail(ctx context.Context, js jetstream.JetStream, o tailOptions, w io.Write
 	return errors.Join(append(errs, out.err)...)
 }
 
+// errNoStream: a subject no stream holds.
+var errNoStream = errors.New("no stream")
+
 // streamFilters is one stream to read and the filters to read it with.
 type streamFilters struct {
 	stream  string
@@ -225,7 +234,7 @@ func tailPlan(ctx context.Context, js jetstream.JetStream, o tailOptions) ([]str
 				return nil, fmt.Errorf("find the streams of %s: %w", f, err)
 			}
 			if !found {
-				return nil, fmt.Errorf("no stream holds %s (is the topology applied? `failbus dev` does it)", f)
+				return nil, fmt.Errorf("%w holds %s (is the topology applied? `failbus dev` does it)", errNoStream, f)
 			}
 		}
 	}

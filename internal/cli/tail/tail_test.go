@@ -10,11 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/failbus/failbus/internal/bustest"
 	"github.com/failbus/failbus/internal/cli/clitest"
+	"github.com/failbus/failbus/internal/embedded"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
 )
@@ -231,6 +233,8 @@ func TestCLITailFollow(t *testing.T) {
 func TestCLITailUsage(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
+	noJS := embedded.StartTestOpts(t, embedded.Options{Configure: func(o *server.Options) { o.JetStream = false }})
+	noTopology := embedded.StartTest(t)
 	tests := []struct {
 		name string
 		args []string
@@ -246,6 +250,8 @@ func TestCLITailUsage(t *testing.T) {
 		{"a subject no stream holds", []string{"nothing.here"}, 1, "no stream holds"},
 		{"a stream that does not exist", []string{"--stream", "NOPE"}, 1, "NOPE"},
 		{"a stream without the subject", []string{"--stream", topology.StreamDLQ, "failbus.outcome.>"}, 1, "holds none"},
+		{"a server without JetStream", []string{"--server", noJS.ClientURL()}, 1, "has no JetStream"},
+		{"a server without the topology", []string{"--server", noTopology.ClientURL(), "failbus.health.>"}, 1, "topology is not applied"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
