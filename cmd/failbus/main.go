@@ -20,6 +20,7 @@ import (
 	"github.com/failbus/failbus/internal/cli/classify"
 	"github.com/failbus/failbus/internal/cli/demo"
 	"github.com/failbus/failbus/internal/cli/dev"
+	"github.com/failbus/failbus/internal/cli/health"
 	"github.com/failbus/failbus/internal/cli/lag"
 	"github.com/failbus/failbus/internal/cli/publish"
 	"github.com/failbus/failbus/internal/cli/simulate"
@@ -33,6 +34,7 @@ var commands = []cli.Command{
 	demo.Command,
 	publish.Command,
 	tail.Command,
+	health.Command,
 	lag.Command,
 	classify.Command,
 	simulate.Command,

@@ -52,7 +52,9 @@ time to merge them. Within one stream they are in stream order.
 
 Start (at most one; default: new messages when following, all with
 --no-follow): --last N (the last N matching messages of each stream),
---since DURATION, --start-time RFC3339, --start-seq N (one stream only).`
+--last-per-subject (the latest message of each subject, e.g. each
+provider's on failbus.health.>), --since DURATION, --start-time RFC3339,
+--start-seq N (one stream only).`
 
 // tailOptions are the parsed flags of `failbus tail`.
 type tailOptions struct {
@@ -61,6 +63,7 @@ type tailOptions struct {
 	startSeq  uint64
 	startTime time.Time
 	last      int
+	lastPer   bool
 	count     int
 	noFollow  bool
 	subjects  []string
@@ -78,6 +81,7 @@ func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 	fs.Uint64Var(&o.startSeq, "start-seq", 0, "start at this stream sequence (needs one stream)")
 	fs.StringVar(&startTime, "start-time", "", "start at this time (RFC 3339)")
 	fs.IntVar(&o.last, "last", 0, "start N matching messages back, per stream")
+	fs.BoolVar(&o.lastPer, "last-per-subject", false, "start with the latest message of each subject (each provider's latest health, say)")
 	fs.IntVar(&o.count, "count", 0, "exit after N messages (0: no limit)")
 	fs.BoolVar(&o.noFollow, "no-follow", false, "exit when the messages stored at start are printed")
 	subjects, code, done := cli.Parse(fs, args)
@@ -127,14 +131,14 @@ func (o *tailOptions) check() error {
 		}
 	}
 	starts := 0
-	for _, set := range []bool{o.since != 0, o.startSeq != 0, !o.startTime.IsZero(), o.last != 0} {
+	for _, set := range []bool{o.since != 0, o.startSeq != 0, !o.startTime.IsZero(), o.last != 0, o.lastPer} {
 		if set {
 			starts++
 		}
 	}
 	switch {
 	case starts > 1:
-		return errors.New("--since, --start-seq, --start-time and --last exclude each other")
+		return errors.New("--since, --start-seq, --start-time, --last and --last-per-subject exclude each other")
 	case o.since < 0:
 		return errors.New("--since must be positive")
 	case o.last < 0:
@@ -316,6 +320,8 @@ func tailStream(ctx context.Context, js jetstream.JetStream, stream string, filt
 			return quiet(ctx, err)
 		}
 		cfg.DeliverPolicy, cfg.StartSeq = jetstream.DeliverByStartSequencePolicy, seq
+	case o.lastPer:
+		cfg.DeliverPolicy = jetstream.DeliverLastPerSubjectPolicy
 	case o.noFollow:
 		cfg.DeliverPolicy = jetstream.DeliverAllPolicy
 	}

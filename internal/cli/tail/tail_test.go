@@ -135,6 +135,16 @@ func TestCLITailNoFollow(t *testing.T) {
 			wantCount: 8,
 		},
 		{
+			name:    "tail the latest message of each subject",
+			args:    []string{"--no-follow", "--last-per-subject", "failbus.outcome.>"},
+			wantIDs: []string{"openai-4", "anthropic-2"},
+		},
+		{
+			name:    "tail the latest of each subject of two filters",
+			args:    []string{"--no-follow", "--last-per-subject", "failbus.outcome.anthropic.*", "failbus.outcome.openai.bot"},
+			wantIDs: []string{"openai-4", "anthropic-2"},
+		},
+		{
 			name:      "tail a subject with nothing stored",
 			args:      []string{"--no-follow", "failbus.decision.>"},
 			wantCount: 0,
@@ -242,6 +252,7 @@ func TestCLITailUsage(t *testing.T) {
 		has  string
 	}{
 		{"two start options", []string{"--last", "2", "--since", "1h"}, 2, "exclude each other"},
+		{"last and last per subject", []string{"--last", "2", "--last-per-subject"}, 2, "exclude each other"},
 		{"a bad start time", []string{"--start-time", "yesterday"}, 2, "RFC 3339"},
 		{"a bad subject", []string{"failbus..x"}, 2, "empty token"},
 		{"'>' in the middle", []string{"failbus.>.x"}, 2, "last token"},
