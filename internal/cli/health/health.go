@@ -148,4 +148,3 @@ func age(d time.Duration) string {
 		return fmt.Sprintf("%dd%02dh", int(d.Hours())/24, int(d.Hours())%24)
 	}
 }
-
