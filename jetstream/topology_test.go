@@ -719,3 +719,26 @@ func TestApplyRefusesReplicasOnASingleServer(t *testing.T) {
 	}
 	b.apply(t, topology.Options{Replicas: 1})
 }
+
+// TestEveryTypedSubjectIsStored: each subject family that carries a wire
+// type (events.SubjectFamily) lies inside one stream's subjects, so what a
+// client publishes there is kept, never dropped for want of a stream.
+func TestEveryTypedSubjectIsStored(t *testing.T) {
+	for _, schema := range events.Schemas() {
+		fam := events.SubjectFamily(schema)
+		if fam == "" {
+			continue
+		}
+		var in []string
+		for _, s := range topology.Streams() {
+			for _, subj := range s.Subjects {
+				if events.SubjectWithin(fam, subj) {
+					in = append(in, s.Name)
+				}
+			}
+		}
+		if len(in) != 1 {
+			t.Errorf("%s (%s) is stored by %d streams %v, want 1", fam, schema, len(in), in)
+		}
+	}
+}

@@ -227,7 +227,7 @@ func (b *clsBench) classified() map[string]int {
 	b.t.Helper()
 	ids := map[string]int{}
 	for _, m := range b.read(topology.StreamClassified) {
-		c, err := events.DecodeAs[*events.Classification](m.Headers(), m.Data())
+		c, err := events.DecodeAs[*events.Classification](m.Subject(), m.Headers(), m.Data())
 		if err != nil {
 			b.t.Fatalf("classification does not decode: %v", err)
 		}
@@ -482,7 +482,7 @@ func TestClassifierDeadLettersMalformedAndKeepsConsuming(t *testing.T) {
 		if m.Subject() != events.DLQSubject(classifier.Service) {
 			t.Errorf("dead letter on %s, want %s", m.Subject(), events.DLQSubject(classifier.Service))
 		}
-		dl, err := events.DecodeAs[*events.DeadLetter](m.Headers(), m.Data())
+		dl, err := events.DecodeAs[*events.DeadLetter](m.Subject(), m.Headers(), m.Data())
 		if err != nil {
 			t.Fatalf("dead letter does not decode: %v", err)
 		}

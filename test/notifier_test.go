@@ -358,7 +358,7 @@ func (b *ntfBench) deadLetters() []*events.DeadLetter {
 		if err != nil {
 			b.t.Fatal(err)
 		}
-		dl, err := events.DecodeAs[*events.DeadLetter](m.Header, m.Data)
+		dl, err := events.DecodeAs[*events.DeadLetter](m.Subject, m.Header, m.Data)
 		if err != nil {
 			b.t.Fatal(err)
 		}
@@ -733,7 +733,7 @@ func TestNotifierFailingSinkPastRetryBudgetDeadLetters(t *testing.T) {
 			if !strings.Contains(dl.Reason, tc.answer) || !strings.Contains(dl.Reason, fmt.Sprint(tc.status)) {
 				t.Errorf("dead letter reason %q: want the sink's status and answer", dl.Reason)
 			}
-			orig, err := events.DecodeAs[*events.Notification](nats.Header(dl.Headers), dl.Data)
+			orig, err := events.DecodeAs[*events.Notification](dl.Subject, nats.Header(dl.Headers), dl.Data)
 			if err != nil || orig.DedupeKey != "doomed" {
 				t.Errorf("dead letter holds %+v (%v), want the original request", orig, err)
 			}

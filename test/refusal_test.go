@@ -143,7 +143,7 @@ func refRead[T events.Message](b *refBench, stream, filter string) []T {
 		}
 		got := 0
 		for m := range batch.Messages() {
-			v, err := events.DecodeAs[T](m.Headers(), m.Data())
+			v, err := events.DecodeAs[T](m.Subject(), m.Headers(), m.Data())
 			if err != nil {
 				b.t.Fatalf("%s: %v", m.Subject(), err)
 			}

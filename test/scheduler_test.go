@@ -212,7 +212,7 @@ func (b *schBench) decisions() []events.Decision {
 	b.t.Helper()
 	var out []events.Decision
 	for _, m := range b.read(topology.StreamDecisions, events.DecisionPrefix+".>") {
-		d, err := events.DecodeAs[*events.Decision](m.Headers(), m.Data())
+		d, err := events.DecodeAs[*events.Decision](m.Subject(), m.Headers(), m.Data())
 		if err != nil {
 			b.t.Fatal(err)
 		}

@@ -143,7 +143,7 @@ func TestAgentReport(t *testing.T) {
 			if got := m.Header.Get(events.HeaderMsgID); got != o.ID {
 				t.Errorf("Nats-Msg-Id = %q, want %q", got, o.ID)
 			}
-			got, err := events.DecodeAs[*events.Outcome](m.Header, m.Data)
+			got, err := events.DecodeAs[*events.Outcome](m.Subject, m.Header, m.Data)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -197,7 +197,7 @@ func TestAgentBoundaryAndRetryMarks(t *testing.T) {
 		t.Errorf("boundary reported twice stored %d times, want 1", n)
 	}
 	m := b.last(t, topology.StreamOutcomes, subj)
-	got, err := events.DecodeAs[*events.Boundary](m.Header, m.Data)
+	got, err := events.DecodeAs[*events.Boundary](m.Subject, m.Header, m.Data)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,7 +216,7 @@ func TestAgentBoundaryAndRetryMarks(t *testing.T) {
 		events.RetryCancelSubject("bot"):  `"retry_id":"r-2"`,
 	} {
 		m := b.last(t, topology.StreamRetries, subj)
-		js, err := events.ToJSON(m.Header, m.Data)
+		js, err := events.ToJSON(m.Subject, m.Header, m.Data)
 		if err != nil {
 			t.Fatal(err)
 		}

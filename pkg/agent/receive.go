@@ -26,7 +26,7 @@ func (a *Agent) Decisions(ctx context.Context) (<-chan events.Decision, error) {
 	}
 	out := make(chan events.Decision)
 	go pump(ctx, a, it, out, func(m jetstream.Msg) (events.Decision, error) {
-		d, err := decodeInto[*events.Decision](m, &events.Decision{})
+		d, err := events.DecodeAs[*events.Decision](m.Subject(), m.Headers(), m.Data())
 		if err != nil {
 			return events.Decision{}, err
 		}
@@ -48,7 +48,7 @@ func (a *Agent) DueRetries(ctx context.Context) (<-chan events.RetryDue, error) 
 	}
 	out := make(chan events.RetryDue)
 	go pump(ctx, a, it, out, func(m jetstream.Msg) (events.RetryDue, error) {
-		r, err := decodeInto[*events.RetryDue](m, &events.RetryDue{})
+		r, err := events.DecodeAs[*events.RetryDue](m.Subject(), m.Headers(), m.Data())
 		if err != nil {
 			return events.RetryDue{}, err
 		}
@@ -208,30 +208,6 @@ func pump[T any](ctx context.Context, a *Agent, r *reader, out chan<- T, decode 
 
 // ackTimeout bounds the wait for the server to confirm an acknowledgement.
 const ackTimeout = 5 * time.Second
-
-// decodeInto reads a message that must be of m's type. Unlike events.Decode
-// it does not assume a missing schema header means Outcome: messages written
-// by JetStream's scheduler carry the headers of their schedule, so the type
-// is known from the subject; a header naming another type is still an error.
-func decodeInto[T events.Message](msg jetstream.Msg, m T) (T, error) {
-	h := msg.Headers()
-	if h.Get(events.HeaderSchema) != "" {
-		name, _, err := events.SchemaOf(h)
-		if err != nil {
-			return m, err
-		}
-		if name != m.SchemaName() {
-			return m, fmt.Errorf("got a %s message, want %s", name, m.SchemaName())
-		}
-	}
-	if err := events.Unmarshal(msg.Data(), m); err != nil {
-		return m, err
-	}
-	if err := m.Validate(); err != nil {
-		return m, fmt.Errorf("invalid %s: %w", m.SchemaName(), err)
-	}
-	return m, nil
-}
 
 func marshalMark(m RetryMark) ([]byte, error) {
 	b, err := msgpack.Marshal(m)

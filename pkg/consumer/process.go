@@ -47,7 +47,7 @@ func (r *Runner) process(hctx context.Context, raw jetstream.Msg) {
 			m.Delivered, r.maxDeliver, m.Delivered-1))
 	}
 	if herr == nil && r.cfg.Decode {
-		v, derr := events.Decode(m.Header, m.Data)
+		v, derr := events.Decode(m.Subject, m.Header, m.Data)
 		if derr != nil {
 			herr = DeadLetter("decode: " + derr.Error())
 		} else {

@@ -184,7 +184,7 @@ func (b *bench) deadLetters() []*events.DeadLetter {
 	b.t.Helper()
 	var out []*events.DeadLetter
 	for _, m := range b.read(dlqStream) {
-		dl, err := events.DecodeAs[*events.DeadLetter](m.Headers(), m.Data())
+		dl, err := events.DecodeAs[*events.DeadLetter](m.Subject(), m.Headers(), m.Data())
 		if err != nil {
 			b.t.Fatalf("dead letter does not decode: %v", err)
 		}
@@ -262,10 +262,13 @@ func TestRunnerHandlerResults(t *testing.T) {
 	t.Parallel()
 	errFlaky := errors.New("dependency down")
 	tests := []struct {
-		name    string
-		decode  bool
-		data    []byte
-		handler func(m *consumer.Msg, out *consumer.Outputs) error
+		name   string
+		decode bool
+		data   []byte
+		// noSchema publishes without the Failbus-Schema header: test.in.x
+		// carries no type of its own, so then nothing says what it is.
+		noSchema bool
+		handler  func(m *consumer.Msg, out *consumer.Outputs) error
 		// want
 		calls      int
 		outputs    int
@@ -373,6 +376,14 @@ func TestRunnerHandlerResults(t *testing.T) {
 			calls:      0,
 			deadReason: `decode: invalid outcome: field "id": required`,
 		},
+		{
+			name:       "with Decode, a message without schema header on a subject without a type is dead-lettered",
+			decode:     true,
+			noSchema:   true,
+			handler:    func(*consumer.Msg, *consumer.Outputs) error { return nil },
+			calls:      0,
+			deadReason: "decode: not a failbus message: no Failbus-Schema header, and subject test.in.x carries no failbus type",
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -385,6 +396,9 @@ func TestRunnerHandlerResults(t *testing.T) {
 			hdr := nats.Header{}
 			hdr.Set(nats.MsgIdHdr, "o-1")
 			hdr.Set("X-Trace", "t-1")
+			if !tt.noSchema {
+				hdr.Set(events.HeaderSchema, "outcome/1")
+			}
 			if _, err := b.js.PublishMsg(b.ctx, &nats.Msg{Subject: "test.in.x", Header: hdr, Data: data}); err != nil {
 				t.Fatal(err)
 			}

@@ -136,55 +136,26 @@ func Encode(m Message) ([]byte, nats.Header, error) {
 	return data, h, nil
 }
 
-// New returns a zero value of the named schema, or nil when the name is
-// unknown.
-func New(schema string) Message {
-	switch schema {
-	case SchemaOutcome:
-		return &Outcome{}
-	case SchemaClassification:
-		return &Classification{}
-	case SchemaDecision:
-		return &Decision{}
-	case SchemaRetryDue:
-		return &RetryDue{}
-	case SchemaHealth:
-		return &Health{}
-	case SchemaNotification:
-		return &Notification{}
-	case SchemaBoundary:
-		return &Boundary{}
-	case SchemaDeadLetter:
-		return &DeadLetter{}
-	case SchemaHeartbeat:
-		return &Heartbeat{}
-	case SchemaCronSpec:
-		return &CronSpec{}
-	case SchemaCronRun:
-		return &CronRun{}
-	case SchemaWrite:
-		return &Write{}
-	case SchemaTask:
-		return &Task{}
-	case SchemaDispatch:
-		return &Dispatch{}
-	case SchemaControl:
-		return &Control{}
-	case SchemaRecovery:
-		return &Recovery{}
-	}
-	return nil
-}
-
-// SchemaOf reads the schema a message claims. A message without the header
-// is the current Outcome (CONTRACT.md: agents may omit it).
-func SchemaOf(h nats.Header) (string, int, error) {
+// SchemaOf reads the schema of a message on subject: the subject's type
+// when the message has no Failbus-Schema header (CONTRACT.md: a subject
+// carries one type, so a foreign client may omit the header), else the
+// header's, which must then be the subject's type. On a subject without a
+// type of its own (or subject "", when the caller does not know it) the
+// header is required.
+func SchemaOf(subject string, h nats.Header) (string, int, error) {
 	v := ""
 	if h != nil {
 		v = h.Get(HeaderSchema)
 	}
+	carried := SubjectSchema(subject)
 	if v == "" {
-		return SchemaOutcome, CurrentVersion, nil
+		if carried == "" {
+			if subject == "" {
+				return "", 0, fmt.Errorf("%w: no %s header", ErrNotFailbus, HeaderSchema)
+			}
+			return "", 0, fmt.Errorf("%w: no %s header, and subject %s carries no failbus type", ErrNotFailbus, HeaderSchema, subject)
+		}
+		return carried, CurrentVersion, nil
 	}
 	name, ver, err := ParseSchemaHeader(v)
 	if err != nil {
@@ -193,17 +164,26 @@ func SchemaOf(h nats.Header) (string, int, error) {
 	if New(name) == nil {
 		return "", 0, fmt.Errorf("%w: unknown schema %q", ErrNotFailbus, name)
 	}
+	if carried != "" && name != carried {
+		return "", 0, fmt.Errorf("%w: header %s %q names a %s, but %s carries %s", ErrSchemaMismatch, HeaderSchema, v, name, subject, carried)
+	}
 	if ver > CurrentVersion {
 		return "", 0, fmt.Errorf("schema %s version %d is newer than this reader (%d)", name, ver, CurrentVersion)
 	}
 	return name, ver, nil
 }
 
-// Decode reads a message from the bus: the schema header picks the type (none
-// means Outcome), the payload is msgpack, and the result is validated. Every
-// error names what is wrong, and the field when it is one field.
-func Decode(h nats.Header, data []byte) (Message, error) {
-	name, _, err := SchemaOf(h)
+// ErrSchemaMismatch reports a Failbus-Schema header naming a type that does
+// not belong on the message's subject (a decision published to an outcome
+// subject): a dead letter with that reason, never read as the subject's type.
+var ErrSchemaMismatch = errors.New("type does not belong on its subject")
+
+// Decode reads a message from the bus: the subject picks the type (its
+// Failbus-Schema header, when present, must agree; see SchemaOf), the
+// payload is msgpack, and the result is validated. Every error names what
+// is wrong, and the field when it is one field.
+func Decode(subject string, h nats.Header, data []byte) (Message, error) {
+	name, _, err := SchemaOf(subject, h)
 	if err != nil {
 		return nil, err
 	}
@@ -220,17 +200,17 @@ func Decode(h nats.Header, data []byte) (Message, error) {
 	return m, nil
 }
 
-// DecodeAs decodes a message that must be of type T (for example a consumer
-// that only reads Outcomes).
-func DecodeAs[T Message](h nats.Header, data []byte) (T, error) {
+// DecodeAs decodes a message on subject that must be of type T (for
+// example a consumer that only reads Outcomes).
+func DecodeAs[T Message](subject string, h nats.Header, data []byte) (T, error) {
 	var zero T
-	m, err := Decode(h, data)
+	m, err := Decode(subject, h, data)
 	if err != nil {
 		return zero, err
 	}
 	t, ok := m.(T)
 	if !ok {
-		return zero, fmt.Errorf("got a %s message, want %s", m.SchemaName(), zero.SchemaName())
+		return zero, fmt.Errorf("%w: got a %s message on %s, want %s", ErrSchemaMismatch, m.SchemaName(), subject, zero.SchemaName())
 	}
 	return t, nil
 }
@@ -313,12 +293,12 @@ func cleanErr(err error) string {
 	return s
 }
 
-// ToJSON renders a bus message as one JSON object: typed messages with their
-// own keys, anything else decoded generically. Operators use it to tail and
-// audit.
-func ToJSON(h nats.Header, data []byte) ([]byte, error) {
-	if h.Get(HeaderSchema) != "" || h.Get(HeaderContentType) == ContentTypeMsgpack || h == nil || len(h) == 0 {
-		if m, err := Decode(h, data); err == nil {
+// ToJSON renders a bus message on subject as one JSON object: typed
+// messages (by their header or their subject) with their own keys, anything
+// else decoded generically. Operators use it to tail and audit.
+func ToJSON(subject string, h nats.Header, data []byte) ([]byte, error) {
+	if h.Get(HeaderSchema) != "" || SubjectSchema(subject) != "" {
+		if m, err := Decode(subject, h, data); err == nil {
 			return json.Marshal(m)
 		}
 	}

@@ -47,7 +47,7 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 			if got := h.Get(events.HeaderContentType); got != events.ContentTypeMsgpack {
 				t.Fatalf("content type = %q", got)
 			}
-			back, err := events.Decode(h, data)
+			back, err := events.Decode(subjectOf(t, m.SchemaName()), h, data)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -60,22 +60,14 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 	}
 }
 
-func TestNoSchemaHeaderIsOutcome(t *testing.T) {
-	data, err := msgpack.Marshal(map[string]any{"id": "x", "agent": "a", "provider": "p", "at": int64(1795955445123), "extra": "kept in the stream, ignored here"})
-	if err != nil {
-		t.Fatal(err)
+// subjectOf is a concrete subject of the family that carries schema.
+func subjectOf(t *testing.T, schema string) string {
+	t.Helper()
+	fam := events.SubjectFamily(schema)
+	if fam == "" {
+		t.Fatalf("no subject carries %s", schema)
 	}
-	m, err := events.Decode(nil, data)
-	if err != nil {
-		t.Fatal(err)
-	}
-	o, ok := m.(*events.Outcome)
-	if !ok {
-		t.Fatalf("got %T, want *Outcome", m)
-	}
-	if o.At.UnixMilli() != 1795955445123 {
-		t.Fatalf("at = %v", o.At)
-	}
+	return strings.TrimSuffix(fam, ">") + "x.y"
 }
 
 func TestTimeShapes(t *testing.T) {
@@ -98,7 +90,7 @@ func TestTimeShapes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			o, err := events.DecodeAs[*events.Outcome](nil, data)
+			o, err := events.DecodeAs[*events.Outcome]("failbus.outcome.p.a", nil, data)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -150,7 +142,7 @@ func TestDecodeErrorsNameTheProblem(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			_, err := events.Decode(c.h, c.data)
+			_, err := events.Decode("failbus.outcome.p.a", c.h, c.data)
 			if err == nil {
 				t.Fatal("decoded without error")
 			}
@@ -202,7 +194,7 @@ func TestToJSONRendersTypedAndUntyped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	js, err := events.ToJSON(h, data)
+	js, err := events.ToJSON("failbus.outcome.my-gateway.agent_1", h, data)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,15 +202,15 @@ func TestToJSONRendersTypedAndUntyped(t *testing.T) {
 		t.Fatalf("typed render: %s", js)
 	}
 	raw, _ := msgpack.Marshal(map[string]any{"free": "form", "n": 3})
-	js, err = events.ToJSON(nats.Header{"X": {"y"}}, raw)
+	js, err = events.ToJSON("elsewhere.free", nats.Header{"X": {"y"}}, raw)
 	if err != nil || !strings.Contains(string(js), `"free":"form"`) {
 		t.Fatalf("untyped render: %s %v", js, err)
 	}
 	// Text is not the msgpack number its first byte encodes ('t' is 116).
-	if js, err := events.ToJSON(nil, []byte("this is not msgpack")); err == nil {
+	if js, err := events.ToJSON("elsewhere.free", nil, []byte("this is not msgpack")); err == nil {
 		t.Errorf("text rendered as %s", js)
 	}
-	if js, err := events.ToJSON(nil, []byte(`{"id":"j"}`)); err != nil || string(js) != `{"id":"j"}` {
+	if js, err := events.ToJSON("elsewhere.free", nil, []byte(`{"id":"j"}`)); err != nil || string(js) != `{"id":"j"}` {
 		t.Errorf("JSON rendered as %s, %v", js, err)
 	}
 }

@@ -14,24 +14,31 @@ import (
 // must never panic, and whatever it accepts must be valid and re-encodable.
 func FuzzDecode(f *testing.F) {
 	good, _, _ := events.Encode(sample())
-	f.Add(good, "")
-	f.Add(good, "outcome/1")
-	f.Add([]byte("not msgpack"), "")
-	f.Add([]byte{0x81, 0xa2, 'a', 't', 0xa3, 'b', 'a', 'd'}, "")
-	f.Add([]byte{0xde, 0xff, 0xff}, "decision/1")
+	f.Add(good, "", "failbus.outcome.p.a")
+	f.Add(good, "outcome/1", "failbus.outcome.p.a")
+	f.Add(good, "outcome/1", "failbus.notify.normal")
+	f.Add(good, "", "")
+	f.Add([]byte("not msgpack"), "", "failbus.outcome.p.a")
+	f.Add([]byte{0x81, 0xa2, 'a', 't', 0xa3, 'b', 'a', 'd'}, "", "failbus.segment.a")
+	f.Add([]byte{0xde, 0xff, 0xff}, "decision/1", "failbus.decision.a")
 	ts, _ := msgpack.Marshal(map[string]any{"id": "x", "agent": "a", "provider": "p", "at": uint64(1 << 63)})
-	f.Add(ts, "")
-	f.Fuzz(func(t *testing.T, data []byte, schema string) {
+	f.Add(ts, "", "failbus.outcome.p.a")
+	note, _ := msgpack.Marshal(map[string]any{"dedupe_key": "k", "severity": "normal"})
+	f.Add(note, "", "failbus.notify.normal")
+	f.Fuzz(func(t *testing.T, data []byte, schema, subject string) {
 		h := nats.Header{}
 		if schema != "" {
 			h.Set(events.HeaderSchema, schema)
 		}
-		m, err := events.Decode(h, data)
+		m, err := events.Decode(subject, h, data)
 		if err != nil {
 			if m != nil {
 				t.Fatalf("error %v with a message", err)
 			}
 			return
+		}
+		if want := events.SubjectSchema(subject); want != "" && m.SchemaName() != want {
+			t.Fatalf("decoded a %s on %s, which carries %s", m.SchemaName(), subject, want)
 		}
 		if err := m.Validate(); err != nil {
 			t.Fatalf("accepted an invalid message: %v", err)

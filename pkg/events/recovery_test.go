@@ -41,7 +41,7 @@ func TestRecoveryTypesRoundTrip(t *testing.T) {
 			if got := h.Get(events.HeaderSchema); got != m.SchemaName()+"/1" {
 				t.Fatalf("schema header = %q", got)
 			}
-			back, err := events.Decode(h, data)
+			back, err := events.Decode("", h, data)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -71,7 +71,7 @@ func TestTaskPayloadPassesThroughByteForByte(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	task, err := events.DecodeAs[*events.Task](h, data)
+	task, err := events.DecodeAs[*events.Task]("", h, data)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +80,7 @@ func TestTaskPayloadPassesThroughByteForByte(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	back, err := events.DecodeAs[*events.Dispatch](h, data)
+	back, err := events.DecodeAs[*events.Dispatch]("", h, data)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +148,7 @@ func TestRecoveryValidationNamesTheField(t *testing.T) {
 			}
 			h := nats.Header{}
 			h.Set(events.HeaderSchema, c.m.SchemaName()+"/1")
-			if _, err := events.Decode(h, data); err == nil || !strings.Contains(err.Error(), `"`+c.field+`"`) {
+			if _, err := events.Decode("", h, data); err == nil || !strings.Contains(err.Error(), `"`+c.field+`"`) {
 				t.Fatalf("Decode error %v does not name %q", err, c.field)
 			}
 		})
@@ -237,7 +237,7 @@ func TestDurationDecodesEveryShape(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		back, err := events.DecodeAs[*events.CronSpec](h, data)
+		back, err := events.DecodeAs[*events.CronSpec]("", h, data)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -284,7 +284,7 @@ func FuzzRecoveryDecode(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte, schema string) {
 		h := nats.Header{}
 		h.Set(events.HeaderSchema, schema)
-		m, err := events.Decode(h, data)
+		m, err := events.Decode("", h, data)
 		if err != nil {
 			return
 		}

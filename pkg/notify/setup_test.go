@@ -126,7 +126,7 @@ func (b *bundle) notifyMsgs(t *testing.T) []*events.Notification {
 		if err != nil {
 			t.Fatal(err)
 		}
-		n, err := events.DecodeAs[*events.Notification](m.Header, m.Data)
+		n, err := events.DecodeAs[*events.Notification](m.Subject, m.Header, m.Data)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -901,7 +901,7 @@ func startLateCollector(ctx context.Context, js jetstream.JetStream, stream, sub
 	lc := &lateCollector{want: want, full: make(chan struct{})}
 	w, err := watch.Start(ctx, js, watch.Config{Stream: stream, Filters: []string{subject}, Follow: true}, func(m jetstream.Msg) error {
 		meta, merr := m.Metadata()
-		d, derr := events.DecodeAs[*events.RetryDue](m.Headers(), m.Data())
+		d, derr := events.DecodeAs[*events.RetryDue](m.Subject(), m.Headers(), m.Data())
 		lc.mu.Lock()
 		defer lc.mu.Unlock()
 		switch {
@@ -971,7 +971,7 @@ func startDecisionTally(ctx context.Context, js jetstream.JetStream, agentName s
 	t := &decisionTally{}
 	cfg := watch.Config{Stream: topology.StreamDecisions, Filters: []string{events.DecisionSubject(agentName)}, Follow: true}
 	w, err := watch.Start(ctx, js, cfg, func(m jetstream.Msg) error {
-		d, err := events.DecodeAs[*events.Decision](m.Headers(), m.Data())
+		d, err := events.DecodeAs[*events.Decision](m.Subject(), m.Headers(), m.Data())
 		t.mu.Lock()
 		defer t.mu.Unlock()
 		switch {

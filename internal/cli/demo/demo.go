@@ -367,7 +367,9 @@ func kTokens(n int) string {
 // can wait for the one it expects (await) instead of sleeping.
 func startLog(ctx context.Context, js jetstream.JetStream, stream, filter string) (*watch.Log[events.Message], error) {
 	return watch.StartLog(ctx, js, watch.Config{Stream: stream, Filters: []string{filter}},
-		func(m jetstream.Msg) (events.Message, error) { return events.Decode(m.Headers(), m.Data()) })
+		func(m jetstream.Msg) (events.Message, error) {
+			return events.Decode(m.Subject(), m.Headers(), m.Data())
+		})
 }
 
 // await returns the first message of l, from index from on, that satisfies

@@ -307,7 +307,7 @@ func (s *refusalDemo) printNotifications(ctx context.Context) error {
 	}
 	var all []*events.Notification
 	err := watch.Read(wctx, s.js, watch.Config{Stream: topology.StreamNotify, Filters: []string{events.NotifyPrefix + ".>"}}, func(m jetstream.Msg) error {
-		v, err := events.DecodeAs[*events.Notification](m.Headers(), m.Data())
+		v, err := events.DecodeAs[*events.Notification](m.Subject(), m.Headers(), m.Data())
 		if err != nil {
 			return err
 		}

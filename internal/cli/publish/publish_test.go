@@ -108,7 +108,7 @@ func TestCLIPublish(t *testing.T) {
 		if got := m.Header.Get(jetstream.MsgIDHeader); got != tt.msgID {
 			t.Errorf("%s: Nats-Msg-Id %q, want %q", tt.subject, got, tt.msgID)
 		}
-		v, err := events.Decode(m.Header, m.Data)
+		v, err := events.Decode(m.Subject, m.Header, m.Data)
 		if err != nil || !tt.check(v) {
 			t.Errorf("%s: decoded %+v, %v", tt.subject, v, err)
 		}

@@ -358,7 +358,7 @@ func renderTail(m jetstream.Msg, meta *jetstream.MsgMetadata) []byte {
 		Schema:  h.Get(events.HeaderSchema),
 		MsgID:   h.Get(events.HeaderMsgID),
 	}
-	l.Data, l.Raw, l.Error = renderPayload(h, m.Data())
+	l.Data, l.Raw, l.Error = renderPayload(m.Subject(), h, m.Data())
 	b, err := json.Marshal(l)
 	if err != nil {
 		// Data is valid JSON by construction; this is a bug, say so.
@@ -378,13 +378,13 @@ const errBinaryPayload = "payload is not msgpack (nor JSON): shown as raw, base6
 // renderPayload renders a payload: msgpack as JSON (a dead letter with the
 // payload it carries decoded, see deadLetterJSON), JSON as itself with an
 // error, anything else as raw bytes with an error.
-func renderPayload(h nats.Header, data []byte) (out json.RawMessage, raw []byte, errText string) {
-	if dl, err := events.DecodeAs[*events.DeadLetter](h, data); err == nil && h.Get(events.HeaderSchema) != "" {
+func renderPayload(subject string, h nats.Header, data []byte) (out json.RawMessage, raw []byte, errText string) {
+	if dl, err := events.DecodeAs[*events.DeadLetter](subject, h, data); err == nil {
 		if b, err := deadLetterJSON(dl); err == nil {
 			return b, nil, ""
 		}
 	}
-	b, err := events.ToJSON(h, data)
+	b, err := events.ToJSON(subject, h, data)
 	switch {
 	case err != nil:
 		return nil, data, errBinaryPayload

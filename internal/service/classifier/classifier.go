@@ -118,7 +118,7 @@ func NewHandler(classify ClassifyFunc, reg prometheus.Registerer) (consumer.Hand
 		if strings.HasPrefix(m.Subject, segment) {
 			return nil // boundaries are the refusal tiers' business
 		}
-		o, err := events.DecodeAs[*events.Outcome](m.Header, m.Data)
+		o, err := events.DecodeAs[*events.Outcome](m.Subject, m.Header, m.Data)
 		if err != nil {
 			return consumer.DeadLetter("decode outcome: " + err.Error())
 		}

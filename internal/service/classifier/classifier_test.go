@@ -83,7 +83,7 @@ func TestClassifierServicePublishesWhatClassifyReturns(t *testing.T) {
 	if m.Subject != "failbus.classified.my_gateway.server_error" {
 		t.Errorf("subject %s", m.Subject)
 	}
-	c, err := events.DecodeAs[*events.Classification](m.Header, m.Data)
+	c, err := events.DecodeAs[*events.Classification](m.Subject, m.Header, m.Data)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -148,7 +148,7 @@ func (b *bundle) deadLetters(t *testing.T) []*events.DeadLetter {
 		if err != nil {
 			t.Fatal(err)
 		}
-		dl, err := events.DecodeAs[*events.DeadLetter](m.Header, m.Data)
+		dl, err := events.DecodeAs[*events.DeadLetter](m.Subject, m.Header, m.Data)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -234,7 +234,7 @@ func TestServiceDeadLettersWithTheSinksAnswer(t *testing.T) {
 			if !strings.Contains(dl.Reason, tc.want) || dl.Service != notifier.Service {
 				t.Fatalf("dead letter %q from %s: want the sink's answer %q", dl.Reason, dl.Service, tc.want)
 			}
-			n, err := events.DecodeAs[*events.Notification](nats.Header(dl.Headers), dl.Data)
+			n, err := events.DecodeAs[*events.Notification](dl.Subject, nats.Header(dl.Headers), dl.Data)
 			if err != nil || n.DedupeKey != "doomed" {
 				t.Fatalf("dead letter holds %v, %v: want the original request", n, err)
 			}

@@ -20,7 +20,7 @@ const (
 // the (segment, provider) record, then publish the decision and, at the
 // first refusal and at freezing only, the notification request.
 func (s *Server) handleRefusal(ctx context.Context, m *consumer.Msg, out *consumer.Outputs) error {
-	c, err := events.DecodeAs[*events.Classification](m.Header, m.Data)
+	c, err := events.DecodeAs[*events.Classification](m.Subject, m.Header, m.Data)
 	if err != nil {
 		return consumer.DeadLetter("decode classification: " + err.Error())
 	}
@@ -103,7 +103,7 @@ func (s *Server) handleRefusal(ctx context.Context, m *consumer.Msg, out *consum
 // the boundary's new segment. Deleting is idempotent, so a redelivery does
 // nothing new.
 func (s *Server) handleBoundary(ctx context.Context, m *consumer.Msg, _ *consumer.Outputs) error {
-	b, err := events.DecodeAs[*events.Boundary](m.Header, m.Data)
+	b, err := events.DecodeAs[*events.Boundary](m.Subject, m.Header, m.Data)
 	if err != nil {
 		return consumer.DeadLetter("decode boundary: " + err.Error())
 	}

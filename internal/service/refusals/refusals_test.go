@@ -193,7 +193,7 @@ func read[T events.Message](b *bench, stream, filter string) []T {
 		}
 		got := 0
 		for m := range batch.Messages() {
-			v, err := events.DecodeAs[T](m.Headers(), m.Data())
+			v, err := events.DecodeAs[T](m.Subject(), m.Headers(), m.Data())
 			if err != nil {
 				b.t.Fatalf("%s: %v", m.Subject(), err)
 			}

@@ -145,7 +145,7 @@ func (s *Server) outage(ctx context.Context, provider string) (reason string, do
 	if err != nil {
 		return "", false, err
 	}
-	h, err := events.DecodeAs[*events.Health](m.Header, m.Data)
+	h, err := events.DecodeAs[*events.Health](m.Subject, m.Header, m.Data)
 	if err != nil {
 		// An unreadable record says nothing about the provider.
 		return "", false, nil

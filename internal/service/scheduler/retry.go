@@ -14,7 +14,7 @@ import (
 // handleClassified is the handler of the `scheduler` consumer: fault scope,
 // then the retry decision chain (see the package doc).
 func (s *Scheduler) handleClassified(ctx context.Context, m *consumer.Msg, _ *consumer.Outputs) error {
-	c, err := events.DecodeAs[*events.Classification](m.Header, m.Data)
+	c, err := events.DecodeAs[*events.Classification](m.Subject, m.Header, m.Data)
 	if err != nil {
 		return consumer.DeadLetter("decode classification: " + err.Error())
 	}

@@ -215,7 +215,7 @@ func (b *bench) decisions(agentName string) []events.Decision {
 	b.t.Helper()
 	var out []events.Decision
 	for _, m := range b.read(topology.StreamDecisions, events.DecisionSubject(agentName)) {
-		d, err := events.DecodeAs[*events.Decision](m.Headers(), m.Data())
+		d, err := events.DecodeAs[*events.Decision](m.Subject(), m.Headers(), m.Data())
 		if err != nil {
 			b.t.Fatal(err)
 		}
@@ -590,7 +590,7 @@ func TestJunkControlRecordsAreDeadLettered(t *testing.T) {
 		t.Fatalf("%d dead letters, want %d", len(dead), len(junk))
 	}
 	for i, j := range junk {
-		dl, err := events.DecodeAs[*events.DeadLetter](dead[i].Headers(), dead[i].Data())
+		dl, err := events.DecodeAs[*events.DeadLetter](dead[i].Subject(), dead[i].Headers(), dead[i].Data())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -608,7 +608,7 @@ func (b *bench) health(provider string) []events.Health {
 	b.t.Helper()
 	var out []events.Health
 	for _, m := range b.read(topology.StreamHealth, events.HealthSubject(provider)) {
-		h, err := events.DecodeAs[*events.Health](m.Headers(), m.Data())
+		h, err := events.DecodeAs[*events.Health](m.Subject(), m.Headers(), m.Data())
 		if err != nil {
 			b.t.Fatal(err)
 		}

@@ -145,7 +145,7 @@ func (s *Scheduler) rebuildScope(ctx context.Context) (int, error) {
 	start := s.now().Add(-cfg.Window)
 	n := 0
 	err = readStream(ctx, s.js, topology.StreamClassified, events.ClassifiedPrefix+".>", &start, false, func(m jetstream.Msg) error {
-		c, err := events.DecodeAs[*events.Classification](m.Headers(), m.Data())
+		c, err := events.DecodeAs[*events.Classification](m.Subject(), m.Headers(), m.Data())
 		if err != nil || c.Agent == "" || c.Provider == "" {
 			return nil // the live consumer dead-letters it
 		}
@@ -181,7 +181,7 @@ func (s *Scheduler) rebuildScope(ctx context.Context) (int, error) {
 func (s *Scheduler) openOutages(ctx context.Context) (map[string]events.Health, error) {
 	open := map[string]events.Health{}
 	err := readStream(ctx, s.js, topology.StreamHealth, events.HealthPrefix+".>", nil, false, func(m jetstream.Msg) error {
-		h, err := events.DecodeAs[*events.Health](m.Headers(), m.Data())
+		h, err := events.DecodeAs[*events.Health](m.Subject(), m.Headers(), m.Data())
 		if err != nil {
 			return nil
 		}
