@@ -448,7 +448,7 @@ func TestClassifierDeadLettersMalformedAndKeepsConsuming(t *testing.T) {
 		{"no provider", nil, clsMsgpack(t, map[string]any{"id": "np-1", "agent": "a"}), `field "provider": required`},
 		{"unreadable time", nil, clsMsgpack(t, map[string]any{"id": "t-1", "agent": "a", "provider": "openai", "at": "next tuesday-ish"}), `field "at"`},
 		{"time of the wrong type", nil, clsMsgpack(t, map[string]any{"id": "t-2", "agent": "a", "provider": "openai", "at": true}), `field "at"`},
-		{"another schema on the outcome subject", decisionHdr, decisionData, "got a decision message, want outcome"},
+		{"another schema on the outcome subject", decisionHdr, decisionData, "names a decision, but failbus.outcome.openai.junk-7 carries outcome"},
 		{"a newer outcome version", nats.Header{events.HeaderSchema: []string{"outcome/99"}}, clsMsgpack(t, map[string]any{"id": "v-1"}), "newer than this reader"},
 	}
 	good := clsOutcomes("good", 60)
