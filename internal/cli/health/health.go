@@ -98,7 +98,7 @@ func Latest(ctx context.Context, js jetstream.JetStream, providers ...string) ([
 	var out []events.Health
 	cfg := watch.Config{Stream: topology.StreamHealth, Filters: filters, DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy}
 	err := watch.Read(ctx, js, cfg, func(m jetstream.Msg) error {
-		h, err := events.DecodeAs[*events.Health](m.Headers(), m.Data())
+		h, err := events.DecodeAs[*events.Health](m.Subject(), m.Headers(), m.Data())
 		if err != nil {
 			return fmt.Errorf("health record on %s: %w", m.Subject(), err)
 		}
