@@ -182,7 +182,7 @@ func (r *Runner) logResult(m *Msg, result, reason string, herr error, elapsed ti
 	}
 	ev = ev.Str("result", result).Str("id", m.ID()).Str("subject", m.Subject).
 		Str("stream", m.Stream).Uint64("seq", m.Seq).Int("delivered", m.Delivered).
-		Dur("took", elapsed)
+		Float64("took_ms", float64(elapsed.Microseconds())/1000)
 	if reason != "" {
 		ev = ev.Str("reason", reason)
 	}

@@ -39,8 +39,12 @@ type Runner struct {
 	log     zerolog.Logger
 	m       *metrics
 
-	// maxDeliver is Config.MaxDeliver resolved against the consumer.
+	// maxDeliver is Config.MaxDeliver resolved against the consumer: the
+	// deliveries the handler runs on (logged as handler_deliveries).
 	maxDeliver int
+	// consumerMaxDeliver is the consumer's own max_deliver (0: no limit),
+	// the figure an operator compares with the server's.
+	consumerMaxDeliver int
 
 	mu       sync.Mutex
 	state    error // ErrNotRunning, nil (running) or ErrStopped
@@ -140,7 +144,8 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	r.setState(nil)
 	r.log.Info().Str("stream", r.cfg.Stream).Str("consumer", r.cfg.Consumer).
-		Int("concurrency", r.cfg.Concurrency).Int("max_deliver", r.maxDeliver).Msg("consumer started")
+		Int("concurrency", r.cfg.Concurrency).Int("max_deliver", r.consumerMaxDeliver).
+		Int("handler_deliveries", r.maxDeliver).Msg("consumer started")
 
 	// Handlers get a context that survives ctx's cancellation by
 	// DrainTimeout, so in-flight work finishes during a drain.
@@ -199,9 +204,9 @@ func (r *Runner) bind(ctx context.Context) (jetstream.Consumer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w (consumer %s/%s)", err, r.cfg.Stream, r.cfg.Consumer)
 	}
-	r.maxDeliver = md
+	r.maxDeliver, r.consumerMaxDeliver = md, info.MaxDeliver
 	if info.MaxDeliver > 0 && md >= info.MaxDeliver {
-		r.log.Warn().Int("max_deliver", md).Int("consumer_max_deliver", info.MaxDeliver).
+		r.log.Warn().Int("handler_deliveries", md).Int("max_deliver", info.MaxDeliver).
 			Msg("no spare delivery: a message whose last delivery dies with the process is dropped by the server without a dead letter; leave MaxDeliver below the consumer's")
 	}
 	return cons, nil

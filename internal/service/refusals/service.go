@@ -252,7 +252,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	s.mu.Lock()
 	s.store, s.micro, s.touchAt, s.state = store, svc, touch, nil
 	s.mu.Unlock()
-	s.log.Info().Str("route", routeSubject()).Dur("probe_lease", s.lease).
+	s.log.Info().Str("route", routeSubject()).Int64("probe_lease_ms", s.lease.Milliseconds()).
 		Str("rule", policy.RefusalRule(s.cfg)).Msg("refusal tiers started")
 
 	err = consumer.RunAll(ctx, s.refusals, s.boundaries)

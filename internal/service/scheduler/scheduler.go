@@ -383,7 +383,7 @@ func (s *Scheduler) Run(ctx context.Context) (err error) {
 		if err != nil {
 			return err
 		}
-		s.log.Info().Int("replayed", n).Dur("took", time.Since(start)).Msg("fault scope rebuilt")
+		s.log.Info().Int("replayed", n).Int64("took_ms", time.Since(start).Milliseconds()).Msg("fault scope rebuilt")
 	}
 	p := s.active.Load()
 	s.log.Info().Str("policy", p.source).Str("policy_key", p.p.RetryFor("").Key()).Msg("scheduler started")
