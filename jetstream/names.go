@@ -105,4 +105,8 @@ const (
 	BucketRecovery = "FAILBUS_RECOVERY"
 	// BucketPolicy holds the active policy.
 	BucketPolicy = "FAILBUS_POLICY"
+	// BucketDLQRequeues holds one key per dead letter `failbus dlq
+	// requeue` put back (or is putting back): the claim and where the copy
+	// was stored, so each dead letter is requeued once.
+	BucketDLQRequeues = "FAILBUS_DLQ_REQUEUES"
 )

@@ -115,6 +115,9 @@ const (
 	DefaultTTLRecovery = 30 * day
 	// DefaultTTLPolicy keeps the policy until replaced.
 	DefaultTTLPolicy time.Duration = 0
+	// DefaultTTLDLQRequeues keeps a requeue mark as long as FAILBUS_DLQ
+	// keeps its dead letter (DefaultMaxAgeDLQ).
+	DefaultTTLDLQRequeues = DefaultMaxAgeDLQ
 )
 
 // Options adjust the topology to a deployment. The zero value is the topology

@@ -223,6 +223,7 @@ func TestFilesCarryTheDocumentedDefaults(t *testing.T) {
 		topology.BucketCrons:        topology.DefaultTTLCrons,
 		topology.BucketRecovery:     topology.DefaultTTLRecovery,
 		topology.BucketPolicy:       topology.DefaultTTLPolicy,
+		topology.BucketDLQRequeues:  topology.DefaultTTLDLQRequeues,
 	}
 	gotBuckets := topology.Buckets()
 	if len(gotBuckets) != len(buckets) {

@@ -20,6 +20,7 @@ import (
 	"github.com/failbus/failbus/internal/cli/classify"
 	"github.com/failbus/failbus/internal/cli/demo"
 	"github.com/failbus/failbus/internal/cli/dev"
+	"github.com/failbus/failbus/internal/cli/dlq"
 	"github.com/failbus/failbus/internal/cli/health"
 	"github.com/failbus/failbus/internal/cli/lag"
 	"github.com/failbus/failbus/internal/cli/publish"
@@ -36,6 +37,7 @@ var commands = []cli.Command{
 	tail.Command,
 	health.Command,
 	lag.Command,
+	dlq.Command,
 	classify.Command,
 	simulate.Command,
 	bench.Command,

@@ -46,7 +46,11 @@ func (r *Runner) process(hctx context.Context, raw jetstream.Msg) {
 		herr = DeadLetter(fmt.Sprintf("delivery %d exceeds the limit of %d: delivery %d was never settled (the process handling it died, or the handler outlived AckWait)",
 			m.Delivered, r.maxDeliver, m.Delivered-1))
 	}
-	if herr == nil && r.cfg.Decode {
+	// A dead letter requeued for another service (failbus dlq requeue):
+	// this consumer processed the original already, so it only
+	// acknowledges the copy.
+	skip := herr == nil && events.RequeuedElsewhere(m.Header, svc)
+	if herr == nil && r.cfg.Decode && !skip {
 		v, derr := events.Decode(m.Subject, m.Header, m.Data)
 		if derr != nil {
 			herr = DeadLetter("decode: " + derr.Error())
@@ -54,7 +58,7 @@ func (r *Runner) process(hctx context.Context, raw jetstream.Msg) {
 			m.Value = v
 		}
 	}
-	if herr == nil {
+	if herr == nil && !skip {
 		herr = r.handler(hctx, m, out)
 	}
 

@@ -262,7 +262,7 @@ func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 	}
 	defer nc.Close()
 	if err := loop(ctx, js, o, stdout); err != nil {
-		fmt.Fprintf(stderr, "failbus lag: %v\n", err)
+		fmt.Fprintf(stderr, "failbus lag: %v\n", nc.Explain(err))
 		return 1
 	}
 	return 0

@@ -15,7 +15,6 @@ import (
 	"sync"
 	"syscall"
 	"time"
-	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -376,11 +375,11 @@ const errJSONPayload = "payload is JSON, not msgpack: failbus services dead-lett
 const errBinaryPayload = "payload is not msgpack (nor JSON): shown as raw, base64"
 
 // renderPayload renders a payload: msgpack as JSON (a dead letter with the
-// payload it carries decoded, see deadLetterJSON), JSON as itself with an
+// payload it carries decoded, see events.DeadLetterJSON), JSON as itself with an
 // error, anything else as raw bytes with an error.
 func renderPayload(subject string, h nats.Header, data []byte) (out json.RawMessage, raw []byte, errText string) {
 	if dl, err := events.DecodeAs[*events.DeadLetter](subject, h, data); err == nil {
-		if b, err := deadLetterJSON(dl); err == nil {
+		if b, err := events.DeadLetterJSON(dl); err == nil {
 			return b, nil, ""
 		}
 	}
@@ -397,33 +396,6 @@ func renderPayload(subject string, h nats.Header, data []byte) (out json.RawMess
 func isMsgpack(data []byte) bool {
 	_, err := events.MsgpackToJSON(data)
 	return err == nil
-}
-
-// deadLetterJSON renders a dead letter with the original payload decoded
-// where it decodes: data is the msgpack payload as JSON, or the UTF-8 text
-// as a string, or else the bytes in base64; data_as says which.
-func deadLetterJSON(dl *events.DeadLetter) ([]byte, error) {
-	type plain events.DeadLetter // the same fields, without a Data override
-	v := struct {
-		*plain
-		Data   json.RawMessage `json:"data"`
-		DataAs string          `json:"data_as"`
-	}{plain: (*plain)(dl)}
-	v.Data, v.DataAs = original(dl.Data)
-	return json.Marshal(v)
-}
-
-// original renders a dead letter's payload for people (see deadLetterJSON).
-func original(data []byte) (json.RawMessage, string) {
-	if b, err := events.MsgpackToJSON(data); err == nil {
-		return b, "msgpack"
-	}
-	if utf8.Valid(data) {
-		b, _ := json.Marshal(string(data))
-		return b, "text"
-	}
-	b, _ := json.Marshal(data)
-	return b, "base64"
 }
 
 // probeInactive bounds how long a probe consumer outlives a tail that
