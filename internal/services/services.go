@@ -14,20 +14,22 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"time"
 
 	"github.com/failbus/failbus/internal/service/classifier"
 	"github.com/failbus/failbus/internal/service/notifier"
+	"github.com/failbus/failbus/internal/service/recovery"
 	"github.com/failbus/failbus/internal/service/refusals"
 	"github.com/failbus/failbus/internal/service/scheduler"
 	"github.com/failbus/failbus/internal/servicemain"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/notify"
+	recoverypolicy "github.com/failbus/failbus/pkg/policy/recovery"
 )
 
-// All is every implemented service, in start order. The recovery service
-// joins when it is built.
+// All is every service, in start order.
 func All() []servicemain.Spec {
-	return []servicemain.Spec{Classifier(), Scheduler(), Notifier()}
+	return []servicemain.Spec{Classifier(), Scheduler(), Notifier(), Recovery()}
 }
 
 // Classifier is the classifier service: outcomes in, one classification
@@ -153,3 +155,39 @@ func Notifier() servicemain.Spec {
 		},
 	}
 }
+
+// Recovery is the recovery service: the post-outage checklist, the held
+// task queue and the outage probes.
+func Recovery() servicemain.Spec {
+	var (
+		owner = servicemain.EnvString("FAILBUS_RECOVERY_REPLICA", "")
+		lease = servicemain.EnvDuration("FAILBUS_RECOVERY_LEASE", recoverypolicy.DefaultLeaseTTL)
+	)
+	return servicemain.Spec{
+		Name:           recovery.Name,
+		DefaultOpsAddr: recovery.DefaultOpsAddr,
+		Flags: func(fs *flag.FlagSet) {
+			fs.StringVar(&owner, "replica", owner, "replica name in the provider records' lease (env FAILBUS_RECOVERY_REPLICA; default a new unique id)")
+			fs.DurationVar(&lease, "lease", lease, "how long a replica keeps driving a provider after its last step; another takes over after it (env FAILBUS_RECOVERY_LEASE)")
+		},
+		Check: func() error {
+			if lease < 100*time.Millisecond {
+				return fmt.Errorf("--lease %s: must be at least 100ms", lease)
+			}
+			return nil
+		},
+		Build: func(ctx context.Context, env servicemain.Env) (servicemain.Service, error) {
+			return recovery.New(ctx, env.JS, recovery.Options{
+				Policy:   recoveryPolicy(env),
+				Owner:    owner,
+				LeaseTTL: lease,
+				Runner:   consumer.Config{Logger: env.Log, Registerer: env.Registry},
+			})
+		},
+	}
+}
+
+// recoveryPolicy is the policy's `recovery:` section. The policy file has
+// no such section yet (it joins with the policy's split into packages), so
+// the documented defaults run.
+func recoveryPolicy(servicemain.Env) recoverypolicy.Config { return recoverypolicy.DefaultConfig() }

@@ -95,8 +95,6 @@ const benchModule = "github.com/failbus/failbus"
 
 // benchConsumers are the durable consumers the in-process services read:
 // the bus has settled when none of them has anything pending or unacked.
-// A consumer no in-process service reads (recovery) is not listed, or the
-// bus would never settle.
 var benchConsumers = []struct{ stream, name string }{
 	{topology.StreamOutcomes, topology.ConsumerClassifier},
 	{topology.StreamOutcomes, topology.ConsumerRefusalBoundaries},
@@ -104,6 +102,8 @@ var benchConsumers = []struct{ stream, name string }{
 	{topology.StreamClassified, topology.ConsumerRefusals},
 	{topology.StreamNotify, topology.ConsumerNotifier},
 	{topology.StreamRetries, topology.ConsumerSchedulerControl},
+	{topology.StreamHealth, topology.ConsumerRecovery},
+	{topology.StreamDecisions, topology.ConsumerRecoveryDecisions},
 }
 
 // Command is `failbus bench`.

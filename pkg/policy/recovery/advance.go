@@ -194,6 +194,7 @@ func (c *Core) checklist(ctx context.Context, r *ProviderRecord, rev uint64, now
 			if rev, err = c.st.SaveProvider(ctx, r, rev); err != nil {
 				return errors.Is(err, ErrConflict), ignoreConflict(err)
 			}
+			c.hook(HookPlanned, step)
 		}
 		if e.Plan.Draining {
 			done, err := c.drain(ctx, r.Provider, fmt.Sprintf("released after the outage of %s (%s)", r.Provider, e.RecoveryID), now)
@@ -217,6 +218,7 @@ func (c *Core) checklist(ctx context.Context, r *ProviderRecord, rev uint64, now
 		if rev, err = c.st.SaveProvider(ctx, r, rev); err != nil {
 			return errors.Is(err, ErrConflict), ignoreConflict(err)
 		}
+		c.hook(HookStepped, step)
 		if e.Step == len(events.Steps) {
 			return r.ready() != nil || r.Queue.Holding, nil
 		}

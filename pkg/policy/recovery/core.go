@@ -25,11 +25,25 @@ type Options struct {
 	// of it is looked for in the stream before it is published again (see
 	// Publisher). 0: never (simulate).
 	DedupeWindow time.Duration
+	// Hook, when set, is called at the core's crash points with the point
+	// and what it concerns: HookPlanned and HookStepped with a step name,
+	// HookPublished (stored, not yet in the ledger) and HookMarked (in the
+	// ledger) with a command id. A fault-injection hook for tests, which
+	// kill the process there; production leaves it nil.
+	Hook func(point, what string)
 	// ReportWindow is how far before an outage's start the checklist reads
 	// cron runs and writes back (clock skew between agents and the bus).
 	// Defaults to 5 minutes.
 	ReportWindow time.Duration
 }
+
+// Crash points of Options.Hook.
+const (
+	HookPlanned   = "planned"   // a step's plan is saved, nothing of it sent
+	HookPublished = "published" // a command is stored, its ledger entry not written
+	HookMarked    = "marked"    // a command's ledger entry is written
+	HookStepped   = "stepped"   // a step is done and the next one not planned
+)
 
 // DefaultLeaseTTL and DefaultReportWindow are defaults of Options.
 const (
@@ -343,8 +357,16 @@ func (c *Core) send(ctx context.Context, id, subject string, msg events.Message,
 	if err := c.pub.Publish(ctx, id, subject, msg, verify); err != nil {
 		return false, fmt.Errorf("send %s: %w", id, err)
 	}
+	c.hook(HookPublished, id)
 	if err := c.st.MarkSent(ctx, id, now); err != nil {
 		return true, fmt.Errorf("ledger %s: %w", id, err)
 	}
+	c.hook(HookMarked, id)
 	return true, nil
+}
+
+func (c *Core) hook(point, what string) {
+	if c.opts.Hook != nil {
+		c.opts.Hook(point, what)
+	}
 }

@@ -1,0 +1,131 @@
+package recovery
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/failbus/failbus/pkg/policy/recovery"
+)
+
+func natsMsg(subject string, h nats.Header, data []byte) *nats.Msg {
+	return &nats.Msg{Subject: subject, Header: h, Data: data}
+}
+
+// drive advances the providers that are due, sleeping until the next one
+// is (or until a record changes). It watches the provider records in KV to
+// know who is due when; the records stay the truth (Advance reads them
+// again).
+func (s *Service) drive(ctx context.Context) error {
+	w, err := s.store.state.WatchFiltered(ctx, []string{provPrefix + ">"})
+	if err != nil {
+		return err
+	}
+	defer w.Stop()
+	go func() {
+		for e := range w.Updates() {
+			if e == nil {
+				s.nudge() // initial values delivered
+				continue
+			}
+			s.observe(e)
+		}
+	}()
+	resync := time.NewTicker(DefaultResync)
+	defer resync.Stop()
+	var backoff time.Duration
+	for {
+		now := s.opts.Now()
+		next := now.Add(DefaultResync)
+		for p, due := range s.dueNow() {
+			if due.After(now) {
+				if due.Before(next) {
+					next = due
+				}
+				continue
+			}
+			if err := s.core.Advance(ctx, p, now); err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				s.m.advanceErrors.Inc()
+				s.setDriveErr(err)
+				s.log.Warn().Err(err).Str("provider", p).Msg("recovery step failed; retried")
+				backoff = min(max(2*backoff, 100*time.Millisecond), 5*time.Second)
+				next = now.Add(backoff)
+				continue
+			}
+			backoff = 0
+			s.setDriveErr(nil)
+		}
+		t := time.NewTimer(max(time.Until(next), time.Millisecond))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-s.wake:
+		case <-t.C:
+		case <-resync.C:
+		}
+		t.Stop()
+	}
+}
+
+func (s *Service) setDriveErr(err error) {
+	s.mu.Lock()
+	s.driveErr = err
+	s.mu.Unlock()
+}
+
+// dueNow copies the due map.
+func (s *Service) dueNow() map[string]time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]time.Time, len(s.due))
+	for p, t := range s.due {
+		out[p] = t
+	}
+	return out
+}
+
+// observe notes when a changed provider record is next due, and updates
+// the gauges.
+func (s *Service) observe(e jetstream.KeyValueEntry) {
+	name, err := unpart(strings.TrimPrefix(e.Key(), provPrefix))
+	if err != nil {
+		return
+	}
+	var r recovery.ProviderRecord
+	if e.Operation() != jetstream.KeyValuePut || msgpack.Unmarshal(e.Value(), &r) != nil {
+		s.mu.Lock()
+		delete(s.due, name)
+		s.mu.Unlock()
+		return
+	}
+	now := s.opts.Now()
+	due := r.NextDue(now)
+	if !due.IsZero() && r.Lease.Owner != s.opts.Owner && r.Lease.Until.After(due) {
+		due = r.Lease.Until.Time // another replica drives it until then
+	}
+	s.m.held.WithLabelValues(name).Set(float64(r.Queue.Held))
+	s.m.down.WithLabelValues(name).Set(boolGauge(r.Down))
+	s.mu.Lock()
+	if due.IsZero() {
+		delete(s.due, name)
+	} else {
+		s.due[name] = due
+	}
+	s.mu.Unlock()
+	s.nudge()
+}
+
+func boolGauge(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
