@@ -288,7 +288,7 @@ func (s *Service) at(t events.Time, stored time.Time) events.Time {
 }
 
 func (s *Service) handleHealth(ctx context.Context, m *consumer.Msg, _ *consumer.Outputs) error {
-	h, err := decodeAs(m.Header, m.Data, &events.Health{})
+	h, err := events.DecodeAs[*events.Health](m.Subject, m.Header, m.Data)
 	if err != nil {
 		return consumer.DeadLetter("decode: " + err.Error())
 	}
@@ -304,7 +304,7 @@ func (s *Service) handleHealth(ctx context.Context, m *consumer.Msg, _ *consumer
 }
 
 func (s *Service) handleHeartbeat(ctx context.Context, m *consumer.Msg, _ *consumer.Outputs) error {
-	h, err := decodeAs(m.Header, m.Data, &events.Heartbeat{})
+	h, err := events.DecodeAs[*events.Heartbeat](m.Subject, m.Header, m.Data)
 	if err != nil {
 		return consumer.DeadLetter("decode: " + err.Error())
 	}
@@ -316,21 +316,21 @@ func (s *Service) handleReport(ctx context.Context, m *consumer.Msg, _ *consumer
 	var in recovery.Input
 	switch {
 	case strings.HasPrefix(m.Subject, events.CronSpecPrefix+"."):
-		c, err := decodeAs(m.Header, m.Data, &events.CronSpec{})
+		c, err := events.DecodeAs[*events.CronSpec](m.Subject, m.Header, m.Data)
 		if err != nil {
 			return consumer.DeadLetter("decode: " + err.Error())
 		}
 		c.At = s.at(c.At, m.Timestamp)
 		in.CronSpec = c
 	case strings.HasPrefix(m.Subject, events.CronRunPrefix+"."):
-		r, err := decodeAs(m.Header, m.Data, &events.CronRun{})
+		r, err := events.DecodeAs[*events.CronRun](m.Subject, m.Header, m.Data)
 		if err != nil {
 			return consumer.DeadLetter("decode: " + err.Error())
 		}
 		r.At = s.at(r.At, m.Timestamp)
 		in.CronRun = r
 	case strings.HasPrefix(m.Subject, events.WritePrefix+"."):
-		w, err := decodeAs(m.Header, m.Data, &events.Write{})
+		w, err := events.DecodeAs[*events.Write](m.Subject, m.Header, m.Data)
 		if err != nil {
 			return consumer.DeadLetter("decode: " + err.Error())
 		}
@@ -356,7 +356,7 @@ func (s *Service) handleTask(ctx context.Context, m *consumer.Msg, _ *consumer.O
 }
 
 func (s *Service) handleDecision(ctx context.Context, m *consumer.Msg, _ *consumer.Outputs) error {
-	d, err := decodeAs(m.Header, m.Data, &events.Decision{})
+	d, err := events.DecodeAs[*events.Decision](m.Subject, m.Header, m.Data)
 	if err != nil {
 		return consumer.DeadLetter("decode: " + err.Error())
 	}

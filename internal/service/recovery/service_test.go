@@ -97,14 +97,14 @@ func (b *bundle) read(stream, filter string) []events.Message {
 		for m := range batch.Messages() {
 			got++
 			if strings.HasPrefix(m.Subject(), events.DLQPrefix) {
-				d, err := events.DecodeAs[*events.DeadLetter](m.Headers(), m.Data())
+				d, err := events.DecodeAs[*events.DeadLetter](m.Subject(), m.Headers(), m.Data())
 				if err != nil {
 					b.t.Fatal(err)
 				}
 				out = append(out, d)
 				continue
 			}
-			v, err := events.Decode(m.Headers(), m.Data())
+			v, err := events.Decode(m.Subject(), m.Headers(), m.Data())
 			if err != nil {
 				b.t.Fatalf("%s: %v", m.Subject(), err)
 			}
@@ -266,7 +266,7 @@ func TestServiceDeadLettersBadInputAndKeepsGoing(t *testing.T) {
 	bad(events.HeartbeatSubject("a"), "outcome/1", map[string]any{"id": "o", "agent": "a", "provider": "p"})
 	b.raw(events.WriteSubject("a"), nil, []byte("not msgpack"))
 	want := map[string][]string{
-		svc.HeartbeatName: {`"subagent"`, "outcome message does not belong"},
+		svc.HeartbeatName: {`"subagent"`, "does not belong on its subject"},
 		svc.ReportName:    {`"schedule"`, `"catchup"`, "not a msgpack map"},
 		svc.TaskName:      {`"id"`},
 	}

@@ -192,7 +192,7 @@ func (s *Store) LatestHealth(ctx context.Context, provider string) (*events.Heal
 	if err != nil {
 		return nil, fmt.Errorf("latest health of %s: %w", provider, err)
 	}
-	h, err := events.DecodeAs[*events.Health](m.Header, m.Data)
+	h, err := events.DecodeAs[*events.Health](m.Subject, m.Header, m.Data)
 	if err != nil || h.Provider != provider {
 		return nil, nil // the health consumer dead-letters it
 	}
@@ -330,7 +330,7 @@ func (s *Store) CronStates(ctx context.Context) ([]recovery.CronState, error) {
 func (s *Store) CronRuns(ctx context.Context, since time.Time) ([]events.CronRun, error) {
 	var out []events.CronRun
 	err := readSince(ctx, s.js, topology.StreamReports, events.CronRunPrefix+".>", since, func(m jetstream.Msg) {
-		if r, err := decodeAs(m.Headers(), m.Data(), &events.CronRun{}); err == nil {
+		if r, err := events.DecodeAs[*events.CronRun](m.Subject(), m.Headers(), m.Data()); err == nil {
 			out = append(out, *r)
 		}
 	})
@@ -345,7 +345,7 @@ func (s *Store) NoteWrite(context.Context, events.Write) error { return nil }
 func (s *Store) WritesSince(ctx context.Context, since time.Time) ([]events.Write, error) {
 	var out []events.Write
 	err := readSince(ctx, s.js, topology.StreamReports, events.WritePrefix+".>", since, func(m jetstream.Msg) {
-		if w, err := decodeAs(m.Headers(), m.Data(), &events.Write{}); err == nil {
+		if w, err := events.DecodeAs[*events.Write](m.Subject(), m.Headers(), m.Data()); err == nil {
 			out = append(out, *w)
 		}
 	})
@@ -442,7 +442,7 @@ func (s *Store) TaskAt(ctx context.Context, seq uint64) (*recovery.StoredTask, e
 // without a schema header is a Task (the subject carries its type), and an
 // empty provider is taken from the subject.
 func TaskFromMsg(subject string, h nats.Header, data []byte) (*events.Task, error) {
-	t, err := decodeAs(h, data, &events.Task{})
+	t, err := events.DecodeAs[*events.Task](subject, h, data)
 	if err != nil {
 		return nil, err
 	}
