@@ -115,6 +115,10 @@ func Latest(ctx context.Context, js jetstream.JetStream, providers ...string) ([
 // write prints the records as a table; asked-for providers without a
 // record are listed as healthy.
 func write(w io.Writer, records []events.Health, asked []string, now time.Time) {
+	if len(records) == 0 && len(asked) == 0 {
+		fmt.Fprintln(w, "no health records: every provider has been healthy, or nothing was reported yet")
+		return
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "PROVIDER\tSTATE\tSINCE\tREASON")
 	seen := map[string]bool{}
@@ -128,9 +132,6 @@ func write(w io.Writer, records []events.Health, asked []string, now time.Time) 
 		}
 	}
 	_ = tw.Flush()
-	if len(records) == 0 && len(asked) == 0 {
-		fmt.Fprintln(w, "(no health records: every provider has been healthy, or nothing was reported yet)")
-	}
 }
 
 // age writes d for people, to the unit that matters: 42s, 12m, 5h07m,

@@ -99,7 +99,7 @@ func TestCLIHealthEmptyAndMissing(t *testing.T) {
 	t.Parallel()
 	b := bustest.Start(t, time.Minute)
 	var stdout, stderr bytes.Buffer
-	if code := run([]string{"--server", b.Srv.ClientURL()}, nil, &stdout, &stderr); code != 0 || !strings.Contains(stdout.String(), "no health records") {
+	if code := run([]string{"--server", b.Srv.ClientURL()}, nil, &stdout, &stderr); code != 0 || !strings.HasPrefix(stdout.String(), "no health records") {
 		t.Errorf("empty stream: exit %d, %q %q", code, stdout.String(), stderr.String())
 	}
 	stdout.Reset()
