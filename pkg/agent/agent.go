@@ -28,6 +28,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -59,6 +60,9 @@ type Agent struct {
 	name    string
 	opts    options
 	created time.Time
+
+	mu        sync.Mutex
+	subagents map[string]*Subagent // started here and still running
 }
 
 // Option configures an Agent.
@@ -107,7 +111,7 @@ func New(nc *nats.Conn, name string, opts ...Option) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("agent %s: jetstream context: %w", name, err)
 	}
-	return &Agent{js: js, name: name, opts: o, created: o.now()}, nil
+	return &Agent{js: js, name: name, opts: o, created: o.now(), subagents: map[string]*Subagent{}}, nil
 }
 
 // Name is the agent instance id this Agent reports as and reads for.
