@@ -18,6 +18,7 @@ import (
 	"github.com/failbus/failbus/internal/cli"
 	"github.com/failbus/failbus/internal/cli/bench"
 	"github.com/failbus/failbus/internal/cli/classify"
+	"github.com/failbus/failbus/internal/cli/decode"
 	"github.com/failbus/failbus/internal/cli/demo"
 	"github.com/failbus/failbus/internal/cli/dev"
 	"github.com/failbus/failbus/internal/cli/dlq"
@@ -38,6 +39,7 @@ var commands = []cli.Command{
 	health.Command,
 	lag.Command,
 	dlq.Command,
+	decode.Command,
 	classify.Command,
 	simulate.Command,
 	bench.Command,

@@ -174,6 +174,14 @@ func pump[T any](ctx context.Context, a *Agent, r *reader, out chan<- T, decode 
 			}
 			continue
 		}
+		if m.Headers().Get(events.HeaderRequeueFor) != "" {
+			// A dead letter of a failbus service requeued for it (failbus
+			// dlq requeue): this agent had the original already.
+			if r.ack {
+				_ = m.Ack()
+			}
+			continue
+		}
 		v, err := decode(m)
 		if err != nil {
 			a.opts.onError(fmt.Errorf("agent %s: undecodable message on %s: %w", a.name, m.Subject(), err))

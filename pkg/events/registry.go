@@ -45,34 +45,79 @@ var wireTypes = []wireType{
 	{SchemaRecovery, func() Message { return &Recovery{} }, RecoveryPrefix + ".>"},
 }
 
-// Lookups built once from wireTypes.
+// Lookups built from wireTypes (and Register).
 var (
 	typeBySchema = map[string]wireType{}
 	// familyPrefixes are the subject families with their trailing '.'
-	// ("failbus.outcome."), in table order.
+	// ("failbus.outcome."), and the single subjects of types registered
+	// for one subject, in table order.
 	familyPrefixes []familyPrefix
 )
 
 type familyPrefix struct {
 	prefix string
 	schema string
+	// exact is set for a single subject (no trailing '>'): only that
+	// subject carries the type.
+	exact bool
 }
 
 func init() {
 	for _, t := range wireTypes {
-		if _, dup := typeBySchema[t.schema]; dup {
-			panic(fmt.Sprintf("events: schema %q is in the type table twice", t.schema))
+		add(t)
+	}
+}
+
+// add puts t into the lookups; it panics on a schema already there or a
+// subject family that overlaps another type's.
+func add(t wireType) {
+	if t.schema == "" || t.zero == nil {
+		panic("events: a wire type needs a schema name and a zero value")
+	}
+	if _, dup := typeBySchema[t.schema]; dup {
+		panic(fmt.Sprintf("events: schema %q is in the type table twice", t.schema))
+	}
+	if z := t.zero(); z == nil || z.SchemaName() != t.schema {
+		panic(fmt.Sprintf("events: the zero value of %q does not name that schema", t.schema))
+	}
+	if t.subjects != "" {
+		for _, o := range typeBySchema {
+			if o.subjects != "" && SubjectsCollide(o.subjects, t.subjects) {
+				panic(fmt.Sprintf("events: subjects %q of %s overlap %q of %s", t.subjects, t.schema, o.subjects, o.schema))
+			}
 		}
-		typeBySchema[t.schema] = t
-		if t.subjects == "" {
-			continue
-		}
-		p, ok := strings.CutSuffix(t.subjects, ">")
-		if !ok || !strings.HasSuffix(p, ".") {
-			panic(fmt.Sprintf("events: subjects %q of %s must be a family \"<prefix>.>\"", t.subjects, t.schema))
+	}
+	typeBySchema[t.schema] = t
+	if t.subjects == "" {
+		return
+	}
+	if strings.ContainsAny(t.subjects, "* ") {
+		panic(fmt.Sprintf("events: subjects %q of %s must be a family \"<prefix>.>\" or one subject", t.subjects, t.schema))
+	}
+	if p, ok := strings.CutSuffix(t.subjects, ">"); ok {
+		if !strings.HasSuffix(p, ".") {
+			panic(fmt.Sprintf("events: subjects %q of %s must be a family \"<prefix>.>\" or one subject", t.subjects, t.schema))
 		}
 		familyPrefixes = append(familyPrefixes, familyPrefix{prefix: p, schema: t.schema})
+		return
 	}
+	familyPrefixes = append(familyPrefixes, familyPrefix{prefix: t.subjects, schema: t.schema, exact: true})
+}
+
+// Register adds a record type that a package outside this one defines — a
+// service's own records, such as the scheduler's retry ledger entries or
+// the notifier's audit records — to the table, so Decode, ToJSON and every
+// reader of the bus (tail, report) decode it like the contract's types:
+// by its Failbus-Schema header, or, without one, by its subject. subjects
+// is the family "<prefix>.>" that carries only this type, one subject, or
+// "" for a type no subject carries alone. zero returns a new zero value.
+//
+// Call it from an init function only (the table is read without locks).
+// It panics on a schema that is already registered and on subjects that
+// overlap another type's: both are programming errors.
+func Register(schema, subjects string, zero func() Message) {
+	add(wireType{schema: schema, zero: zero, subjects: subjects})
+	wireTypes = append(wireTypes, wireType{schema: schema, zero: zero, subjects: subjects})
 }
 
 // New returns a zero value of the named schema, or nil when the name is
@@ -92,6 +137,12 @@ func New(schema string) Message {
 func SubjectSchema(subject string) string {
 	best, n := "", 0
 	for _, f := range familyPrefixes {
+		if f.exact {
+			if subject == f.prefix {
+				return f.schema
+			}
+			continue
+		}
 		if len(f.prefix) > n && len(subject) > len(f.prefix) && strings.HasPrefix(subject, f.prefix) {
 			best, n = f.schema, len(f.prefix)
 		}
@@ -99,8 +150,9 @@ func SubjectSchema(subject string) string {
 	return best
 }
 
-// SubjectFamily is the subject family ("failbus.outcome.>") that carries the
-// named schema, or "" when no subject carries it alone.
+// SubjectFamily is the subject family ("failbus.outcome.>"), or the one
+// subject, that carries the named schema, or "" when no subject carries it
+// alone.
 func SubjectFamily(schema string) string { return typeBySchema[schema].subjects }
 
 // Schemas lists every schema name failbus knows, in table order.

@@ -253,3 +253,70 @@ func TestSubjectTypeTable(t *testing.T) {
 		}
 	}
 }
+
+// testRecord is a record type registered from outside the table, as a
+// service registers its own records.
+type testRecord struct {
+	Name string `msgpack:"name" json:"name"`
+}
+
+func (*testRecord) SchemaName() string { return "test_record" }
+func (r *testRecord) Validate() error {
+	if r.Name == "" {
+		return &events.FieldError{Field: "name", Problem: "required"}
+	}
+	return nil
+}
+
+type testAudit struct{ testRecord }
+
+func (*testAudit) SchemaName() string { return "test_audit" }
+
+// TestRegisterARecordTypeFromOutside: a registered type decodes by its
+// header anywhere and, without one, on its family or its one subject; a
+// schema registered twice or overlapping subjects are refused at once.
+func TestRegisterARecordTypeFromOutside(t *testing.T) {
+	events.Register("test_record", "failbus.test.records.>", func() events.Message { return &testRecord{} })
+	events.Register("test_audit", "failbus.test.audit.one", func() events.Message { return &testAudit{} })
+	data := headerless(t, map[string]any{"name": "n1"})
+	for _, subject := range []string{"failbus.test.records.a.b", "failbus.test.audit.one"} {
+		m, err := events.Decode(subject, nil, data)
+		if err != nil {
+			t.Fatalf("header-less on %s: %v", subject, err)
+		}
+		if m.SchemaName() != events.SubjectSchema(subject) {
+			t.Errorf("%s decoded as %s, want %s", subject, m.SchemaName(), events.SubjectSchema(subject))
+		}
+	}
+	if got := events.SubjectSchema("failbus.test.audit.two"); got != "" {
+		t.Errorf("a neighbour of a one-subject type reads as %q", got)
+	}
+	b, err := events.ToJSON("failbus.other", nats.Header{events.HeaderSchema: {"test_record/1"}}, data)
+	if err != nil || string(b) != `{"name":"n1"}` {
+		t.Errorf("by header on another subject: %s %v", b, err)
+	}
+	for name, register := range map[string]func(){
+		"the same schema twice": func() {
+			events.Register("test_record", "", func() events.Message { return &testRecord{} })
+		},
+		"a family inside another's": func() {
+			events.Register("test_other", "failbus.test.records.x.>", func() events.Message { return &testOther{} })
+		},
+		"a contract family": func() {
+			events.Register("test_other", "failbus.outcome.x", func() events.Message { return &testOther{} })
+		},
+	} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("Register of %s did not panic", name)
+				}
+			}()
+			register()
+		}()
+	}
+}
+
+type testOther struct{ testRecord }
+
+func (*testOther) SchemaName() string { return "test_other" }

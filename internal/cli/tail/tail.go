@@ -21,6 +21,7 @@ import (
 
 	"github.com/failbus/failbus/internal/cli"
 	"github.com/failbus/failbus/internal/watch"
+	_ "github.com/failbus/failbus/internal/wiretypes" // every record type the bus writes decodes typed
 	"github.com/failbus/failbus/pkg/events"
 )
 
@@ -53,7 +54,13 @@ Start (at most one; default: new messages when following, all with
 --no-follow): --last N (the last N matching messages of each stream),
 --last-per-subject (the latest message of each subject, e.g. each
 provider's on failbus.health.>), --since DURATION, --start-time RFC3339,
---start-seq N (one stream only).`
+--start-seq N (one stream only).
+
+--translate CMD runs CMD for each message with its payload on stdin, in the
+nats CLI's manner, and prints what CMD wrote as "data" (as JSON when it is
+JSON, else as a string); {{Subject}} and {{Stream}} in CMD are the message's.
+The other way round, failbus decode reads one payload on stdin:
+nats sub 'failbus.>' --translate 'failbus decode --subject {{Subject}}'.`
 
 // tailOptions are the parsed flags of `failbus tail`.
 type tailOptions struct {
@@ -66,6 +73,7 @@ type tailOptions struct {
 	count     int
 	noFollow  bool
 	subjects  []string
+	translate *translator
 }
 
 // run is `failbus tail`.
@@ -83,6 +91,7 @@ func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 	fs.BoolVar(&o.lastPer, "last-per-subject", false, "start with the latest message of each subject (each provider's latest health, say)")
 	fs.IntVar(&o.count, "count", 0, "exit after N messages (0: no limit)")
 	fs.BoolVar(&o.noFollow, "no-follow", false, "exit when the messages stored at start are printed")
+	translate := fs.String("translate", "", "run CMD per message with the payload on stdin and print its output as data ({{Subject}}, {{Stream}})")
 	subjects, code, done := cli.Parse(fs, args)
 	if done {
 		return code
@@ -97,6 +106,13 @@ func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 	}
 	if err := o.check(); err != nil {
 		return cli.UsageError(fs, stderr, "%v", err)
+	}
+	if *translate != "" {
+		t, err := newTranslator(*translate)
+		if err != nil {
+			return cli.UsageError(fs, stderr, "%v", err)
+		}
+		o.translate = t
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -329,7 +345,7 @@ func tailStream(ctx context.Context, js jetstream.JetStream, stream string, filt
 		if err != nil {
 			return fmt.Errorf("read %s: %w", stream, err)
 		}
-		if !out.write(renderTail(m, meta)) {
+		if !out.write(renderTail(ctx, m, meta, o.translate)) {
 			return watch.ErrStop
 		}
 		return nil
@@ -346,8 +362,9 @@ func quiet(ctx context.Context, err error) error {
 	return err
 }
 
-// renderTail builds the JSON line of one message.
-func renderTail(m jetstream.Msg, meta *jetstream.MsgMetadata) []byte {
+// renderTail builds the JSON line of one message, its payload rendered by
+// tr when given (--translate).
+func renderTail(ctx context.Context, m jetstream.Msg, meta *jetstream.MsgMetadata, tr *translator) []byte {
 	h := m.Headers()
 	l := tailLine{
 		Stream:  meta.Stream,
@@ -357,7 +374,14 @@ func renderTail(m jetstream.Msg, meta *jetstream.MsgMetadata) []byte {
 		Schema:  h.Get(events.HeaderSchema),
 		MsgID:   h.Get(events.HeaderMsgID),
 	}
-	l.Data, l.Raw, l.Error = renderPayload(m.Subject(), h, m.Data())
+	if tr != nil {
+		var err error
+		if l.Data, err = tr.run(ctx, m.Subject(), meta.Stream, m.Data()); err != nil {
+			l.Raw, l.Error = m.Data(), err.Error()
+		}
+	} else {
+		l.Data, l.Raw, l.Error = renderPayload(m.Subject(), h, m.Data())
+	}
 	b, err := json.Marshal(l)
 	if err != nil {
 		// Data is valid JSON by construction; this is a bug, say so.
