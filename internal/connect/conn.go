@@ -176,14 +176,23 @@ func connectError(o Options, err error) error {
 // permissionRe reads the subject out of the server's permission error.
 var permissionRe = regexp.MustCompile(`(?i)permissions violation for (publish|subscription) to "([^"]+)"`)
 
+// parseDenial reads a permission violation reported by the server.
+func (c *Conn) parseDenial(text string) (Denial, bool) {
+	m := permissionRe.FindStringSubmatch(text)
+	if m == nil {
+		return Denial{}, false
+	}
+	op := "publish"
+	if strings.EqualFold(m[1], "subscription") {
+		op = "subscribe"
+	}
+	return Denial{Op: op, Subject: m[2], User: c.user, At: time.Now()}, true
+}
+
 // onError records permission violations and logs what the server reports.
 func (c *Conn) onError(_ *nats.Conn, sub *nats.Subscription, err error) {
-	if m := permissionRe.FindStringSubmatch(err.Error()); m != nil {
-		op := "publish"
-		if strings.EqualFold(m[1], "subscription") {
-			op = "subscribe"
-		}
-		d := Denial{Op: op, Subject: m[2], User: c.user, At: time.Now()}
+	if d, ok := c.parseDenial(err.Error()); ok {
+		op := d.Op
 		c.mu.Lock()
 		c.denied = append(c.denied, d)
 		if len(c.denied) > maxDenials {
@@ -250,6 +259,10 @@ func (c *Conn) Explain(err error) error {
 	var pe *PermissionError
 	if errors.As(err, &pe) {
 		return err
+	}
+	// A subscription's own permission error names its subject.
+	if d, ok := c.parseDenial(err.Error()); ok {
+		return &PermissionError{Denial: d, Err: err}
 	}
 	c.mu.Lock()
 	var last *Denial

@@ -1,0 +1,647 @@
+package auth_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/failbus/failbus/internal/auth"
+	"github.com/failbus/failbus/internal/connect"
+	"github.com/failbus/failbus/internal/embedded"
+	topology "github.com/failbus/failbus/jetstream"
+	"github.com/failbus/failbus/pkg/events"
+)
+
+// Every durable consumer of the topology is run by exactly one role, and
+// every bucket is used by some role and written by at most one (besides
+// the admin): a consumer or bucket added without a role fails here,
+// naming it.
+func TestEveryConsumerAndBucketHasItsRole(t *testing.T) {
+	owner := map[string][]string{}
+	writer := map[string][]string{}
+	used := map[string]bool{}
+	for _, r := range auth.Roles() {
+		for _, c := range r.Consumers {
+			owner[c] = append(owner[c], r.Name)
+		}
+		for _, b := range r.Buckets {
+			writer[b] = append(writer[b], r.Name)
+			used[b] = true
+		}
+		for _, b := range r.BucketsRead {
+			used[b] = true
+		}
+	}
+	for _, c := range topology.Consumers() {
+		if len(owner[c]) != 1 {
+			t.Errorf("consumer %s is run by roles %v; give it to exactly one role in internal/auth/roles.go", c, owner[c])
+		}
+	}
+	for _, b := range topology.Buckets() {
+		if !used[b.Bucket] || len(writer[b.Bucket]) > 1 {
+			t.Errorf("bucket %s is used by no role or written by several (%v); see internal/auth/roles.go", b.Bucket, writer[b.Bucket])
+		}
+	}
+}
+
+// auth.conf says what the Permissions say: nats-server reads the file
+// back into exactly the generated users.
+func TestConfIsWhatTheServerReads(t *testing.T) {
+	dir := t.TempDir()
+	set, err := auth.Init(dir, []string{"a1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts, err := server.ProcessConfigFile(set.ConfPath())
+	if err != nil {
+		t.Fatalf("nats-server cannot read auth.conf: %v", err)
+	}
+	if len(opts.Nkeys) != len(set.Users) {
+		t.Fatalf("%d users read back, %d written", len(opts.Nkeys), len(set.Users))
+	}
+	want := []string{"classifier", "scheduler", "notifier", "recovery", "agent", "operator", "admin", "agent-a1"}
+	for i, u := range set.Users {
+		if u.Role.Name != want[i] {
+			t.Errorf("user %d is %s, want %s", i, u.Role.Name, want[i])
+		}
+		nk := opts.Nkeys[i]
+		if nk.Nkey != u.Public {
+			t.Errorf("%s: nkey %s, want %s", u.Role.Name, nk.Nkey, u.Public)
+		}
+		got := nk.Permissions
+		p := u.Permissions
+		if !slices.Equal(got.Publish.Allow, p.PublishAllow) || !slices.Equal(got.Publish.Deny, p.PublishDeny) ||
+			!slices.Equal(got.Subscribe.Allow, p.SubscribeAllow) || !slices.Equal(got.Subscribe.Deny, p.SubscribeDeny) ||
+			(got.Response != nil) != p.AllowResponses {
+			t.Errorf("%s: the server reads permissions %+v %+v, generated %+v", u.Role.Name, got.Publish, got.Subscribe, p)
+		}
+		info, err := os.Stat(u.SeedFile)
+		if err != nil || info.Mode().Perm() != 0o600 {
+			t.Errorf("%s: seed file %v mode %v", u.Role.Name, err, info.Mode())
+		}
+	}
+
+	// Running it again keeps every key (nobody is locked out) and rewrites
+	// the same file.
+	before, _ := os.ReadFile(set.ConfPath())
+	again, err := auth.Init(dir, []string{"a1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, _ := os.ReadFile(again.ConfPath())
+	if string(before) != string(after) {
+		t.Errorf("a second Init changed auth.conf")
+	}
+	if _, err := auth.Init(dir, []string{"a1", "a1"}); err == nil {
+		t.Errorf("an agent named twice was accepted")
+	}
+}
+
+// bus is a server running auth.conf, with the topology applied by the
+// admin and one message on every stream.
+type bus struct {
+	ctx context.Context
+	srv *embedded.Server
+	set *auth.Set
+}
+
+func setup(t *testing.T) *bus {
+	t.Helper()
+	for _, v := range []string{connect.EnvServer, connect.EnvCreds, connect.EnvNkey, connect.EnvUser, connect.EnvPassword, connect.EnvInboxPrefix} {
+		t.Setenv(v, "")
+	}
+	set, err := auth.Init(filepath.Join(t.TempDir(), "auth"), []string{"a1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := embedded.StartTestOpts(t, embedded.Options{Dir: t.TempDir(), ConfigFile: set.ConfPath()})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	b := &bus{ctx: ctx, srv: srv, set: set}
+	admin, js := b.connect(t, auth.RoleAdmin)
+	defer admin.Close()
+	if err := topology.Apply(ctx, js, topology.Options{}); err != nil {
+		t.Fatalf("the admin applies the topology: %v", err)
+	}
+	for _, s := range fixtures {
+		if _, err := js.Publish(ctx, s, []byte("fixture")); err != nil {
+			t.Fatalf("admin publishes %s: %v", s, err)
+		}
+	}
+	for _, bk := range topology.Buckets() {
+		kv, err := js.KeyValue(ctx, bk.Bucket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := kv.Put(ctx, "k", []byte("v")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return b
+}
+
+// fixtures is one message on each kind of subject.
+var fixtures = []string{
+	events.OutcomeSubject("openai", "a1"), events.SegmentSubject("a1"),
+	events.ClassifiedSubject("openai", "rate_limit"), events.ClassifiedSubject("openai", "content_refusal"),
+	events.HealthSubject("openai"), events.DecisionSubject("a1"), events.DecisionSubject("a2"),
+	events.RetryDueSubject("a1"), events.RetryDueSubject("a2"), events.RetryStartedSubject("a1"),
+	events.NotifySubject("normal"), events.ControlSubject("a1"), events.ControlSubject("a2"), events.TaskSubject("openai", "a1"),
+	events.HeartbeatSubject("a1"), events.CronRunSubject("a1"), events.WriteSubject("a1"),
+	events.DispatchSubject("a1"), events.DispatchSubject("a2"), events.RecoverySubject("openai"), events.DLQSubject("classifier"),
+	events.AuditSubject("notifier", "sent"),
+}
+
+// connect logs in as role.
+func (b *bus) connect(t *testing.T, role string) (*connect.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc, err := connect.Connect(connect.Options{Servers: b.srv.ClientURL(), Nkey: b.set.Seed(role)}, "test-"+role,
+		connect.WithNATS(nats.PermissionErrOnSubscribe(true)))
+	if err != nil {
+		t.Fatalf("connect as %s: %v", role, err)
+	}
+	js, err := jetstream.New(nc.Conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, js
+}
+
+// op is one thing a user tries.
+type op struct {
+	name string
+	do   func(ctx context.Context, nc *connect.Conn, js jetstream.JetStream) error
+}
+
+func publish(subject string) op {
+	return op{"publish " + subject, func(ctx context.Context, _ *connect.Conn, js jetstream.JetStream) error {
+		_, err := js.Publish(ctx, subject, []byte("x"))
+		return err
+	}}
+}
+
+// fetchAck takes one message from a durable consumer and acknowledges it.
+func fetchAck(stream, consumer string) op {
+	return op{"fetch and ack " + stream + "/" + consumer, func(ctx context.Context, nc *connect.Conn, js jetstream.JetStream) error {
+		c, err := js.Consumer(ctx, stream, consumer)
+		if err != nil {
+			return err
+		}
+		batch, err := c.Fetch(1, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			return err
+		}
+		n := 0
+		for m := range batch.Messages() {
+			n++
+			if err := m.DoubleAck(ctx); err != nil {
+				return err
+			}
+		}
+		if batch.Error() != nil {
+			return batch.Error()
+		}
+		if n == 0 {
+			if d := nc.Denials(); len(d) > 0 {
+				return &connect.PermissionError{Denial: d[len(d)-1], Err: errors.New("nothing fetched")}
+			}
+			return errors.New("nothing fetched")
+		}
+		return nil
+	}}
+}
+
+// read opens an ordered consumer of its own on filter and reads one message.
+func read(stream, filter string) op {
+	return op{"read " + filter + " on " + stream, func(ctx context.Context, _ *connect.Conn, js jetstream.JetStream) error {
+		c, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}})
+		if err != nil {
+			return err
+		}
+		_, err = c.Next(jetstream.FetchMaxWait(5 * time.Second))
+		return err
+	}}
+}
+
+// durableFor creates (or updates) a durable consumer called name.
+func durableFor(stream, name, filter string) op {
+	return op{"create or update consumer " + stream + "/" + name, func(ctx context.Context, _ *connect.Conn, js jetstream.JetStream) error {
+		_, err := js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: name, FilterSubject: filter, AckPolicy: jetstream.AckExplicitPolicy})
+		return err
+	}}
+}
+
+// ownDurable creates a durable consumer of its own and takes a message
+// from it.
+func ownDurable(stream, name, filter string) op {
+	create, fetch := durableFor(stream, name, filter), fetchAck(stream, name)
+	return op{"create its own durable consumer " + stream + "/" + name + " and read it", func(ctx context.Context, nc *connect.Conn, js jetstream.JetStream) error {
+		if err := create.do(ctx, nc, js); err != nil {
+			return err
+		}
+		return fetch.do(ctx, nc, js)
+	}}
+}
+
+func kvGet(bucket string) op {
+	return op{"get from bucket " + bucket, func(ctx context.Context, _ *connect.Conn, js jetstream.JetStream) error {
+		kv, err := js.KeyValue(ctx, bucket)
+		if err != nil {
+			return err
+		}
+		_, err = kv.Get(ctx, "k")
+		return err
+	}}
+}
+
+func kvPut(bucket string) op {
+	return op{"put into bucket " + bucket, func(ctx context.Context, _ *connect.Conn, js jetstream.JetStream) error {
+		kv, err := js.KeyValue(ctx, bucket)
+		if err != nil {
+			return err
+		}
+		_, err = kv.Put(ctx, "k2", []byte("x"))
+		return err
+	}}
+}
+
+func kvWatch(bucket string) op {
+	return op{"watch bucket " + bucket, func(ctx context.Context, _ *connect.Conn, js jetstream.JetStream) error {
+		kv, err := js.KeyValue(ctx, bucket)
+		if err != nil {
+			return err
+		}
+		w, err := kv.WatchAll(ctx)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = w.Stop() }()
+		select {
+		case e := <-w.Updates():
+			if e == nil {
+				return nil // initial values done
+			}
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}}
+}
+
+func lastMsg(stream, subject string) op {
+	return op{"read the last " + subject + " on " + stream, func(ctx context.Context, _ *connect.Conn, js jetstream.JetStream) error {
+		s, err := js.Stream(ctx, stream)
+		if err != nil {
+			return err
+		}
+		_, err = s.GetLastMsgForSubject(ctx, subject)
+		return err
+	}}
+}
+
+func purge(stream, subject string) op {
+	return op{"purge " + subject + " from " + stream, func(ctx context.Context, _ *connect.Conn, js jetstream.JetStream) error {
+		s, err := js.Stream(ctx, stream)
+		if err != nil {
+			return err
+		}
+		return s.Purge(ctx, jetstream.WithPurgeSubject(subject))
+	}}
+}
+
+func createStream(name, subject string) op {
+	return op{"create stream " + name, func(ctx context.Context, _ *connect.Conn, js jetstream.JetStream) error {
+		_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{subject}})
+		return err
+	}}
+}
+
+func deleteStream(name string) op {
+	return op{"delete stream " + name, func(ctx context.Context, _ *connect.Conn, js jetstream.JetStream) error {
+		return js.DeleteStream(ctx, name)
+	}}
+}
+
+// subscribe subscribes on the core subject.
+func subscribe(subject string) op {
+	return op{"subscribe " + subject, func(_ context.Context, nc *connect.Conn, _ jetstream.JetStream) error {
+		sub, err := nc.SubscribeSync(subject)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = sub.Unsubscribe() }()
+		if err := nc.Flush(); err != nil {
+			return err
+		}
+		_, err = sub.NextMsg(500 * time.Millisecond)
+		if errors.Is(err, nats.ErrTimeout) {
+			return nil // allowed, nothing sent
+		}
+		return err
+	}}
+}
+
+// readInboxOf subscribes to another role's reply inbox.
+func (b *bus) readInboxOf(role string) op {
+	pub, err := connect.NkeyPublicKey(b.set.Seed(role))
+	if err != nil {
+		panic(err)
+	}
+	o := subscribe(connect.InboxPrefixFor(pub) + ".>")
+	o.name = "read the replies of " + role + " (" + o.name + ")"
+	return o
+}
+
+func route() op {
+	return op{"ask the refusal route", func(ctx context.Context, nc *connect.Conn, _ jetstream.JetStream) error {
+		// No responders means the request was allowed out (nobody serves
+		// the route here, or a parallel subtest answers it); a denial is
+		// reported as such.
+		_, err := nc.RequestWithContext(ctx, events.RefusalRouteSubject, []byte("{}"))
+		if errors.Is(err, nats.ErrNoResponders) {
+			return nil
+		}
+		return err
+	}}
+}
+
+func serve(subject string) op {
+	return op{"serve " + subject, func(ctx context.Context, nc *connect.Conn, _ jetstream.JetStream) error {
+		sub, err := nc.QueueSubscribeSync(subject, "q")
+		if err != nil {
+			return err
+		}
+		defer func() { _ = sub.Unsubscribe() }()
+		if err := nc.Flush(); err != nil {
+			return err
+		}
+		m, err := sub.NextMsg(300 * time.Millisecond)
+		if errors.Is(err, nats.ErrTimeout) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		// A request arrived (an agent's, in a parallel subtest): answer it.
+		return m.Respond([]byte("{}"))
+	}}
+}
+
+// try runs o as role on a connection of its own (so a denial is never
+// blamed on the next operation) and returns its error, explained: a
+// denied operation fails at once with a *connect.PermissionError.
+func (b *bus) try(t *testing.T, role string, o op) error {
+	nc, js := b.connect(t, role)
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(b.ctx, 10*time.Second)
+	defer cancel()
+	ctx, stop := nc.FailFast(ctx)
+	defer stop()
+	return nc.Explain(o.do(ctx, nc, js))
+}
+
+// check runs every op as role: may must succeed, mayNot must be denied by
+// the server (not fail for another reason).
+func (b *bus) check(t *testing.T, role string, may, mayNot []op) {
+	t.Helper()
+	t.Parallel()
+	var wg sync.WaitGroup
+	for _, o := range may {
+		wg.Go(func() {
+			if err := b.try(t, role, o); err != nil {
+				t.Errorf("%s may %s: %v", role, o.name, err)
+			}
+		})
+	}
+	for _, o := range mayNot {
+		wg.Go(func() {
+			err := b.try(t, role, o)
+			var pe *connect.PermissionError
+			if !errors.As(err, &pe) {
+				t.Errorf("%s may not %s, but got %v", role, o.name, err)
+			} else if pe.User != role {
+				t.Errorf("the denial names user %q, want %q", pe.User, role)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+const (
+	sOut, sCls, sHealth, sDec = topology.StreamOutcomes, topology.StreamClassified, topology.StreamHealth, topology.StreamDecisions
+	sRet, sNotify, sCtl       = topology.StreamRetries, topology.StreamNotify, topology.StreamControl
+)
+
+// servicesMayNot is what no service role may do.
+var servicesMayNot = []op{
+	createStream("EVIL", "evil.>"),
+	deleteStream(topology.StreamOutcomes),
+	durableFor(sOut, topology.ConsumerClassifier, "failbus.outcome.>"),
+	publish(events.OutcomeSubject("openai", "a1")),
+}
+
+func TestRoles(t *testing.T) {
+	b := setup(t)
+
+	t.Run("no credentials", func(t *testing.T) {
+		_, err := connect.Connect(connect.Options{Servers: b.srv.ClientURL()}, "test")
+		if err == nil || !strings.Contains(err.Error(), "requires credentials") {
+			t.Fatalf("a connection without credentials: %v", err)
+		}
+		_, err = nats.Connect(b.srv.ClientURL())
+		if !errors.Is(err, nats.ErrAuthorization) {
+			t.Fatalf("a plain client without credentials: %v", err)
+		}
+	})
+
+	t.Run(auth.RoleClassifier, func(t *testing.T) {
+		b.check(t, auth.RoleClassifier,
+			[]op{
+				fetchAck(sOut, topology.ConsumerClassifier),
+				publish(events.ClassifiedSubject("openai", "rate_limit")),
+				publish(events.DLQSubject("classifier")),
+			},
+			append([]op{
+				publish(events.HealthSubject("openai")), publish(events.DecisionSubject("a1")),
+				publish(events.DLQSubject("scheduler")), publish(events.NotifySubject("critical")),
+				fetchAck(sCls, topology.ConsumerScheduler),
+				read(sOut, "failbus.outcome.>"),
+				kvGet(topology.BucketNotifyDedupe), kvPut(topology.BucketNotifyDedupe), kvWatch(topology.BucketNotifyBudget),
+				kvGet(topology.BucketRefusals),
+				b.readInboxOf(auth.RoleScheduler), subscribe(">"),
+			}, servicesMayNot...))
+	})
+
+	t.Run(auth.RoleScheduler, func(t *testing.T) {
+		b.check(t, auth.RoleScheduler,
+			[]op{
+				fetchAck(sCls, topology.ConsumerScheduler),
+				fetchAck(sCls, topology.ConsumerRefusals),
+				fetchAck(sOut, topology.ConsumerRefusalBoundaries),
+				publish(events.DecisionSubject("a1")), publish(events.HealthSubject("openai")),
+				publish(events.RetryLedgerSubject("k")), publish(events.RetryScheduleSubject("a1", "r1")),
+				publish(events.NotifySubject("normal")), publish(events.AuditSubject("scheduler", "policy")),
+				publish(events.DLQSubject("refusals")),
+				read(sCls, "failbus.classified.>"), read(sHealth, "failbus.health.>"), read(sRet, events.RetryDueSubject("a1")),
+				lastMsg(sRet, events.RetryDueSubject("a1")), lastMsg(sHealth, events.HealthSubject("openai")),
+				purge(sRet, events.RetryScheduleSubject("a1", "r1")),
+				kvGet(topology.BucketRefusals), kvPut(topology.BucketRefusals), kvWatch(topology.BucketRefusals),
+				kvWatch(topology.BucketPolicy),
+				serve(events.RefusalRouteSubject),
+			},
+			append([]op{
+				publish(events.RetryDueSubject("a1")), publish(events.ControlSubject("a1")),
+				publish(events.DispatchSubject("a1")), publish(events.AuditSubject("notifier", "sent")),
+				publish(events.ClassifiedSubject("openai", "ok")),
+				kvPut(topology.BucketPolicy), kvPut(topology.BucketNotifyDedupe), kvGet(topology.BucketHeartbeats),
+				purge(sOut, events.OutcomeSubject("openai", "a1")),
+				fetchAck(sOut, topology.ConsumerClassifier), fetchAck(sNotify, topology.ConsumerNotifier),
+				read(sOut, "failbus.outcome.>"),
+				b.readInboxOf(auth.RoleAgent),
+			}, servicesMayNot...))
+	})
+
+	t.Run(auth.RoleNotifier, func(t *testing.T) {
+		b.check(t, auth.RoleNotifier,
+			[]op{
+				fetchAck(sNotify, topology.ConsumerNotifier),
+				kvGet(topology.BucketNotifyDedupe), kvPut(topology.BucketNotifyDedupe),
+				kvGet(topology.BucketNotifyBudget), kvPut(topology.BucketNotifyBudget),
+				publish(events.AuditSubject("notifier", "sent")), publish(events.NotifySubject("normal")),
+				publish(events.DLQSubject("notifier")),
+			},
+			append([]op{
+				publish(events.HealthSubject("openai")), publish(events.DecisionSubject("a1")),
+				publish(events.AuditSubject("scheduler", "policy")),
+				kvGet(topology.BucketRefusals), kvPut(topology.BucketPolicy),
+				read(sDec, "failbus.decision.>"),
+				b.readInboxOf(auth.RoleClassifier),
+			}, servicesMayNot...))
+	})
+
+	t.Run(auth.RoleRecovery, func(t *testing.T) {
+		b.check(t, auth.RoleRecovery,
+			[]op{
+				fetchAck(sHealth, topology.ConsumerRecovery),
+				fetchAck(topology.StreamLiveness, topology.ConsumerRecoveryHeartbeats),
+				fetchAck(topology.StreamReports, topology.ConsumerRecoveryReports),
+				fetchAck(topology.StreamTasks, topology.ConsumerRecoveryTasks),
+				fetchAck(sDec, topology.ConsumerRecoveryDecisions),
+				publish(events.DispatchSubject("a1")), publish(events.ControlSubject("a1")),
+				publish(events.RecoverySubject("openai")), publish(events.NotifySubject("normal")),
+				read(topology.StreamTasks, "failbus.task.>"), read(topology.StreamRecoveries, "failbus.recovery.>"),
+				lastMsg(sHealth, events.HealthSubject("openai")),
+				kvPut(topology.BucketHeartbeats), kvGet(topology.BucketCrons), kvWatch(topology.BucketRecovery),
+			},
+			append([]op{
+				publish(events.HealthSubject("openai")), publish(events.DecisionSubject("a1")),
+				publish(events.RetryDueSubject("a1")), publish(events.TaskSubject("openai", "a1")),
+				kvGet(topology.BucketNotifyDedupe), kvPut(topology.BucketRefusals),
+				fetchAck(sCls, topology.ConsumerScheduler),
+			}, servicesMayNot...))
+	})
+
+	agentMayNot := []op{
+		publish(events.HealthSubject("openai")), publish(events.DecisionSubject("a1")),
+		publish(events.ControlSubject("a1")), publish(events.ClassifiedSubject("openai", "ok")),
+		publish(events.RetryDueSubject("a1")), publish(events.RetryScheduleSubject("a1", "r1")),
+		publish(events.RetryLedgerSubject("k")), publish(events.DispatchSubject("a1")),
+		publish(events.RecoverySubject("openai")), publish(events.NotifySubject("critical")),
+		publish(events.AuditSubject("notifier", "sent")), publish(events.DLQSubject("classifier")),
+		read(sOut, "failbus.outcome.>"), read(sRet, "failbus.retry.>"),
+		fetchAck(sRet, topology.ConsumerSchedulerControl), fetchAck(sDec, topology.ConsumerRecoveryDecisions),
+		durableFor(sRet, topology.ConsumerSchedulerControl, events.RetryDueSubject("a1")),
+		kvGet(topology.BucketRefusals), kvPut(topology.BucketHeartbeats),
+		serve(events.RefusalRouteSubject),
+		b.readInboxOf(auth.RoleScheduler), subscribe("failbus.>"),
+		createStream("EVIL", "evil.>"),
+	}
+	agentMay := func(a string) []op {
+		return []op{
+			publish(events.OutcomeSubject("openai", a)), publish(events.SegmentSubject(a)),
+			publish(events.HeartbeatSubject(a)), publish(events.CronSpecSubject(a)), publish(events.CronRunSubject(a)),
+			publish(events.WriteSubject(a)), publish(events.TaskSubject("openai", a)),
+			publish(events.RetryStartedSubject(a)), publish(events.RetryCancelSubject(a)),
+			read(sDec, events.DecisionSubject(a)), read(sRet, events.RetryDueSubject(a)),
+			read(topology.StreamControl, events.ControlSubject(a)), read(topology.StreamDispatch, events.DispatchSubject(a)),
+			ownDurable(sDec, "agent-"+a+"-decisions", events.DecisionSubject(a)),
+			route(),
+		}
+	}
+	t.Run(auth.RoleAgent, func(t *testing.T) {
+		b.check(t, auth.RoleAgent, agentMay("a2"), agentMayNot)
+	})
+	t.Run("agent-a1", func(t *testing.T) {
+		b.check(t, "agent-a1", agentMay("a1"), append(agentMayNot,
+			publish(events.OutcomeSubject("openai", "a2")), publish(events.RetryCancelSubject("a2")),
+			read(sDec, events.DecisionSubject("a2")), read(sRet, events.RetryDueSubject("a2")),
+			read(sDec, "failbus.decision.*"),
+		))
+	})
+
+	t.Run(auth.RoleOperator, func(t *testing.T) {
+		var mayNot []op
+		for _, s := range fixtures {
+			mayNot = append(mayNot, publish(s))
+		}
+		for _, bk := range topology.Buckets() {
+			mayNot = append(mayNot, kvPut(bk.Bucket))
+		}
+		for _, c := range topology.Consumers() {
+			stream, cfg, _ := topology.Consumer(c)
+			mayNot = append(mayNot, fetchAck(stream, c), durableFor(stream, c, cfg.FilterSubject))
+		}
+		mayNot = append(mayNot, purge(sOut, events.OutcomeSubject("openai", "a1")), createStream("EVIL", "evil.>"),
+			deleteStream(sCtl), b.readInboxOf(auth.RoleAgent))
+		may := []op{
+			read(sOut, "failbus.>"), read(sRet, "failbus.retry.>"), read(topology.StreamDLQ, "failbus.dlq.>"),
+			lastMsg(sHealth, events.HealthSubject("openai")), kvGet(topology.BucketNotifyDedupe), kvWatch(topology.BucketPolicy),
+			subscribe("failbus.>"), subscribe("$JS.EVENT.>"),
+			{"list streams and consumers", func(ctx context.Context, _ *connect.Conn, js jetstream.JetStream) error {
+				n := 0
+				for info := range js.ListStreams(ctx).Info() {
+					n++
+					s, err := js.Stream(ctx, info.Config.Name)
+					if err != nil {
+						return err
+					}
+					cl := s.ListConsumers(ctx)
+					for range cl.Info() {
+					}
+					if cl.Err() != nil {
+						return cl.Err()
+					}
+				}
+				if n == 0 {
+					return errors.New("no streams listed")
+				}
+				_, err := js.AccountInfo(ctx)
+				return err
+			}},
+		}
+		b.check(t, auth.RoleOperator, may, mayNot)
+	})
+
+	t.Run(auth.RoleAdmin, func(t *testing.T) {
+		b.check(t, auth.RoleAdmin, []op{
+			{"create and delete a stream", func(ctx context.Context, nc *connect.Conn, js jetstream.JetStream) error {
+				if err := createStream("ADMIN_MADE", "admin.>").do(ctx, nc, js); err != nil {
+					return err
+				}
+				return deleteStream("ADMIN_MADE").do(ctx, nc, js)
+			}},
+			kvPut(topology.BucketPolicy), publish(events.DecisionSubject("a1")),
+			durableFor(sOut, "admin-tool", "failbus.outcome.>"),
+		}, nil)
+	})
+}
