@@ -129,6 +129,9 @@ func (r Role) Permissions(pub string) (Permissions, error) {
 		p.responses = true
 	}
 	p.pub(r.Request...)
+	if r.FindStreams {
+		p.pub(api + "STREAM.NAMES")
+	}
 	return p.done(owned), nil
 }
 

@@ -84,6 +84,9 @@ type Role struct {
 	Serve []string
 	// Request are subjects the role sends requests to.
 	Request []string
+	// FindStreams lets the role ask which stream holds a subject
+	// ($JS.API.STREAM.NAMES).
+	FindStreams bool
 	// ReadAll lets the role read everything and change nothing (operator).
 	ReadAll bool
 	// All lets the role do anything (admin).
@@ -161,13 +164,18 @@ func serviceRoles() []Role {
 				events.DispatchPrefix + ".>", events.ControlPrefix + ".>", events.RecoveryPrefix + ".>",
 				events.NotifyPrefix + ".>",
 				events.AuditPrefix + "." + RoleRecovery + ".>",
+				// Its built-in HTTP probes report like an agent (origin probe).
+				events.OutcomePrefix + ".>",
 			}, dlq(topology.ConsumerRecovery, topology.ConsumerRecoveryHeartbeats, topology.ConsumerRecoveryReports,
 				topology.ConsumerRecoveryTasks, topology.ConsumerRecoveryDecisions)...),
 			Read: []string{
 				events.HealthPrefix + ".>", events.HeartbeatPrefix + ".>", events.Prefix + ".cron.>", events.WritePrefix + ".>",
 				events.TaskPrefix + ".>", events.DispatchPrefix + ".>", events.RecoveryPrefix + ".>", events.ControlPrefix + ".>",
 				events.DecisionPrefix + ".>",
+				// Whether what it sent before a crash is stored.
+				events.NotifyPrefix + ".>",
 			},
+			FindStreams: true,
 			Lookup: []string{
 				topology.StreamHealth, topology.StreamTasks, topology.StreamDispatch, topology.StreamRecoveries,
 				topology.StreamControl, topology.StreamLiveness, topology.StreamReports,
@@ -230,5 +238,7 @@ func admin() Role {
 		Name: RoleAdmin,
 		Doc:  "the admin: creates and changes streams, consumers and buckets (failbus apply), requeues dead letters, sets the policy in KV; everything",
 		All:  true,
+		// Declared for the table: the buckets only the admin writes.
+		Buckets: []string{topology.BucketPolicy, topology.BucketDLQRequeues},
 	}
 }

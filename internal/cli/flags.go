@@ -83,7 +83,7 @@ func (c *Conn) Register(fs *flag.FlagSet) { c.Options.Register(fs) }
 // what is done with it in its Explain, so a permission the user lacks is
 // named instead of reported as a timeout.
 func (c *Conn) Connect(command string) (*connect.Conn, error) {
-	return connect.Connect(c.Options, command)
+	return connect.Connect(c.Options.WithEnv(), command)
 }
 
 // JetStream connects and returns the connection (close it) and its

@@ -51,35 +51,35 @@ const (
 const DefaultTimeout = 5 * time.Second
 
 // Options say where NATS is and how to log in. The zero value connects
-// without credentials to DefaultServer (after the environment variables
-// are read by Resolve).
+// without credentials to DefaultServer; WithEnv fills what is empty from
+// the environment variables.
 type Options struct {
 	// Servers is one URL or a comma-separated list (a cluster: the client
 	// picks one and fails over to the others, and learns the rest of the
-	// cluster from the server). nats:// or tls://. Defaults to NATS_URL,
-	// then DefaultServer.
+	// cluster from the server). nats:// or tls://. Defaults to
+	// DefaultServer.
 	Servers string
 	// Creds is a NATS credentials file (user JWT and nkey seed), for
-	// servers run in operator mode. Defaults to NATS_CREDS.
+	// servers run in operator mode. Env NATS_CREDS.
 	Creds string
 	// Nkey is an nkey seed file (`failbus auth init` writes one per role:
 	// DIR/<role>.nk). The user's name in errors is the file's name without
-	// its extension. Defaults to NATS_NKEY.
+	// its extension. Env NATS_NKEY.
 	Nkey string
-	// User and Password log in with a user name and password. Default to
+	// User and Password log in with a user name and password. Env
 	// NATS_USER and NATS_PASSWORD. At most one of Creds, Nkey and User may
 	// be set.
 	User, Password string
 	// TLSCA is a PEM file of the CA(s) that signed the server's
-	// certificate; setting it requires TLS. Defaults to NATS_CA.
+	// certificate; setting it requires TLS. Env NATS_CA.
 	TLSCA string
 	// TLSCert and TLSKey are a client certificate and its key, for servers
-	// that verify clients (mutual TLS). Both or neither. Default to
+	// that verify clients (mutual TLS). Both or neither. Env
 	// NATS_CERT and NATS_KEY.
 	TLSCert, TLSKey string
 	// InboxPrefix is where replies to this connection's requests (and
 	// JetStream acknowledgements, consumer deliveries) are addressed.
-	// Defaults to NATS_INBOX_PREFIX, else "_INBOX.<the user's nkey public
+	// Env NATS_INBOX_PREFIX. Defaults to "_INBOX.<the user's nkey public
 	// key>" when Nkey is set (the users `failbus auth init` writes may only
 	// subscribe there, so no role reads another's replies), else NATS's
 	// own "_INBOX".
@@ -90,7 +90,7 @@ type Options struct {
 }
 
 // Register adds the connection flags to fs. Their defaults are empty; what
-// a flag leaves empty is read from its environment variable by Resolve
+// a flag leaves empty is read from its environment variable by WithEnv
 // (so a password in the environment never shows in -h output).
 func (o *Options) Register(fs *flag.FlagSet) {
 	fs.StringVar(&o.Servers, "server", o.Servers, "NATS server URL(s), comma-separated (env "+EnvServer+"; default "+DefaultServer+")")
@@ -110,11 +110,11 @@ func (o *Options) RegisterServerAlias(fs *flag.FlagSet, name string) {
 	fs.StringVar(&o.Servers, name, o.Servers, "same as --server")
 }
 
-// Resolve returns o with what it leaves empty read from the environment
-// and the defaults filled in, and checks that the options make sense
-// together (one kind of credentials, certificate and key in pairs, files
-// that exist).
-func (o Options) Resolve() (Options, error) {
+// WithEnv returns o with what it leaves empty read from the environment
+// variables (NATS_URL, ...). The flag users (service binaries, CLI
+// commands) call it after parsing; a program that builds Options itself
+// need not, so its connection does not depend on the environment.
+func (o Options) WithEnv() Options {
 	env := func(v *string, name string) {
 		if *v == "" {
 			*v = os.Getenv(name)
@@ -129,6 +129,13 @@ func (o Options) Resolve() (Options, error) {
 	env(&o.TLSCert, EnvTLSCert)
 	env(&o.TLSKey, EnvTLSKey)
 	env(&o.InboxPrefix, EnvInboxPrefix)
+	return o
+}
+
+// Resolve returns o with the defaults filled in, and checks that the
+// options make sense together (one kind of credentials, certificate and
+// key in pairs, files that exist, URLs).
+func (o Options) Resolve() (Options, error) {
 	if strings.TrimSpace(o.Servers) == "" {
 		o.Servers = DefaultServer
 	}

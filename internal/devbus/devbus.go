@@ -17,6 +17,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/failbus/failbus/internal/auth"
+	"github.com/failbus/failbus/internal/connect"
 	"github.com/failbus/failbus/internal/embedded"
 	"github.com/failbus/failbus/internal/servicemain"
 	"github.com/failbus/failbus/internal/services"
@@ -47,6 +49,12 @@ type Options struct {
 	// Specs are the services to run, in start order. Defaults to
 	// services.All() with every flag at its default.
 	Specs []servicemain.Spec
+	// Auth, when set, runs the server with these users (auth.Init's
+	// directory; `failbus dev --auth`): a connection without credentials
+	// is refused, the topology is applied as the admin, and each service
+	// connects as its own role, with only that role's permissions. JS is
+	// then the admin's.
+	Auth *auth.Set
 }
 
 // Bus is an embedded nats-server with the topology applied and every
@@ -62,6 +70,7 @@ type Bus struct {
 	Names []string
 
 	nc     *nats.Conn
+	conns  []*connect.Conn // the services' own connections (Auth)
 	health []func() error
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -88,6 +97,9 @@ func Start(o Options) (_ *Bus, err error) {
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
+	if o.Auth != nil && o.Server.ConfigFile == "" {
+		o.Server.ConfigFile = o.Auth.ConfPath()
+	}
 	srv, err := embedded.Start(o.Server)
 	if err != nil {
 		return nil, err
@@ -98,8 +110,13 @@ func Start(o Options) (_ *Bus, err error) {
 			_ = b.Stop()
 		}
 	}()
-	b.nc, err = srv.Connect(nats.Name("failbus services"), nats.MaxReconnects(-1))
-	if err != nil {
+	if o.Auth != nil {
+		admin, err := b.connectAs(o.Auth, auth.RoleAdmin, o.Log)
+		if err != nil {
+			return nil, err
+		}
+		b.nc = admin.Conn
+	} else if b.nc, err = srv.Connect(nats.Name("failbus services"), nats.MaxReconnects(-1)); err != nil {
 		return nil, err
 	}
 	b.JS, err = jetstream.New(b.nc)
@@ -115,9 +132,21 @@ func Start(o Options) (_ *Bus, err error) {
 	b.cancel = stop
 	env := servicemain.Env{JS: b.JS, Policy: pol, PolicyFile: o.PolicyFile, Log: o.Log, Registry: reg}
 	for _, spec := range specs {
+		env := env
+		explain := func(err error) error { return err }
+		if o.Auth != nil {
+			c, err := b.connectAs(o.Auth, spec.Name, o.Log)
+			if err != nil {
+				return nil, err
+			}
+			if env.JS, err = jetstream.New(c.Conn); err != nil {
+				return nil, fmt.Errorf("%s: jetstream: %w", spec.Name, err)
+			}
+			explain = c.Explain
+		}
 		svc, err := spec.Build(ctx, env)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", spec.Name, err)
+			return nil, fmt.Errorf("%s: %w", spec.Name, explain(err))
 		}
 		b.Names = append(b.Names, spec.Name)
 		b.health = append(b.health, svc.Healthy)
@@ -143,6 +172,31 @@ func Start(o Options) (_ *Bus, err error) {
 		return nil, err
 	}
 	return b, nil
+}
+
+// Denials are the permission violations the server reported to the
+// services' own connections (Options.Auth): none, when every role's
+// permissions cover what its service does.
+func (b *Bus) Denials() []connect.Denial {
+	var out []connect.Denial
+	for _, c := range b.conns {
+		out = append(out, c.Denials()...)
+	}
+	return out
+}
+
+// connectAs connects to the bus's server as role, with role's seed in set.
+func (b *Bus) connectAs(set *auth.Set, role string, log zerolog.Logger) (*connect.Conn, error) {
+	seed := set.Seed(role)
+	if seed == "" {
+		return nil, fmt.Errorf("%s: no user for it in %s (run failbus auth init again)", role, set.Dir)
+	}
+	c, err := connect.Connect(connect.Options{Servers: b.Srv.ClientURL(), Nkey: seed}, role, connect.WithLogger(log))
+	if err != nil {
+		return nil, err
+	}
+	b.conns = append(b.conns, c)
+	return c, nil
 }
 
 // Failed is closed when a service stopped on its own; Stop returns why.
@@ -183,6 +237,9 @@ func (b *Bus) Stop() error {
 		b.cancel()
 	}
 	b.wg.Wait()
+	for _, c := range b.conns {
+		c.Close()
+	}
 	if b.nc != nil {
 		b.nc.Close()
 	}

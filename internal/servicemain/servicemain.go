@@ -102,6 +102,7 @@ func Run(ctx context.Context, spec Spec, args []string, stderr io.Writer) int {
 	if c.noApply {
 		c.apply = false
 	}
+	c.conn = c.conn.WithEnv()
 	if _, err := c.conn.Resolve(); err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", spec.Name, err)
 		return 2
