@@ -97,7 +97,7 @@ func TestEveryServiceWorksUnderItsOwnRole(t *testing.T) {
 	}
 	// Recovery's inputs, as an agent reports them.
 	for subject, m := range map[string]events.Message{
-		events.HeartbeatSubject("bot"): &events.Heartbeat{At: events.At(time.Now()), Agent: "bot", Subagent: "sub-1", Provider: "openai", Status: "running"},
+		events.HeartbeatSubject("bot"):      &events.Heartbeat{At: events.At(time.Now()), Agent: "bot", Subagent: "sub-1", Provider: "openai", Status: "running"},
 		events.TaskSubject("openai", "bot"): &events.Task{ID: "task-1", At: events.At(time.Now()), Agent: "bot", Provider: "openai", Kind: "summarize"},
 	} {
 		data, hdr, err := events.Encode(m)
