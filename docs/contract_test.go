@@ -17,7 +17,6 @@ import (
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/notify"
-	"github.com/failbus/failbus/pkg/policy"
 )
 
 var update = flag.Bool("update", false, "rewrite the generated tables of CONTRACT.md from the code")
@@ -175,7 +174,7 @@ func keyTable() string {
 	var b strings.Builder
 	b.WriteString("| type (Go) | keys |\n|---|---|\n")
 	seen := map[string]bool{}
-	for _, v := range append(sliceOf(families()), policy.RouteRecord{}, policy.RouteSkip{}) {
+	for _, v := range append(sliceOf(families()), events.RouteRecord{}, events.RouteSkip{}) {
 		name := typeName(v)
 		if seen[name] {
 			continue

@@ -42,7 +42,7 @@ import (
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/notify"
 	"github.com/failbus/failbus/pkg/notify/sinktest"
-	"github.com/failbus/failbus/pkg/policy"
+	"github.com/failbus/failbus/pkg/policy/notification"
 )
 
 // ntfBench is one embedded server with the topology applied.
@@ -404,11 +404,11 @@ func TestNotifierTenThousandRequestsExactlyOnceWithReplicasKilled(t *testing.T) 
 	idem := newNtfReceiver(t, true, decodeWebhook)
 	slack := newNtfReceiver(t, false, decodeSlack)
 	cfg := notifier.Config{
-		Notify: policy.NotifyConfig{
+		Notify: notification.Config{
 			DailyBudget: 1_000_000, // a real cap, never reached: every request takes a slot
-			Sinks: []policy.SinkConfig{
-				{Name: "idem-hook", Type: policy.SinkWebhook, URL: idem.srv.URL, Idempotent: true, Timeout: time.Second},
-				{Name: "slack", Type: policy.SinkSlack, URL: slack.srv.URL, Timeout: time.Second},
+			Sinks: []notification.SinkConfig{
+				{Name: "idem-hook", Type: notification.SinkWebhook, URL: idem.srv.URL, Idempotent: true, Timeout: time.Second},
+				{Name: "slack", Type: notification.SinkSlack, URL: slack.srv.URL, Timeout: time.Second},
 			},
 		},
 		ClaimLease:     3 * time.Second,
@@ -537,11 +537,11 @@ func TestNotifierDailyBudgetFiftySurvivesRestart(t *testing.T) {
 	t0 := time.Now()
 	day0 := time.Date(2026, 5, 4, 9, 0, 0, 0, time.UTC)
 	cfg := notifier.Config{
-		Notify: policy.NotifyConfig{
+		Notify: notification.Config{
 			DailyBudget: 50,
-			Sinks: []policy.SinkConfig{
-				{Name: "ops", Type: policy.SinkWebhook, URL: hook.srv.URL},
-				{Name: "mail", Type: policy.SinkSMTP, URL: "smtp://" + mail.Addr, From: "failbus@example.test",
+			Sinks: []notification.SinkConfig{
+				{Name: "ops", Type: notification.SinkWebhook, URL: hook.srv.URL},
+				{Name: "mail", Type: notification.SinkSMTP, URL: "smtp://" + mail.Addr, From: "failbus@example.test",
 					To: []string{"oncall@example.test"}, StartTLS: "never", Severities: []string{events.SeverityCritical}},
 			},
 		},
@@ -654,8 +654,8 @@ func TestNotifierSinkDownThenRecoveredDeliversEachOnce(t *testing.T) {
 	hook := newNtfReceiver(t, false, decodeWebhook)
 	hook.setFailing(true, http.StatusServiceUnavailable, "receiver down for maintenance")
 	cfg := notifier.Config{
-		Notify: policy.NotifyConfig{DailyBudget: 1000, Sinks: []policy.SinkConfig{{
-			Name: "ops", Type: policy.SinkWebhook, URL: hook.srv.URL,
+		Notify: notification.Config{DailyBudget: 1000, Sinks: []notification.SinkConfig{{
+			Name: "ops", Type: notification.SinkWebhook, URL: hook.srv.URL,
 			MaxAttempts: 50, RetryInitial: 50 * time.Millisecond, RetryMax: 400 * time.Millisecond,
 		}}},
 		ConsumerConfig: ntfConsumer(60),
@@ -721,8 +721,8 @@ func TestNotifierFailingSinkPastRetryBudgetDeadLetters(t *testing.T) {
 			hook := newNtfReceiver(t, false, decodeWebhook)
 			hook.setFailing(true, tc.status, tc.answer)
 			b.startReplica("a", notifier.Config{
-				Notify: policy.NotifyConfig{DailyBudget: 10, Sinks: []policy.SinkConfig{{
-					Name: "ops", Type: policy.SinkWebhook, URL: hook.srv.URL,
+				Notify: notification.Config{DailyBudget: 10, Sinks: []notification.SinkConfig{{
+					Name: "ops", Type: notification.SinkWebhook, URL: hook.srv.URL,
 					MaxAttempts: 4, RetryInitial: 20 * time.Millisecond, RetryMax: 100 * time.Millisecond,
 				}}},
 				ConsumerConfig: ntfConsumer(10),

@@ -32,7 +32,7 @@ import (
 	"github.com/failbus/failbus/pkg/agent"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy"
+	"github.com/failbus/failbus/pkg/policy/refusal"
 )
 
 // refBench is an embedded server with the topology, the classifier and two
@@ -42,10 +42,10 @@ type refBench struct {
 	ctx context.Context
 	srv *embedded.Server
 	js  jetstream.JetStream
-	cfg policy.RefusalConfig
+	cfg refusal.Config
 }
 
-func refSetup(t *testing.T, cfg policy.RefusalConfig, replicas int) *refBench {
+func refSetup(t *testing.T, cfg refusal.Config, replicas int) *refBench {
 	t.Helper()
 	bus := bustest.Start(t, 2*time.Minute)
 	srv, js, ctx := bus.Srv, bus.JS, bus.Ctx
@@ -156,13 +156,13 @@ func refRead[T events.Message](b *refBench, stream, filter string) []T {
 	}
 }
 
-func (b *refBench) record(segment, provider string) (policy.RefusalRecord, bool) {
+func (b *refBench) record(segment, provider string) (refusal.Record, bool) {
 	b.t.Helper()
 	store, err := refusals.OpenStore(b.ctx, b.js)
 	if err != nil {
 		b.t.Fatal(err)
 	}
-	e, found, err := store.Get(b.ctx, policy.RefusalKey(segment, provider))
+	e, found, err := store.Get(b.ctx, refusals.Key(segment, provider))
 	if err != nil {
 		b.t.Fatal(err)
 	}
@@ -240,7 +240,7 @@ func (a *refAgent) turn(ctx context.Context, n int) error {
 		}
 		o := &events.Outcome{
 			Provider: a.refuser, Model: "m-1", Session: a.session, Segment: a.segment, Turn: n,
-			OK: true, Status: 200, StopReason: "refusal", RefusalScope: policy.RefusalScopeHistory,
+			OK: true, Status: 200, StopReason: "refusal", RefusalScope: refusal.ScopeHistory,
 		}
 		a.mu.Lock()
 		a.sends = append(a.sends, time.Now())
@@ -307,7 +307,7 @@ func (a *refAgent) snapshot() (sends []time.Time, frozen bool, held, quiet int, 
 
 func TestRefusalRealTimeTwoAgentsRacingOnOneSegment(t *testing.T) {
 	t.Parallel()
-	cfg := policy.RefusalConfig{
+	cfg := refusal.Config{
 		ReprobeDelays: []time.Duration{200 * time.Millisecond, 300 * time.Millisecond, 400 * time.Millisecond},
 		MaxRerenders:  2,
 		StateTTL:      time.Hour,
@@ -391,7 +391,7 @@ func TestRefusalRealTimeTwoAgentsRacingOnOneSegment(t *testing.T) {
 		t.Errorf("FAILBUS_OUTCOMES holds %d outcomes of %s, want %d", len(outs), refuser, len(sends))
 	}
 	rec, ok := b.record(events.SegmentKey(session, 1), refuser)
-	if !ok || rec.State.Refusals != len(sends) || !rec.State.Frozen(cfg) || rec.Claim != (policy.RefusalClaim{}) {
+	if !ok || rec.State.Refusals != len(sends) || !rec.State.Frozen(cfg) || rec.Claim != (refusal.Claim{}) {
 		t.Errorf("state %+v (found %v): want %d refusals, frozen, no claim left", rec, ok, len(sends))
 	}
 
@@ -412,8 +412,8 @@ func TestRefusalRealTimeTwoAgentsRacingOnOneSegment(t *testing.T) {
 		keys = append(keys, n.Severity+" "+n.DedupeKey)
 	}
 	wantKeys := []string{
-		"normal " + policy.RefusalDedupeKey(events.SegmentKey(session, 1), 0, []string{refuser}),
-		"critical " + policy.RefusalDedupeKey(events.SegmentKey(session, 1), cfg.MaxReprobes(), []string{refuser}),
+		"normal " + refusal.DedupeKey(events.SegmentKey(session, 1), 0, []string{refuser}),
+		"critical " + refusal.DedupeKey(events.SegmentKey(session, 1), cfg.MaxReprobes(), []string{refuser}),
 	}
 	if !slices.Equal(keys, wantKeys) {
 		t.Errorf("notifications %q, want exactly %q", keys, wantKeys)

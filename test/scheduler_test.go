@@ -39,6 +39,7 @@ import (
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy"
+	"github.com/failbus/failbus/pkg/policy/retry"
 )
 
 // schBench is one embedded server with the topology applied.
@@ -531,7 +532,7 @@ func TestSchedulerKilledBetweenLedgerScheduleAndDecision(t *testing.T) {
 	// The ledger of every budget holds exactly its three records.
 	for s := range steps {
 		c := schClassified("x", fmt.Sprintf("agent-%d", s%4), s, 1, 0)
-		token := policy.BudgetFor(*c, pol.RetryFor(c.Provider)).Token()
+		token := retry.BudgetFor(*c, pol.RetryFor(c.Provider)).Token()
 		var got []int
 		for _, m := range b.read(topology.StreamRetries, events.RetryLedgerSubject(token)) {
 			e, err := scheduler.DecodeLedgerEntry(m.Headers(), m.Data())

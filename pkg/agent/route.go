@@ -9,7 +9,6 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy"
 )
 
 // ErrRouteUnavailable is returned (wrapped) by Route when no refusal route
@@ -39,12 +38,12 @@ func (e *RouteError) Error() string {
 // only one re-probes, and a provider skipped now says why (the reason to
 // hand the model) and when it may be tried again (next_probe_at) or that it
 // is frozen until a boundary. Asking never moves a refusal clock.
-func (a *Agent) Route(ctx context.Context, session string, segment int, providers []string) (policy.RouteResult, error) {
-	rec, err := RequestRoute(ctx, a.js.Conn(), policy.RouteRequest{
+func (a *Agent) Route(ctx context.Context, session string, segment int, providers []string) (events.RouteResult, error) {
+	rec, err := RequestRoute(ctx, a.js.Conn(), events.RouteRequest{
 		Agent: a.name, Session: session, Segment: segment, Providers: providers,
 	})
 	if err != nil {
-		return policy.RouteResult{}, fmt.Errorf("agent %s: route %s: %w", a.name, events.SegmentKey(session, segment), err)
+		return events.RouteResult{}, fmt.Errorf("agent %s: route %s: %w", a.name, events.SegmentKey(session, segment), err)
 	}
 	return rec.RouteResult, nil
 }
@@ -53,24 +52,24 @@ func (a *Agent) Route(ctx context.Context, session string, segment int, provider
 // agent without an Agent): JSON r to events.RefusalRouteSubject, the JSON
 // answer decoded. r.Agent and r.Providers are required; r.At is ignored (the
 // service's clock decides). ctx must carry a deadline or be cancellable.
-func RequestRoute(ctx context.Context, nc *nats.Conn, r policy.RouteRequest) (policy.RouteRecord, error) {
+func RequestRoute(ctx context.Context, nc *nats.Conn, r events.RouteRequest) (events.RouteRecord, error) {
 	data, err := json.Marshal(r)
 	if err != nil {
-		return policy.RouteRecord{}, fmt.Errorf("encode route request: %w", err)
+		return events.RouteRecord{}, fmt.Errorf("encode route request: %w", err)
 	}
 	msg, err := nc.RequestWithContext(ctx, events.RefusalRouteSubject, data)
 	if errors.Is(err, nats.ErrNoResponders) {
-		return policy.RouteRecord{}, fmt.Errorf("%w: %w", ErrRouteUnavailable, err)
+		return events.RouteRecord{}, fmt.Errorf("%w: %w", ErrRouteUnavailable, err)
 	}
 	if err != nil {
-		return policy.RouteRecord{}, fmt.Errorf("request %s: %w", events.RefusalRouteSubject, err)
+		return events.RouteRecord{}, fmt.Errorf("request %s: %w", events.RefusalRouteSubject, err)
 	}
 	if code := msg.Header.Get("Nats-Service-Error-Code"); code != "" {
-		return policy.RouteRecord{}, &RouteError{Code: code, Description: msg.Header.Get("Nats-Service-Error")}
+		return events.RouteRecord{}, &RouteError{Code: code, Description: msg.Header.Get("Nats-Service-Error")}
 	}
-	var rec policy.RouteRecord
+	var rec events.RouteRecord
 	if err := json.Unmarshal(msg.Data, &rec); err != nil {
-		return policy.RouteRecord{}, fmt.Errorf("decode route answer: %w", err)
+		return events.RouteRecord{}, fmt.Errorf("decode route answer: %w", err)
 	}
 	return rec, nil
 }

@@ -12,7 +12,7 @@ import (
 
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/invariant"
-	"github.com/failbus/failbus/pkg/policy"
+	"github.com/failbus/failbus/pkg/policy/classify"
 )
 
 // fixtureDir holds the stream fixtures this package and the TypeScript
@@ -164,7 +164,7 @@ func TestViolationOutcomeClassifiesAsInvariant(t *testing.T) {
 			if o.OK || o.Status != 200 || o.Headers["request-id"] != "req_1" || o.UpstreamCode != invariant.UpstreamCode {
 				t.Fatalf("outcome %+v", o)
 			}
-			c := policy.Classify(&o)
+			c := classify.Classify(&o)
 			if c.Class != events.ClassInvariant || c.Retryable {
 				t.Fatalf("classified %s (rule %s, retryable %v), want invariant, not retryable", c.Class, c.Rule, c.Retryable)
 			}

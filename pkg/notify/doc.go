@@ -86,7 +86,7 @@
 // Every decision is an Audit record on failbus.audit.<service>.<kind>
 // (sent, deduped, held_by_budget, failed, unrouted), with an id derived
 // from the request so a redelivery does not duplicate it. Titles, texts,
-// label values and sinks' answers go through policy.Redact before they
+// label values and sinks' answers go through redact.String before they
 // leave the process.
 //
 // # What is not guaranteed

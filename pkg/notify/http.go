@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/failbus/failbus/pkg/policy"
+	"github.com/failbus/failbus/pkg/redact"
 )
 
 // UserAgent is sent by every HTTP sink, so receivers can tell failbus apart
@@ -46,7 +46,7 @@ func (r httpRequest) do(ctx context.Context) error {
 	req, err := http.NewRequestWithContext(ctx, method, r.url, bytes.NewReader(r.body))
 	if err != nil {
 		// A URL that does not parse is a configuration error.
-		return &SinkError{Sink: r.sink, Answer: clip(policy.Redact(err.Error())), Permanent: true}
+		return &SinkError{Sink: r.sink, Answer: clip(redact.String(err.Error())), Permanent: true}
 	}
 	for k, vs := range r.header {
 		req.Header[k] = vs
@@ -58,7 +58,7 @@ func (r httpRequest) do(ctx context.Context) error {
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return &SinkError{Sink: r.sink, Answer: clip(policy.Redact(transportText(ctx, err)))}
+		return &SinkError{Sink: r.sink, Answer: clip(redact.String(transportText(ctx, err)))}
 	}
 	defer resp.Body.Close()
 	answer, _ := io.ReadAll(io.LimitReader(resp.Body, 4*MaxAnswer))
@@ -78,7 +78,7 @@ func (r httpRequest) do(ctx context.Context) error {
 	return &SinkError{
 		Sink:       r.sink,
 		Status:     resp.StatusCode,
-		Answer:     clip(policy.Redact(text)),
+		Answer:     clip(redact.String(text)),
 		Permanent:  !temporaryStatus(resp.StatusCode),
 		RetryAfter: retryAfter(resp.Header.Get("Retry-After"), time.Now()),
 	}
@@ -139,7 +139,7 @@ func requireURL(kind, name, raw string) error {
 		return fmt.Errorf("%s sink %q: url: %w", kind, name, err)
 	}
 	if s := req.URL.Scheme; s != "http" && s != "https" {
-		return fmt.Errorf("%s sink %q: url %q: scheme must be http or https", kind, name, policy.Redact(raw))
+		return fmt.Errorf("%s sink %q: url %q: scheme must be http or https", kind, name, redact.String(raw))
 	}
 	return nil
 }

@@ -17,7 +17,7 @@ import (
 
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy"
+	"github.com/failbus/failbus/pkg/redact"
 )
 
 // Defaults of Config.
@@ -65,7 +65,7 @@ type Config struct {
 	// DailyBudget caps non-critical (info, normal) notifications per UTC
 	// day; critical ones always go out. 0 sends none; Unlimited (-1)
 	// turns the cap off. Note the zero value is 0: build it from
-	// policy.NotifyConfig.DailyBudget (default 20).
+	// notification.Config.DailyBudget (default 20).
 	DailyBudget int
 	// DedupeLifetime is how long after a notification was sent its dedupe
 	// key suppresses repeats; after it, the same key notifies again with a
@@ -278,13 +278,13 @@ func IsDigest(n *events.Notification) bool {
 // masked in every human-readable field (DESIGN.md §4), At set.
 func (n *Notifier) redacted(in events.Notification, now time.Time) events.Notification {
 	out := in
-	out.DedupeKey = policy.Redact(in.DedupeKey)
-	out.Title = policy.Redact(in.Title)
-	out.Text = policy.Redact(in.Text)
+	out.DedupeKey = redact.String(in.DedupeKey)
+	out.Title = redact.String(in.Title)
+	out.Text = redact.String(in.Text)
 	if len(in.Labels) > 0 {
 		out.Labels = make(map[string]string, len(in.Labels))
 		for k, v := range in.Labels {
-			out.Labels[k] = policy.Redact(v)
+			out.Labels[k] = redact.String(v)
 		}
 	}
 	if out.At.IsZero() {
@@ -763,7 +763,7 @@ func (p *proc) audit(kind, sink string, attempt int, answer, reason string, opts
 	n := p.n
 	a := &Audit{
 		At: events.At(n.cfg.Now()), Kind: kind, DedupeKey: p.note.DedupeKey, Severity: p.note.Severity,
-		Title: p.note.Title, Sink: sink, Attempt: attempt, Answer: answer, Reason: policy.Redact(reason),
+		Title: p.note.Title, Sink: sink, Attempt: attempt, Answer: answer, Reason: redact.String(reason),
 		Request: p.req.ID, Replica: n.cfg.Replica,
 	}
 	for _, o := range opts {

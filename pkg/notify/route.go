@@ -13,7 +13,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy"
+	"github.com/failbus/failbus/pkg/policy/notification"
 )
 
 // Defaults of a Route's retry policy and send timeout. A sink that keeps
@@ -128,7 +128,7 @@ type BuildOptions struct {
 // is an error, so a signature or credential cannot silently go missing.
 // With no sink configured it returns one log sink (DefaultLogSinkName)
 // taking everything: `failbus dev` and `failbus demo` print notifications.
-func Routes(cfg policy.NotifyConfig, opts BuildOptions) ([]Route, error) {
+func Routes(cfg notification.Config, opts BuildOptions) ([]Route, error) {
 	if opts.Getenv == nil {
 		opts.Getenv = os.Getenv
 	}
@@ -163,7 +163,7 @@ func Routes(cfg policy.NotifyConfig, opts BuildOptions) ([]Route, error) {
 	return routes, nil
 }
 
-func buildSink(sc policy.SinkConfig, opts BuildOptions) (Sink, error) {
+func buildSink(sc notification.SinkConfig, opts BuildOptions) (Sink, error) {
 	env := func(field, name string, required bool) (string, error) {
 		if name == "" {
 			if required {
@@ -186,21 +186,21 @@ func buildSink(sc policy.SinkConfig, opts BuildOptions) (Sink, error) {
 		rawURL = v
 	}
 	switch sc.Type {
-	case policy.SinkWebhook:
+	case notification.SinkWebhook:
 		secret, err := env("secret_env", sc.SecretEnv, false)
 		if err != nil {
 			return nil, err
 		}
 		return NewWebhook(WebhookConfig{Name: sc.Name, URL: rawURL, Secret: []byte(secret), Idempotent: sc.Idempotent, Client: opts.HTTPClient})
-	case policy.SinkSlack:
+	case notification.SinkSlack:
 		return NewSlack(SlackConfig{Name: sc.Name, URL: rawURL, Client: opts.HTTPClient})
-	case policy.SinkNtfy:
+	case notification.SinkNtfy:
 		token, err := env("secret_env", sc.SecretEnv, false)
 		if err != nil {
 			return nil, err
 		}
 		return NewNtfy(NtfyConfig{Name: sc.Name, URL: rawURL, Topic: sc.Topic, Token: token, Client: opts.HTTPClient})
-	case policy.SinkSMTP:
+	case notification.SinkSMTP:
 		u, err := url.Parse(rawURL)
 		if err != nil || u.Scheme != "smtp" || u.Host == "" {
 			return nil, fmt.Errorf("sink %q: url must be smtp://host:port", sc.Name)
@@ -211,7 +211,7 @@ func buildSink(sc policy.SinkConfig, opts BuildOptions) (Sink, error) {
 		}
 		return NewSMTP(SMTPConfig{Name: sc.Name, Addr: u.Host, From: sc.From, To: slices.Clone(sc.To),
 			Username: sc.Username, Password: password, StartTLS: sc.StartTLS})
-	case policy.SinkPagerDuty:
+	case notification.SinkPagerDuty:
 		name := sc.RoutingKeyEnv
 		if name == "" {
 			name = sc.SecretEnv
@@ -221,7 +221,7 @@ func buildSink(sc policy.SinkConfig, opts BuildOptions) (Sink, error) {
 			return nil, err
 		}
 		return NewPagerDuty(PagerDutyConfig{Name: sc.Name, URL: rawURL, RoutingKey: key, Client: opts.HTTPClient})
-	case policy.SinkLog:
+	case notification.SinkLog:
 		return NewLog(sc.Name, opts.Log)
 	}
 	return nil, fmt.Errorf("sink %q: unknown type %q", sc.Name, sc.Type)

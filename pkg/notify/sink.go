@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy"
+	"github.com/failbus/failbus/pkg/redact"
 )
 
 // Sink delivers notifications to one receiver (a webhook, Slack, ntfy, an
@@ -113,7 +113,7 @@ func AsSinkError(sink string, err error) *SinkError {
 	if errors.As(err, &se) {
 		return se
 	}
-	return &SinkError{Sink: sink, Answer: clip(policy.Redact(err.Error()))}
+	return &SinkError{Sink: sink, Answer: clip(redact.String(err.Error()))}
 }
 
 // clip bounds s to MaxAnswer bytes without splitting a UTF-8 sequence.

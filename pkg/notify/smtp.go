@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy"
+	"github.com/failbus/failbus/pkg/redact"
 )
 
 // STARTTLS policies of SMTPConfig.StartTLS.
@@ -186,7 +186,7 @@ func (s *SMTP) sinkError(ctx context.Context, err error) *SinkError {
 		return &SinkError{
 			Sink:      s.cfg.Name,
 			Status:    te.Code,
-			Answer:    clip(policy.Redact(fmt.Sprintf("%d %s", te.Code, te.Msg))),
+			Answer:    clip(redact.String(fmt.Sprintf("%d %s", te.Code, te.Msg))),
 			Permanent: te.Code >= 500,
 		}
 	}
@@ -194,7 +194,7 @@ func (s *SMTP) sinkError(ctx context.Context, err error) *SinkError {
 	if ctx.Err() != nil {
 		text = transportText(ctx, err)
 	}
-	return &SinkError{Sink: s.cfg.Name, Answer: clip(policy.Redact(text)), Permanent: errors.Is(err, errSMTPNoTLS)}
+	return &SinkError{Sink: s.cfg.Name, Answer: clip(redact.String(text)), Permanent: errors.Is(err, errSMTPNoTLS)}
 }
 
 // addrOnly is the bare address of "Name <addr>" for the envelope.

@@ -12,6 +12,12 @@ import (
 
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy"
+	"github.com/failbus/failbus/pkg/policy/classify"
+	"github.com/failbus/failbus/pkg/policy/notification"
+	"github.com/failbus/failbus/pkg/policy/refusal"
+	"github.com/failbus/failbus/pkg/policy/retry"
+	"github.com/failbus/failbus/pkg/policy/scope"
+	"github.com/failbus/failbus/pkg/policy/sim"
 )
 
 // The example policy file and its reference are documentation that must not
@@ -97,24 +103,24 @@ func TestExamplePolicyFile(t *testing.T) {
 		key      string
 		got, def any
 	}{
-		{"retry.mode", p.Retry.Mode, policy.DefaultRetryMode},
-		{"retry.max_retries", p.Retry.MaxRetries, policy.DefaultRetryMaxRetries},
-		{"retry.initial_delay", p.Retry.InitialDelay, policy.DefaultRetryInitialDelay},
-		{"retry.max_delay", p.Retry.MaxDelay, policy.DefaultRetryMaxDelay},
-		{"retry.jitter_ratio", p.Retry.JitterRatio, policy.DefaultRetryJitterRatio},
+		{"retry.mode", p.Retry.Mode, retry.DefaultMode},
+		{"retry.max_retries", p.Retry.MaxRetries, retry.DefaultMaxRetries},
+		{"retry.initial_delay", p.Retry.InitialDelay, retry.DefaultInitialDelay},
+		{"retry.max_delay", p.Retry.MaxDelay, retry.DefaultMaxDelay},
+		{"retry.jitter_ratio", p.Retry.JitterRatio, retry.DefaultJitterRatio},
 		{"retry.retryable_add", len(p.Retry.RetryableAdd), 0},
 		{"retry.retryable_remove", len(p.Retry.RetryableRemove), 0},
-		{"classify.empty_overflow_providers", p.Classify.EmptyOverflowProviders, policy.DefaultEmptyOverflowProviders()},
-		{"classify.overflow_evidence_ratio", p.Classify.OverflowEvidenceRatio, policy.DefaultOverflowEvidenceRatio},
-		{"classify.quota_after", p.Classify.QuotaAfter, policy.DefaultQuotaAfter},
-		{"scope.window", p.Scope.Window, policy.DefaultScopeWindow},
-		{"scope.outage_min_failures", p.Scope.OutageMinFailures, policy.DefaultScopeOutageMinFailures},
-		{"scope.recovery_min_successes", p.Scope.RecoveryMinSuccesses, policy.DefaultScopeRecoveryMinSuccesses},
-		{"scope.recovery_min_time", p.Scope.RecoveryMinTime, policy.DefaultScopeRecoveryMinTime},
-		{"scope.forget_after", p.Scope.ForgetAfter, policy.DefaultScopeForgetAfter},
-		{"refusal.reprobe_delays", p.Refusal.ReprobeDelays, policy.DefaultReprobeDelays()},
-		{"refusal.state_ttl", p.Refusal.StateTTL, policy.DefaultRefusalStateTTL},
-		{"notify.daily_budget", p.Notify.DailyBudget, policy.DefaultNotifyDailyBudget},
+		{"classify.empty_overflow_providers", p.Classify.EmptyOverflowProviders, classify.DefaultEmptyOverflowProviders()},
+		{"classify.overflow_evidence_ratio", p.Classify.OverflowEvidenceRatio, classify.DefaultOverflowEvidenceRatio},
+		{"classify.quota_after", p.Classify.QuotaAfter, classify.DefaultQuotaAfter},
+		{"scope.window", p.Scope.Window, scope.DefaultWindow},
+		{"scope.outage_min_failures", p.Scope.OutageMinFailures, scope.DefaultOutageMinFailures},
+		{"scope.recovery_min_successes", p.Scope.RecoveryMinSuccesses, scope.DefaultRecoveryMinSuccesses},
+		{"scope.recovery_min_time", p.Scope.RecoveryMinTime, scope.DefaultRecoveryMinTime},
+		{"scope.forget_after", p.Scope.ForgetAfter, scope.DefaultForgetAfter},
+		{"refusal.reprobe_delays", p.Refusal.ReprobeDelays, refusal.DefaultReprobeDelays()},
+		{"refusal.state_ttl", p.Refusal.StateTTL, refusal.DefaultStateTTL},
+		{"notify.daily_budget", p.Notify.DailyBudget, notification.DefaultDailyBudget},
 	}
 	for _, d := range defaults {
 		t.Run(d.key+" marked default is the default", func(t *testing.T) {
@@ -132,9 +138,9 @@ func TestExamplePolicyFile(t *testing.T) {
 		retries   int
 		retryable map[string]bool
 	}{
-		{"openai", policy.RetryModeNormal, 10, map[string]bool{events.ClassTLS: false, events.ClassEmptyResponse: true}},
-		{"my-gateway", policy.RetryModeNormal, 5, map[string]bool{events.ClassTLS: true, events.ClassEmptyResponse: false}},
-		{"flaky-lab", policy.RetryModeAlways, 10, nil},
+		{"openai", retry.ModeNormal, 10, map[string]bool{events.ClassTLS: false, events.ClassEmptyResponse: true}},
+		{"my-gateway", retry.ModeNormal, 5, map[string]bool{events.ClassTLS: true, events.ClassEmptyResponse: false}},
+		{"flaky-lab", retry.ModeAlways, 10, nil},
 		{"batch-llm", "", 0, nil},
 	}
 	for _, o := range overrides {
@@ -161,8 +167,8 @@ func TestExamplePolicyFile(t *testing.T) {
 		if _, err := p.ClassifyFunc(); err != nil {
 			t.Errorf("ClassifyFunc: %v", err)
 		}
-		if _, err := policy.NewSim(policy.SimConfig{Policy: p, Seed: 1}); err != nil {
-			t.Errorf("NewSim: %v", err)
+		if _, err := sim.New(sim.Config{Policy: p, Seed: 1}); err != nil {
+			t.Errorf("sim.New: %v", err)
 		}
 	})
 }

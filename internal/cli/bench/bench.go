@@ -41,6 +41,7 @@ import (
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy"
+	"github.com/failbus/failbus/pkg/policy/classify"
 )
 
 // Defaults of `failbus bench`: together about a minute on a 2-core machine.
@@ -88,7 +89,7 @@ const (
 
 // benchDefaultCorpus is the classification corpus, relative to the module
 // root.
-var benchDefaultCorpus = filepath.Join("pkg", "policy", "testdata", "classify", "corpus.jsonl")
+var benchDefaultCorpus = filepath.Join("pkg", "policy", "classify", "testdata", "corpus.jsonl")
 
 // benchModule is the module path that marks the module root.
 const benchModule = "github.com/failbus/failbus"
@@ -124,7 +125,7 @@ so the ratios hold whatever the machine:
      FAILBUS_CLASSIFIED holds their N classifications, and until every
      service has caught up (scheduler decisions, refusal tiers), as ratios
      to raw publish + consume;
-  3. classify only: policy.Classify over the classification corpus on one
+  3. classify only: classify.Classify over the classification corpus on one
      goroutine (per core);
   4. scheduled-retry lateness: K raw JetStream "@at" schedules, then K 429
      outcomes with retry-after-ms through the classifier and scheduler, due
@@ -267,7 +268,7 @@ type benchRound struct {
 	IngestRatio      float64 `json:"ingest_ratio"`
 	SettledRatio     float64 `json:"settled_ratio"`
 	IngestRelayRatio float64 `json:"ingest_relay_ratio"`
-	// Classify: policy.Classify calls/s on one goroutine.
+	// Classify: classify.Classify calls/s on one goroutine.
 	Classify        float64 `json:"classify_per_s"`
 	ClassifyNsOp    float64 `json:"classify_ns_per_op"`
 	ClassifyAllocOp float64 `json:"classify_allocs_per_op"`
@@ -737,7 +738,7 @@ func (r *benchRunner) poll(ctx context.Context, what string, cond func() (bool, 
 	}
 }
 
-// benchClassify runs policy.Classify over the corpus on this goroutine for
+// benchClassify runs classify.Classify over the corpus on this goroutine for
 // at least benchClassifyMin: calls/s, ns/op and allocations/op.
 func benchClassify(corpus []events.Outcome) (perS, nsOp, allocsOp float64) {
 	outs := make([]events.Outcome, len(corpus))
@@ -750,7 +751,7 @@ func benchClassify(corpus []events.Outcome) (perS, nsOp, allocsOp float64) {
 	var elapsed time.Duration
 	for elapsed < benchClassifyMin {
 		for i := range outs {
-			_ = policy.Classify(&outs[i])
+			_ = classify.Classify(&outs[i])
 		}
 		ops += len(outs)
 		elapsed = time.Since(t0)
@@ -857,7 +858,7 @@ func (r *benchRunner) failbusLateness(ctx context.Context) (fromDue, endToEnd []
 		o := &events.Outcome{
 			ID: "bench-retry-" + strconv.Itoa(i), At: events.At(now), Agent: benchRetryAgent,
 			Provider: benchProvider, Model: "bench-model", Profile: "key-1", Turn: i + 1, Step: 1, Status: 429,
-			Headers: map[string]string{policy.HintRetryAfterMS: strconv.FormatInt(d.Milliseconds(), 10)},
+			Headers: map[string]string{classify.HintRetryAfterMS: strconv.FormatInt(d.Milliseconds(), 10)},
 			Body:    `{"error":{"message":"Rate limit reached for requests","type":"requests","code":"rate_limit_exceeded"}}`,
 		}
 		data, hdr, err := events.Encode(o)
@@ -1078,7 +1079,7 @@ func printBench(w io.Writer, rep *benchReport) {
 		fmt.Sprintf("%.3f× baseline (%.3f–%.3f), %.2f× raw relay", med.IngestRatio, lo.IngestRatio, hi.IngestRatio, med.IngestRelayRatio))
 	row("failbus ingest → every service caught up", func(r *benchRound) float64 { return r.Settled }, "outcomes/s",
 		fmt.Sprintf("%.3f× baseline (%.3f–%.3f)", med.SettledRatio, lo.SettledRatio, hi.SettledRatio))
-	row("classify only (policy.Classify, 1 goroutine)", func(r *benchRound) float64 { return r.Classify }, "/s per core",
+	row("classify only (classify.Classify, 1 goroutine)", func(r *benchRound) float64 { return r.Classify }, "/s per core",
 		fmt.Sprintf("%.0f ns/op, %.1f allocs/op", med.ClassifyNsOp, med.ClassifyAllocOp))
 	t.write(w)
 	fmt.Fprintln(w, "Ratios are the median (and range) of the per-round ratios; raw and failbus alternate within each round.")

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy"
+	"github.com/failbus/failbus/pkg/policy/classify"
 )
 
 // benchTiny are sizes that run the whole bench in a few seconds: the test
@@ -31,7 +31,7 @@ func TestBench(t *testing.T) {
 			for _, want := range []string{
 				"failbus bench: one embedded nats-server",
 				"machine: ", "GOMAXPROCS", "go1.",
-				"corpus:  pkg/policy/testdata/classify/corpus.jsonl",
+				"corpus:  pkg/policy/classify/testdata/corpus.jsonl",
 				"200 outcomes per round, 2 rounds (median",
 				"THROUGHPUT", "median", "min", "max", "baseline", "× baseline", "× raw relay",
 				"raw JetStream publish", "msgs/s",
@@ -158,7 +158,7 @@ func TestBenchBuiltinMix(t *testing.T) {
 		if _, _, err := events.Encode(&o); err != nil {
 			t.Errorf("row %d: %v", i, err)
 		}
-		classes[policy.Classify(&o).Class] = true
+		classes[classify.Classify(&o).Class] = true
 	}
 	if len(classes) < 5 {
 		t.Errorf("classes %v: want a mix", classes)

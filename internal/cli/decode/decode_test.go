@@ -9,7 +9,7 @@ import (
 	"github.com/failbus/failbus/internal/service/scheduler"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/notify"
-	"github.com/failbus/failbus/pkg/policy"
+	"github.com/failbus/failbus/pkg/policy/retry"
 )
 
 func encode(t *testing.T, m events.Message) []byte {
@@ -35,7 +35,7 @@ func TestDecode(t *testing.T) {
 		{"an outcome by its subject", []string{"--subject", "failbus.outcome.openai.bot"}, outcome, 0,
 			`{"id":"o1","at":"2026-03-01T12:00:00.000Z","agent":"bot","provider":"openai","ok":false,"status":429}`, ""},
 		{"a retry ledger entry by its subject", []string{"--subject", events.RetryLedgerSubject("b1")},
-			encode(t, &scheduler.LedgerEntry{RetryRecord: policy.RetryRecord{RetryID: "r1", OutcomeID: "o1", Agent: "bot", Provider: "openai", PolicyKey: "k", Retry: 2}}),
+			encode(t, &scheduler.LedgerEntry{Record: retry.Record{RetryID: "r1", OutcomeID: "o1", Agent: "bot", Provider: "openai", PolicyKey: "k", Retry: 2}}),
 			0, `"retry_id":"r1"`, ""},
 		{"a notifier audit record by its subject", []string{"--subject", events.AuditSubject("notifier", notify.AuditSent)},
 			encode(t, &notify.Audit{At: at, Kind: notify.AuditSent, DedupeKey: "k", Request: "req-1", Sink: "ops"}),

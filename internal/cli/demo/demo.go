@@ -21,7 +21,7 @@ import (
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/agent"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy"
+	"github.com/failbus/failbus/pkg/redact"
 )
 
 // demoScenario is one step of `failbus demo`: what an agent does, and what
@@ -325,7 +325,7 @@ func describeOutcome(o *events.Outcome) string {
 		parts = append(parts, "no response")
 	}
 	if o.TransportError != "" {
-		parts = append(parts, fmt.Sprintf("error %q", policy.Redact(o.TransportError)))
+		parts = append(parts, fmt.Sprintf("error %q", redact.String(o.TransportError)))
 	}
 	keys := make([]string, 0, len(o.Headers))
 	for k := range o.Headers {
@@ -333,7 +333,7 @@ func describeOutcome(o *events.Outcome) string {
 	}
 	slices.Sort(keys)
 	for _, k := range keys {
-		parts = append(parts, k+": "+policy.Redact(o.Headers[k]))
+		parts = append(parts, k+": "+redact.String(o.Headers[k]))
 	}
 	if o.UpstreamCode != "" {
 		parts = append(parts, "upstream_code "+o.UpstreamCode)
@@ -345,7 +345,7 @@ func describeOutcome(o *events.Outcome) string {
 	case o.Status != 0 && o.Body == "":
 		parts = append(parts, "empty body")
 	case o.Body != "":
-		b := policy.Redact(o.Body)
+		b := redact.String(o.Body)
 		if len(b) > 60 {
 			b = b[:57] + "..."
 		}

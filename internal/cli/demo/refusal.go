@@ -23,6 +23,7 @@ import (
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/notify"
 	"github.com/failbus/failbus/pkg/policy"
+	"github.com/failbus/failbus/pkg/policy/refusal"
 )
 
 // demoRefusalPolicy is the seed's schedule compressed 1:18000 (15m → 50ms,
@@ -93,7 +94,7 @@ func runRefusalScenario(ctx context.Context, printf func(string, ...any)) (err e
 type refusalDemo struct {
 	printf    func(string, ...any)
 	js        jetstream.JetStream
-	cfg       policy.RefusalConfig
+	cfg       refusal.Config
 	ag        *agent.Agent
 	decisions <-chan events.Decision
 	segment   int
@@ -106,7 +107,7 @@ type refusalDemo struct {
 func (s *refusalDemo) run(ctx context.Context) error {
 	s.segment = 1
 	s.printf("on a bus of its own whose policy compresses refusal.reprobe_delays 1:18000 (15m → 50ms, 1h → 200ms, 6h → 1.2s);")
-	s.printf("the rule, worded from those values: %s", policy.RefusalRule(s.cfg))
+	s.printf("the rule, worded from those values: %s", refusal.Rule(s.cfg))
 	providers := []string{demoRefuser, demoFallback}
 
 	// The first refusal, then one re-probe per delay.
@@ -208,7 +209,7 @@ func (s *refusalDemo) awaitRetired(ctx context.Context, segment string) error {
 	if err != nil {
 		return err
 	}
-	key := policy.RefusalKey(segment, demoRefuser)
+	key := refusals.Key(segment, demoRefuser)
 	wctx, cancel := context.WithTimeout(ctx, demoWait)
 	defer cancel()
 	for {
@@ -226,7 +227,7 @@ func (s *refusalDemo) awaitRetired(ctx context.Context, segment string) error {
 	}
 }
 
-func (s *refusalDemo) route(ctx context.Context, providers []string) (policy.RouteResult, error) {
+func (s *refusalDemo) route(ctx context.Context, providers []string) (events.RouteResult, error) {
 	rctx, cancel := context.WithTimeout(ctx, demoWait)
 	defer cancel()
 	return s.ag.Route(rctx, demoSession, s.segment, providers)
@@ -259,7 +260,7 @@ func (s *refusalDemo) send(ctx context.Context) (events.Decision, error) {
 	s.sends++
 	o := &events.Outcome{
 		Provider: demoRefuser, Model: "strict-1", Session: demoSession, Segment: s.segment, Turn: s.turn,
-		OK: true, Status: 200, StopReason: "refusal", RefusalScope: policy.RefusalScopeHistory,
+		OK: true, Status: 200, StopReason: "refusal", RefusalScope: refusal.ScopeHistory,
 	}
 	if err := s.ag.Report(ctx, o); err != nil {
 		return events.Decision{}, err

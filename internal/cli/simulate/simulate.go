@@ -8,13 +8,14 @@ import (
 
 	"github.com/failbus/failbus/internal/cli"
 	"github.com/failbus/failbus/pkg/policy"
+	"github.com/failbus/failbus/pkg/policy/sim"
 )
 
 // Command is `failbus simulate`.
 var Command = cli.Command{Name: "simulate", Summary: "run the whole decision core over JSON Lines from stdin on a virtual clock (no bus)", Run: run}
 
 // run is `failbus simulate [--policy FILE] [--seed N]`: the whole
-// decision core (policy.Sim) over JSON Lines on stdin, on a virtual clock
+// decision core (sim.Sim) over JSON Lines on stdin, on a virtual clock
 // (CONTRACT.md "failbus simulate"). Output for each input line is flushed
 // before the next line is read, so a program can drive it line by line. It
 // exits 2 for unusable arguments or policy, 1 when stdin or stdout fails,
@@ -38,26 +39,26 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			return 2
 		}
 	}
-	sim, err := policy.NewSim(policy.SimConfig{Policy: p, Seed: *seed})
+	engine, err := sim.New(sim.Config{Policy: p, Seed: *seed})
 	if err != nil {
 		fmt.Fprintf(stderr, "failbus simulate: %v\n", err)
 		return 2
 	}
 
 	w := bufio.NewWriterSize(stdout, 64<<10)
-	write := func(o policy.Output) error {
+	write := func(o sim.Output) error {
 		b, err := json.Marshal(o)
 		if err != nil {
-			b, _ = json.Marshal(policy.ErrorOutput(0, fmt.Errorf("encode %s record: %w", o.Type, err)))
+			b, _ = json.Marshal(sim.ErrorOutput(0, fmt.Errorf("encode %s record: %w", o.Type, err)))
 		}
 		b = append(b, '\n')
 		_, err = w.Write(b)
 		return err
 	}
 	err = cli.EachLine(stdin, func(lineNo int, line []byte, tooLong bool) error {
-		outs := []policy.Output{policy.ErrorOutput(lineNo, fmt.Errorf("line longer than %d bytes", cli.MaxLine))}
+		outs := []sim.Output{sim.ErrorOutput(lineNo, fmt.Errorf("line longer than %d bytes", cli.MaxLine))}
 		if !tooLong {
-			outs = sim.StepLine(line, lineNo)
+			outs = engine.StepLine(line, lineNo)
 		}
 		for _, o := range outs {
 			if err := write(o); err != nil {

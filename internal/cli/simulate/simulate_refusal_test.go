@@ -20,7 +20,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/failbus/failbus/pkg/policy"
+	"github.com/failbus/failbus/pkg/policy/refusal"
 )
 
 var simRefusalT0 = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
@@ -146,7 +146,7 @@ func (r *simRefusalRun) routeLine(now time.Time, agent string) string {
 
 // checkRoute checks one route record against CONTRACT.md and the refusal
 // schedule, and reports whether the refuser is allowed first.
-func (r *simRefusalRun) checkRoute(rec map[string]any, now time.Time, agent string, cfg policy.RefusalConfig) bool {
+func (r *simRefusalRun) checkRoute(rec map[string]any, now time.Time, agent string, cfg refusal.Config) bool {
 	r.t.Helper()
 	var keys []string
 	for k := range rec {
@@ -188,7 +188,7 @@ func (r *simRefusalRun) checkRoute(rec map[string]any, now time.Time, agent stri
 		// the clock) — unless another agent's probe is in flight.
 		if strings.Contains(sk["reason"].(string), "in flight") {
 			r.held++
-			if want := now.Add(policy.DefaultProbeLease).UTC().Format("2006-01-02T15:04:05.000Z07:00"); next != want {
+			if want := now.Add(refusal.DefaultProbeLease).UTC().Format("2006-01-02T15:04:05.000Z07:00"); next != want {
 				r.t.Fatalf("held re-probe: next_probe_at %s, want the claim's end %s", next, want)
 			}
 			continue
@@ -228,7 +228,7 @@ func (r *simRefusalRun) refuse(now time.Time, agent string) {
 // turn is one round at now: every agent asks route (all before any of them
 // sends, when race is set), then each one the route allowed sends to the
 // refuser and reports its refusal, and asks again to fall back.
-func (r *simRefusalRun) turn(now time.Time, agents []string, race bool, cfg policy.RefusalConfig) {
+func (r *simRefusalRun) turn(now time.Time, agents []string, race bool, cfg refusal.Config) {
 	r.t.Helper()
 	if race {
 		lines := make([]string, len(agents))
@@ -281,7 +281,7 @@ func TestSimulateRefusalFourSendsHoweverLongTheClockRuns(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			cfg := policy.DefaultRefusalConfig()
+			cfg := refusal.DefaultConfig()
 			d := startSimDriver(t)
 			r := &simRefusalRun{d: d, t: t, session: "sess-1", segment: 1, sends: map[int][]time.Time{}}
 			tick := func(at time.Time) {
@@ -334,8 +334,8 @@ func TestSimulateRefusalFourSendsHoweverLongTheClockRuns(t *testing.T) {
 				keys = append(keys, n["severity"].(string)+" "+n["dedupe_key"].(string))
 			}
 			want := []string{
-				"normal " + policy.RefusalDedupeKey("sess-1#1", 0, []string{simRefuser}),
-				"critical " + policy.RefusalDedupeKey("sess-1#1", cfg.MaxReprobes(), []string{simRefuser}),
+				"normal " + refusal.DedupeKey("sess-1#1", 0, []string{simRefuser}),
+				"critical " + refusal.DedupeKey("sess-1#1", cfg.MaxReprobes(), []string{simRefuser}),
 			}
 			if want[0] != "normal provider-refusal:sess-1#1:0:strict" || !slices.Equal(keys, want) {
 				t.Fatalf("notifications %q, want exactly %q", keys, want)

@@ -24,7 +24,7 @@ import (
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy"
+	"github.com/failbus/failbus/pkg/policy/classify"
 )
 
 // Service is the service name: the metrics label, the dead-letter subject
@@ -41,13 +41,13 @@ const DefaultOpsAddr = "127.0.0.1:9401"
 // matter here.
 const DefaultConcurrency = 4
 
-// ClassifyFunc classifies one outcome; policy.Classify and
-// (*policy.Classifier).Classify fit.
+// ClassifyFunc classifies one outcome; classify.Classify and
+// (*classify.Classifier).Classify fit.
 type ClassifyFunc func(*events.Outcome) events.Classification
 
 // Options configure the classifier service.
 type Options struct {
-	// Classify classifies each outcome. Defaults to policy.Classify, the
+	// Classify classifies each outcome. Defaults to classify.Classify, the
 	// default policy's classifier.
 	Classify ClassifyFunc
 
@@ -91,10 +91,10 @@ func NewRunner(js jetstream.JetStream, opts Options) (*consumer.Runner, error) {
 // failbus_classifier_overrules_total{claimed,final}, the rate at which
 // evidence demotes a heuristic's or an upstream code's claim (DESIGN.md §4).
 // Metrics count handler runs, so a redelivered outcome counts again.
-// classify nil selects policy.Classify.
-func NewHandler(classify ClassifyFunc, reg prometheus.Registerer) (consumer.Handler, error) {
-	if classify == nil {
-		classify = policy.Classify
+// classify nil selects classify.Classify.
+func NewHandler(classifyFn ClassifyFunc, reg prometheus.Registerer) (consumer.Handler, error) {
+	if classifyFn == nil {
+		classifyFn = classify.Classify
 	}
 	if reg == nil {
 		return nil, fmt.Errorf("%w: classifier: nil Registerer", consumer.ErrInvalidConfig)
@@ -122,7 +122,7 @@ func NewHandler(classify ClassifyFunc, reg prometheus.Registerer) (consumer.Hand
 		if err != nil {
 			return consumer.DeadLetter("decode outcome: " + err.Error())
 		}
-		c := classify(o)
+		c := classifyFn(o)
 		fillContext(&c, o)
 		classes.WithLabelValues(c.Class).Inc()
 		if c.Overruled != "" {

@@ -20,7 +20,7 @@ import (
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/notify"
-	"github.com/failbus/failbus/pkg/policy"
+	"github.com/failbus/failbus/pkg/policy/notification"
 )
 
 // Service is the runner's service name: it names the dead-letter subject
@@ -43,7 +43,7 @@ type Config struct {
 	// sinks. Pass a loaded policy's (or policy.Default().Notify): the zero
 	// value is a budget of 0, which holds back every non-critical
 	// notification, and the log sink.
-	Notify policy.NotifyConfig
+	Notify notification.Config
 	// Routes, when set, replace the sinks built from Notify.Sinks (tests,
 	// embedders with their own sinks). Defaults to notify.Routes(Notify).
 	Routes []notify.Route

@@ -22,7 +22,7 @@ import (
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/notify"
-	"github.com/failbus/failbus/pkg/policy"
+	"github.com/failbus/failbus/pkg/policy/notification"
 )
 
 // hook is a webhook receiver counting deliveries per dedupe key; while
@@ -167,12 +167,12 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-func webhookPolicy(url string, extra func(*policy.SinkConfig)) policy.NotifyConfig {
-	sc := policy.SinkConfig{Name: "ops", Type: policy.SinkWebhook, URL: url, SecretEnv: "HOOK_SECRET"}
+func webhookPolicy(url string, extra func(*notification.SinkConfig)) notification.Config {
+	sc := notification.SinkConfig{Name: "ops", Type: notification.SinkWebhook, URL: url, SecretEnv: "HOOK_SECRET"}
 	if extra != nil {
 		extra(&sc)
 	}
-	return policy.NotifyConfig{DailyBudget: 1000, Sinks: []policy.SinkConfig{sc}}
+	return notification.Config{DailyBudget: 1000, Sinks: []notification.SinkConfig{sc}}
 }
 
 func getenv(k string) string {
@@ -225,7 +225,7 @@ func TestServiceDeadLettersWithTheSinksAnswer(t *testing.T) {
 				t.Cleanup(srv.Close)
 				url = srv.URL + tc.url
 			}
-			b.start(t, notifier.Config{Notify: webhookPolicy(url, func(sc *policy.SinkConfig) {
+			b.start(t, notifier.Config{Notify: webhookPolicy(url, func(sc *notification.SinkConfig) {
 				sc.MaxAttempts, sc.RetryInitial, sc.RetryMax = 3, 20*time.Millisecond, 50*time.Millisecond
 			}), Getenv: getenv})
 			b.publish(t, &events.Notification{DedupeKey: "doomed", Severity: events.SeverityCritical, Title: "t"})
@@ -248,7 +248,7 @@ func TestServiceLogsByDefault(t *testing.T) {
 	var mu sync.Mutex
 	var buf strings.Builder
 	log := zerologTo(&mu, &buf)
-	b.start(t, notifier.Config{Notify: policy.DefaultNotifyConfig(), Logger: log})
+	b.start(t, notifier.Config{Notify: notification.DefaultConfig(), Logger: log})
 	b.publish(t, &events.Notification{DedupeKey: "hello", Severity: events.SeverityCritical, Title: "provider down"})
 	waitFor(t, "the log line", func() bool {
 		mu.Lock()

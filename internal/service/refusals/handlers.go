@@ -6,7 +6,7 @@ import (
 
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy"
+	"github.com/failbus/failbus/pkg/policy/refusal"
 )
 
 // Output keys of a refusal's outputs (consumer.OutputMsgID), fixed so a
@@ -38,26 +38,26 @@ func (s *Server) handleRefusal(ctx context.Context, m *consumer.Msg, out *consum
 		at = m.Timestamp
 	}
 	segment := events.SegmentKey(c.Session, c.Segment)
-	key := policy.RefusalKey(segment, c.Provider)
-	increment := policy.RefusalIncrement(c.Turn, c.Step)
+	key := Key(segment, c.Provider)
+	increment := refusal.Increment(c.Turn, c.Step)
 
 	var (
-		ev     policy.RefusalEvent
+		ev     refusal.Event
 		peers  []string
 		replay bool
 	)
-	conflicts, err := store.Update(ctx, key, func(ctx context.Context, cur Entry, found bool) (policy.RefusalRecord, bool, error) {
+	conflicts, err := store.Update(ctx, key, func(ctx context.Context, cur Entry, found bool) (refusal.Record, bool, error) {
 		if cur.DecodeErr != nil {
 			s.m.unreadable.Inc()
 			s.log.Warn().Err(cur.DecodeErr).Str("key", key).Msg("unreadable refusal state: read conservatively")
 		}
 		if a, ok := cur.Record.AppliedRefusal(c.OutcomeID); ok {
 			ev, peers, replay = a.Event, a.Peers, true
-			return policy.RefusalRecord{}, false, nil
+			return refusal.Record{}, false, nil
 		}
 		rec := cur.Record
 		if !found {
-			rec = policy.RefusalRecord{State: policy.RefusalState{Segment: segment, Provider: c.Provider}}
+			rec = refusal.Record{State: refusal.State{Segment: segment, Provider: c.Provider}}
 		}
 		if rec.State.Segment == "" || rec.State.Provider == "" {
 			rec.State.Segment, rec.State.Provider = segment, c.Provider
@@ -67,9 +67,9 @@ func (s *Server) handleRefusal(ctx context.Context, m *consumer.Msg, out *consum
 		if ev.Notify {
 			states, err := store.SegmentStates(ctx, segment)
 			if err != nil {
-				return policy.RefusalRecord{}, false, err
+				return refusal.Record{}, false, err
 			}
-			peers = policy.RefusalPeers(s.cfg, ev, append(states, rec.State))
+			peers = refusal.Peers(s.cfg, ev, append(states, rec.State))
 		}
 		return rec.Remember(c.OutcomeID, ev, peers), true, nil
 	})
@@ -85,8 +85,8 @@ func (s *Server) handleRefusal(ctx context.Context, m *consumer.Msg, out *consum
 		s.m.refusals.WithLabelValues(ev.Action, strconv.FormatBool(ev.Frozen)).Inc()
 	}
 
-	t := policy.RefusalNotice(s.cfg, ev, peers)
-	d := policy.RefusalDecision(*c, ev, t, at)
+	t := refusal.Notice(s.cfg, ev, peers)
+	d := refusal.Decision(*c, ev, t, at)
 	out.Publish(events.DecisionSubject(c.Agent), &d, outputDecision)
 	if ev.Notify {
 		n := t.Notification(ev, at)

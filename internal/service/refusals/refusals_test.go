@@ -23,7 +23,7 @@ import (
 	"github.com/failbus/failbus/pkg/agent"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy"
+	"github.com/failbus/failbus/pkg/policy/refusal"
 )
 
 // t0 is the virtual time refusals are dated with; route clocks are set
@@ -48,7 +48,7 @@ type bench struct {
 	nc    *nats.Conn
 	js    jetstream.JetStream
 	clock *clock
-	cfg   policy.RefusalConfig
+	cfg   refusal.Config
 	store *refusals.Store
 }
 
@@ -64,7 +64,7 @@ func setup(t *testing.T) *bench {
 	}
 	return &bench{
 		t: t, ctx: ctx, srv: srv, nc: nc, js: js, clock: &clock{now: t0}, store: store,
-		cfg: policy.RefusalConfig{ReprobeDelays: []time.Duration{15 * time.Minute, time.Hour, 6 * time.Hour}, MaxRerenders: 2, StateTTL: 7 * 24 * time.Hour},
+		cfg: refusal.Config{ReprobeDelays: []time.Duration{15 * time.Minute, time.Hour, 6 * time.Hour}, MaxRerenders: 2, StateTTL: 7 * 24 * time.Hour},
 	}
 }
 
@@ -113,12 +113,12 @@ func (b *bench) poll(what string, cond func() bool) {
 	}
 }
 
-// refusal is a content_refusal classification of provider in s#segment.
-func refusal(id, agentName, provider, session string, segment, turn int, at time.Time) *events.Classification {
+// refusalOf is a content_refusal classification of provider in s#segment.
+func refusalOf(id, agentName, provider, session string, segment, turn int, at time.Time) *events.Classification {
 	return &events.Classification{
 		OutcomeID: id, At: events.At(at), Agent: agentName, Provider: provider,
 		Class: events.ClassContentRefusal, Scope: events.ScopeContent, Rule: "test",
-		Session: session, Segment: segment, Turn: turn, RefusalScope: policy.RefusalScopeHistory,
+		Session: session, Segment: segment, Turn: turn, RefusalScope: refusal.ScopeHistory,
 	}
 }
 
@@ -142,9 +142,9 @@ func (b *bench) publishRefusal(c *events.Classification) {
 }
 
 // state reads the record of provider in segment; false when there is none.
-func (b *bench) state(segment, provider string) (policy.RefusalRecord, bool) {
+func (b *bench) state(segment, provider string) (refusal.Record, bool) {
 	b.t.Helper()
-	e, found, err := b.store.Get(b.ctx, policy.RefusalKey(segment, provider))
+	e, found, err := b.store.Get(b.ctx, refusals.Key(segment, provider))
 	if err != nil {
 		b.t.Fatal(err)
 	}
@@ -207,9 +207,9 @@ func read[T events.Message](b *bench, stream, filter string) []T {
 	return out
 }
 
-func (b *bench) route(agentName, session string, segment int, providers ...string) policy.RouteRecord {
+func (b *bench) route(agentName, session string, segment int, providers ...string) events.RouteRecord {
 	b.t.Helper()
-	rec, err := agent.RequestRoute(b.ctx, b.nc, policy.RouteRequest{Agent: agentName, Session: session, Segment: segment, Providers: providers})
+	rec, err := agent.RequestRoute(b.ctx, b.nc, events.RouteRequest{Agent: agentName, Session: session, Segment: segment, Providers: providers})
 	if err != nil {
 		b.t.Fatalf("route: %v", err)
 	}
@@ -228,7 +228,7 @@ func TestConcurrentRefusalsOfOneKeyNeverLoseACount(t *testing.T) {
 	for _, a := range []string{"agent-a", "agent-b"} {
 		wg.Go(func() {
 			for i := range perAgent {
-				b.publishRefusal(refusal(fmt.Sprintf("%s-%d", a, i), a, "strict", "s", 1, i, t0.Add(time.Duration(i)*time.Second)))
+				b.publishRefusal(refusalOf(fmt.Sprintf("%s-%d", a, i), a, "strict", "s", 1, i, t0.Add(time.Duration(i)*time.Second)))
 			}
 		})
 	}
@@ -274,9 +274,9 @@ func TestRedeliveredRefusalCountsOnceAndPublishesOnce(t *testing.T) {
 		}
 	}
 	b.start(crashAfterHandler)
-	b.publishRefusal(refusal("o-1", "agent-a", "strict", "s", 1, 1, t0))
+	b.publishRefusal(refusalOf("o-1", "agent-a", "strict", "s", 1, 1, t0))
 	b.waitIdle(topology.StreamClassified, topology.ConsumerRefusals)
-	b.publishRefusal(refusal("o-2", "agent-a", "strict", "s", 1, 2, t0.Add(time.Hour)))
+	b.publishRefusal(refusalOf("o-2", "agent-a", "strict", "s", 1, 2, t0.Add(time.Hour)))
 	b.waitIdle(topology.StreamClassified, topology.ConsumerRefusals)
 
 	mu.Lock()
@@ -312,11 +312,11 @@ func TestRouteClaimsADueReprobeForExactlyOneAgent(t *testing.T) {
 	b := setup(t)
 	b.start()
 	b.start()
-	b.publishRefusal(refusal("o-1", "agent-0", "strict", "s", 1, 1, t0))
+	b.publishRefusal(refusalOf("o-1", "agent-0", "strict", "s", 1, 1, t0))
 	b.waitIdle(topology.StreamClassified, topology.ConsumerRefusals)
 
 	b.clock.Set(t0.Add(15*time.Minute - time.Second))
-	for _, r := range []policy.RouteRecord{b.route("agent-0", "s", 1, "strict", "spare"), b.route("agent-1", "s", 1, "strict", "spare")} {
+	for _, r := range []events.RouteRecord{b.route("agent-0", "s", 1, "strict", "spare"), b.route("agent-1", "s", 1, "strict", "spare")} {
 		if !slices.Equal(r.Allowed, []string{"spare"}) || len(r.Skipped) != 1 || r.Skipped[0].NextProbeAt == nil || !r.Skipped[0].NextProbeAt.Equal(t0.Add(15*time.Minute)) {
 			t.Fatalf("before the re-probe: %+v; want strict skipped until +15m", r)
 		}
@@ -324,7 +324,7 @@ func TestRouteClaimsADueReprobeForExactlyOneAgent(t *testing.T) {
 
 	b.clock.Set(t0.Add(15 * time.Minute))
 	const agents = 8
-	answers := make([]policy.RouteRecord, agents)
+	answers := make([]events.RouteRecord, agents)
 	var wg sync.WaitGroup
 	for i := range agents {
 		wg.Go(func() { answers[i] = b.route(fmt.Sprintf("agent-%d", i), "s", 1, "strict", "spare") })
@@ -357,10 +357,10 @@ func TestRouteClaimsADueReprobeForExactlyOneAgent(t *testing.T) {
 		t.Errorf("record %+v: want %s's claim and the count untouched", rec, name)
 	}
 
-	b.publishRefusal(refusal("o-2", name, "strict", "s", 1, 2, t0.Add(15*time.Minute)))
+	b.publishRefusal(refusalOf("o-2", name, "strict", "s", 1, 2, t0.Add(15*time.Minute)))
 	b.waitIdle(topology.StreamClassified, topology.ConsumerRefusals)
 	rec, _ := b.state("s#1", "strict")
-	if rec.Claim != (policy.RefusalClaim{}) || rec.State.Refusals != 2 {
+	if rec.Claim != (refusal.Claim{}) || rec.State.Refusals != 2 {
 		t.Errorf("after the holder's refusal: %+v; want no claim and 2 refusals", rec)
 	}
 	r := b.route("agent-x", "s", 1, "strict")
@@ -374,14 +374,14 @@ func TestRouteClaimsADueReprobeForExactlyOneAgent(t *testing.T) {
 func TestRoutePeekDoesNotClaim(t *testing.T) {
 	b := setup(t)
 	s := b.start()
-	b.publishRefusal(refusal("o-1", "agent-0", "strict", "s", 1, 1, t0))
+	b.publishRefusal(refusalOf("o-1", "agent-0", "strict", "s", 1, 1, t0))
 	b.waitIdle(topology.StreamClassified, topology.ConsumerRefusals)
 	b.clock.Set(t0.Add(time.Hour))
-	r, err := s.Route(b.ctx, policy.RouteRequest{Agent: "ops", Session: "s", Segment: 1, Providers: []string{"strict"}}, true)
+	r, err := s.Route(b.ctx, events.RouteRequest{Agent: "ops", Session: "s", Segment: 1, Providers: []string{"strict"}}, true)
 	if err != nil || !slices.Equal(r.Allowed, []string{"strict"}) {
 		t.Fatalf("peek = %+v, %v", r, err)
 	}
-	if rec, _ := b.state("s#1", "strict"); rec.Claim != (policy.RefusalClaim{}) {
+	if rec, _ := b.state("s#1", "strict"); rec.Claim != (refusal.Claim{}) {
 		t.Errorf("peek claimed: %+v", rec.Claim)
 	}
 	body, _ := json.Marshal(map[string]any{"agent": "ops", "session": "s", "segment": 1, "providers": []string{"strict"}, "peek": true})
@@ -389,7 +389,7 @@ func TestRoutePeekDoesNotClaim(t *testing.T) {
 	if err != nil || msg.Header.Get(micro.ErrorCodeHeader) != "" {
 		t.Fatalf("peek over NATS: %v %v", err, msg.Header)
 	}
-	if rec, _ := b.state("s#1", "strict"); rec.Claim != (policy.RefusalClaim{}) {
+	if rec, _ := b.state("s#1", "strict"); rec.Claim != (refusal.Claim{}) {
 		t.Errorf("peek over NATS claimed: %+v", rec.Claim)
 	}
 }
@@ -407,7 +407,7 @@ func TestBoundaryRetiresEarlierSegmentsOfTheSessionOnly(t *testing.T) {
 		{"s", 0, "strict"}, {"s", 1, "strict"}, {"s", 1, "other"}, {"s", 2, "strict"}, {"s", 3, "strict"},
 		{"s.x", 1, "strict"}, {"s2", 1, "strict"},
 	} {
-		b.publishRefusal(refusal(fmt.Sprintf("o-%d", i), fmt.Sprintf("agent-%d", i%2), k.provider, k.session, k.segment, i, t0))
+		b.publishRefusal(refusalOf(fmt.Sprintf("o-%d", i), fmt.Sprintf("agent-%d", i%2), k.provider, k.session, k.segment, i, t0))
 	}
 	b.waitIdle(topology.StreamClassified, topology.ConsumerRefusals)
 	bd := &events.Boundary{At: events.At(t0), Agent: "agent-1", Session: "s", Segment: 2, Reason: "tool surface changed"}
@@ -437,27 +437,27 @@ func TestBoundaryRetiresEarlierSegmentsOfTheSessionOnly(t *testing.T) {
 // so a segment in use keeps its state; the refusal clock does not move.
 func TestRouteRefreshesTheTTLOfStateInUse(t *testing.T) {
 	b := setup(t)
-	b.cfg = policy.RefusalConfig{ReprobeDelays: []time.Duration{time.Millisecond}, MaxRerenders: 2, StateTTL: 3 * time.Second}
+	b.cfg = refusal.Config{ReprobeDelays: []time.Duration{time.Millisecond}, MaxRerenders: 2, StateTTL: 3 * time.Second}
 	b.start()
-	b.publishRefusal(refusal("o-1", "agent-0", "strict", "s", 1, 1, t0))
+	b.publishRefusal(refusalOf("o-1", "agent-0", "strict", "s", 1, 1, t0))
 	b.waitIdle(topology.StreamClassified, topology.ConsumerRefusals)
 	// The TTL is long enough that a loaded machine cannot let the entry
 	// expire between the write and this read; the refresh comes after half
 	// of it.
-	first, found, err := b.store.Get(b.ctx, policy.RefusalKey("s#1", "strict"))
+	first, found, err := b.store.Get(b.ctx, refusals.Key("s#1", "strict"))
 	if err != nil || !found {
 		t.Fatalf("state after the refusal: found=%v err=%v", found, err)
 	}
 	b.poll("a route to refresh the state", func() bool {
 		b.route("agent-0", "s", 1, "spare", "strict")
-		e, _, err := b.store.Get(b.ctx, policy.RefusalKey("s#1", "strict"))
+		e, _, err := b.store.Get(b.ctx, refusals.Key("s#1", "strict"))
 		if err != nil {
 			t.Fatal(err)
 		}
 		return e.Revision != first.Revision
 	})
-	e, _, _ := b.store.Get(b.ctx, policy.RefusalKey("s#1", "strict"))
-	if !policy.RefusalTouchDue(first.Written, e.Written, b.cfg) {
+	e, _, _ := b.store.Get(b.ctx, refusals.Key("s#1", "strict"))
+	if !refusal.TouchDue(first.Written, e.Written, b.cfg) {
 		t.Errorf("rewritten %v after the last write; want at least half the TTL", e.Written.Sub(first.Written))
 	}
 	if string(e.Raw) != string(first.Raw) {
@@ -477,7 +477,7 @@ func TestBucketTTLRetiresStateNoBoundaryRetires(t *testing.T) {
 	}
 	b.start()
 	for i := range 1 + b.cfg.MaxReprobes() {
-		b.publishRefusal(refusal(fmt.Sprintf("o-%d", i), "agent-0", "strict", "s", 1, i, t0.Add(time.Duration(i)*7*time.Hour)))
+		b.publishRefusal(refusalOf(fmt.Sprintf("o-%d", i), "agent-0", "strict", "s", 1, i, t0.Add(time.Duration(i)*7*time.Hour)))
 	}
 	b.waitIdle(topology.StreamClassified, topology.ConsumerRefusals)
 	if rec, ok := b.state("s#1", "strict"); !ok || !rec.State.Frozen(b.cfg) {
@@ -499,7 +499,7 @@ func TestBucketTTLRetiresStateNoBoundaryRetires(t *testing.T) {
 func TestLegacyValueIsFrozenAndJunkIsDeadLettered(t *testing.T) {
 	b := setup(t)
 	b.start()
-	key := policy.RefusalKey("s#1", "strict")
+	key := refusals.Key("s#1", "strict")
 	if _, err := b.store.KV().Put(b.ctx, key, []byte(`{"segment":"s#1","provider":"strict","refused_at":"2025-10-07T09:00:00Z"}`)); err != nil {
 		t.Fatal(err)
 	}
@@ -515,7 +515,7 @@ func TestLegacyValueIsFrozenAndJunkIsDeadLettered(t *testing.T) {
 	if _, err := b.js.PublishMsg(b.ctx, &nats.Msg{Subject: events.ClassifiedSubject("strict", events.ClassContentRefusal), Header: hdr, Data: []byte("\xc1 not msgpack")}); err != nil {
 		t.Fatal(err)
 	}
-	b.publishRefusal(refusal("o-ok", "agent-0", "fine", "s", 1, 1, t0))
+	b.publishRefusal(refusalOf("o-ok", "agent-0", "fine", "s", 1, 1, t0))
 	b.waitIdle(topology.StreamClassified, topology.ConsumerRefusals)
 	dl := read[*events.DeadLetter](b, topology.StreamDLQ, events.DLQSubject(refusals.Service))
 	if len(dl) != 2 {
@@ -544,7 +544,7 @@ func TestRouteServiceIsDiscoverableAndRejectsBadRequests(t *testing.T) {
 		t.Fatal(err)
 	}
 	if info.Name != refusals.ServiceName || len(info.Endpoints) != 1 || info.Endpoints[0].Name != refusals.RouteEndpoint ||
-		info.Endpoints[0].Subject != events.RefusalRouteSubject || info.Metadata["rule"] != policy.RefusalRule(b.cfg) {
+		info.Endpoints[0].Subject != events.RefusalRouteSubject || info.Metadata["rule"] != refusal.Rule(b.cfg) {
 		t.Errorf("service info %+v", info)
 	}
 	// `nats micro ls` asks every service at once ($SRV.INFO, $SRV.PING
@@ -585,7 +585,7 @@ func TestRouteServiceIsDiscoverableAndRejectsBadRequests(t *testing.T) {
 			}
 		})
 	}
-	_, err = agent.RequestRoute(b.ctx, b.nc, policy.RouteRequest{Session: "s", Providers: []string{"p"}})
+	_, err = agent.RequestRoute(b.ctx, b.nc, events.RouteRequest{Session: "s", Providers: []string{"p"}})
 	var re *agent.RouteError
 	if !errors.As(err, &re) || re.Code != "400" {
 		t.Errorf("RequestRoute without an agent: %v; want a 400 RouteError", err)
@@ -597,9 +597,9 @@ func TestRouteServiceIsDiscoverableAndRejectsBadRequests(t *testing.T) {
 // recovered, the segment's refusal state decides again.
 func TestRouteSkipsAProviderInAnOutageWithoutClaiming(t *testing.T) {
 	b := setup(t)
-	b.cfg = policy.RefusalConfig{ReprobeDelays: []time.Duration{time.Minute}, MaxRerenders: 2, StateTTL: time.Hour}
+	b.cfg = refusal.Config{ReprobeDelays: []time.Duration{time.Minute}, MaxRerenders: 2, StateTTL: time.Hour}
 	b.start()
-	b.publishRefusal(refusal("o-1", "agent-0", "strict", "s", 1, 1, t0))
+	b.publishRefusal(refusalOf("o-1", "agent-0", "strict", "s", 1, 1, t0))
 	b.waitIdle(topology.StreamClassified, topology.ConsumerRefusals)
 	b.clock.Set(t0.Add(2 * time.Minute)) // the re-probe is due
 

@@ -11,14 +11,14 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy"
+	"github.com/failbus/failbus/pkg/policy/refusal"
 )
 
 // RouteRequest is the JSON body of a route request on
-// events.RefusalRouteSubject: policy.RouteRequest (agent, session, segment,
+// events.RefusalRouteSubject: events.RouteRequest (agent, session, segment,
 // providers; `at` is ignored, the service's clock decides) and Peek.
 type RouteRequest struct {
-	policy.RouteRequest
+	events.RouteRequest
 	// Peek answers without claiming a due re-probe: for operators and
 	// dashboards (`nats req failbus.refusal.route '{..., "peek": true}'`),
 	// never for an agent that is about to send.
@@ -40,7 +40,7 @@ func (s *Server) startMicro(ctx context.Context) (micro.Service, error) {
 		Version:     ServiceVersion,
 		Description: "failbus refusal tiers: which providers may receive a context segment now (seed 000)",
 		Metadata: map[string]string{
-			"rule":        policy.RefusalRule(s.cfg),
+			"rule":        refusal.Rule(s.cfg),
 			"probe_lease": s.lease.String(),
 		},
 		ErrorHandler: func(_ micro.Service, e *micro.NATSError) {
@@ -94,27 +94,27 @@ func (s *Server) serveRoute(base context.Context, req micro.Request) {
 // with compare-and-set: of agents racing for one re-probe exactly one is
 // allowed. peek answers without claiming. It never moves a refusal clock;
 // besides claims, its only write is the TTL refresh of a state older than
-// half the TTL (policy.RefusalTouchDue).
-func (s *Server) Route(ctx context.Context, r policy.RouteRequest, peek bool) (policy.RouteRecord, error) {
+// half the TTL (refusal.TouchDue).
+func (s *Server) Route(ctx context.Context, r events.RouteRequest, peek bool) (events.RouteRecord, error) {
 	store := s.Store()
 	if store == nil {
-		return policy.RouteRecord{}, errNotStarted
+		return events.RouteRecord{}, errNotStarted
 	}
 	now := s.now()
 	segment := events.SegmentKey(r.Session, r.Segment)
-	res := policy.RouteResult{Allowed: []string{}, Skipped: []policy.RouteSkip{}}
-	var down []policy.RouteSkip
+	res := events.RouteResult{Allowed: []string{}, Skipped: []events.RouteSkip{}}
+	var down []events.RouteSkip
 	for _, p := range r.Providers {
 		if reason, out, err := s.outage(ctx, p); err != nil {
-			return policy.RouteRecord{}, fmt.Errorf("route %s: health of %s: %w", segment, p, err)
+			return events.RouteRecord{}, fmt.Errorf("route %s: health of %s: %w", segment, p, err)
 		} else if out {
 			// Nothing reaches it now; skipped without claiming a re-probe.
-			down = append(down, policy.OutageSkip(p, reason))
+			down = append(down, refusal.OutageSkip(p, reason))
 			continue
 		}
 		ok, skip, err := s.routeOne(ctx, store, now, r.Agent, segment, p, peek)
 		if err != nil {
-			return policy.RouteRecord{}, fmt.Errorf("route %s for %s: %w", segment, p, err)
+			return events.RouteRecord{}, fmt.Errorf("route %s for %s: %w", segment, p, err)
 		}
 		if ok {
 			res.Allowed = append(res.Allowed, p)
@@ -123,7 +123,7 @@ func (s *Server) Route(ctx context.Context, r policy.RouteRequest, peek bool) (p
 		}
 	}
 	res.Skipped = append(res.Skipped, down...)
-	return policy.RouteRecord{
+	return events.RouteRecord{
 		At: events.At(now), Agent: r.Agent, Session: r.Session, Segment: r.Segment, RouteResult: res,
 	}, nil
 }
@@ -154,8 +154,8 @@ func (s *Server) outage(ctx context.Context, provider string) (reason string, do
 }
 
 // routeOne decides one provider, claiming a due re-probe for agent.
-func (s *Server) routeOne(ctx context.Context, store *Store, now time.Time, agent, segment, provider string, peek bool) (bool, policy.RouteSkip, error) {
-	key := policy.RefusalKey(segment, provider)
+func (s *Server) routeOne(ctx context.Context, store *Store, now time.Time, agent, segment, provider string, peek bool) (bool, events.RouteSkip, error) {
+	key := Key(segment, provider)
 	conflicts := 0
 	defer func() {
 		if conflicts > 0 {
@@ -165,11 +165,11 @@ func (s *Server) routeOne(ctx context.Context, store *Store, now time.Time, agen
 	for range MaxAttempts {
 		cur, found, err := store.Get(ctx, key)
 		if err != nil {
-			return false, policy.RouteSkip{}, err
+			return false, events.RouteSkip{}, err
 		}
 		if !found {
-			s.m.routes.WithLabelValues(policy.ProbeFree.String()).Inc()
-			return true, policy.RouteSkip{}, nil
+			s.m.routes.WithLabelValues(refusal.ProbeFree.String()).Inc()
+			return true, events.RouteSkip{}, nil
 		}
 		if cur.DecodeErr != nil {
 			s.m.unreadable.Inc()
@@ -183,36 +183,36 @@ func (s *Server) routeOne(ctx context.Context, store *Store, now time.Time, agen
 			rec.State.Segment = segment
 		}
 		next, verdict := rec.Probe(now, s.cfg, agent, s.lease)
-		if verdict == policy.ProbeClaimed && peek {
-			verdict = policy.ProbeFree
+		if verdict == refusal.ProbeClaimed && peek {
+			verdict = refusal.ProbeFree
 		}
 		switch verdict {
-		case policy.ProbeClaimed:
+		case refusal.ProbeClaimed:
 			_, ok, err := store.Put(ctx, key, next, cur.Revision)
 			if err != nil {
-				return false, policy.RouteSkip{}, err
+				return false, events.RouteSkip{}, err
 			}
 			if !ok {
 				conflicts++
 				continue // someone else wrote first: decide again on what they wrote
 			}
 			s.m.routes.WithLabelValues(verdict.String()).Inc()
-			return true, policy.RouteSkip{}, nil
-		case policy.ProbeFree:
+			return true, events.RouteSkip{}, nil
+		case refusal.ProbeFree:
 			s.touch(ctx, store, cur)
 			s.m.routes.WithLabelValues(verdict.String()).Inc()
-			return true, policy.RouteSkip{}, nil
+			return true, events.RouteSkip{}, nil
 		default:
 			s.touch(ctx, store, cur)
 			s.m.routes.WithLabelValues(verdict.String()).Inc()
 			return false, rec.Skip(now, s.cfg, provider), nil
 		}
 	}
-	return false, policy.RouteSkip{}, fmt.Errorf("%w: key %s, %d attempts", ErrTooManyConflicts, key, MaxAttempts)
+	return false, events.RouteSkip{}, fmt.Errorf("%w: key %s, %d attempts", ErrTooManyConflicts, key, MaxAttempts)
 }
 
 // touch rewrites a state unchanged once half the TTL has passed since its
-// last write (policy.RefusalTouchDue), so a segment that is still routed
+// last write (refusal.TouchDue), so a segment that is still routed
 // keeps its state: otherwise a frozen provider would get the refused history
 // again a TTL after freezing. The TTL runs on the server's clock, so this
 // uses the wall clock, not Options.Now. A lost race means someone else just
@@ -222,7 +222,7 @@ func (s *Server) touch(ctx context.Context, store *Store, cur Entry) {
 	s.mu.Lock()
 	cfg := s.touchAt
 	s.mu.Unlock()
-	if !policy.RefusalTouchDue(cur.Written, time.Now(), cfg) {
+	if !refusal.TouchDue(cur.Written, time.Now(), cfg) {
 		return
 	}
 	_, ok, err := store.PutRaw(ctx, cur.Key, cur.Raw, cur.Revision)

@@ -1,11 +1,11 @@
 // Package refusals is the refusal tiers on the bus (seed 000, issue 5): the
-// pure core of pkg/policy (RefusalState, RefusalNotice, RouteProviders) with
+// pure core of pkg/policy/refusal (State, Notice, RouteProviders) with
 // durable state, consumers and a route service around it.
 //
 //   - Content refusals in: the topology's `refusals` consumer on
 //     failbus.classified.*.content_refusal. Each refusal updates the state of
 //     (segment, provider) in KV bucket FAILBUS_REFUSALS (key
-//     policy.RefusalKey) with compare-and-set on the revision, retried on
+//     Key) with compare-and-set on the revision, retried on
 //     conflict, so agents and service replicas racing on one key never lose
 //     a count. Out go the decision (rerender or skip_provider) on
 //     failbus.decision.<agent> and, only at the first refusal and at
@@ -17,13 +17,13 @@
 //     A boundary for `<session>#<n>` deletes the state of the session's
 //     segments below n. The bucket TTL is the backstop for what no boundary
 //     retires; a route that reads a state older than half the TTL rewrites
-//     it unchanged (policy.RefusalTouchDue), so a segment still in use never
+//     it unchanged (refusal.TouchDue), so a segment still in use never
 //     expires into "never refused".
 //   - Route: a nats.go micro service, ServiceName "failbus-refusals" (found
 //     by `nats micro ls`), endpoint "route" on events.RefusalRouteSubject
-//     (failbus.refusal.route), JSON policy.RouteRequest in and
-//     policy.RouteRecord out. A due re-probe is claimed for the asking agent
-//     (policy.RefusalRecord.Probe), so of two agents racing on one segment
+//     (failbus.refusal.route), JSON events.RouteRequest in and
+//     events.RouteRecord out. A due re-probe is claimed for the asking agent
+//     (refusal.Record.Probe), so of two agents racing on one segment
 //     only one sends the re-probe: at most 1 + len(reprobe_delays) sends per
 //     segment and provider, as on the virtual clock.
 //
@@ -49,7 +49,7 @@ import (
 
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
-	"github.com/failbus/failbus/pkg/policy"
+	"github.com/failbus/failbus/pkg/policy/refusal"
 )
 
 // Names of the service. Service labels metrics and logs, names the
@@ -86,13 +86,13 @@ const (
 // policy (15m, 1h, 6h) with the defaults below.
 type Options struct {
 	// Policy is the policy's `refusal:` section. Defaults to
-	// policy.DefaultRefusalConfig() when it has no delays, no re-render
+	// refusal.DefaultConfig() when it has no delays, no re-render
 	// bound and no TTL (the zero value); otherwise it must Validate.
-	Policy policy.RefusalConfig
+	Policy refusal.Config
 
 	// ProbeLease is how long a claimed re-probe keeps other agents off the
 	// provider when no refusal ends it sooner. Defaults to
-	// policy.DefaultProbeLease (5m). It must cover one LLM call and the way
+	// refusal.DefaultProbeLease (5m). It must cover one LLM call and the way
 	// of its refusal through the classifier and this service.
 	ProbeLease time.Duration
 
@@ -119,7 +119,7 @@ type Options struct {
 // of `failbus dev` (Run, Healthy).
 type Server struct {
 	js    jetstream.JetStream
-	cfg   policy.RefusalConfig
+	cfg   refusal.Config
 	lease time.Duration
 	now   func() time.Time
 	rtout time.Duration
@@ -134,7 +134,7 @@ type Server struct {
 	store   *Store
 	health  jetstream.Stream // FAILBUS_HEALTH: route skips providers in an outage
 	micro   micro.Service
-	touchAt policy.RefusalConfig // cfg with StateTTL = min(policy TTL, bucket TTL)
+	touchAt refusal.Config // cfg with StateTTL = min(policy TTL, bucket TTL)
 	state   error
 }
 
@@ -149,7 +149,7 @@ func New(js jetstream.JetStream, opts Options) (*Server, error) {
 	}
 	cfg := opts.Policy
 	if cfg.ReprobeDelays == nil && cfg.MaxRerenders == 0 && cfg.StateTTL == 0 {
-		cfg = policy.DefaultRefusalConfig()
+		cfg = refusal.DefaultConfig()
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: refusals: %w", consumer.ErrInvalidConfig, err)
@@ -174,7 +174,7 @@ func New(js jetstream.JetStream, opts Options) (*Server, error) {
 		state: errNotStarted, touchAt: cfg,
 	}
 	if s.lease == 0 {
-		s.lease = policy.DefaultProbeLease
+		s.lease = refusal.DefaultProbeLease
 	}
 	if s.now == nil {
 		s.now = time.Now
@@ -201,7 +201,7 @@ func New(js jetstream.JetStream, opts Options) (*Server, error) {
 }
 
 // Config is the refusal policy the service runs.
-func (s *Server) Config() policy.RefusalConfig { return s.cfg }
+func (s *Server) Config() refusal.Config { return s.cfg }
 
 // Gatherer returns the registry of the service's metrics when it is a
 // prometheus.Gatherer (the default one is), for consumer.ServeOps.
@@ -253,7 +253,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	s.store, s.micro, s.touchAt, s.state = store, svc, touch, nil
 	s.mu.Unlock()
 	s.log.Info().Str("route", routeSubject()).Int64("probe_lease_ms", s.lease.Milliseconds()).
-		Str("rule", policy.RefusalRule(s.cfg)).Msg("refusal tiers started")
+		Str("rule", refusal.Rule(s.cfg)).Msg("refusal tiers started")
 
 	err = consumer.RunAll(ctx, s.refusals, s.boundaries)
 	if serr := svc.Stop(); serr != nil {

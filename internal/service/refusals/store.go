@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	topology "github.com/failbus/failbus/jetstream"
-	"github.com/failbus/failbus/pkg/policy"
+	"github.com/failbus/failbus/pkg/policy/refusal"
 )
 
 // ErrTooManyConflicts is returned (wrapped) when an update lost the
@@ -25,7 +25,7 @@ var ErrTooManyConflicts = errors.New("refusals: too many compare-and-set conflic
 const MaxAttempts = 100
 
 // Store is the refusal state in KV bucket FAILBUS_REFUSALS, one
-// policy.RefusalRecord per policy.RefusalKey(segment, provider). Every write
+// refusal.Record per Key(segment, provider). Every write
 // is a compare-and-set on the key's revision (Create for a new key, Update
 // with the revision read otherwise), retried on conflict, so two writers on
 // one key never lose each other's count. It is safe for concurrent use.
@@ -59,13 +59,13 @@ func (s *Store) TTL(ctx context.Context) (time.Duration, error) {
 // need: its revision and when it was written.
 type Entry struct {
 	Key      string
-	Record   policy.RefusalRecord
+	Record   refusal.Record
 	Revision uint64
 	Written  time.Time
 	// Raw is the stored value, rewritten unchanged by a TTL refresh.
 	Raw []byte
 	// DecodeErr is set when the value was (partly) unreadable; Record is
-	// then the conservative reading (policy.DecodeRefusalRecord).
+	// then the conservative reading (DecodeRecord).
 	DecodeErr error
 }
 
@@ -82,7 +82,7 @@ func (s *Store) Get(ctx context.Context, key string) (e Entry, found bool, err e
 }
 
 func entryOf(kve jetstream.KeyValueEntry) Entry {
-	rec, derr := policy.DecodeRefusalRecord(kve.Value())
+	rec, derr := DecodeRecord(kve.Value())
 	return Entry{
 		Key: kve.Key(), Record: rec, Revision: kve.Revision(), Written: kve.Created(),
 		Raw: kve.Value(), DecodeErr: derr,
@@ -91,8 +91,8 @@ func entryOf(kve jetstream.KeyValueEntry) Entry {
 
 // Put writes rec at key if the key is still at revision (0: the key must not
 // exist, or be deleted). ok is false on a conflict: someone else wrote first.
-func (s *Store) Put(ctx context.Context, key string, rec policy.RefusalRecord, revision uint64) (newRev uint64, ok bool, err error) {
-	data, err := policy.EncodeRefusalRecord(rec)
+func (s *Store) Put(ctx context.Context, key string, rec refusal.Record, revision uint64) (newRev uint64, ok bool, err error) {
+	data, err := EncodeRecord(rec)
 	if err != nil {
 		return 0, false, err
 	}
@@ -125,7 +125,7 @@ func IsConflict(err error) bool {
 // false for a new key, with rec zero). write false leaves the key as it is.
 // It may run several times, once per compare-and-set attempt, so it must
 // not have side effects beyond its return values; err aborts the update.
-type UpdateFunc func(ctx context.Context, cur Entry, found bool) (next policy.RefusalRecord, write bool, err error)
+type UpdateFunc func(ctx context.Context, cur Entry, found bool) (next refusal.Record, write bool, err error)
 
 // Update reads key, applies fn and writes the result with compare-and-set,
 // re-reading and re-applying fn on every conflict, up to MaxAttempts. It
@@ -189,13 +189,13 @@ func (s *Store) Watch(ctx context.Context, filter string, metaOnly bool) ([]Entr
 
 // SegmentStates returns the state of every provider in segment
 // (`<session>#<n>`): what the notification dedupe key's provider list
-// (policy.RefusalPeers) is computed from.
-func (s *Store) SegmentStates(ctx context.Context, segment string) ([]policy.RefusalState, error) {
-	entries, err := s.Watch(ctx, policy.RefusalSegmentFilter(segment), false)
+// (refusal.Peers) is computed from.
+func (s *Store) SegmentStates(ctx context.Context, segment string) ([]refusal.State, error) {
+	entries, err := s.Watch(ctx, SegmentFilter(segment), false)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]policy.RefusalState, 0, len(entries))
+	out := make([]refusal.State, 0, len(entries))
 	for _, e := range entries {
 		out = append(out, e.Record.State)
 	}
@@ -207,7 +207,7 @@ func (s *Store) SegmentStates(ctx context.Context, segment string) ([]policy.Ref
 // it deleted. The new segment and later ones are kept, so a boundary handled
 // late cannot wipe newer state; other sessions are left to the bucket TTL.
 func (s *Store) RetireBefore(ctx context.Context, session string, segment int) ([]string, error) {
-	entries, err := s.Watch(ctx, policy.RefusalSessionFilter(session), true)
+	entries, err := s.Watch(ctx, SessionFilter(session), true)
 	if err != nil {
 		return nil, err
 	}
@@ -228,7 +228,7 @@ func (s *Store) RetireBefore(ctx context.Context, session string, segment int) (
 // keySegment is the segment number of a refusal key of session; false for
 // keys of another session or without a numbered segment.
 func keySegment(key, session string) (int, bool) {
-	seg, _, err := policy.ParseRefusalKey(key)
+	seg, _, err := ParseKey(key)
 	if err != nil {
 		return 0, false
 	}

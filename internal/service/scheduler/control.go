@@ -11,7 +11,7 @@ import (
 	"github.com/failbus/failbus/pkg/agent"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy"
+	"github.com/failbus/failbus/pkg/policy/retry"
 )
 
 // Control kinds, as the metrics label them.
@@ -42,7 +42,7 @@ func (s *Scheduler) handleControl(ctx context.Context, m *consumer.Msg, _ *consu
 		// about another agent's retry on them is not trusted.
 		return consumer.DeadLetterf("%s record of agent %q on %s, another agent's subject", kind, mark.Agent, m.Subject)
 	}
-	token, _, ok := policy.SplitRetryID(mark.RetryID)
+	token, _, ok := retry.SplitID(mark.RetryID)
 	if !ok {
 		return consumer.DeadLetterf("retry_id %q is not a retry id failbus issued", mark.RetryID)
 	}

@@ -1,7 +1,7 @@
 package scheduler
 
 // The retry ledger: one subject per budget in FAILBUS_RETRIES,
-// events.RetryLedgerSubject(policy.BudgetKey.Token()), holding LedgerEntry
+// events.RetryLedgerSubject(retry.BudgetKey.Token()), holding LedgerEntry
 // messages in order. The last one is the budget's state (its Retry is the
 // count spent); earlier ones are the history a redelivered outcome is looked
 // up in. Appends are compare-and-set on the subject's last sequence.
@@ -15,19 +15,19 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy"
+	"github.com/failbus/failbus/pkg/policy/retry"
 )
 
 // SchemaLedgerEntry is the Failbus-Schema name of a LedgerEntry.
 const SchemaLedgerEntry = "retry_ledger"
 
 // LedgerEntry is one message of a budget's ledger: the retry record seed 003
-// writes before the wait (policy.RetryRecord, with the same keys), and the
+// writes before the wait (retry.Record, with the same keys), and the
 // agent's answer to it once it came: started or cancelled, whichever came
 // first. A mark is a new entry with the same record, so the last entry of a
 // budget always carries the budget's count.
 type LedgerEntry struct {
-	policy.RetryRecord
+	retry.Record
 	// CancelledAt is when the agent cancelled the pending retry; zero when
 	// it did not.
 	CancelledAt events.Time `msgpack:"cancelled_at,omitempty" json:"cancelled_at,omitzero"`

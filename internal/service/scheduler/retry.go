@@ -9,6 +9,8 @@ import (
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy"
+	"github.com/failbus/failbus/pkg/policy/retry"
+	"github.com/failbus/failbus/pkg/policy/scope"
 )
 
 // handleClassified is the handler of the `scheduler` consumer: fault scope,
@@ -48,19 +50,19 @@ func (s *Scheduler) handleClassified(ctx context.Context, m *consumer.Msg, _ *co
 	return s.decide(ctx, m, *c, obs.Verdict, pol)
 }
 
-// decide runs policy.DecideRetry against the budget's ledger and carries
+// decide runs retry.Decide against the budget's ledger and carries
 // out its verdict durably: ledger, schedule, decision.
-func (s *Scheduler) decide(ctx context.Context, m *consumer.Msg, c events.Classification, verdict policy.ScopeVerdict, pol *policy.Policy) error {
+func (s *Scheduler) decide(ctx context.Context, m *consumer.Msg, c events.Classification, verdict scope.Verdict, pol *policy.Policy) error {
 	rp := pol.RetryFor(c.Provider)
 	for range maxLedgerAttempts {
 		var (
 			last  *ledgerRead
 			own   *ledgerRead // this outcome's own record, when it has one
-			prior *policy.RetryRecord
-			scope = verdict
+			prior *retry.Record
+			sv    = verdict
 		)
 		if rp != nil {
-			token := policy.BudgetFor(c, rp).Token()
+			token := retry.BudgetFor(c, rp).Token()
 			var err error
 			if last, err = s.ledgerLast(ctx, token); err != nil {
 				return err
@@ -79,16 +81,16 @@ func (s *Scheduler) decide(ctx context.Context, m *consumer.Msg, c events.Classi
 			switch {
 			case own != nil:
 				// Persisted before: the retry stands whatever the scope
-				// says now; DecideRetry rebuilds it from the record.
-				prior, scope = &own.entry.RetryRecord, policy.ScopeVerdict{}
+				// says now; retry.Decide rebuilds it from the record.
+				prior, sv = &own.entry.Record, scope.Verdict{}
 			case last != nil:
-				prior = &last.entry.RetryRecord
+				prior = &last.entry.Record
 			}
 		}
-		v := policy.DecideRetry(policy.RetryInput{
+		v := retry.Decide(retry.Input{
 			Classification: c,
 			Policy:         rp,
-			Scope:          scope,
+			Scope:          sv,
 			Prior:          prior,
 			Now:            s.now(),
 			U:              s.random(),
@@ -113,7 +115,7 @@ func (s *Scheduler) decide(ctx context.Context, m *consumer.Msg, c events.Classi
 		}
 
 		// Persist before waiting: the ledger first.
-		entry := &LedgerEntry{RetryRecord: *v.Record}
+		entry := &LedgerEntry{Record: *v.Record}
 		var expect uint64
 		if last != nil {
 			expect = last.seq

@@ -1,5 +1,5 @@
 // Package scheduler is the durable retry scheduler (seed 003, issue 4): the
-// pure decision core of pkg/policy (ProviderState.Observe, DecideRetry, the
+// pure decision core of pkg/policy (scope.ProviderState.Observe, retry.Decide, the
 // same functions `failbus simulate` composes) with its state kept where a
 // crash cannot lose it.
 //
@@ -7,13 +7,13 @@
 // failbus.classified.>). For each one, in this order:
 //
 //  1. Fault scope: the classification is observed by the provider's
-//     policy.ProviderState. Health changes go out on failbus.health.<provider>
+//     scope.ProviderState. Health changes go out on failbus.health.<provider>
 //     and notification requests on failbus.notify.<severity>. Successes (class
 //     ok) and content refusals stop here: refusals are decided by the refusal
 //     tiers (internal/service/refusals), never twice.
 //  2. The budget's ledger is read back: the last message on
 //     events.RetryLedgerSubject(budget token) in FAILBUS_RETRIES, a
-//     LedgerEntry. policy.DecideRetry decides with it.
+//     LedgerEntry. retry.Decide decides with it.
 //  3. A retry is persisted BEFORE it is scheduled: the LedgerEntry is
 //     appended with compare-and-set on the subject's last sequence
 //     (Nats-Expected-Last-Subject-Sequence), so two deliveries or replicas

@@ -24,6 +24,7 @@ import (
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy"
+	"github.com/failbus/failbus/pkg/policy/retry"
 )
 
 // bench is one embedded server with the topology applied.
@@ -283,7 +284,7 @@ func (b *bench) pendingSchedules() int {
 
 // budgetToken is the ledger token of a classification under p.
 func budgetToken(c *events.Classification, p *policy.Policy) string {
-	return policy.BudgetFor(*c, p.RetryFor(c.Provider)).Token()
+	return retry.BudgetFor(*c, p.RetryFor(c.Provider)).Token()
 }
 
 // checkDueOnce fails unless retryID came due exactly once, not before its
@@ -451,7 +452,7 @@ func TestRedeliveredClassificationReplaysItsRetry(t *testing.T) {
 			b.waitIdle()
 			d := b.decisionOf(c.Agent, tc.id)
 			if d.RetryID != entries[0].RetryID || !d.DueAt.Equal(entries[0].DueAt.Time) || d.Retry != 1 {
-				t.Errorf("replayed decision %+v, want the ledger's %+v", d, entries[0].RetryRecord)
+				t.Errorf("replayed decision %+v, want the ledger's %+v", d, entries[0].Record)
 			}
 			if n := len(b.decisions(c.Agent)); n != 1 {
 				t.Errorf("%d decisions, want 1", n)

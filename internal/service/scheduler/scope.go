@@ -12,12 +12,12 @@ import (
 
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy"
+	"github.com/failbus/failbus/pkg/policy/scope"
 )
 
 // scopeBook is the fault scope of every provider in memory: exactly what
-// policy.Scope does for `failbus simulate` (ProviderState.Observe, then
-// ScopeConfig.FailoverFor for an outage), with the config passed per call
+// scope.Tracker does for `failbus simulate` (ProviderState.Observe, then
+// scope.Config.FailoverFor for an outage), with the config passed per call
 // so a policy reload keeps the state, and a memory of the observations of
 // recent outcomes so a redelivered classification is not observed twice.
 type scopeBook struct {
@@ -26,7 +26,7 @@ type scopeBook struct {
 	seenTTL time.Duration
 
 	clock  time.Time
-	states map[string]*policy.ProviderState
+	states map[string]*scope.ProviderState
 
 	seen      map[string]seenObs // by outcome id
 	newest    time.Time          // latest stored time in seen
@@ -34,7 +34,7 @@ type scopeBook struct {
 }
 
 type seenObs struct {
-	obs    policy.ScopeObservation
+	obs    scope.Observation
 	stored time.Time
 }
 
@@ -42,7 +42,7 @@ type seenObs struct {
 const seenPruneEvery = 4096
 
 func newScopeBook(skew, seenTTL time.Duration) *scopeBook {
-	return &scopeBook{skew: skew, seenTTL: seenTTL, states: map[string]*policy.ProviderState{}, seen: map[string]seenObs{}}
+	return &scopeBook{skew: skew, seenTTL: seenTTL, states: map[string]*scope.ProviderState{}, seen: map[string]seenObs{}}
 }
 
 // timeOf is the scope time of a classification: its `at` (the outcome's),
@@ -61,7 +61,7 @@ func (b *scopeBook) timeOf(c events.Classification, stored time.Time) time.Time 
 
 // observe folds c into its provider's state, or returns the observation
 // made when its outcome was first seen.
-func (b *scopeBook) observe(cfg policy.ScopeConfig, c events.Classification, stored time.Time) policy.ScopeObservation {
+func (b *scopeBook) observe(cfg scope.Config, c events.Classification, stored time.Time) scope.Observation {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if o, ok := b.seen[c.OutcomeID]; ok {
@@ -70,7 +70,7 @@ func (b *scopeBook) observe(cfg policy.ScopeConfig, c events.Classification, sto
 	return b.observeLocked(cfg, c, stored)
 }
 
-func (b *scopeBook) observeLocked(cfg policy.ScopeConfig, c events.Classification, stored time.Time) policy.ScopeObservation {
+func (b *scopeBook) observeLocked(cfg scope.Config, c events.Classification, stored time.Time) scope.Observation {
 	now := b.timeOf(c, stored)
 	if now.Before(b.clock) {
 		now = b.clock // the clock never runs backwards (as in simulate)
@@ -78,7 +78,7 @@ func (b *scopeBook) observeLocked(cfg policy.ScopeConfig, c events.Classificatio
 	b.clock = now
 	st := b.states[c.Provider]
 	if st == nil {
-		st = &policy.ProviderState{Provider: c.Provider}
+		st = &scope.ProviderState{Provider: c.Provider}
 		b.states[c.Provider] = st
 	}
 	obs := st.Observe(cfg, c, now)
@@ -89,7 +89,7 @@ func (b *scopeBook) observeLocked(cfg policy.ScopeConfig, c events.Classificatio
 	return obs
 }
 
-func (b *scopeBook) remember(id string, obs policy.ScopeObservation, stored time.Time) {
+func (b *scopeBook) remember(id string, obs scope.Observation, stored time.Time) {
 	b.seen[id] = seenObs{obs: obs, stored: stored}
 	if stored.After(b.newest) {
 		b.newest = stored
@@ -122,7 +122,7 @@ func (b *scopeBook) downLocked(provider string) bool {
 func (b *scopeBook) seedOutage(h events.Health) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.states[h.Provider] = &policy.ProviderState{Provider: h.Provider, Outage: true, OutageSince: h.At, OutageReason: h.Reason}
+	b.states[h.Provider] = &scope.ProviderState{Provider: h.Provider, Outage: true, OutageSince: h.At, OutageReason: h.Reason}
 }
 
 // rebuildScope restores the fault scope after a start: outages still open

@@ -1,0 +1,367 @@
+// Package classify turns an outcome into a classification: the class, its
+// scope and contract retryability, the rule that decided, short redacted
+// evidence, what the evidence overruled, and the provider's retry hints
+// (CONTRACT.md "Classification", seeds 001 and 002).
+package classify
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/failbus/failbus/pkg/events"
+	"github.com/failbus/failbus/pkg/policy/classify/internal/pattern"
+	"github.com/failbus/failbus/pkg/redact"
+)
+
+// Classification (seeds 001 and 002): every decision downstream is only as
+// good as the class it starts from. A classifier can lose information
+// (status and code flattened into a sentence) or, worse, fabricate it (a
+// Cerebras-only rule labels a generic gateway's empty 400 a context
+// overflow; the overflow is not retryable; a long task dies on a transient
+// hiccup). This file keeps the raw evidence, names the rule that decided,
+// and lets harder evidence overrule a heuristic.
+
+// Classifier turns outcomes into classifications. Build one with
+// New (rules are compiled once); it is safe for concurrent use and
+// does no I/O.
+//
+// # Rule precedence
+//
+// Rules are tried in this order; the first that matches decides:
+//
+//  0. User rules from Config.Rules, in file order.
+//  1. stop_reason refusals (stop.refusal); then an outcome the agent marked
+//     ok is `ok`.
+//  2. Transport, when no HTTP error arrived (status 0 or 2xx): stream
+//     invariant, DNS, TLS-handshake timeout, connection cut during TLS, TLS
+//     and certificates, timeouts, connection errors, any other transport
+//     error. Node/undici/Bun, Go net/http and Python spellings.
+//  3. Structured error codes (error.type / error.code / error.status /
+//     __type / reason / x-amzn-errortype), most specific first: quota before
+//     rate limit (insufficient_quota is a 429), Google per-day quotas before
+//     RESOURCE_EXHAUSTED, per-day limits of rate-limit errors, overloaded,
+//     server errors, overflow codes, refusals, auth, model, parameters.
+//  4. Provider-scoped heuristics: an empty 400/413 is an overflow only for
+//     EmptyOverflowProviders (cerebras.empty_400_overflow).
+//  5. What the provider's message says: overflow, model, parameter, auth,
+//     refusal, quota, overloaded and rate-limit phrases. Rate-limit phrases
+//     count only on a 429/503 or a streamed error: a 400 whose body echoes
+//     "429" or "rate limit" is not a rate limit.
+//  6. Gateway pages: Cloudflare 52x, Envoy upstream errors, a proxy's 413,
+//     HTML 5xx and 4xx pages from ALB/nginx.
+//  7. upstream_code, another library's verdict: a hint, used only when
+//     nothing above decided.
+//  8. Hard evidence: request_tokens >= context_window on a 400/413/422 is an
+//     overflow.
+//  9. The status alone: an unexplained empty-body 4xx is server_error
+//     (gateway.empty_4xx); 401/403/407 auth, 402 quota, 404 model (when the
+//     body mentions one), 408 timeout, 422 unsupported_param, 429 rate
+//     limit, 529 overloaded, 5xx server error, other 4xx bad_request, an
+//     empty 2xx empty_response.
+//  10. Nothing matched: `unknown` (rule "none").
+//
+// Two checks can overrule the first match; the classification then carries
+// the claimed class in Overruled, the reason in Evidence, and the final rule
+// in Rule:
+//
+//   - Overflow evidence: a context_overflow claim (any rule) is rejected
+//     when request_tokens/context_window < OverflowEvidenceRatio, or — for an
+//     upstream_code claim on an empty body — when the provider is not one of
+//     EmptyOverflowProviders (the code can only have come from a heuristic).
+//     Matching then resumes after the claiming rule, skipping every other
+//     overflow rule.
+//   - Long waits: a rate_limit whose retry hint exceeds QuotaAfter is
+//     quota_exhausted (rule hint.quota_after).
+//
+// Retryable is the contract default of the final class; the scheduler
+// applies the policy's retryable set.
+type Classifier struct {
+	rules      []*rule
+	pats       pattern.Set      // every body pattern and hint phrase, one automaton
+	tpats      pattern.Set      // every transport pattern
+	codeIDs    map[string]int32 // every structured code a rule names
+	hintIDs    [len(hintPhrases)]int32
+	redactIDs  []int32 // redact.Triggers() in pats
+	tredactIDs []int32 // redact.Triggers() in tpats
+	// byStatus lists, for each status 0..999, the rules (indexes into
+	// rules, in order) whose status condition can hold; other statuses use
+	// anyStatus.
+	byStatus      [1000][]uint16
+	anyStatus     []uint16
+	emptyOverflow []string
+	ratio         float64
+	quotaAfterMS  int64 // <0: off
+}
+
+// New validates cfg and compiles its rules with the built-in ones.
+func New(cfg Config) (*Classifier, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	c := &Classifier{ratio: cfg.OverflowEvidenceRatio, codeIDs: map[string]int32{}}
+	if c.ratio == 0 {
+		c.ratio = DefaultOverflowEvidenceRatio
+	}
+	eo := cfg.EmptyOverflowProviders
+	if eo == nil {
+		eo = DefaultEmptyOverflowProviders()
+	}
+	for _, p := range eo {
+		c.emptyOverflow = append(c.emptyOverflow, strings.ToLower(strings.TrimSpace(p)))
+	}
+	switch {
+	case cfg.QuotaAfter == 0:
+		c.quotaAfterMS = DefaultQuotaAfter.Milliseconds()
+	case cfg.QuotaAfter < 0:
+		c.quotaAfterMS = -1
+	default:
+		c.quotaAfterMS = cfg.QuotaAfter.Milliseconds()
+	}
+	for _, r := range cfg.Rules {
+		c.rules = append(c.rules, compileRule(r))
+	}
+	for _, b := range builtinRules {
+		r := compileRule(b.Rule)
+		r.html, r.heuristic, r.emptyOverflow, r.when, r.note = b.html, b.heuristic, b.emptyOverflow, b.when, b.note
+		r.transportStage = b.transport
+		c.rules = append(c.rules, r)
+	}
+	for _, r := range c.rules {
+		r.setFeatures()
+		for _, p := range r.body {
+			r.bodyIDs = append(r.bodyIDs, c.pats.Add(string(p)))
+		}
+		for _, p := range r.notBody {
+			r.notBodyIDs = append(r.notBodyIDs, c.pats.Add(string(p)))
+		}
+		for _, p := range r.transport {
+			r.transIDs = append(r.transIDs, c.tpats.Add(string(p)))
+		}
+		for _, code := range r.codes {
+			id, ok := c.codeIDs[string(code)]
+			if !ok {
+				id = int32(len(c.codeIDs))
+				c.codeIDs[string(code)] = id
+			}
+			r.codeIDs = append(r.codeIDs, id)
+		}
+	}
+	for i, p := range hintPhrases {
+		c.hintIDs[i] = c.pats.Add(p)
+	}
+	for _, p := range redact.Triggers() {
+		c.redactIDs = append(c.redactIDs, c.pats.Add(p))
+		c.tredactIDs = append(c.tredactIDs, c.tpats.Add(p))
+	}
+	c.pats.Build()
+	c.tpats.Build()
+	if len(c.rules) > 1<<16 {
+		return nil, fmt.Errorf("classify: %d rules, at most %d", len(c.rules), 1<<16)
+	}
+	for i, r := range c.rules {
+		if r.anyStatus {
+			c.anyStatus = append(c.anyStatus, uint16(i))
+		}
+	}
+	var prev []uint16
+	for st := range c.byStatus {
+		var list []uint16
+		for i, r := range c.rules {
+			if r.anyStatus || r.status.has(st) {
+				list = append(list, uint16(i))
+			}
+		}
+		if slices.Equal(list, prev) {
+			list = prev // share identical lists
+		}
+		c.byStatus[st], prev = list, list
+	}
+	return c, nil
+}
+
+// textHits returns which body patterns occur in v's error text, scanning
+// it once per outcome, on first use.
+func (c *Classifier) textHits(v *view) []uint64 {
+	if !v.scanned {
+		n := c.pats.Words()
+		if cap(v.hits) < n {
+			v.hits = make([]uint64, n)
+		}
+		v.hits = v.hits[:n]
+		clear(v.hits)
+		c.pats.Scan(v.text, v.hits)
+		v.scanned = true
+	}
+	return v.hits
+}
+
+// codeHits returns which rule codes v's structured codes are, looked up
+// once per outcome, on first use.
+func (c *Classifier) codeHits(v *view) []uint64 {
+	if !v.cscanned {
+		n := (len(c.codeIDs) + 63) / 64
+		if cap(v.chits) < n {
+			v.chits = make([]uint64, n)
+		}
+		v.chits = v.chits[:n]
+		clear(v.chits)
+		for i := 0; i < v.ncodes; i++ {
+			sp := v.codes[i]
+			if id, ok := c.codeIDs[string(v.codeBuf[sp.lo:sp.hi])]; ok {
+				v.chits[id>>6] |= 1 << (id & 63)
+			}
+		}
+		v.cscanned = true
+	}
+	return v.chits
+}
+
+// transHits is textHits for the transport error.
+func (c *Classifier) transHits(v *view) []uint64 {
+	if !v.tscanned {
+		n := c.tpats.Words()
+		if cap(v.thits) < n {
+			v.thits = make([]uint64, n)
+		}
+		v.thits = v.thits[:n]
+		clear(v.thits)
+		c.tpats.Scan(v.trans, v.thits)
+		v.tscanned = true
+	}
+	return v.thits
+}
+
+var defaultClassifier = func() *Classifier {
+	c, err := New(Config{})
+	if err != nil {
+		panic("policy: built-in classification rules are invalid: " + err.Error())
+	}
+	return c
+}()
+
+// Default returns the classifier of the default policy.
+func Default() *Classifier { return defaultClassifier }
+
+// Classify classifies o with the default policy. See Classifier.
+func Classify(o *events.Outcome) events.Classification { return defaultClassifier.Classify(o) }
+
+func (c *Classifier) emptyOverflowProvider(p string) bool { return hasFold(c.emptyOverflow, p) }
+
+// Rule ids of the classifier's own verdicts (not in the rule table).
+const (
+	RuleOK         = "ok"               // the agent marked the call ok
+	RuleNone       = "none"             // nothing matched: class unknown
+	RuleQuotaAfter = "hint.quota_after" // a long retry hint made a rate limit a quota
+)
+
+// Classify returns the classification of o: class, contract retryability
+// and scope, the deciding rule, short redacted evidence, what was
+// overruled, the provider's retry hints, and o's context fields. It never
+// fails: an outcome nothing explains is `unknown`.
+func (c *Classifier) Classify(o *events.Outcome) events.Classification {
+	if o == nil {
+		return events.Classification{Class: events.ClassUnknown, Rule: RuleNone, Evidence: []string{"no outcome"}}
+	}
+	out := events.Classification{
+		OutcomeID: o.ID, At: o.At, Agent: o.Agent, Provider: o.Provider, Model: o.Model, Profile: o.Profile,
+		Session: o.Session, Segment: o.Segment, Turn: o.Turn, Step: o.Step, RefusalScope: o.RefusalScope,
+	}
+	if o.OK && o.StopReason == "" {
+		// Fast path: most outcomes are successes.
+		c.finish(&out, events.ClassOK, RuleOK, []string{"ok"})
+		return out
+	}
+	v := getView()
+	defer putView(v)
+	v.reset(o)
+
+	var ev evidence
+	ev.add(statusEvidence(v, o))
+	if v.placeholder {
+		ev.add(placeholderNote)
+	}
+	var (
+		overruled  string
+		overEv     string
+		skipClaims bool
+	)
+	candidates := c.anyStatus
+	if v.status >= 0 && v.status < len(c.byStatus) {
+		candidates = c.byStatus[v.status]
+	}
+	have := features(o, v)
+	for _, ri := range candidates {
+		r := c.rules[ri]
+		if r.need&^have != 0 || r.forbid&have != 0 {
+			continue // r.match would fail on these flags alone
+		}
+		if skipClaims && r.class == events.ClassContextOverflow {
+			continue
+		}
+		mark := ev.n
+		if !r.match(c, o, v, &ev) {
+			ev.n = mark
+			continue
+		}
+		if r.class == events.ClassContextOverflow {
+			reject, why := c.checkOverflow(o, v, r)
+			if reject {
+				ev.n = mark
+				overruled, skipClaims = events.ClassContextOverflow, true
+				overEv = "overruled " + r.id + ": " + why
+				continue
+			}
+			ev.add(why)
+		}
+		ev.add(overEv)
+		ev.add(c.messageEvidence(o, v, r))
+		out.Overruled = overruled
+		out.Hints = c.retryHints(o, v, r.class)
+		ruleID, class := r.id, r.class
+		if class == events.ClassRateLimit && c.quotaAfterMS >= 0 && out.Hints != nil && out.Hints.AfterMS > c.quotaAfterMS {
+			ev.add("provider asks to wait " + fmtMS(out.Hints.AfterMS) + ", longer than quota_after " + fmtMS(c.quotaAfterMS) + " (matched " + r.id + ")")
+			if out.Overruled == "" {
+				out.Overruled = events.ClassRateLimit
+			}
+			ruleID, class = RuleQuotaAfter, events.ClassQuotaExhausted
+		}
+		c.finish(&out, class, ruleID, ev.list())
+		return out
+	}
+	if o.OK {
+		c.finish(&out, events.ClassOK, RuleOK, []string{"ok", "stop_reason " + o.StopReason})
+		return out
+	}
+	ev.add("no rule matched")
+	ev.add(overEv)
+	ev.add(c.messageEvidence(o, v, nil))
+	out.Overruled = overruled
+	out.Hints = c.retryHints(o, v, events.ClassUnknown)
+	c.finish(&out, events.ClassUnknown, RuleNone, ev.list())
+	return out
+}
+
+func (c *Classifier) finish(out *events.Classification, class, rule string, ev []string) {
+	info, _ := events.LookupClass(class)
+	out.Class, out.Retryable, out.Scope, out.Rule, out.Evidence = class, info.Retryable, info.Scope, rule, ev
+}
+
+// checkOverflow applies the overflow evidence check to a claim by r. It
+// returns whether to reject the claim and the evidence either way.
+func (c *Classifier) checkOverflow(o *events.Outcome, v *view, r *rule) (bool, string) {
+	if o.RequestTokens > 0 && o.ContextWindow > 0 {
+		ratio := float64(o.RequestTokens) / float64(o.ContextWindow)
+		tokens := strconv.Itoa(o.RequestTokens) + " of " + strconv.Itoa(o.ContextWindow) + " tokens (" + pct(ratio) + ")"
+		if ratio < c.ratio {
+			return true, tokens + ", below the overflow evidence ratio " + pct(c.ratio)
+		}
+		return false, tokens
+	}
+	if r.heuristic && len(r.upstream) > 0 && v.emptyBody && !c.emptyOverflowProvider(o.Provider) {
+		return true, "empty body from " + strconv.Quote(o.Provider) +
+			", which is not configured to report overflow that way; the upstream code can only be a guess"
+	}
+	return false, ""
+}

@@ -1,0 +1,355 @@
+package classify
+
+import (
+	"strings"
+	"unicode/utf8"
+
+	"github.com/failbus/failbus/internal/ascii"
+	"github.com/failbus/failbus/pkg/policy/classify/internal/delay"
+)
+
+// Reading a JSON error body without decoding it: a forgiving walker over
+// the fields that say what went wrong, plus the lower-casing and unescaping
+// it needs. Prompt text a provider echoes elsewhere is never read.
+
+// Field roles in a JSON error body.
+const (
+	roleNone = iota
+	roleText
+	roleCode
+	roleBoth // quota ids, finish reasons: matched as code and as text
+)
+
+func fieldRole(key string) int {
+	switch key {
+	case "message", "msg", "detail", "error", "error_description", "title", "description", "raw",
+		"errorMessage", "error_message", "errorMsg", "err_msg", "quota_metric", "quotaMetric":
+		return roleText
+	case "type", "code", "status", "__type", "reason", "error_code", "error_type", "errorType",
+		"errorCode", "error_name", "object":
+		return roleCode
+	case "quotaId", "quota_id", "quota_limit", "quotaLimit", "blockReason", "block_reason",
+		"finishReason", "finish_reason", "stop_reason", "stopReason", "limit_source":
+		return roleBoth
+	}
+	return roleNone
+}
+
+// walker is a forgiving, allocation-free JSON reader that visits the fields
+// of an error body. On malformed input it stops and keeps what it found.
+type walker struct {
+	s      string
+	i      int
+	v      *view
+	src    int8 // span source of s: 0 body, i+1 docs[i]
+	level  int  // JSON-in-string nesting level of s
+	fields int
+}
+
+func (w *walker) ws() {
+	for w.i < len(w.s) {
+		switch w.s[w.i] {
+		case ' ', '\t', '\r', '\n':
+			w.i++
+		default:
+			return
+		}
+	}
+}
+
+// str reads a JSON string at w.i (which must be '"') and returns its raw,
+// still-escaped contents.
+func (w *walker) str() (lo, hi int, ok bool) {
+	w.i++
+	lo = w.i
+	for w.i < len(w.s) {
+		j := strings.IndexByte(w.s[w.i:], '"')
+		if j < 0 {
+			break
+		}
+		q := w.i + j
+		// The quote ends the string unless an odd run of backslashes
+		// escapes it.
+		n := 0
+		for k := q - 1; k >= lo && w.s[k] == '\\'; k-- {
+			n++
+		}
+		w.i = q + 1
+		if n%2 == 0 {
+			return lo, q, true
+		}
+	}
+	w.i = len(w.s)
+	return 0, 0, false
+}
+
+func (w *walker) value(depth int, key string) bool {
+	if depth > maxJSONDepth {
+		return false
+	}
+	w.ws()
+	if w.i >= len(w.s) {
+		return false
+	}
+	switch c := w.s[w.i]; c {
+	case '{':
+		w.i++
+		for {
+			w.ws()
+			if w.i >= len(w.s) {
+				return false
+			}
+			if w.s[w.i] == '}' {
+				w.i++
+				return true
+			}
+			if w.s[w.i] != '"' {
+				return false
+			}
+			lo, hi, ok := w.str()
+			if !ok {
+				return false
+			}
+			w.ws()
+			if w.i >= len(w.s) || w.s[w.i] != ':' {
+				return false
+			}
+			w.i++
+			switch w.s[lo:hi] {
+			case "error", "errors", "__type", "error_code", "errorType", "errorMessage", "error_message":
+				w.v.bodyError = true
+			}
+			if !w.value(depth+1, w.s[lo:hi]) {
+				return false
+			}
+			w.ws()
+			if w.i < len(w.s) && w.s[w.i] == ',' {
+				w.i++
+				continue
+			}
+			if w.i < len(w.s) && w.s[w.i] == '}' {
+				w.i++
+				return true
+			}
+			return false
+		}
+	case '[':
+		w.i++
+		for {
+			w.ws()
+			if w.i >= len(w.s) {
+				return false
+			}
+			if w.s[w.i] == ']' {
+				w.i++
+				return true
+			}
+			if !w.value(depth+1, key) {
+				return false
+			}
+			w.ws()
+			if w.i < len(w.s) && w.s[w.i] == ',' {
+				w.i++
+				continue
+			}
+			if w.i < len(w.s) && w.s[w.i] == ']' {
+				w.i++
+				return true
+			}
+			return false
+		}
+	case '"':
+		lo, hi, ok := w.str()
+		if !ok {
+			return false
+		}
+		w.leafString(key, lo, hi)
+		return true
+	default:
+		lo := w.i
+		for w.i < len(w.s) {
+			c := w.s[w.i]
+			if c == ',' || c == '}' || c == ']' || c == ' ' || c == '\t' || c == '\r' || c == '\n' {
+				break
+			}
+			w.i++
+		}
+		if w.i == lo {
+			return false
+		}
+		w.leafScalar(key, w.s[lo:w.i])
+		return true
+	}
+}
+
+func (w *walker) leafString(key string, lo, hi int) {
+	raw := w.s[lo:hi]
+	v := w.v
+	if key == "retryDelay" || key == "retry_delay" {
+		v.retryDelay = span{src: w.src, lo: int32(lo), hi: int32(hi)}
+		w.fields++
+		return
+	}
+	role := fieldRole(key)
+	if role == roleNone {
+		return
+	}
+	w.fields++
+	if role == roleCode || role == roleBoth {
+		if key == "code" || key == "status" || key == "error_code" {
+			if n, ok := status3(raw); ok && v.jsonCode == 0 {
+				v.jsonCode = n
+			}
+		}
+		v.addCode(unescapeSimple(raw), 0)
+		v.addText(raw)
+		return
+	}
+	// Text. JSON inside a string (OpenRouter metadata.raw, wrapped SDK
+	// errors) is walked as JSON. The unescaped copy is one allocation per
+	// embedded document, bounded by maxEmbed and maxDocs.
+	if w.level < maxEmbed && v.ndocs < maxDocs && looksLikeJSON(raw) {
+		v.tmp = appendUnescaped(v.tmp[:0], raw)
+		v.docs[v.ndocs] = string(v.tmp)
+		v.ndocs++
+		inner := walker{s: v.docs[v.ndocs-1], v: v, src: int8(v.ndocs), level: w.level + 1}
+		inner.value(0, "")
+		if inner.fields > 0 {
+			w.fields += inner.fields
+			return
+		}
+	}
+	if !v.msg.ok() && (key == "message" || key == "msg" || key == "detail" || key == "error" || key == "errorMessage" || key == "error_message" || key == "raw") {
+		v.msg = span{src: w.src, lo: int32(lo), hi: int32(hi)}
+	}
+	v.addText(raw)
+}
+
+func (w *walker) leafScalar(key, tok string) {
+	switch key {
+	case "code", "status", "error_code", "status_code", "raw_status_code":
+		if n, ok := status3(tok); ok && w.v.jsonCode == 0 {
+			w.v.jsonCode = n
+		}
+	case "retry_after", "retryAfter":
+		if ms, ok := delay.Number(tok, 1); ok && ms > 0 {
+			w.v.retryAfterSec = ms
+		}
+	}
+}
+
+// status3 parses a three-digit HTTP status 100..599.
+func status3(s string) (int, bool) {
+	if len(s) != 3 {
+		return 0, false
+	}
+	n := 0
+	for i := 0; i < 3; i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return 0, false
+		}
+		n = n*10 + int(s[i]-'0')
+	}
+	return n, n >= 100 && n <= 599
+}
+
+func looksLikeJSON(raw string) bool {
+	t := strings.TrimLeft(raw, " \t\r\n")
+	if strings.HasPrefix(t, `\n`) {
+		t = strings.TrimLeft(t[2:], " ")
+	}
+	return len(t) > 1 && (t[0] == '{' || t[0] == '[')
+}
+
+// unescapeSimple returns raw when it has no escapes (the common case for
+// codes); otherwise the first escape cuts it, which is enough for a code.
+func unescapeSimple(raw string) string {
+	if i := strings.IndexByte(raw, '\\'); i >= 0 {
+		return raw[:i]
+	}
+	return raw
+}
+
+// appendLower appends s lower-cased (ASCII).
+func appendLower(dst []byte, s string) []byte {
+	n := len(dst)
+	dst = append(dst, s...)
+	for i := n; i < len(dst); i++ {
+		dst[i] = lowerTable[dst[i]]
+	}
+	return dst
+}
+
+var lowerTable = func() (t [256]byte) {
+	for i := range t {
+		t[i] = ascii.Lower(byte(i))
+	}
+	return t
+}()
+
+// appendLowerUnescaped appends a raw JSON string's contents, unescaped and
+// lower-cased.
+func appendLowerUnescaped(dst []byte, raw string) []byte {
+	if strings.IndexByte(raw, '\\') < 0 {
+		return appendLower(dst, raw)
+	}
+	start := len(dst)
+	dst = appendUnescaped(dst, raw)
+	for i := start; i < len(dst); i++ {
+		dst[i] = ascii.Lower(dst[i])
+	}
+	return dst
+}
+
+// appendUnescaped appends the unescaped contents of a raw JSON string.
+// Invalid escapes are copied through; it never fails.
+func appendUnescaped(dst []byte, raw string) []byte {
+	for i := 0; i < len(raw); i++ {
+		c := raw[i]
+		if c != '\\' || i+1 >= len(raw) {
+			dst = append(dst, c)
+			continue
+		}
+		i++
+		switch raw[i] {
+		case 'n':
+			dst = append(dst, '\n')
+		case 't':
+			dst = append(dst, '\t')
+		case 'r':
+			dst = append(dst, '\r')
+		case 'b', 'f':
+			dst = append(dst, ' ')
+		case 'u':
+			if i+4 < len(raw) {
+				if r, ok := hex4(raw[i+1 : i+5]); ok {
+					dst = utf8.AppendRune(dst, r)
+					i += 4
+					continue
+				}
+			}
+			dst = append(dst, 'u')
+		default: // \" \\ \/ and anything else
+			dst = append(dst, raw[i])
+		}
+	}
+	return dst
+}
+
+func hex4(s string) (rune, bool) {
+	var r rune
+	for i := 0; i < 4; i++ {
+		c := s[i]
+		switch {
+		case c >= '0' && c <= '9':
+			r = r<<4 | rune(c-'0')
+		case c >= 'a' && c <= 'f':
+			r = r<<4 | rune(c-'a'+10)
+		case c >= 'A' && c <= 'F':
+			r = r<<4 | rune(c-'A'+10)
+		default:
+			return 0, false
+		}
+	}
+	return r, true
+}

@@ -1,0 +1,256 @@
+package classify
+
+import (
+	"github.com/failbus/failbus/pkg/events"
+)
+
+// builtin is a built-in rule: a Rule plus the few conditions the policy
+// file cannot express.
+type builtin struct {
+	Rule
+	html          int8
+	transport     bool // transport stage: yields to an error object in the body
+	heuristic     bool
+	emptyOverflow bool
+	when          func(o *events.Outcome, v *view) bool
+	note          string
+}
+
+func rl(s ...string) []string { return s }
+
+func ptrTrue() *bool { b := true; return &b }
+
+const (
+	cOK          = events.ClassOK
+	cTransport   = events.ClassTransport
+	cTimeout     = events.ClassTimeout
+	cTLS         = events.ClassTLS
+	cDNS         = events.ClassDNS
+	cRate        = events.ClassRateLimit
+	cQuota       = events.ClassQuotaExhausted
+	cOverloaded  = events.ClassOverloaded
+	cServer      = events.ClassServerError
+	cEmpty       = events.ClassEmptyResponse
+	cAuth        = events.ClassAuth
+	cBadRequest  = events.ClassBadRequest
+	cParam       = events.ClassUnsupportedParam
+	cModel       = events.ClassModelNotFound
+	cOverflow    = events.ClassContextOverflow
+	cRefusal     = events.ClassContentRefusal
+	cInvariant   = events.ClassInvariant
+	noResponse   = "0"
+	success      = "2xx"
+	anyHTTPError = "4xx"
+)
+
+// The statuses of "an unexplained 4xx": every 4xx that does not carry a
+// meaning of its own (401/402/403/407 credentials and money, 408 timeout,
+// 429 rate limit).
+var unexplained4xx = rl("400", "404-406", "409-413", "414-428", "431", "451", "499")
+
+var rateLimitCodes = rl("rate_limit_exceeded", "rate_limit_error", "rate_limited", "ratelimitexceeded", "rate_limit",
+	"too_many_requests", "throttlingexception", "throttled")
+
+var overloadWords = rl("overloaded", "high demand", "over capacity", "at capacity")
+
+// builtinRules is the built-in rule table, in precedence order (see the
+// Classifier doc comment). Rule ids are public: the classifier service
+// reports them and operators grep for them, so never rename one.
+//
+// Sources for the shapes: the providers' API error docs and SDKs, and the
+// real responses in testdata/corpus.jsonl (each row names its
+// source).
+var builtinRules = []builtin{
+	// ── 1. End of stream: the model or the provider's filter refused. ──
+	{Rule: Rule{ID: "stop.refusal", Class: cRefusal, StopReasons: rl("refusal", "content_filter", "content_filtered",
+		"safety", "recitation", "prohibited_content", "blocklist", "spii", "image_safety", "guardrail_intervened")}},
+
+	// ── 2. No (complete) HTTP response: transport families. ──
+	// Node/undici/Bun, Go net/http, Python (requests, httpx, aiohttp).
+	{Rule: Rule{ID: "stream.invariant", Class: cInvariant, Status: rl(noResponse, success),
+		Transport: rl("invariant", "unexpected event order", "stream grammar")}, transport: true},
+	{Rule: Rule{ID: "transport.dns", Class: cDNS, Status: rl(noResponse, success),
+		Transport: rl("enotfound", "eai_again", "eai_noname", "getaddrinfo", "no such host", "name or service not known",
+			"temporary failure in name resolution", "nodename nor servname", "name resolution", "failed to resolve",
+			"dns", "lookup ")}, transport: true},
+	{Rule: Rule{ID: "transport.handshake_timeout", Class: cTimeout, Status: rl(noResponse, success),
+		Transport: rl("tls handshake timeout", "handshake timed out", "handshake timeout")}, transport: true},
+	{Rule: Rule{ID: "transport.tls_reset", Class: cTransport, Status: rl(noResponse, success),
+		Transport: rl("eof occurred in violation of protocol", "disconnected before secure tls connection",
+			"sslzeroreturnerror", "unexpected eof while reading")}, transport: true},
+	{Rule: Rule{ID: "transport.tls", Class: cTLS, Status: rl(noResponse, success),
+		Transport: rl("x509", "certificate", "cert_", "err_tls", "tls:", "ssl:", "ssl routines", "sslerror",
+			"ssl error", "handshake failure", "unable_to_verify", "unable to verify", "self signed", "self-signed",
+			"unable_to_get_issuer", "wrong version number", "altname", "depth_zero", "err_ssl")}, transport: true},
+	{Rule: Rule{ID: "transport.timeout", Class: cTimeout, Status: rl(noResponse, success),
+		Transport: rl("etimedout", "esockettimedout", "timed out", "timeout", "deadline exceeded",
+			"aborted due to timeout")}, transport: true},
+	{Rule: Rule{ID: "transport.connection", Class: cTransport, Status: rl(noResponse, success),
+		Transport: rl("econnreset", "econnrefused", "econnaborted", "epipe", "ehostunreach", "enetunreach", "enetdown",
+			"und_err", "other side closed", "socket hang up", "connection reset", "connection refused",
+			"connection aborted", "connection closed", "connection error", "broken pipe", "fetch failed",
+			"network error", "networkerror", "socket connection was closed", "unable to connect", "connectionrefused",
+			"failedtoopensocket", "premature close", "terminated", "stream ended", "incomplete chunked read",
+			"peer closed connection", "server disconnected", "remoteprotocolerror", "goaway", "stream error",
+			"use of closed network connection", "no route to host", "network is unreachable", "eof", "aborted")},
+		transport: true},
+	{Rule: Rule{ID: "transport.other", Class: cTransport, Status: rl(noResponse)}, when: func(o *events.Outcome, _ *view) bool { return o.TransportError != "" },
+		note: "transport error without a response", transport: true},
+
+	// ── 3. Structured error codes, most specific first. ──
+	// Quota before rate limit: insufficient_quota arrives as a 429.
+	{Rule: Rule{ID: "openai.insufficient_quota", Class: cQuota, Codes: rl("insufficient_quota")}},
+	{Rule: Rule{ID: "openai.billing", Class: cQuota, Codes: rl("billing_hard_limit_reached", "billing_not_active")}},
+	// Hard spend limits: OpenAI 429 organization_/project_spend_limit_exceeded,
+	// Groq 400 blocked_api_access. Access returns next month, not next minute.
+	{Rule: Rule{ID: "spend_limit.code", Class: cQuota, Codes: rl("organization_spend_limit_exceeded",
+		"project_spend_limit_exceeded", "blocked_api_access")}},
+	{Rule: Rule{ID: "anthropic.billing_error", Class: cQuota, Codes: rl("billing_error")}},
+	{Rule: Rule{ID: "anthropic.spend_limit", Class: cQuota, Codes: rl("enforced_spend_limit_reached")}},
+	{Rule: Rule{ID: "anthropic.long_context_extra_usage", Class: cQuota, Status: rl("4xx"), Body: rl("extra usage is required")}},
+	{Rule: Rule{ID: "bedrock.service_quota", Class: cQuota, Codes: rl("servicequotaexceededexception")}},
+	// Google: RESOURCE_EXHAUSTED is a rate limit unless the quota is per day
+	// or the free tier has none at all ("limit: 0").
+	{Rule: Rule{ID: "google.quota_per_day", Class: cQuota, Codes: rl("resource_exhausted", "quota_exhausted", "ratelimitexceeded", "rate_limit_exceeded"),
+		Body: rl("perday", "per day", "per_day", "limit: 0")}},
+	{Rule: Rule{ID: "google.capacity_exhausted", Class: cRate, Codes: rl("resource_exhausted", "quota_exhausted"),
+		Body: rl("exhausted your capacity")}},
+	{Rule: Rule{ID: "google.resource_exhausted", Class: cRate, Codes: rl("resource_exhausted")}},
+	// Per-day limits of rate-limit shaped errors (OpenAI RPD, Groq TPD,
+	// Bedrock "tokens per day", OpenRouter free-models-per-day).
+	{Rule: Rule{ID: "ratelimit.per_day", Class: cQuota, Status: rl("429", noResponse, success, "413"),
+		Body: rl("per day", "(rpd)", "(tpd)", "-per-day", "daily limit", "daily quota", "per_day")}},
+	// A single request larger than the profile's per-minute budget can never
+	// pass on this profile (OpenAI 429, Groq 413 "Request too large").
+	{Rule: Rule{ID: "ratelimit.request_exceeds_limit", Class: cQuota, Status: rl("429", "413"),
+		Body: rl("request too large for")}},
+	// Load shedding reported with a rate-limit code is the provider's
+	// overload, not this profile's limit (Azure "peak load").
+	{Rule: Rule{ID: "ratelimit.capacity", Class: cOverloaded, Codes: rateLimitCodes,
+		Body: rl("high demand", "peak load", "currently overloaded", "over capacity")}},
+	{Rule: Rule{ID: "ratelimit.code", Class: cRate, Codes: rateLimitCodes}},
+	{Rule: Rule{ID: "anthropic.overloaded", Class: cOverloaded, Codes: rl("overloaded_error", "overloaded")}},
+	{Rule: Rule{ID: "bedrock.unavailable", Class: cOverloaded, Codes: rl("serviceunavailableexception", "modelnotreadyexception")}},
+	{Rule: Rule{ID: "llamacpp.unavailable", Class: cOverloaded, Codes: rl("unavailable_error")}},
+	{Rule: Rule{ID: "google.unavailable_overloaded", Class: cOverloaded, Codes: rl("unavailable"),
+		Body: rl("overloaded", "high demand", "capacity")}},
+	{Rule: Rule{ID: "google.unavailable", Class: cServer, Codes: rl("unavailable")}},
+	{Rule: Rule{ID: "anthropic.timeout_error", Class: cTimeout, Codes: rl("timeout_error", "modeltimeoutexception")}},
+	{Rule: Rule{ID: "bedrock.server_exception", Class: cServer, Codes: rl("internalserverexception", "modelerrorexception",
+		"modelstreamerrorexception")}},
+	{Rule: Rule{ID: "provider.server_error", Class: cServer, Status: rl("5xx", noResponse, success),
+		Codes:   rl("server_error", "api_error", "internal_error", "internal", "internal_server_error"),
+		NotBody: overloadWords}},
+	{Rule: Rule{ID: "overflow.code", Class: cOverflow, Codes: rl("context_length_exceeded", "exceed_context_size_error",
+		"context_window_exceeded", "string_above_max_length")}},
+	{Rule: Rule{ID: "anthropic.request_too_large", Class: cBadRequest, Codes: rl("request_too_large")}},
+	{Rule: Rule{ID: "refusal.code", Class: cRefusal, Codes: rl("content_filter", "content_policy_violation", "invalid_prompt",
+		"responsibleaipolicyviolation", "safety", "prohibited_content", "blocklist", "recitation", "guardrail_intervened",
+		"data_inspection_failed", "content_filtered")}},
+	{Rule: Rule{ID: "bedrock.model_access", Class: cModel, Codes: rl("accessdeniedexception"),
+		Body: rl("access to the model", "model access")}},
+	{Rule: Rule{ID: "auth.code", Class: cAuth, Codes: rl("authentication_error", "invalid_api_key", "permission_error",
+		"permission_denied", "unauthenticated", "unauthorized", "accessdeniedexception", "unrecognizedclientexception",
+		"expiredtokenexception", "invalidsignatureexception", "api_key_invalid", "incorrect_api_key",
+		"invalid_authentication", "access_terminated", "unsupported_country_region_territory", "token_expired",
+		"authentication_failed", "forbidden")}},
+	{Rule: Rule{ID: "model.code", Class: cModel, Codes: rl("model_not_found", "model_decommissioned", "deploymentnotfound",
+		"resourcenotfoundexception", "not_found_error", "notfounderror", "not_found", "model_not_available")}},
+	{Rule: Rule{ID: "param.code", Class: cParam, Codes: rl("unsupported_parameter", "unsupported_value", "extra_forbidden",
+		"invalid_request_body", "unknown_parameter")}},
+
+	// ── 4. Provider-scoped heuristics. ──
+	// Cerebras reports an overflow as an empty 400/413; a generic gateway's
+	// empty 400 means nothing of the kind (seed 001).
+	{Rule: Rule{ID: "cerebras.empty_400_overflow", Class: cOverflow, Status: rl("400", "413"), EmptyBody: ptrTrue()},
+		emptyOverflow: true, heuristic: true, note: "provider reports overflow as an empty 400/413"},
+
+	// ── 5. What the provider's message says. ──
+	// Cloudflare's 52x pages describe the origin ("may be overloaded") and a
+	// proxy's HTML 5xx page is the proxy's: the status is the verdict.
+	{Rule: Rule{ID: "gateway.html_5xx", Class: cServer, Status: rl("5xx")}, html: 1, note: "HTML page from a proxy"},
+	{Rule: Rule{ID: "cloudflare.origin_error", Class: cServer, Status: rl("520-527", "530")}},
+	{Rule: Rule{ID: "overflow.text", Class: cOverflow, Body: rl("prompt is too long", "input is too long for requested model",
+		"exceeds the context window", "input token count", "maximum prompt length is", "reduce the length of the messages",
+		"maximum context length", "prompt token count of", "exceeds the available context size",
+		"greater than the context length", "context window exceeds limit", "exceeded model token limit",
+		"context length exceeded", "exceed context limit", "context the overflows", "too many input tokens",
+		"exceeds the maximum number of tokens", "exceeds max context", "context window of this model")}},
+	{Rule: Rule{ID: "model.text", Class: cModel, Status: rl("400", "403", "404", "422", success),
+		Body: rl("model not found", "model_not_found", "does not exist", "not a valid model", "invalid model",
+			"unknown model", "no such model", "model not exist", "is not found for api version", "decommissioned",
+			"no models loaded", "deployment for this resource does not exist", "try pulling it first",
+			"model identifier is invalid", "end of its life", "is not supported for generatecontent")}},
+	{Rule: Rule{ID: "param.text", Class: cParam, Status: rl("400", "422", success),
+		Body: rl("unsupported parameter", "unsupported value", "does not support tools", "does not support",
+			"not supported with this model", "is not supported", "unknown name", "cannot find field",
+			"extra inputs are not permitted", "additional properties", "json schema is invalid", "invalid schema",
+			"tool choice requires", "unrecognized request argument", "unknown parameter", "unexpected keyword")}},
+	{Rule: Rule{ID: "auth.text", Class: cAuth, Status: rl("400", "401", "403", "407"),
+		Body: rl("api key not valid", "invalid api key", "provide an api key", "missing api key", "incorrect api key", "invalid x-api-key", "api key not found",
+			"unauthorized", "authentication", "no auth credentials", "access denied", "permission denied",
+			"invalid token", "token has expired", "expired token", "security token included in the request is invalid",
+			"not authorized", "invalid subscription key")}},
+	{Rule: Rule{ID: "refusal.text", Class: cRefusal, Status: rl("400", "403", "451", "422", success),
+		Body: rl("content management policy", "flagged as potentially violating", "usage policies", "usage policy",
+			"content filter", "safety system", "content exists risk", "responsible ai", "guardrail",
+			"sensitive content", "inappropriate content", "prohibited content", "high risk")}},
+	{Rule: Rule{ID: "quota.text", Class: cQuota, Status: rl(anyHTTPError, noResponse, success),
+		Body: rl("credit balance is too low", "insufficient balance", "insufficient credits", "requires more credits",
+			"can only afford", "exceeded your current quota", "usage limit", "spend limit", "spending limit",
+			"out of credits", "payment required", "insufficient funds", "balance is insufficient",
+			"quota exceeded for quota metric")}},
+	{Rule: Rule{ID: "overloaded.text", Class: cOverloaded, Status: rl("5xx", "429", noResponse, success),
+		Body: rl("overloaded", "over capacity", "at capacity", "high demand", "capacity exceeded", "server is busy",
+			"too busy")}},
+	{Rule: Rule{ID: "ratelimit.text", Class: cRate, Status: rl("429", "503", noResponse, success),
+		Body: rl("rate limit", "rate-limit", "ratelimit", "too many requests", "throttl", "slow down",
+			"per minute", "too many tokens")}},
+
+	// ── 6. Gateway and proxy pages. ──
+	{Rule: Rule{ID: "envoy.upstream", Class: cServer, Status: rl("5xx"),
+		Body: rl("upstream connect error", "no healthy upstream", "upstream request timeout", "disconnect/reset before headers")}},
+	{Rule: Rule{ID: "gateway.request_too_large", Class: cBadRequest, Status: rl("413"),
+		Body: rl("request entity too large", "payload too large", "content too large")}},
+	{Rule: Rule{ID: "gateway.html_4xx", Class: cServer, Status: unexplained4xx}, html: 1,
+		when: func(_ *events.Outcome, v *view) bool { return !v.json }, note: "HTML page without an API error"},
+
+	// ── 7. upstream_code: another library's verdict, a hint only. ──
+	{Rule: Rule{ID: "upstream.context_overflow", Class: cOverflow, UpstreamCodes: rl("CONTEXT_WINDOW_EXCEEDED",
+		"CONTEXT_LENGTH_EXCEEDED", "CONTEXT_OVERFLOW", "PROMPT_TOO_LONG", "context_overflow")}, heuristic: true},
+	{Rule: Rule{ID: "upstream.rate_limit", Class: cRate, UpstreamCodes: rl("RATE_LIMIT", "RATE_LIMITED", "RATE_LIMIT_EXCEEDED", "TOO_MANY_REQUESTS", "rate_limit")}, heuristic: true},
+	{Rule: Rule{ID: "upstream.quota_exhausted", Class: cQuota, UpstreamCodes: rl("QUOTA", "QUOTA_EXCEEDED", "QUOTA_EXHAUSTED", "INSUFFICIENT_QUOTA", "BILLING", "quota_exhausted")}, heuristic: true},
+	{Rule: Rule{ID: "upstream.overloaded", Class: cOverloaded, UpstreamCodes: rl("OVERLOADED", "overloaded")}, heuristic: true},
+	{Rule: Rule{ID: "upstream.server_error", Class: cServer, UpstreamCodes: rl("SERVER", "SERVER_ERROR", "INTERNAL", "server_error")}, heuristic: true},
+	{Rule: Rule{ID: "upstream.timeout", Class: cTimeout, UpstreamCodes: rl("TIMEOUT", "TIMED_OUT", "timeout")}, heuristic: true},
+	{Rule: Rule{ID: "upstream.transport", Class: cTransport, UpstreamCodes: rl("TRANSPORT", "NETWORK", "CONNECTION", "transport")}, heuristic: true},
+	{Rule: Rule{ID: "upstream.empty_response", Class: cEmpty, UpstreamCodes: rl("EMPTY_RESPONSE", "EMPTY", "empty_response")}, heuristic: true},
+	{Rule: Rule{ID: "upstream.invariant", Class: cInvariant, UpstreamCodes: rl("INVARIANT", "invariant")}, heuristic: true},
+	{Rule: Rule{ID: "upstream.auth", Class: cAuth, UpstreamCodes: rl("AUTH", "UNAUTHORIZED", "AUTHENTICATION", "FORBIDDEN", "auth")}, heuristic: true},
+	{Rule: Rule{ID: "upstream.model_not_found", Class: cModel, UpstreamCodes: rl("MODEL_NOT_FOUND", "model_not_found")}, heuristic: true},
+	{Rule: Rule{ID: "upstream.content_refusal", Class: cRefusal, UpstreamCodes: rl("REFUSAL", "CONTENT_FILTER", "SAFETY", "content_refusal")}, heuristic: true},
+	{Rule: Rule{ID: "upstream.unsupported_param", Class: cParam, UpstreamCodes: rl("UNSUPPORTED_PARAM", "INVALID_SCHEMA", "unsupported_param")}, heuristic: true},
+
+	// ── 8. Hard evidence: the request is larger than the window. ──
+	{Rule: Rule{ID: "evidence.tokens_exceed_window", Class: cOverflow, Status: rl("400", "413", "422")},
+		when: func(o *events.Outcome, _ *view) bool {
+			return o.ContextWindow > 0 && o.RequestTokens >= o.ContextWindow
+		}},
+
+	// ── 9. What the status alone says. ──
+	// CONTRACT.md: an unexplained empty-body 4xx from a gateway is a
+	// server_error (retryable), never a guess at a cause.
+	{Rule: Rule{ID: "gateway.empty_4xx", Class: cServer, Status: unexplained4xx, EmptyBody: ptrTrue()},
+		note: "no reason given: treated as a gateway fault"},
+	{Rule: Rule{ID: "status.401", Class: cAuth, Status: rl("401", "403", "407")}},
+	{Rule: Rule{ID: "status.402", Class: cQuota, Status: rl("402")}},
+	{Rule: Rule{ID: "status.404_model", Class: cModel, Status: rl("404"), Body: rl("model")}},
+	{Rule: Rule{ID: "status.408", Class: cTimeout, Status: rl("408")}},
+	{Rule: Rule{ID: "status.422", Class: cParam, Status: rl("422")}},
+	{Rule: Rule{ID: "status.429", Class: cRate, Status: rl("429")}},
+	{Rule: Rule{ID: "status.529", Class: cOverloaded, Status: rl("529")}},
+	{Rule: Rule{ID: "status.5xx", Class: cServer, Status: rl("5xx")}},
+	{Rule: Rule{ID: "status.4xx", Class: cBadRequest, Status: rl("4xx")}, note: "the provider stated a reason"},
+	{Rule: Rule{ID: "status.2xx_empty", Class: cEmpty, Status: rl(success)}, when: func(o *events.Outcome, v *view) bool { return v.emptyBody && o.TransportError == "" },
+		note: "success status without content"},
+}

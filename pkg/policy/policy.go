@@ -1,0 +1,172 @@
+// Package policy is the policy file: the sections of failbus's pure
+// decision core collected into one Policy, read, checked and defaulted in
+// one place. Each section's rules live in a package of their own —
+// classification (policy/classify), the retry chain (policy/retry), fault
+// scope (policy/scope), refusal tiers (policy/refusal), notification rules
+// (policy/notification) — and none of them does I/O, starts goroutines or
+// reads a clock, so the services and `failbus simulate` run exactly the
+// same rules. Load is the one function here that touches the file system.
+package policy
+
+// The policy file (CONTRACT.md "Policy file").
+//
+// Every key is optional: Parse starts from Default() and a key present in the
+// document replaces that one value. Durations are Go duration strings
+// ("1500ms", "15m", "6h"); a number where a duration belongs is an error, so
+// "60" can never silently mean 60 nanoseconds. An unknown key anywhere is an
+// error that names its full path and line, and an unknown class name in a
+// retryable list is an error that names the list and the class.
+//
+// Retryable classes layer (retry.Config); RetryFor(provider) resolves the
+// layers into one retry.Policy, which is what the decision chain and the
+// policy key use.
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"reflect"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/failbus/failbus/pkg/events"
+	"github.com/failbus/failbus/pkg/policy/classify"
+	"github.com/failbus/failbus/pkg/policy/notification"
+	"github.com/failbus/failbus/pkg/policy/refusal"
+	"github.com/failbus/failbus/pkg/policy/retry"
+	"github.com/failbus/failbus/pkg/policy/scope"
+)
+
+// Policy is the whole policy file. The zero value is not useful: start from
+// Default() or Parse. A Policy is read-only once built; services swap the
+// whole value on reload.
+type Policy struct {
+	// Retry is the retry decision chain's configuration (seed 003).
+	Retry retry.Config `yaml:"retry" json:"retry"`
+	// Classify configures the classifier (rules, provider limits).
+	Classify classify.Config `yaml:"classify" json:"classify"`
+	// Refusal configures the refusal tiers (seed 000).
+	Refusal refusal.Config `yaml:"refusal" json:"refusal"`
+	// Notify configures the notification budget and sinks.
+	Notify notification.Config `yaml:"notify" json:"notify"`
+	// Scope holds the fault-scope thresholds: outage detection, recovery,
+	// profile and model correlation (seed 002).
+	Scope scope.Config `yaml:"scope" json:"scope"`
+}
+
+// Default returns the policy every absent key falls back to: CONTRACT.md's
+// retry defaults, the seed's refusal schedule, a notification budget of 20
+// per UTC day with no sinks, and the documented fault-scope thresholds.
+func Default() *Policy {
+	return &Policy{
+		Retry:   retry.Default(),
+		Refusal: refusal.DefaultConfig(),
+		Notify:  notification.DefaultConfig(),
+		Scope:   scope.DefaultConfig(),
+	}
+}
+
+// Load reads and parses the policy file at path. It is the one function of
+// the package that touches the file system, so services and the CLI read a
+// policy the same way.
+func Load(path string) (*Policy, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("policy: %w", err)
+	}
+	p, err := Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return p, nil
+}
+
+// Parse reads a policy document: absent keys keep Default()'s values, an
+// unknown key or class is an error naming it, and the result is validated.
+// An empty document is the default policy.
+func Parse(data []byte) (*Policy, error) {
+	p := Default()
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return nil, fmt.Errorf("policy: %w", err)
+	}
+	root := cfgDeref(&doc)
+	if root == nil || root.Tag == "!!null" {
+		return p, p.Validate()
+	}
+	if root.Kind != yaml.MappingNode {
+		return nil, fmt.Errorf("policy: line %d: the document must be a mapping of sections (retry, classify, refusal, notify, scope)", root.Line)
+	}
+	if err := cfgCheckKeys(root, reflect.TypeFor[Policy](), ""); err != nil {
+		return nil, fmt.Errorf("policy: %w", err)
+	}
+	if err := root.Decode(p); err != nil {
+		return nil, fmt.Errorf("policy: %w", err)
+	}
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// Validate checks every section and reports every problem found, each
+// prefixed with "policy: " and the key path.
+func (p *Policy) Validate() error {
+	var errs []error
+	if err := p.Retry.Validate(); err != nil {
+		errs = append(errs, cfgPrefix("retry", err))
+	}
+	if err := p.Classify.Validate(); err != nil {
+		errs = append(errs, cfgPrefix("classify", err))
+	}
+	if err := p.Refusal.Validate(); err != nil {
+		errs = append(errs, cfgPrefix("refusal", err))
+	}
+	if err := p.Notify.Validate(); err != nil {
+		errs = append(errs, cfgPrefix("notify", err))
+	}
+	if err := p.Scope.Validate(); err != nil {
+		errs = append(errs, cfgPrefix("scope", err))
+	}
+	return errors.Join(errs...)
+}
+
+// cfgPrefix makes every line of a section's error start with "policy: " and
+// name the section when the section's own message does not.
+func cfgPrefix(section string, err error) error {
+	lines := strings.Split(err.Error(), "\n")
+	for i, l := range lines {
+		if !strings.HasPrefix(l, section) {
+			l = section + ": " + l
+		}
+		lines[i] = "policy: " + l
+	}
+	return errors.New(strings.Join(lines, "\n"))
+}
+
+// RetryFor resolves the retry policy of one provider: the global section
+
+// RetryFor resolves the retry policy of one provider: the global section
+// with that provider's override on top. It returns nil when the resolved mode
+// is off (the seed's "no policy": pass on).
+func (p *Policy) RetryFor(provider string) *retry.Policy { return p.Retry.For(provider) }
+
+// ClassifyFunc compiles the policy's classify section and returns the
+// classification "after policy" (CONTRACT.md): the class's retryability is
+// the policy's retryable set for the outcome's provider, not the contract
+// default. The classifier service, `failbus classify` and `failbus simulate`
+// all classify through it, so they cannot disagree.
+func (p *Policy) ClassifyFunc() (func(*events.Outcome) events.Classification, error) {
+	cl, err := classify.New(p.Classify)
+	if err != nil {
+		return nil, err
+	}
+	return func(o *events.Outcome) events.Classification {
+		c := cl.Classify(o)
+		if c.Class != events.ClassOK {
+			c.Retryable = p.RetryFor(o.Provider).IsRetryable(c.Class)
+		}
+		return c
+	}, nil
+}

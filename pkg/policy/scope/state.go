@@ -1,0 +1,233 @@
+package scope
+
+import (
+	"sort"
+	"time"
+
+	"github.com/failbus/failbus/pkg/events"
+)
+
+// Entry is the latest result of one profile or model of a provider.
+type Entry struct {
+	LastAt      events.Time `msgpack:"last_at" json:"last_at"`
+	LastOK      bool        `msgpack:"last_ok" json:"last_ok"`
+	LastClass   string      `msgpack:"last_class" json:"last_class"`
+	LastNetwork bool        `msgpack:"last_network,omitempty" json:"last_network,omitempty"`
+	// FaultSince starts the current fault episode (auth/quota for a
+	// profile, unsupported_param/model_not_found for a model); zero when
+	// none. A success ends it.
+	FaultSince events.Time `msgpack:"fault_since,omitempty" json:"fault_since,omitzero"`
+	// FaultClass is the class that started the episode.
+	FaultClass string `msgpack:"fault_class,omitempty" json:"fault_class,omitempty"`
+	// CooldownUntil (profiles) is when the latest rate-limit hint expires.
+	CooldownUntil events.Time `msgpack:"cooldown_until,omitempty" json:"cooldown_until,omitzero"`
+}
+
+// ProviderState is the fault-scope state of one provider. Its zero value
+// (with Provider set) is a healthy provider nobody has called yet.
+type ProviderState struct {
+	Provider string `msgpack:"provider" json:"provider"`
+	// Outage is true from outage detection until recovery.
+	Outage       bool        `msgpack:"outage,omitempty" json:"outage,omitempty"`
+	OutageSince  events.Time `msgpack:"outage_since,omitempty" json:"outage_since,omitzero"`
+	OutageReason string      `msgpack:"outage_reason,omitempty" json:"outage_reason,omitempty"`
+	// RecoveringSince is the first success of the current recovery streak
+	// and RecoverySuccesses its length; zero when no streak runs.
+	RecoveringSince   events.Time `msgpack:"recovering_since,omitempty" json:"recovering_since,omitzero"`
+	RecoverySuccesses int         `msgpack:"recovery_successes,omitempty" json:"recovery_successes,omitempty"`
+	// RateLimited is true while every profile is rate-limited.
+	RateLimited bool `msgpack:"rate_limited,omitempty" json:"rate_limited,omitempty"`
+	// LastSuccess is the provider's latest success, any profile or model.
+	LastSuccess events.Time `msgpack:"last_success,omitempty" json:"last_success,omitzero"`
+	// NetFailures are the times of network failures since LastSuccess,
+	// oldest first, at most OutageMinFailures of them (all the rule needs).
+	NetFailures []events.Time     `msgpack:"net_failures,omitempty" json:"net_failures,omitempty"`
+	Profiles    map[string]*Entry `msgpack:"profiles,omitempty" json:"profiles,omitempty"`
+	Models      map[string]*Entry `msgpack:"models,omitempty" json:"models,omitempty"`
+}
+
+// HealthState is the provider's current health as CONTRACT.md names it:
+// outage, degraded (recovering from an outage, or rate-limited on every
+// profile) or healthy.
+func (s *ProviderState) HealthState() string {
+	switch {
+	case s.Outage && s.RecoverySuccesses > 0:
+		return events.HealthDegraded
+	case s.Outage:
+		return events.HealthOutage
+	case s.RateLimited:
+		return events.HealthDegraded
+	}
+	return events.HealthHealthy
+}
+
+// isNetwork reports whether a classification is a network-layer
+// failure: the classifier's scope, else the contract default of the class.
+func isNetwork(c events.Classification) bool {
+	sc := c.Scope
+	if sc == "" {
+		if info, ok := events.LookupClass(c.Class); ok {
+			sc = info.Scope
+		}
+	}
+	return sc == events.ScopeNetwork && c.Class != events.ClassOK
+}
+
+// Observe folds one classified outcome at now into the state and returns the
+// verdict for it (when it is a failure), the health changes and the
+// notification requests. It mutates s; a KV-backed caller writes s back
+// with compare-and-set and retries on conflict from a fresh read.
+func (s *ProviderState) Observe(cfg Config, c events.Classification, now time.Time) Observation {
+	var obs Observation
+	if s.Provider == "" {
+		s.Provider = c.Provider
+	}
+	if s.Profiles == nil {
+		s.Profiles = map[string]*Entry{}
+	}
+	if s.Models == nil {
+		s.Models = map[string]*Entry{}
+	}
+	s.forget(cfg, now)
+
+	ok := c.Class == events.ClassOK
+	net := isNetwork(c)
+	at := events.At(now)
+
+	// Profile and model entries.
+	pe := s.Profiles[c.Profile]
+	if pe == nil {
+		pe = &Entry{}
+		s.Profiles[c.Profile] = pe
+	}
+	pe.LastAt, pe.LastOK, pe.LastClass, pe.LastNetwork = at, ok, c.Class, net
+	profileFaultStarted := false
+	switch {
+	case ok:
+		pe.FaultSince, pe.FaultClass, pe.CooldownUntil = events.Time{}, "", events.Time{}
+	case c.Class == events.ClassAuth || c.Class == events.ClassQuotaExhausted:
+		if pe.FaultSince.IsZero() || pe.FaultClass != c.Class {
+			pe.FaultSince, pe.FaultClass = at, c.Class
+			profileFaultStarted = true
+		}
+	case c.Class == events.ClassRateLimit && c.Hints != nil && c.Hints.AfterMS > 0:
+		pe.CooldownUntil = events.At(now.Add(time.Duration(c.Hints.AfterMS) * time.Millisecond))
+	}
+	var me *Entry
+	modelFaultStarted := false
+	if c.Model != "" {
+		me = s.Models[c.Model]
+		if me == nil {
+			me = &Entry{}
+			s.Models[c.Model] = me
+		}
+		me.LastAt, me.LastOK, me.LastClass, me.LastNetwork = at, ok, c.Class, net
+		switch {
+		case ok:
+			me.FaultSince, me.FaultClass = events.Time{}, ""
+		case ModelFault(c.Class):
+			if me.FaultSince.IsZero() {
+				me.FaultSince, me.FaultClass = at, c.Class
+				modelFaultStarted = true
+			}
+		}
+	}
+
+	// Provider-wide counters.
+	if ok {
+		s.LastSuccess = at
+		s.NetFailures = nil
+	}
+	if net {
+		s.NetFailures = append(s.NetFailures, at)
+		if n := cfg.OutageMinFailures; n > 0 && len(s.NetFailures) > n {
+			s.NetFailures = append([]events.Time(nil), s.NetFailures[len(s.NetFailures)-n:]...)
+		}
+	}
+
+	s.outageTransitions(cfg, c, now, ok, net, &obs)
+	s.rateLimitTransitions(cfg, c, now, ok, &obs)
+
+	if ok {
+		return obs
+	}
+	v := &obs.Verdict
+	if s.Outage {
+		v.Outage = true
+		v.OutageSince = s.OutageSince.Time
+		v.Reason = s.OutageReason
+	}
+	switch c.Class {
+	case events.ClassRateLimit, events.ClassAuth, events.ClassQuotaExhausted:
+		v.SwitchProfile = working(s.Profiles, c.Profile)
+	}
+	if ModelFault(c.Class) {
+		v.SwitchModel = working(s.Models, c.Model)
+	}
+	if s.RateLimited {
+		v.ProviderRateLimited = true
+		for _, e := range s.Profiles {
+			if e.CooldownUntil.After(v.CooldownUntil) {
+				v.CooldownUntil = e.CooldownUntil.Time
+			}
+		}
+	}
+	if profileFaultStarted {
+		obs.Notify = append(obs.Notify, s.profileFaultNotice(c, pe, v.SwitchProfile, now))
+	}
+	if modelFaultStarted {
+		obs.Notify = append(obs.Notify, s.modelFaultNotice(c, me, v.SwitchModel, now))
+		if n, ok := s.modelEscalation(c, now); ok {
+			obs.Notify = append(obs.Notify, n)
+		}
+	}
+	return obs
+}
+
+// forget drops profiles and models without a result for ForgetAfter.
+func (s *ProviderState) forget(cfg Config, now time.Time) {
+	if cfg.ForgetAfter <= 0 {
+		return
+	}
+	cutoff := now.Add(-cfg.ForgetAfter)
+	for k, e := range s.Profiles {
+		if e.LastAt.Before(cutoff) {
+			delete(s.Profiles, k)
+		}
+	}
+	for k, e := range s.Models {
+		if e.LastAt.Before(cutoff) {
+			delete(s.Models, k)
+		}
+	}
+}
+
+// active returns the names of profiles with a result within the window,
+// sorted.
+func (s *ProviderState) active(cfg Config, now time.Time) []string {
+	cutoff := now.Add(-cfg.Window)
+	var out []string
+	for k, e := range s.Profiles {
+		if !e.LastAt.Before(cutoff) {
+			out = append(out, k)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// working picks another entry whose latest result is a success: the
+// most recent one, by name on a tie; "" when none.
+func working(entries map[string]*Entry, except string) string {
+	best := ""
+	var bestAt time.Time
+	for name, e := range entries {
+		if name == except || !e.LastOK {
+			continue
+		}
+		if best == "" || e.LastAt.After(bestAt) || e.LastAt.Equal(bestAt) && name < best {
+			best, bestAt = name, e.LastAt.Time
+		}
+	}
+	return best
+}

@@ -1,0 +1,144 @@
+package scope
+
+// The provider-wide transitions of Observe: outage, recovery and the
+// rate limit on every profile, each with its health record and notice.
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/failbus/failbus/pkg/events"
+)
+
+func (s *ProviderState) outageTransitions(cfg Config, c events.Classification, now time.Time, ok, net bool, obs *Observation) {
+	if !s.Outage {
+		if !net {
+			return
+		}
+		reason, down := s.outageCondition(cfg, now)
+		if !down {
+			return
+		}
+		s.Outage, s.OutageSince, s.OutageReason = true, events.At(now), reason
+		s.RecoveringSince, s.RecoverySuccesses = events.Time{}, 0
+		s.RateLimited = false
+		obs.Health = append(obs.Health, s.health(now, events.HealthOutage, reason))
+		obs.Notify = append(obs.Notify, events.Notification{
+			DedupeKey: "provider-outage:" + s.Provider + ":" + millis(s.OutageSince),
+			Severity:  events.SeverityCritical,
+			Title:     "provider " + s.Provider + " is down",
+			Text: fmt.Sprintf("%s. Agents hold (wait_provider) instead of retrying or switching models: every model of %s shares the same broken network path, so switching only burns time, tokens and rate limit. failbus declares %s recovered after %d successes spanning at least %s.",
+				sentence(reason), s.Provider, s.Provider, cfg.RecoveryMinSuccesses, cfg.RecoveryMinTime),
+			Labels: map[string]string{"provider": s.Provider, "state": events.HealthOutage},
+			At:     events.At(now),
+		})
+		return
+	}
+	switch {
+	case ok:
+		if s.RecoverySuccesses == 0 {
+			s.RecoveringSince = events.At(now)
+		}
+		s.RecoverySuccesses++
+		span := now.Sub(s.RecoveringSince.Time)
+		if s.RecoverySuccesses >= cfg.RecoveryMinSuccesses && span >= cfg.RecoveryMinTime {
+			since := s.OutageSince
+			reason := fmt.Sprintf("%d successes over %s since %s; the outage began %s and lasted %s",
+				s.RecoverySuccesses, span.Round(time.Millisecond), clock(s.RecoveringSince.Time), clock(since.Time), now.Sub(since.Time).Round(time.Millisecond))
+			s.Outage, s.OutageSince, s.OutageReason = false, events.Time{}, ""
+			s.RecoveringSince, s.RecoverySuccesses = events.Time{}, 0
+			obs.Health = append(obs.Health, s.health(now, events.HealthRecovered, reason))
+			obs.Notify = append(obs.Notify, events.Notification{
+				DedupeKey: "provider-recovered:" + s.Provider + ":" + millis(since),
+				Severity:  events.SeverityNormal,
+				Title:     "provider " + s.Provider + " recovered",
+				Text:      fmt.Sprintf("%s recovered: %s. Held agents may call it again.", s.Provider, reason),
+				Labels:    map[string]string{"provider": s.Provider, "state": events.HealthRecovered},
+				At:        events.At(now),
+			})
+			return
+		}
+		if s.RecoverySuccesses == 1 {
+			obs.Health = append(obs.Health, s.health(now, events.HealthDegraded,
+				fmt.Sprintf("recovering: first success since the outage began %s (profile %s); recovered after %d successes spanning at least %s",
+					clock(s.OutageSince.Time), displayName(c.Profile), cfg.RecoveryMinSuccesses, cfg.RecoveryMinTime)))
+		}
+	case net:
+		if s.RecoverySuccesses > 0 {
+			s.RecoveringSince, s.RecoverySuccesses = events.Time{}, 0
+			obs.Health = append(obs.Health, s.health(now, events.HealthOutage,
+				fmt.Sprintf("recovery interrupted: %s on profile %s", c.Class, displayName(c.Profile))))
+		}
+	}
+}
+
+// outageCondition checks the outage rule and words its evidence.
+func (s *ProviderState) outageCondition(cfg Config, now time.Time) (string, bool) {
+	profiles := s.active(cfg, now)
+	if len(profiles) == 0 {
+		return "", false
+	}
+	classes := map[string]bool{}
+	for _, p := range profiles {
+		e := s.Profiles[p]
+		if e.LastOK || !e.LastNetwork {
+			return "", false
+		}
+		classes[e.LastClass] = true
+	}
+	cutoff := now.Add(-cfg.Window)
+	n := 0
+	for _, t := range s.NetFailures {
+		if !t.Before(cutoff) {
+			n++
+		}
+	}
+	if n < cfg.OutageMinFailures {
+		return "", false
+	}
+	names := make([]string, len(profiles))
+	for i, p := range profiles {
+		names[i] = displayName(p)
+	}
+	return fmt.Sprintf("every profile (%s) fails at the network layer (%s) within %s, %d network failures since the last success",
+		strings.Join(names, ", "), strings.Join(sortedKeys(classes), ", "), cfg.Window, n), true
+}
+
+func (s *ProviderState) rateLimitTransitions(cfg Config, c events.Classification, now time.Time, ok bool, obs *Observation) {
+	if s.Outage {
+		return
+	}
+	if s.RateLimited {
+		if ok {
+			s.RateLimited = false
+			obs.Health = append(obs.Health, s.health(now, events.HealthHealthy,
+				fmt.Sprintf("rate limit cleared: success on profile %s", displayName(c.Profile))))
+		}
+		return
+	}
+	if c.Class != events.ClassRateLimit {
+		return
+	}
+	profiles := s.active(cfg, now)
+	if len(profiles) < 2 {
+		return
+	}
+	for _, p := range profiles {
+		e := s.Profiles[p]
+		if e.LastOK || e.LastClass != events.ClassRateLimit {
+			return
+		}
+	}
+	s.RateLimited = true
+	names := make([]string, len(profiles))
+	for i, p := range profiles {
+		names[i] = displayName(p)
+	}
+	obs.Health = append(obs.Health, s.health(now, events.HealthDegraded,
+		fmt.Sprintf("rate-limited on every profile (%s): waiting for the cooldown, no profile switching", strings.Join(names, ", "))))
+}
+
+func (s *ProviderState) health(now time.Time, state, reason string) events.Health {
+	return events.Health{At: events.At(now), Provider: s.Provider, State: state, Reason: reason}
+}
