@@ -25,6 +25,7 @@ import (
 	"github.com/failbus/failbus/internal/cli/health"
 	"github.com/failbus/failbus/internal/cli/lag"
 	"github.com/failbus/failbus/internal/cli/publish"
+	"github.com/failbus/failbus/internal/cli/report"
 	"github.com/failbus/failbus/internal/cli/simulate"
 	"github.com/failbus/failbus/internal/cli/tail"
 	"github.com/failbus/failbus/internal/cli/version"
@@ -40,6 +41,7 @@ var commands = []cli.Command{
 	lag.Command,
 	dlq.Command,
 	decode.Command,
+	report.Command,
 	classify.Command,
 	simulate.Command,
 	bench.Command,
