@@ -114,7 +114,9 @@ func (s *Subagent) loop() {
 		case <-s.ctx.Done():
 			return
 		case <-t.C:
-			bctx, cancel := context.WithTimeout(s.ctx, s.cfg.Interval)
+			// A beat may take up to its interval, or 2s for short ones
+			// (a loaded bus); a late beat only delays the next.
+			bctx, cancel := context.WithTimeout(s.ctx, max(s.cfg.Interval, 2*time.Second))
 			if err := s.beat(bctx, events.HeartbeatRunning); err != nil && s.ctx.Err() == nil {
 				s.a.opts.onError(err)
 			}

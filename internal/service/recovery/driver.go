@@ -2,6 +2,7 @@ package recovery
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"time"
 
@@ -11,6 +12,10 @@ import (
 
 	"github.com/failbus/failbus/pkg/policy/recovery"
 )
+
+// lagWait is how long the driver waits before asking again whether the
+// reports were applied (recovery.ErrLagging).
+const lagWait = 100 * time.Millisecond
 
 func natsMsg(subject string, h nats.Header, data []byte) *nats.Msg {
 	return &nats.Msg{Subject: subject, Header: h, Data: data}
@@ -52,11 +57,16 @@ func (s *Service) drive(ctx context.Context) error {
 				if ctx.Err() != nil {
 					return nil
 				}
+				if errors.Is(err, recovery.ErrLagging) {
+					s.log.Debug().Str("provider", p).Msg("checklist waits for heartbeats and reports to be applied")
+					next = earlier(next, now.Add(lagWait))
+					continue
+				}
 				s.m.advanceErrors.Inc()
 				s.setDriveErr(err)
 				s.log.Warn().Err(err).Str("provider", p).Msg("recovery step failed; retried")
 				backoff = min(max(2*backoff, 100*time.Millisecond), 5*time.Second)
-				next = now.Add(backoff)
+				next = earlier(next, now.Add(backoff))
 				continue
 			}
 			backoff = 0
@@ -121,6 +131,13 @@ func (s *Service) observe(e jetstream.KeyValueEntry) {
 	}
 	s.mu.Unlock()
 	s.nudge()
+}
+
+func earlier(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 func boolGauge(b bool) float64 {

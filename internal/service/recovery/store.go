@@ -146,6 +146,40 @@ func putKV(ctx context.Context, kv jetstream.KeyValue, key string, v any, rev ui
 	return n, nil
 }
 
+// CaughtUp implements recovery.Store: the heartbeat and report consumers
+// have acknowledged everything their streams held when it was called.
+func (s *Store) CaughtUp(ctx context.Context) (bool, error) {
+	for _, c := range []struct{ stream, name, filter string }{
+		{topology.StreamLiveness, topology.ConsumerRecoveryHeartbeats, events.HeartbeatPrefix + ".>"},
+		{topology.StreamReports, topology.ConsumerRecoveryReports, events.CronSpecPrefix + ".>"},
+		{topology.StreamReports, topology.ConsumerRecoveryReports, events.CronRunPrefix + ".>"},
+	} {
+		st, err := s.js.Stream(ctx, c.stream)
+		if err != nil {
+			return false, fmt.Errorf("stream %s: %w", c.stream, err)
+		}
+		m, err := st.GetLastMsgForSubject(ctx, c.filter)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			return false, fmt.Errorf("last of %s: %w", c.filter, err)
+		}
+		cons, err := s.js.Consumer(ctx, c.stream, c.name)
+		if err != nil {
+			return false, fmt.Errorf("consumer %s: %w", c.name, err)
+		}
+		info, err := cons.Info(ctx)
+		if err != nil {
+			return false, fmt.Errorf("consumer %s: %w", c.name, err)
+		}
+		if info.AckFloor.Stream < m.Sequence {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
 // LoadProvider implements recovery.Providers.
 func (s *Store) LoadProvider(ctx context.Context, provider string) (*recovery.ProviderRecord, uint64, error) {
 	var r recovery.ProviderRecord

@@ -187,6 +187,9 @@ func (c *Core) checklist(ctx context.Context, r *ProviderRecord, rev uint64, now
 		step := events.Steps[e.Step]
 		if e.Plan == nil || e.Plan.Step != step {
 			p, err := c.plan(ctx, r, e, step, now)
+			if errors.Is(err, ErrLagging) {
+				return false, err
+			}
 			if err != nil {
 				return false, fmt.Errorf("plan %s of %s: %w", step, e.RecoveryID, err)
 			}
@@ -212,6 +215,12 @@ func (c *Core) checklist(ctx context.Context, r *ProviderRecord, rev uint64, now
 		}
 		e.Step++
 		e.Plan = nil
+		switch step { // what no later step reads
+		case events.StepKill:
+			e.Subagents = nil
+		case events.StepRedispatch:
+			e.Killed = nil
+		}
 		if e.Step == len(events.Steps) {
 			r.Episodes = r.Episodes[1:]
 		}

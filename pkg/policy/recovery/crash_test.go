@@ -74,22 +74,34 @@ func (f *faulty) Publish(ctx context.Context, id, subject string, msg events.Mes
 	return f.rec.Publish(ctx, id, subject, msg, verify)
 }
 
-// crashStory is the eight-hour story with probes every 30 minutes (fewer
-// outputs to crash in), run to the end with a crash at operation n; each
-// failed step is retried, as a redelivery or the next tick of a restarted
-// service does. It returns every output (one per id, as a stream keeps them),
-// how many operations ran, and whether the crash point was reached.
-func crashStory(t *testing.T, at int, after bool) ([]recovery.Output, *faulty, bool) {
+// crashLines is the eight-hour story with 30 tasks, its tasks stored once
+// up front (as the stream holds them), split at the recovery: before it
+// the outage (holds, probes), from it the checklist and the release.
+func crashLines(t *testing.T, mem *recovery.MemStore) (outage, checklist []storyLine) {
+	t.Helper()
+	lines := eightHourStory(30)
+	for i, l := range lines {
+		if l.in.Task != nil {
+			seq, err := mem.AppendTask(context.Background(), *l.in.Task, l.at)
+			if err != nil {
+				t.Fatal(err)
+			}
+			lines[i].in.TaskSeq = seq
+		}
+		if l.in.Health != nil && l.in.Health.State == events.HealthRecovered && checklist == nil {
+			outage, checklist = lines[:i], lines[i:]
+		}
+	}
+	return outage, checklist
+}
+
+// crashRun runs lines on sim with a crash at operation f.at; each failed
+// step is retried, as a redelivery or the next tick of a restarted service
+// does. It returns the outputs (one per id, as a stream keeps them) and
+// whether the crash point was reached.
+func crashRun(t *testing.T, sim *recovery.Sim, lines []storyLine, end time.Time) ([]recovery.Output, bool) {
 	t.Helper()
 	ctx := context.Background()
-	cfg := recovery.DefaultConfig()
-	cfg.ProbeInterval = 30 * time.Minute
-	mem, rec := recovery.NewMemStore(), &recovery.Recorder{}
-	f := &faulty{MemStore: mem, rec: rec, at: at, after: after, published: map[string]int{}}
-	sim, err := recovery.NewSimOn(cfg, f, f, mem, rec)
-	if err != nil {
-		t.Fatal(err)
-	}
 	crashed := false
 	retry := func(what string, fn func() error) {
 		for range 3 {
@@ -105,26 +117,37 @@ func crashStory(t *testing.T, at int, after bool) ([]recovery.Output, *faulty, b
 		t.Fatalf("%s: still failing after a restart", what)
 	}
 	var out []recovery.Output
-	for _, l := range eightHourStory(30) {
-		in := l.in
-		if in.Task != nil {
-			seq, err := mem.AppendTask(ctx, *in.Task, l.at) // stored once, like a stream
-			if err != nil {
-				t.Fatal(err)
-			}
-			in.TaskSeq = seq
-		}
+	for _, l := range lines {
 		retry("step", func() error {
-			o, err := sim.Step(ctx, in, l.at)
+			o, err := sim.Step(ctx, l.in, l.at)
 			out = append(out, o...)
 			return err
 		})
 	}
 	retry("tick", func() error {
-		o, err := sim.Tick(ctx, recovered.Add(time.Minute))
+		o, err := sim.Tick(ctx, end)
 		out = append(out, o...)
 		return err
 	})
+	return out, crashed
+}
+
+func crashConfig() recovery.Config {
+	cfg := recovery.DefaultConfig()
+	cfg.ProbeInterval = 30 * time.Minute
+	return cfg
+}
+
+// crashWhole runs the whole story with a crash at operation at.
+func crashWhole(t *testing.T, at int, after bool) ([]recovery.Output, *faulty, bool) {
+	mem, rec := recovery.NewMemStore(), &recovery.Recorder{}
+	outage, checklist := crashLines(t, mem)
+	f := &faulty{MemStore: mem, rec: rec, at: at, after: after, published: map[string]int{}}
+	sim, err := recovery.NewSimOn(crashConfig(), f, f, mem, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, crashed := crashRun(t, sim, append(outage, checklist...), recovered.Add(time.Minute))
 	return out, f, crashed
 }
 
@@ -151,51 +174,77 @@ func ids(out []recovery.Output) []string {
 }
 
 // A crash at any durable operation of the story — before or after it —
-// repeats nothing and skips nothing: the same commands, each once.
+// repeats nothing and skips nothing: the same commands, each once. Every
+// operation from the recovery on (the checklist steps, the release, the
+// final record and notification) is a crash point, forked from the store as
+// it was when the provider recovered; a sample of the outage's operations
+// (holds, probes) runs the whole story. FAILBUS_LONG_TESTS=1 crashes at
+// every operation of the whole story.
 func TestCrashAnywhereRepeatsNothingSkipsNothing(t *testing.T) {
-	base, f, _ := crashStory(t, 0, false)
-	want := ids(base)
+	whole, _, _ := crashWhole(t, 0, false)
+	want := ids(whole)
 	if len(want) == 0 {
 		t.Fatal("no outputs")
 	}
-	// Every operation of the checklist's steps and of the end of the
-	// release, every 5th while held tasks are released, and every 50th
-	// before (the outage: holds and probes). FAILBUS_LONG_TESTS=1 crashes
-	// at every operation.
+
+	// The outage, run once; the checklist forked from its end.
+	mem, rec := recovery.NewMemStore(), &recovery.Recorder{}
+	outage, checklist := crashLines(t, mem)
+	base, err := recovery.NewSimOn(crashConfig(), mem, rec, mem, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, _ := crashRun(t, base, outage, outage[len(outage)-1].at)
+	fork := func(at int, after bool) ([]recovery.Output, *faulty, bool) {
+		m, r := mem.Clone(), &recovery.Recorder{}
+		f := &faulty{MemStore: m, rec: r, at: at, after: after, published: map[string]int{}}
+		sim, err := base.Fork(f, f, m, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, crashed := crashRun(t, sim, checklist, recovered.Add(time.Minute))
+		return append(slices.Clone(before), out...), f, crashed
+	}
+	_, f, _ := fork(0, false)
 	n := f.n
-	rid := recovery.RecoveryID(down, t0)
-	first := f.published["recovery:"+rid+":"+events.StepConfirm]
+	// Releasing one held task is the same few operations each time: every
+	// 7th of them is a crash point (all of them with FAILBUS_LONG_TESTS).
 	releaseFrom := f.published["recovery:dispatch:q-000:1"]
-	releaseTo := f.published["recovery:"+rid+":"+events.StepRelease]
-	if first == 0 || releaseFrom == 0 || releaseTo == 0 {
-		t.Fatal("checklist not published")
+	releaseTo := f.published["recovery:"+recovery.RecoveryID(down, t0)+":"+events.StepRelease]
+	if releaseFrom == 0 || releaseTo == 0 {
+		t.Fatal("release not seen")
 	}
-	var points []int
-	for k := 1; k <= n; k++ {
-		switch {
-		case os.Getenv("FAILBUS_LONG_TESTS") != "",
-			k >= first-3 && k <= releaseFrom+3,
-			k >= releaseTo-6,
-			k > releaseFrom && k < releaseTo && k%5 == 0,
-			k%50 == 0:
-			points = append(points, k)
-		}
-	}
+	long := os.Getenv("FAILBUS_LONG_TESTS") != ""
 	crashes := 0
-	for _, k := range points {
-		for _, after := range []bool{false, true} {
-			out, _, crashed := crashStory(t, k, after)
-			if !crashed {
-				t.Fatalf("crash point %d not reached", k)
-			}
-			crashes++
-			if got := ids(out); !slices.Equal(got, want) {
-				t.Fatalf("crash at operation %d (after=%v): %d outputs, want %d; first difference %s",
-					k, after, len(got), len(want), firstDiff(got, want))
-			}
+	check := func(label string, out []recovery.Output, crashed bool) {
+		if !crashed {
+			t.Fatalf("%s: crash point not reached", label)
+		}
+		crashes++
+		if got := ids(out); !slices.Equal(got, want) {
+			t.Fatalf("%s: %d outputs, want %d; first difference %s", label, len(got), len(want), firstDiff(got, want))
 		}
 	}
-	t.Logf("%d crash points of %d operations: same %d commands each time", crashes, n, len(want))
+	for k := 1; k <= n; k++ {
+		if !long && k > releaseFrom+8 && k < releaseTo-8 && k%7 != 0 {
+			continue
+		}
+		for _, after := range []bool{false, true} {
+			out, _, crashed := fork(k, after)
+			check(fmt.Sprintf("crash at checklist operation %d of %d (after=%v)", k, n, after), out, crashed)
+		}
+	}
+	_, wf, _ := crashWhole(t, 0, false)
+	stride := wf.n / 8
+	if long {
+		stride = 1
+	}
+	for k := 1; k <= wf.n-n; k += stride {
+		out, _, crashed := crashWhole(t, k, k%2 == 0)
+		check(fmt.Sprintf("crash at outage operation %d", k), out, crashed)
+	}
+	t.Logf("%d crash points (operations from the recovery on: %d, each before and after, every 7th while releasing; and a sample of the %d before it): the same %d commands each time",
+		crashes, n, wf.n-n, len(want))
 }
 
 func firstDiff(a, b []string) string {

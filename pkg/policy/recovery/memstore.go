@@ -30,6 +30,9 @@ type MemStore struct {
 type memEntry struct {
 	data []byte
 	rev  uint64
+	// peek is the decoded value for reads that do not modify it
+	// (ProviderRecord only), filled on first use.
+	peek *ProviderRecord
 }
 
 // NewMemStore returns an empty store.
@@ -102,6 +105,9 @@ func (s *MemStore) ListProviders(context.Context) ([]string, error) {
 // LatestHealth implements Providers: in memory every health record is
 // applied as it comes, so there is no gap to close.
 func (s *MemStore) LatestHealth(context.Context, string) (*events.Health, error) { return nil, nil }
+
+// CaughtUp implements Store: reports are applied as they come.
+func (s *MemStore) CaughtUp(context.Context) (bool, error) { return true, nil }
 
 // PutHeartbeat implements Heartbeats.
 func (s *MemStore) PutHeartbeat(_ context.Context, h events.Heartbeat) error {
@@ -263,9 +269,55 @@ func (s *MemStore) MarkSent(_ context.Context, id string, at time.Time) error {
 	return nil
 }
 
+// peekProvider returns the provider's record without copying it: the
+// caller must not modify it.
+func (s *MemStore) peekProvider(provider string) (*ProviderRecord, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.providers[provider]
+	if !ok {
+		return nil, nil
+	}
+	if e.peek == nil {
+		r, _, err := load[ProviderRecord](e, true)
+		if err != nil {
+			return nil, err
+		}
+		e.peek = r
+		s.providers[provider] = e
+	}
+	return e.peek, nil
+}
+
 // revision is the provider record's revision (0: none).
 func (s *MemStore) revision(provider string) uint64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.providers[provider].rev
+}
+
+// Clone returns a copy of the store: what a test forks a run from.
+func (s *MemStore) Clone() *MemStore {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := NewMemStore()
+	for k, v := range s.providers {
+		c.providers[k] = v
+	}
+	for k, v := range s.heartbeats {
+		c.heartbeats[k] = v
+	}
+	for k, v := range s.crons {
+		c.crons[k] = v
+	}
+	c.runs = append(c.runs, s.runs...)
+	c.writes = append(c.writes, s.writes...)
+	c.tasks = append(c.tasks, s.tasks...)
+	for k, v := range s.index {
+		c.index[k] = v
+	}
+	for k, v := range s.ledger {
+		c.ledger[k] = v
+	}
+	return c
 }

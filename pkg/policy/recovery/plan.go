@@ -19,6 +19,16 @@ func (c *Core) plan(ctx context.Context, r *ProviderRecord, e *Episode, step str
 	p := &Plan{Step: step, At: events.At(now)}
 	rec := c.record(r, e, step, now)
 	switch step {
+	case events.StepSubagents, events.StepKill, events.StepCrons:
+		ok, err := c.st.CaughtUp(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			return nil, ErrLagging
+		}
+	}
+	switch step {
 	case events.StepConfirm:
 	case events.StepSubagents:
 		hbs, err := c.st.LatestHeartbeats(ctx)

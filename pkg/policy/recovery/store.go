@@ -23,7 +23,17 @@ type Store interface {
 	Writes
 	Tasks
 	Ledger
+	// CaughtUp reports whether the heartbeats and cron specs kept here
+	// include every report stored on the bus when it was called: the
+	// checklist never decides on a lagging view (a subagent's "done" not
+	// yet applied would get it killed). An in-memory store applies reports
+	// as they come and always returns true.
+	CaughtUp(ctx context.Context) (bool, error)
 }
+
+// ErrLagging is what Advance returns when a step waits for the store to
+// catch up with the reports on the bus (CaughtUp): call it again shortly.
+var ErrLagging = errors.New("recovery: waiting for the reports to be applied")
 
 // Providers keeps one ProviderRecord per provider, updated by revision.
 type Providers interface {
