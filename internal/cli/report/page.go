@@ -216,8 +216,9 @@ ul.summary { background: #fff; border: 1px solid #dde1e6; border-radius: 6px; pa
 .card .v { font-size: 22px; font-weight: 600; }
 .card .l { color: #56606b; font-size: 12px; }
 table { border-collapse: collapse; background: #fff; margin: 8px 0; font-size: 13px; }
-th, td { border: 1px solid #dde1e6; padding: 4px 9px; text-align: left; vertical-align: top; }
-th { background: #eef1f4; font-weight: 600; }
+th, td { border: 1px solid #dde1e6; padding: 4px 9px; text-align: left; vertical-align: top; white-space: nowrap; }
+td.wrap { white-space: normal; min-width: 220px; }
+th { background: #eef1f4; font-weight: 600; white-space: normal; }
 td.n, th.n { text-align: right; font-variant-numeric: tabular-nums; }
 .legend { display: flex; flex-wrap: wrap; gap: 6px 16px; margin: 6px 0 4px; font-size: 13px; }
 .sw { display: inline-block; width: 12px; height: 12px; border-radius: 2px; margin-right: 5px; vertical-align: -1px; border: 1px solid rgba(0,0,0,.15); }
@@ -243,6 +244,7 @@ code { font-size: 12px; background: #eef1f4; padding: 0 3px; border-radius: 3px;
 <nav><a href="#outcomes">Outcomes</a><a href="#health">Health</a><a href="#retries">Retries</a><a href="#overruled">Overruled</a><a href="#refusals">Refusals</a><a href="#notifications">Notifications</a><a href="#deadletters">Dead letters</a><a href="#recoveries">Recoveries</a><a href="#policy">Policy</a></nav>
 <ul class="summary">{{range .Summary}}<li>{{.}}</li>{{end}}</ul>
 {{with .R.Notes}}<p class="note">{{range .}}{{.}}. {{end}}</p>{{end}}
+{{with .R.Undecodable}}<p class="note">Left out: {{range $s, $n := .}}<span data-k='{{k "undecodable" $s}}'>{{num $n}}</span> message(s) on {{$s}} {{end}}that are not the records their subjects carry (junk the services dead-lettered, see Dead letters).</p>{{end}}
 {{if .R.Outside}}<p class="note"><span data-k='{{k "dated_outside"}}'>{{num .R.Outside}}</span> record(s) are dated outside the period (their own time, by agents' clocks); they are counted, and drawn in the first or last bar.</p>{{end}}
 
 <div class="cards">
@@ -276,7 +278,7 @@ code { font-size: 12px; background: #eef1f4; padding: 0 3px; border-radius: 3px;
 <div class="legend">{{range $s := (list "healthy" "degraded" "outage" "recovered")}}<span><span class="sw" style="background:{{state $s}}"></span>{{$s}}</span>{{end}}</div>
 {{.HealthChart}}
 <table><tr><th>provider</th><th>state</th><th>from (UTC)</th><th>to (UTC)</th><th>for</th><th>reason</th></tr>
-{{range $name := .HealthNames}}{{range (nonHealthy (index $.R.Health $name))}}<tr><td>{{$name}}</td><td><span class="sw" style="background:{{state .State}}"></span>{{.State}}</td><td>{{when .From}}</td><td>{{when .To}}</td><td>{{dur .From .To}}</td><td>{{.Reason}}</td></tr>{{end}}{{end}}
+{{range $name := .HealthNames}}{{range (nonHealthy (index $.R.Health $name))}}<tr><td>{{$name}}</td><td><span class="sw" style="background:{{state .State}}"></span>{{.State}}</td><td>{{when .From}}</td><td>{{when .To}}</td><td>{{dur .From .To}}</td><td class="wrap">{{.Reason}}</td></tr>{{end}}{{end}}
 </table>
 <table><tr><th>provider</th><th class="n">outages</th><th class="n">time in outage</th><th class="n">time degraded</th></tr>
 {{range $name := .HealthNames}}{{$h := index $.R.Health $name}}<tr><td>{{$name}}</td><td class="n" data-k='{{k "health" $name "outages"}}'>{{num $h.Outages}}</td><td class="n">{{ms $h.OutageMS}}</td><td class="n">{{ms $h.DegradedMS}}</td></tr>{{end}}
@@ -300,7 +302,7 @@ code { font-size: 12px; background: #eef1f4; padding: 0 3px; border-radius: 3px;
 <p class="sub">Where a heuristic or an upstream library's code claimed a class and harder evidence rejected it (seed 001: an empty 400 from a gateway is not a context overflow when the request is far below the window).</p>
 {{if .R.Overruled}}
 <table><tr><th>provider</th><th>claimed</th><th>decided</th><th>rule</th><th class="n">times</th><th>evidence (first)</th><th>outcomes</th></tr>
-{{range $i, $o := .R.Overruled}}<tr><td>{{$o.Provider}}</td><td><span class="sw" style="background:{{color $o.Claimed}}"></span>{{$o.Claimed}}</td><td><span class="sw" style="background:{{color $o.Class}}"></span>{{$o.Class}}</td><td><code>{{$o.Rule}}</code></td><td class="n" data-k='{{k "overruled" $i "count"}}'>{{num $o.Count}}</td><td>{{join $o.Evidence "; "}}</td><td>{{join $o.Examples ", "}}</td></tr>{{end}}
+{{range $i, $o := .R.Overruled}}<tr><td>{{$o.Provider}}</td><td><span class="sw" style="background:{{color $o.Claimed}}"></span>{{$o.Claimed}}</td><td><span class="sw" style="background:{{color $o.Class}}"></span>{{$o.Class}}</td><td><code>{{$o.Rule}}</code></td><td class="n" data-k='{{k "overruled" $i "count"}}'>{{num $o.Count}}</td><td class="wrap">{{join $o.Evidence "; "}}</td><td class="wrap">{{join $o.Examples ", "}}</td></tr>{{end}}
 </table>
 {{else}}<div class="empty">Nothing in this period: no classification overruled a claim.</div>{{end}}
 
@@ -334,7 +336,7 @@ code { font-size: 12px; background: #eef1f4; padding: 0 3px; border-radius: 3px;
 {{if .R.DeadLetters.Total}}
 <div class="cards">{{range $s := byCount .R.DeadLetters.ByService}}<div class="card"><div class="v" data-k='{{k "dead_letters" "by_service" $s}}'>{{num (index $.R.DeadLetters.ByService $s)}}</div><div class="l">{{$s}}</div></div>{{end}}</div>
 <table><tr><th>service</th><th>reason</th><th class="n">count</th></tr>
-{{range $i, $x := .R.DeadLetters.ByReason}}<tr><td>{{$x.Service}}</td><td>{{$x.Reason}}</td><td class="n" data-k='{{k "dead_letters" "by_reason" $i "count"}}'>{{num $x.Count}}</td></tr>{{end}}
+{{range $i, $x := .R.DeadLetters.ByReason}}<tr><td>{{$x.Service}}</td><td class="wrap">{{$x.Reason}}</td><td class="n" data-k='{{k "dead_letters" "by_reason" $i "count"}}'>{{num $x.Count}}</td></tr>{{end}}
 </table>
 {{else}}<div class="empty">Nothing in this period: no dead letters.</div>{{end}}
 
@@ -342,7 +344,7 @@ code { font-size: 12px; background: #eef1f4; padding: 0 3px; border-radius: 3px;
 <p class="sub">The post-outage checklist per outage: the steps recorded, and what each did.</p>
 {{if .R.Recoveries}}
 <table><tr><th>provider</th><th>outage from (UTC)</th><th>recovered (UTC)</th><th>outage</th><th>steps</th><th>done</th><th class="n">killed</th><th class="n">crons re-run</th><th class="n">crons missed</th><th class="n">writes to check</th><th class="n">re-dispatched</th><th class="n">released</th></tr>
-{{range $i, $x := .R.Recoveries}}<tr><td>{{$x.Provider}}</td><td>{{when $x.OutageStartedAt}}</td><td>{{when $x.RecoveredAt}}</td><td>{{dur $x.OutageStartedAt $x.RecoveredAt}}</td><td>{{join $x.Steps " → "}}</td><td>{{if $x.Done}}yes{{else}}not yet{{end}}</td><td class="n" data-k='{{k "recoveries" $i "killed"}}'>{{num $x.Killed}}</td><td class="n" data-k='{{k "recoveries" $i "crons_rerun"}}'>{{num $x.CronsRerun}}</td><td class="n" data-k='{{k "recoveries" $i "crons_missed"}}'>{{num $x.CronsMissed}}</td><td class="n" data-k='{{k "recoveries" $i "writes"}}'>{{num $x.Writes}}</td><td class="n" data-k='{{k "recoveries" $i "redispatched"}}'>{{num $x.Redispatched}}</td><td class="n" data-k='{{k "recoveries" $i "released"}}'>{{num $x.Released}}</td></tr>{{end}}
+{{range $i, $x := .R.Recoveries}}<tr><td>{{$x.Provider}}</td><td>{{when $x.OutageStartedAt}}</td><td>{{when $x.RecoveredAt}}</td><td>{{dur $x.OutageStartedAt $x.RecoveredAt}}</td><td class="wrap">{{join $x.Steps " → "}}</td><td>{{if $x.Done}}yes{{else}}not yet{{end}}</td><td class="n" data-k='{{k "recoveries" $i "killed"}}'>{{num $x.Killed}}</td><td class="n" data-k='{{k "recoveries" $i "crons_rerun"}}'>{{num $x.CronsRerun}}</td><td class="n" data-k='{{k "recoveries" $i "crons_missed"}}'>{{num $x.CronsMissed}}</td><td class="n" data-k='{{k "recoveries" $i "writes"}}'>{{num $x.Writes}}</td><td class="n" data-k='{{k "recoveries" $i "redispatched"}}'>{{num $x.Redispatched}}</td><td class="n" data-k='{{k "recoveries" $i "released"}}'>{{num $x.Released}}</td></tr>{{end}}
 </table>
 {{else}}<div class="empty">Nothing in this period: no recovery ran.</div>{{end}}
 
@@ -350,7 +352,7 @@ code { font-size: 12px; background: #eef1f4; padding: 0 3px; border-radius: 3px;
 <p class="sub">The scheduler's policy, as it changed (from the policy file or KV): retry budgets counted after a change carry its new policy key.</p>
 {{if .R.PolicyChanges}}
 <table><tr><th>at (UTC)</th><th>change</th><th>source</th><th>policy key</th><th>error</th></tr>
-{{range .R.PolicyChanges}}<tr><td>{{when .At}}</td><td>{{.Kind}}</td><td><code>{{.Source}}</code></td><td><code>{{.PolicyKey}}</code></td><td>{{.Error}}</td></tr>{{end}}
+{{range .R.PolicyChanges}}<tr><td>{{when .At}}</td><td>{{.Kind}}</td><td><code>{{.Source}}</code></td><td><code>{{.PolicyKey}}</code></td><td class="wrap">{{.Error}}</td></tr>{{end}}
 </table>
 {{else}}<div class="empty">Nothing in this period: the scheduler's policy did not change.</div>{{end}}
 </main>

@@ -436,6 +436,11 @@ func TestReportOfASeededDay(t *testing.T) {
 			t.Errorf("the page does not show %q", want)
 		}
 	}
+	for _, external := range []string{"<script", "http://", "https://", "url(", "@import", "<link", "<img", "<iframe"} {
+		if strings.Contains(page.String(), external) {
+			t.Errorf("the page holds %q: it must be self-contained", external)
+		}
+	}
 	if strings.Contains(page.String(), "Nothing in this period") {
 		t.Error("a section of a full day says it is empty")
 	}
@@ -467,6 +472,11 @@ func TestReportOfAnEmptyPeriod(t *testing.T) {
 		t.Errorf("%d sections say they are empty, want all 9", got)
 	}
 	checkPage(t, page.String(), r)
+	if out := os.Getenv("FAILBUS_REPORT_EMPTY_HTML"); out != "" {
+		if err := os.WriteFile(out, page.Bytes(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	var js bytes.Buffer
 	if err := json.NewEncoder(&js).Encode(r); err != nil || !strings.Contains(js.String(), `"providers":{}`) || !strings.Contains(js.String(), `"overruled":[]`) {
 		t.Errorf("empty JSON has nulls where lists and maps belong: %s", js.String())
