@@ -22,8 +22,10 @@ package policy
 // policy key use.
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"reflect"
 	"strings"
@@ -84,28 +86,57 @@ func Load(path string) (*Policy, error) {
 
 // Parse reads a policy document: absent keys keep Default()'s values, an
 // unknown key or class is an error naming it, and the result is validated.
-// An empty document is the default policy.
+// An empty document is the default policy. Every problem is reported at
+// once, one per line, each starting with "policy: " and its key path:
+// unknown keys, values of the wrong type and bad durations (their entries
+// are left out so the rest still decodes), then what validation finds. A
+// file is one YAML document: a second one is an error, not ignored.
 func Parse(data []byte) (*Policy, error) {
 	p := Default()
+	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
-	if err := yaml.Unmarshal(data, &doc); err != nil {
+	if err := dec.Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("policy: %w", err)
+	}
+	var errs []error
+	var next yaml.Node
+	switch err := dec.Decode(&next); {
+	case errors.Is(err, io.EOF):
+	case err != nil:
+		errs = append(errs, fmt.Errorf("policy: after the first document: %w", err))
+	default:
+		if n := cfgDeref(&next); n != nil && n.Tag != "!!null" {
+			errs = append(errs, fmt.Errorf("policy: line %d: a second YAML document: a policy file is one document, and the second would be ignored (merge it into the first and remove the ---)", n.Line))
+		}
 	}
 	root := cfgDeref(&doc)
 	if root == nil || root.Tag == "!!null" {
-		return p, p.Validate()
+		if err := p.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+		return cfgResult(p, errs)
 	}
 	if root.Kind != yaml.MappingNode {
 		return nil, fmt.Errorf("policy: line %d: the document must be a mapping of sections (retry, classify, refusal, notify, scope)", root.Line)
 	}
-	if err := cfgCheckKeys(root, reflect.TypeFor[Policy](), ""); err != nil {
-		return nil, fmt.Errorf("policy: %w", err)
+	for _, err := range cfgCheckKeys(root, reflect.TypeFor[Policy](), "") {
+		errs = append(errs, fmt.Errorf("policy: %w", err))
 	}
 	if err := root.Decode(p); err != nil {
-		return nil, fmt.Errorf("policy: %w", err)
+		// What the walk could not foresee (an overflowing number, a
+		// section's own decoder): nothing decoded is trustworthy.
+		return nil, errors.Join(append(errs, fmt.Errorf("policy: %w", err))...)
 	}
 	if err := p.Validate(); err != nil {
-		return nil, err
+		errs = append(errs, err)
+	}
+	return cfgResult(p, errs)
+}
+
+// cfgResult is p, or every error.
+func cfgResult(p *Policy, errs []error) (*Policy, error) {
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
 	}
 	return p, nil
 }

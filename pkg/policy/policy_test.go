@@ -223,7 +223,7 @@ func TestParseErrorsNameTheKey(t *testing.T) {
 		{"max below initial", "retry: {initial_delay: 10s, max_delay: 5s}", `retry.max_delay: 5s is below initial_delay 10s`},
 		{"provider max below global initial", "retry:\n  providers:\n    gw: {max_delay: 500ms}", `retry.providers.gw.max_delay: 500ms is below initial_delay 1s`},
 		{"jitter above 1", "retry: {jitter_ratio: 1.5}", `retry.jitter_ratio: must be within [0, 1]`},
-		{"wrong type", "retry: {max_retries: many}", `cannot unmarshal`},
+		{"wrong type", "retry: {max_retries: many}", `retry.max_retries: want a whole number, got "many" (line 1)`},
 		{"sink type", "notify:\n  sinks:\n    - {name: a, type: carrier-pigeon}", `policy: notify.sinks[0].type: "carrier-pigeon" is not webhook`},
 		{"sink without url", "notify:\n  sinks:\n    - {name: a, type: slack}", `notify.sinks[0].url: required for type slack`},
 		{"sink names unique", "notify:\n  sinks:\n    - {name: a, type: log}\n    - {name: a, type: log}", `notify.sinks[1].name: "a" is used by another sink`},
