@@ -187,7 +187,10 @@ func Recovery() servicemain.Spec {
 	}
 }
 
-// recoveryPolicy is the policy's `recovery:` section. The policy file has
-// no such section yet (it joins with the policy's split into packages), so
-// the documented defaults run.
-func recoveryPolicy(servicemain.Env) recoverypolicy.Config { return recoverypolicy.DefaultConfig() }
+// recoveryPolicy is the policy's `recovery:` section.
+func recoveryPolicy(env servicemain.Env) recoverypolicy.Config {
+	if env.Policy == nil {
+		return recoverypolicy.DefaultConfig()
+	}
+	return env.Policy.Recovery
+}

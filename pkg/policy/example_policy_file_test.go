@@ -14,6 +14,7 @@ import (
 	"github.com/failbus/failbus/pkg/policy"
 	"github.com/failbus/failbus/pkg/policy/classify"
 	"github.com/failbus/failbus/pkg/policy/notification"
+	"github.com/failbus/failbus/pkg/policy/recovery"
 	"github.com/failbus/failbus/pkg/policy/refusal"
 	"github.com/failbus/failbus/pkg/policy/retry"
 	"github.com/failbus/failbus/pkg/policy/scope"
@@ -89,6 +90,7 @@ func TestExamplePolicyFile(t *testing.T) {
 		{"scope", p.Scope, def.Scope},
 		{"refusal", p.Refusal, def.Refusal},
 		{"notify", p.Notify, def.Notify},
+		{"recovery", p.Recovery, def.Recovery},
 	}
 	for _, s := range sections {
 		t.Run("section "+s.name+" is read", func(t *testing.T) {
@@ -121,6 +123,15 @@ func TestExamplePolicyFile(t *testing.T) {
 		{"refusal.reprobe_delays", p.Refusal.ReprobeDelays, refusal.DefaultReprobeDelays()},
 		{"refusal.state_ttl", p.Refusal.StateTTL, refusal.DefaultStateTTL},
 		{"notify.daily_budget", p.Notify.DailyBudget, notification.DefaultDailyBudget},
+		{"recovery.stale_after", p.Recovery.StaleAfter, recovery.DefaultStaleAfter},
+		{"recovery.catchup_window", p.Recovery.CatchupWindow, recovery.DefaultCatchupWindow},
+		{"recovery.max_catchup_runs", p.Recovery.MaxCatchupRuns, recovery.DefaultMaxCatchupRuns},
+		{"recovery.drain_rate", p.Recovery.DrainRate, recovery.DefaultDrainRate},
+		{"recovery.probe_interval", p.Recovery.ProbeInterval, recovery.DefaultProbeInterval},
+		{"recovery.probes.*.method", p.Recovery.Probes["openai"].Method, recovery.DefaultProbeMethod},
+		{"recovery.probes.*.expect_status", p.Recovery.Probes["openai"].ExpectStatus, recovery.DefaultProbeStatus},
+		{"recovery.probes.*.timeout", p.Recovery.Probes["openai"].Timeout, recovery.DefaultProbeTimeout},
+		{"recovery.probes.*.agent", p.Recovery.Probes["openai"].Agent, recovery.DefaultProbeAgent},
 	}
 	for _, d := range defaults {
 		t.Run(d.key+" marked default is the default", func(t *testing.T) {

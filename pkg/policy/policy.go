@@ -35,6 +35,7 @@ import (
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy/classify"
 	"github.com/failbus/failbus/pkg/policy/notification"
+	"github.com/failbus/failbus/pkg/policy/recovery"
 	"github.com/failbus/failbus/pkg/policy/refusal"
 	"github.com/failbus/failbus/pkg/policy/retry"
 	"github.com/failbus/failbus/pkg/policy/scope"
@@ -55,6 +56,9 @@ type Policy struct {
 	// Scope holds the fault-scope thresholds: outage detection, recovery,
 	// profile and model correlation (seed 002).
 	Scope scope.Config `yaml:"scope" json:"scope"`
+	// Recovery configures the post-outage checklist, the held task queue
+	// and the outage probes (seed 002).
+	Recovery recovery.Config `yaml:"recovery" json:"recovery"`
 }
 
 // Default returns the policy every absent key falls back to: CONTRACT.md's
@@ -62,10 +66,11 @@ type Policy struct {
 // per UTC day with no sinks, and the documented fault-scope thresholds.
 func Default() *Policy {
 	return &Policy{
-		Retry:   retry.Default(),
-		Refusal: refusal.DefaultConfig(),
-		Notify:  notification.DefaultConfig(),
-		Scope:   scope.DefaultConfig(),
+		Retry:    retry.Default(),
+		Refusal:  refusal.DefaultConfig(),
+		Notify:   notification.DefaultConfig(),
+		Scope:    scope.DefaultConfig(),
+		Recovery: recovery.DefaultConfig(),
 	}
 }
 
@@ -117,7 +122,7 @@ func Parse(data []byte) (*Policy, error) {
 		return cfgResult(p, errs)
 	}
 	if root.Kind != yaml.MappingNode {
-		return nil, fmt.Errorf("policy: line %d: the document must be a mapping of sections (retry, classify, refusal, notify, scope)", root.Line)
+		return nil, fmt.Errorf("policy: line %d: the document must be a mapping of sections (retry, classify, refusal, notify, scope, recovery)", root.Line)
 	}
 	for _, err := range cfgCheckKeys(root, reflect.TypeFor[Policy](), "") {
 		errs = append(errs, fmt.Errorf("policy: %w", err))
@@ -159,6 +164,9 @@ func (p *Policy) Validate() error {
 	}
 	if err := p.Scope.Validate(); err != nil {
 		errs = append(errs, cfgPrefix("scope", err))
+	}
+	if err := p.Recovery.Validate(); err != nil {
+		errs = append(errs, cfgPrefix("recovery", err))
 	}
 	return errors.Join(errs...)
 }

@@ -316,3 +316,23 @@ func coreMustPolicy(t *testing.T, doc string) *Policy {
 	}
 	return p
 }
+
+func TestRecoverySectionParses(t *testing.T) {
+	p, err := Parse([]byte("recovery:\n  drain_rate: 2.5\n  probe_interval: 5s\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Recovery.DrainRate != 2.5 || p.Recovery.ProbeInterval != 5*time.Second || p.Recovery.CatchupWindow != 6*time.Hour {
+		t.Fatalf("recovery section %+v", p.Recovery)
+	}
+	for doc, want := range map[string]string{
+		"recovery:\n  drainrate: 3\n":       `unknown key "recovery.drainrate"`,
+		"recovery:\n  probe_interval: 30\n": "recovery.probe_interval",
+		"recovery:\n  drain_rate: -1\n":     "recovery.drain_rate",
+		"recovery:\n  probes:\n    x: {}\n": "recovery.probes.x.url",
+	} {
+		if _, err := Parse([]byte(doc)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want an error naming %s", doc, err, want)
+		}
+	}
+}

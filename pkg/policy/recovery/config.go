@@ -121,8 +121,12 @@ func (c Config) WithDefaults() Config {
 	if c.ProbeInterval == 0 {
 		c.ProbeInterval = d.ProbeInterval
 	}
-	for name, p := range c.Probes {
-		c.Probes[name] = p.withDefaults()
+	if c.Probes != nil {
+		probes := make(map[string]HTTPProbe, len(c.Probes))
+		for name, p := range c.Probes {
+			probes[name] = p.withDefaults()
+		}
+		c.Probes = probes
 	}
 	return c
 }
