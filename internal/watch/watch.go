@@ -58,7 +58,16 @@ type Config struct {
 	// reader that stopped without deleting it. Defaults to
 	// DefaultInactiveThreshold.
 	InactiveThreshold time.Duration
+	// Stall, without Follow, is how long Run waits for the next of the
+	// messages selected at the start before it fails (ErrStalled) instead
+	// of waiting until its context ends: for a service that must not take
+	// a partial read for a whole one. 0: no limit.
+	Stall time.Duration
 }
+
+// ErrStalled: a read without Follow got no message for Config.Stall while
+// messages selected at its start were still unread.
+var ErrStalled = errors.New("watch: read stalled")
 
 // ErrStop, returned by a Read callback, ends the read without an error.
 var ErrStop = errors.New("watch: stop")
@@ -122,10 +131,13 @@ func (r *Reader) Run(ctx context.Context, fn func(jetstream.Msg) error) error {
 	}
 	var seen uint64
 	for {
-		m, err := r.it.Next(jetstream.NextContext(ctx))
+		m, err := r.next(ctx)
 		if err != nil {
 			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
 				return nil
+			}
+			if errors.Is(err, ErrStalled) {
+				return fmt.Errorf("read %s: %w: no message for %v with %d of %d read", r.cfg.Stream, err, r.cfg.Stall, seen, r.pending)
 			}
 			return fmt.Errorf("read %s: %w", r.cfg.Stream, err)
 		}
@@ -145,6 +157,20 @@ func (r *Reader) Run(ctx context.Context, fn func(jetstream.Msg) error) error {
 			}
 		}
 	}
+}
+
+// next waits for the next message, at most Config.Stall without Follow.
+func (r *Reader) next(ctx context.Context) (jetstream.Msg, error) {
+	if r.cfg.Follow || r.cfg.Stall <= 0 {
+		return r.it.Next(jetstream.NextContext(ctx))
+	}
+	sctx, cancel := context.WithTimeoutCause(ctx, r.cfg.Stall, ErrStalled)
+	defer cancel()
+	m, err := r.it.Next(jetstream.NextContext(sctx))
+	if err != nil && ctx.Err() == nil && errors.Is(context.Cause(sctx), ErrStalled) {
+		return nil, ErrStalled
+	}
+	return m, err
 }
 
 // Close stops reading and deletes the ordered consumer at once instead of

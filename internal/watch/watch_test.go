@@ -138,3 +138,30 @@ func TestStartFollowsAndLogWaits(t *testing.T) {
 		t.Errorf("%d consumers left behind", n)
 	}
 }
+
+// A read that must not be partial fails when the messages it selected stop
+// coming (here: purged after it opened) instead of waiting for ever.
+func TestReadStalls(t *testing.T) {
+	t.Parallel()
+	b := bustest.Start(t, time.Minute)
+	publish(t, b, "failbus.dlq.x", 3, 0)
+	r, err := watch.Open(b.Ctx, b.JS, watch.Config{Stream: topology.StreamDLQ, Stall: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close(b.Ctx)
+	if r.Pending() != 3 {
+		t.Fatalf("pending %d, want 3", r.Pending())
+	}
+	s, err := b.JS.Stream(b.Ctx, topology.StreamDLQ)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Purge(b.Ctx); err != nil {
+		t.Fatal(err)
+	}
+	err = r.Run(b.Ctx, func(jetstream.Msg) error { return nil })
+	if !errors.Is(err, watch.ErrStalled) {
+		t.Errorf("Run = %v, want ErrStalled", err)
+	}
+}
