@@ -122,6 +122,10 @@ func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer nc.Close()
+	// A denied publish (requeue as a user without the admin role) fails
+	// at once, naming the permission, instead of timing out.
+	ctx, stopFailFast := nc.FailFast(ctx)
+	defer stopFailFast()
 	fail := func(err error) int {
 		fmt.Fprintf(stderr, "failbus dlq %s: %v\n", sub, nc.Explain(err))
 		return 1

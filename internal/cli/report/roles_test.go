@@ -1,0 +1,75 @@
+package report_test
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/failbus/failbus/internal/auth"
+	"github.com/failbus/failbus/internal/cli"
+	"github.com/failbus/failbus/internal/cli/clitest"
+	"github.com/failbus/failbus/internal/cli/decode"
+	"github.com/failbus/failbus/internal/cli/dlq"
+	"github.com/failbus/failbus/internal/cli/lag"
+	"github.com/failbus/failbus/internal/cli/report"
+	"github.com/failbus/failbus/internal/cli/tail"
+	"github.com/failbus/failbus/internal/devbus"
+	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/internal/servicemain"
+	"github.com/failbus/failbus/internal/services"
+	"github.com/failbus/failbus/pkg/events"
+)
+
+// TestOperatorCommandsUnderTheirRoles: on a bus that refuses connections
+// without credentials, the operator role runs lag, report, tail and dlq
+// ls/show; dlq requeue, which publishes, is refused to it, naming the
+// permission, and runs as admin.
+func TestOperatorCommandsUnderTheirRoles(t *testing.T) {
+	t.Parallel()
+	set, err := auth.Init(t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bus, err := devbus.Start(devbus.Options{Server: embedded.Options{Dir: t.TempDir()}, Auth: set,
+		Specs: []servicemain.Spec{services.Classifier()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = bus.Stop() })
+	if _, err := bus.JS.Publish(t.Context(), events.OutcomeSubject("openai", "bot"), []byte("junk")); err != nil {
+		t.Fatal(err)
+	}
+	commands := []cli.Command{lag.Command, report.Command, tail.Command, dlq.Command, decode.Command}
+	as := func(role string, args ...string) (int, string, string) {
+		var stdout, stderr bytes.Buffer
+		args = append(args, "--server", bus.Srv.ClientURL(), "--nkey", set.Seed(role))
+		code := cli.Main(commands, args, nil, &stdout, &stderr)
+		return code, stdout.String(), stderr.String()
+	}
+	clitest.WaitFor(t, "the junk dead-lettered", func() bool {
+		_, out, _ := as(auth.RoleOperator, "dlq", "ls", "--json")
+		return strings.Contains(out, `"service":"classifier"`)
+	})
+	for _, args := range [][]string{
+		{"lag"},
+		{"lag", "--json", "classifier"},
+		{"report", "--json", "--since", "1h"},
+		{"report", "--since", "1h"},
+		{"tail", "--no-follow", "failbus.dlq.>"},
+		{"dlq", "ls"},
+		{"dlq", "show", "1"},
+	} {
+		if code, out, errOut := as(auth.RoleOperator, args...); code != 0 || out == "" {
+			t.Errorf("operator: failbus %s: exit %d\n%s%s", strings.Join(args, " "), code, out, errOut)
+		}
+	}
+	code, _, errOut := as(auth.RoleOperator, "dlq", "requeue", "1")
+	if code != 1 || !strings.Contains(errOut, "permission") {
+		t.Errorf("operator: dlq requeue: exit %d, %q; want it refused for want of permission", code, errOut)
+	}
+	t.Logf("operator: dlq requeue: %s", errOut)
+	code, out, errOut := as(auth.RoleAdmin, "dlq", "requeue", "1")
+	if code != 0 || !strings.Contains(out, "requeued → failbus.outcome.openai.bot") {
+		t.Errorf("admin: dlq requeue: exit %d\n%s%s", code, out, errOut)
+	}
+}
