@@ -4,8 +4,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 )
 
 // IsTerminal reports whether w is a terminal (a character device), so a
@@ -90,4 +93,42 @@ func (p *Progress) draw() {
 		return
 	}
 	fmt.Fprintf(p.w, "\r%s: %d\x1b[K", p.label, p.done)
+}
+
+// WriteTable writes rows (the first is the header) as aligned columns two
+// spaces apart, for people: text left-aligned, the columns named in right
+// (numbers) right-aligned. Widths count runes.
+func WriteTable(w io.Writer, rows [][]string, right ...int) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	widths := make([]int, len(rows[0]))
+	for _, r := range rows {
+		for i, c := range r {
+			widths[i] = max(widths[i], utf8.RuneCountInString(c))
+		}
+	}
+	var b strings.Builder
+	for _, r := range rows {
+		for i, c := range r {
+			pad := strings.Repeat(" ", widths[i]-utf8.RuneCountInString(c))
+			last := i == len(r)-1
+			switch {
+			case slices.Contains(right, i):
+				b.WriteString(pad + c)
+			case last:
+				b.WriteString(c)
+			default:
+				b.WriteString(c + pad)
+			}
+			if !last {
+				b.WriteString("  ")
+			}
+		}
+		b.WriteByte('\n')
+	}
+	if _, err := io.WriteString(w, b.String()); err != nil {
+		return fmt.Errorf("write output: %w", err)
+	}
+	return nil
 }

@@ -308,7 +308,7 @@ func writeList(w io.Writer, letters []Letter, asJSON bool, now time.Time) error 
 		}
 		rows = append(rows, []string{strconv.FormatUint(l.Seq, 10), age, l.DL.Service, l.DL.Subject, oneLine(l.DL.Reason, 70), markText(l.Mark, now)})
 	}
-	return writeRows(w, rows)
+	return cli.WriteTable(w, rows)
 }
 
 // markText is the REQUEUED column.
@@ -329,27 +329,6 @@ func oneLine(s string, n int) string {
 		return string(r[:n-1]) + "…"
 	}
 	return s
-}
-
-func writeRows(w io.Writer, rows [][]string) error {
-	widths := make([]int, len(rows[0]))
-	for _, r := range rows {
-		for i, c := range r {
-			widths[i] = max(widths[i], len([]rune(c)))
-		}
-	}
-	var b strings.Builder
-	for _, r := range rows {
-		for i, c := range r {
-			b.WriteString(c)
-			if i < len(r)-1 {
-				b.WriteString(strings.Repeat(" ", widths[i]-len([]rune(c))+2))
-			}
-		}
-		b.WriteByte('\n')
-	}
-	_, err := io.WriteString(w, b.String())
-	return err
 }
 
 // showLine is one dead letter as `dlq show --json` prints it.

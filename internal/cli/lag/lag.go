@@ -335,32 +335,13 @@ func Table(w io.Writer, lags []Lag) error {
 		rows = append(rows, []string{l.Stream, name, strconv.FormatUint(l.Pending, 10), strconv.Itoa(l.AckPending),
 			strconv.Itoa(l.Redelivered), oldest, strconv.Itoa(l.Waiting), last})
 	}
-	widths := make([]int, len(rows[0]))
-	for _, r := range rows {
-		for i, c := range r {
-			widths[i] = max(widths[i], len(c))
-		}
-	}
-	var b strings.Builder
-	for _, r := range rows {
-		for i, c := range r {
-			pad := strings.Repeat(" ", widths[i]-len(c))
-			if i < 2 {
-				b.WriteString(c + pad)
-			} else {
-				b.WriteString(pad + c)
-			}
-			if i < len(r)-1 {
-				b.WriteString("  ")
-			}
-		}
-		b.WriteByte('\n')
+	if err := cli.WriteTable(w, rows, 2, 3, 4, 5, 6); err != nil {
+		return err
 	}
 	if len(lags) == 0 {
-		b.WriteString("no durable consumers (is the topology applied? `failbus dev` does it)\n")
-	}
-	if _, err := io.WriteString(w, b.String()); err != nil {
-		return fmt.Errorf("write output: %w", err)
+		if _, err := fmt.Fprintln(w, "no durable consumers (is the topology applied? `failbus dev` does it)"); err != nil {
+			return fmt.Errorf("write output: %w", err)
+		}
 	}
 	return nil
 }
