@@ -16,8 +16,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -56,7 +59,8 @@ func recPolicy() recovery.Config {
 
 type recBench struct {
 	t   *testing.T
-	bus *bustest.Bus
+	url string
+	nc  *nats.Conn
 	ctx context.Context
 	js  jetstream.JetStream
 	// up is the fake provider: calls succeed while it is up.
@@ -66,7 +70,7 @@ type recBench struct {
 func recSetup(t *testing.T, timeout time.Duration) *recBench {
 	t.Helper()
 	bus := bustest.Start(t, timeout)
-	b := &recBench{t: t, bus: bus, ctx: bus.Ctx, js: bus.JS}
+	b := &recBench{t: t, url: bus.Srv.ClientURL(), nc: bus.NC, ctx: bus.Ctx, js: bus.JS}
 	b.up.Store(true)
 	return b
 }
@@ -249,7 +253,7 @@ func (b *recBench) beforeOutage() *story {
 	b.t.Helper()
 	s := &story{b: b, subs: map[string]*agent.Subagent{}}
 	var err error
-	s.ag, err = agent.New(b.bus.NC, "coord", agent.WithErrorHandler(s.fail))
+	s.ag, err = agent.New(b.nc, "coord", agent.WithErrorHandler(s.fail))
 	if err != nil {
 		b.t.Fatal(err)
 	}
@@ -508,9 +512,22 @@ func (s *story) check(label string) {
 	if !slices.Equal(gotRerun, wantRerun) {
 		t.Errorf("%s: cron re-runs\n%v\nwant\n%v", label, gotRerun, wantRerun)
 	}
+	// Probes: during the outage only, one per probe interval across
+	// replicas.
+	var probeAt []time.Time
 	for _, p := range controls {
-		if p.Action == events.ControlProbe && (p.At.Before(start) || p.At.After(rec.Add(time.Second))) {
+		if p.Action != events.ControlProbe {
+			continue
+		}
+		if p.At.Before(start) || p.At.After(rec.Add(time.Second)) {
 			t.Errorf("%s: probe at %s outside the outage %s–%s", label, p.At, start, rec)
+		}
+		probeAt = append(probeAt, p.At.Time)
+	}
+	slices.SortFunc(probeAt, time.Time.Compare)
+	for i := 1; i < len(probeAt); i++ {
+		if gap := probeAt[i].Sub(probeAt[i-1]); gap < recPolicy().ProbeInterval {
+			t.Errorf("%s: probes %s apart, closer than the probe interval %s", label, gap, recPolicy().ProbeInterval)
 		}
 	}
 
@@ -687,7 +704,7 @@ func TestRecoveryStoryKilledAtEachStep(t *testing.T) {
 	var died []string
 	child := func(kill string) *exec.Cmd {
 		c := exec.Command(os.Args[0], "-test.run=^TestRecoveryCrashChild$")
-		c.Env = append(os.Environ(), recChildURL+"="+b.bus.Srv.ClientURL(), recChildKill+"="+kill)
+		c.Env = append(os.Environ(), recChildURL+"="+b.url, recChildKill+"="+kill)
 		var out bytes.Buffer
 		c.Stdout, c.Stderr = &out, &out
 		if err := c.Start(); err != nil {
@@ -734,4 +751,196 @@ func TestRecoveryStoryKilledAtEachStep(t *testing.T) {
 	}
 	b.poll("the checklist done", b.done)
 	s.check(fmt.Sprintf("killed %d times", len(kills)))
+}
+
+// Flapping: the provider goes up and down every 2 s for 30 s; the scope's
+// hysteresis (3 successes over 3 s here, longer than an up phase) keeps it
+// in one outage, so nothing is released and no checklist runs until it
+// stays up; then one run, and one outage, one recovered and one recovery
+// notification.
+func TestRecoveryFlappingReleasesNothingUntilItStaysUp(t *testing.T) {
+	t.Parallel()
+	b := recSetup(t, 3*time.Minute)
+	b.startPipeline("scope:\n  recovery_min_successes: 3\n  recovery_min_time: 3s\n")
+	b.startRecovery("")
+	s := &story{b: b, subs: map[string]*agent.Subagent{}}
+	var err error
+	if s.ag, err = agent.New(b.nc, "coord", agent.WithErrorHandler(s.fail)); err != nil {
+		t.Fatal(err)
+	}
+	hctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go s.ag.HandleControls(hctx, agent.ControlHandlers{Probe: func(ctx context.Context, c events.Control) error {
+		s.call(ctx, "probe")
+		return nil
+	}})
+	b.up.Store(false)
+	for i := 0; !b.healthIs(events.HealthOutage); i++ {
+		if i > 50 {
+			t.Fatal("no outage")
+		}
+		s.call(b.ctx, "chat")
+	}
+	for i := range 20 {
+		if err := s.ag.SubmitTask(b.ctx, &events.Task{ID: fmt.Sprintf("flap-%02d", i), Provider: recProvider}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	flapStart := time.Now()
+	for time.Since(flapStart) < 30*time.Second {
+		b.up.Store(!b.up.Load())
+		next := time.Now().Add(2 * time.Second)
+		b.poll("the next flap", func() bool { return time.Now().After(next) })
+	}
+	b.up.Store(true)
+	steady := time.Now()
+	b.poll("the checklist done", b.done)
+
+	var states []string
+	recovered := 0
+	for _, h := range b.health() {
+		states = append(states, h.State)
+		if h.State == events.HealthRecovered {
+			recovered++
+			if h.At.Before(steady) {
+				t.Errorf("recovered at %s, during the flapping (until %s)", h.At, steady)
+			}
+		}
+	}
+	if recovered != 1 {
+		t.Errorf("health %v: want one recovered, after the flapping", states)
+	}
+	dms, _ := b.read(topology.StreamDispatch, ">")
+	ds := recTyped[*events.Dispatch](dms)
+	if len(ds) != 20 {
+		t.Errorf("%d dispatches, want the 20 held tasks once each", len(ds))
+	}
+	for _, d := range ds {
+		if d.At.Before(steady) {
+			t.Errorf("%s released at %s, during the flapping (until %s)", d.TaskID, d.At, steady)
+		}
+	}
+	if n := len(b.records()); n != len(events.Steps) {
+		t.Errorf("%d recovery records, want one run (%d)", n, len(events.Steps))
+	}
+	nms, _ := b.read(topology.StreamNotify, ">")
+	keys := map[string]int{}
+	for _, n := range recTyped[*events.Notification](nms) {
+		keys[strings.SplitN(n.DedupeKey, ":", 2)[0]]++
+	}
+	for _, k := range []string{"provider-outage", "provider-recovered", "recovery"} {
+		if keys[k] != 1 {
+			t.Errorf("%d %s notification requests, want 1 for the one episode (%v)", keys[k], k, keys)
+		}
+	}
+	t.Logf("flapping 30 s: health %s; %d tasks released after it steadied; notification requests %v", strings.Join(states, " → "), len(ds), keys)
+}
+
+// An outage nobody probes ends: the agent holds and does not even answer
+// probe controls; the policy's built-in HTTP probe calls the provider every
+// probe interval, its outcomes (origin probe) feed the fault scope, and the
+// provider recovers once its endpoint answers again.
+func TestRecoveryHTTPProbeEndsAnOutage(t *testing.T) {
+	t.Parallel()
+	b := recSetup(t, 2*time.Minute)
+	b.startPipeline(recScopeYAML)
+	var up atomic.Bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer probe-secret" {
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		if !up.Load() {
+			// A gateway that lost its upstream: the connection is cut.
+			hj, _ := w.(http.Hijacker)
+			conn, _, _ := hj.Hijack()
+			conn.Close()
+			return
+		}
+		_, _ = w.Write([]byte(`{"data":[]}`))
+	}))
+	t.Cleanup(srv.Close)
+	cfg := recPolicy()
+	cfg.Probes = map[string]recovery.HTTPProbe{recProvider: {
+		URL: srv.URL + "/v1/models", HeadersEnv: map[string]string{"Authorization": "PROBE_AUTH"}, Profile: "p1",
+	}}
+	s, err := svc.New(b.ctx, b.js, svc.Options{
+		Policy: cfg, Runner: consumer.Config{FetchWait: 100 * time.Millisecond},
+		Getenv: func(k string) string {
+			if k == "PROBE_AUTH" {
+				return "Bearer probe-secret"
+			}
+			return ""
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.run(s)
+	ag, err := agent.New(b.nc, "coord")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; !b.healthIs(events.HealthOutage); i++ {
+		if i > 50 {
+			t.Fatal("no outage")
+		}
+		if err := ag.Report(b.ctx, &events.Outcome{Provider: recProvider, Profile: "p1", TransportError: "fetch failed"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Down for a few probes, then back; nobody but the probe calls.
+	b.poll("3 failed HTTP probes", func() bool { return b.probeOutcomes(false) >= 3 })
+	up.Store(true)
+	b.poll("recovered", func() bool { return b.healthIs(events.HealthRecovered) })
+	b.poll("the checklist done", b.done)
+	t.Logf("outage ended by the HTTP probe: %d failed and %d ok probe outcomes", b.probeOutcomes(false), b.probeOutcomes(true))
+}
+
+// probeOutcomes counts the built-in probe's outcomes that failed or
+// succeeded.
+func (b *recBench) probeOutcomes(ok bool) int {
+	ms, _ := b.read(topology.StreamOutcomes, events.OutcomePrefix+"."+recProvider+"."+recovery.DefaultProbeAgent)
+	n := 0
+	for _, o := range recTyped[*events.Outcome](ms) {
+		if o.Origin == nil || o.Origin.Kind != svc.OriginProbe || o.Profile != "p1" {
+			b.t.Errorf("probe outcome %+v without origin probe and the configured profile", o)
+		}
+		if o.OK == ok {
+			n++
+		}
+	}
+	return n
+}
+
+// The story against `failbus dev`: server, classifier, scheduler and
+// recovery in one process, configured by the policy file (the compressed
+// hysteresis and recovery section).
+func TestRecoveryStoryWithFailbusDev(t *testing.T) {
+	t.Parallel()
+	file := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(file, []byte(recScopeYAML+"recovery:\n  drain_rate: 50\n  probe_interval: 300ms\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dev := startDev(t, freePort(t), t.TempDir(), "--policy", file)
+	nc, err := nats.Connect(dev.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	b := &recBench{t: t, url: dev.url, nc: nc, ctx: ctx, js: js}
+	b.up.Store(true)
+	s := b.beforeOutage()
+	s.outage()
+	b.poll("the checklist done", b.done)
+	s.check("failbus dev")
+	if err := dev.stop(t, os.Interrupt); err != nil {
+		t.Fatalf("dev after SIGINT: %v\n%s", err, dev.stderr.String())
+	}
 }
