@@ -1,0 +1,17 @@
+// failbus for TypeScript agents: report every LLM call's outcome, read the
+// decisions, due retries, dispatches and controls the bus sends back, ask
+// the refusal route, wrap a fetch-style call into an Outcome, and check a
+// provider's stream grammar. See README.md and docs/CONTRACT.md.
+
+export { connect } from "@nats-io/transport-node";
+export { Agent, DURABLE_INACTIVE_THRESHOLD_MS, validateOutcome } from "./agent.js";
+export type { AgentOptions, OutcomeInput, ReportedOutcome } from "./agent.js";
+export { DURABLE_ACK_WAIT_MS } from "./reader.js";
+export type { Reader } from "./reader.js";
+export { requestRoute, RouteServiceError, RouteUnavailableError } from "./route.js";
+export type { RouteAnswer, RouteRequest, RouteSkip } from "./route.js";
+export { INVARIANT_CODE, InvariantError, Rules, StreamValidator, validateStream } from "./invariants.js";
+export type { Rule, StreamEvent } from "./invariants.js";
+export { errorText, grammars, REFUSAL_STOP_REASONS, refusalStopReason, sse, wrap, wrapStream } from "./wrap.js";
+export type { CallContext, CallOutcome, ResponseLike, SSEEvent, WrapOptions, Wrapped, WrappedStream, WrapStreamOptions } from "./wrap.js";
+export * from "./wire.js";
