@@ -237,6 +237,55 @@ notify:
 		}
 	})
 
+	t.Run("recovery records: heartbeat, cron spec and run, write, task", func(t *testing.T) {
+		now := time.Now()
+		recs := []struct {
+			stream, consumer, subject string
+			v                         map[string]any
+		}{
+			{"FAILBUS_LIVENESS", "recovery-heartbeats", "failbus.heartbeat.plain", map[string]any{"agent": "plain", "subagent": "sub-1", "provider": "openai", "status": "running", "interval_ms": 5000, "at": now.UnixMilli()}},
+			{"FAILBUS_REPORTS", "recovery-reports", "failbus.cron.spec.plain", map[string]any{"agent": "plain", "cron": "nightly", "schedule": "0 3 * * *", "provider": "openai", "at": now.UnixMilli()}},
+			{"FAILBUS_REPORTS", "recovery-reports", "failbus.cron.run.plain", map[string]any{"agent": "plain", "cron": "nightly", "scheduled_at": now.Truncate(time.Hour).Format(time.RFC3339), "status": "ok", "at": now.UnixMilli()}},
+			{"FAILBUS_REPORTS", "recovery-reports", "failbus.write.plain", map[string]any{"agent": "plain", "key": "memory/a.md", "ok": true, "at": now.UnixMilli()}},
+		}
+		for _, r := range recs {
+			seq := bare(ctx, t, js, r.subject, r.v)
+			waitAcked(ctx, t, js, r.stream, r.consumer, seq)
+		}
+		// A task for a healthy provider is dispatched at once: the task was
+		// read as a Task, its id and payload intact.
+		bare(ctx, t, js, "failbus.task.openai.plain", map[string]any{"id": "plain-task-1", "agent": "plain", "provider": "openai", "kind": "k", "payload": map[string]any{"n": 7}})
+		var got map[string]any
+		pollUntil(ctx, t, "the task's dispatch", func() bool {
+			for _, m := range readAll(ctx, t, js, "FAILBUS_DISPATCH", "failbus.dispatch.plain") {
+				var d map[string]any
+				if err := msgpack.Unmarshal(m.Data(), &d); err != nil {
+					t.Fatal(err)
+				}
+				if d["task_id"] == "plain-task-1" {
+					got = d
+					return true
+				}
+			}
+			return false
+		})
+		if p, _ := got["payload"].(map[string]any); got["attempt"] != int8(1) || got["kind"] != "k" || p["n"] != int8(7) {
+			t.Errorf("dispatch %v", got)
+		}
+		for _, m := range readAll(ctx, t, js, "FAILBUS_DLQ", "failbus.dlq.>") {
+			var d struct {
+				Reason  string `msgpack:"reason"`
+				Subject string `msgpack:"subject"`
+			}
+			if err := msgpack.Unmarshal(m.Data(), &d); err != nil {
+				t.Fatal(err)
+			}
+			if strings.HasSuffix(d.Subject, ".plain") && !strings.HasPrefix(d.Subject, "failbus.outcome.") && !strings.HasPrefix(d.Subject, "failbus.segment.") {
+				t.Errorf("%s dead-lettered: %s", d.Subject, d.Reason)
+			}
+		}
+	})
+
 	t.Run("a header naming another type is dead-lettered with that reason", func(t *testing.T) {
 		wrong := []struct {
 			subject, schema, service string
@@ -245,6 +294,8 @@ notify:
 			{"failbus.outcome.openai.plain", "decision/1", "classifier", map[string]any{"outcome_id": "x", "agent": "plain", "action": "retry"}},
 			{"failbus.notify.critical", "outcome/1", "notifier", map[string]any{"id": "o", "agent": "plain", "provider": "openai", "dedupe_key": "smuggled", "severity": "critical"}},
 			{"failbus.segment.plain", "notification/1", "refusals-boundaries", map[string]any{"dedupe_key": "k", "severity": "normal", "agent": "plain", "session": "ps"}},
+			{"failbus.heartbeat.plain-x", "task/1", ">", map[string]any{"id": "t", "agent": "plain-x", "subagent": "s"}},
+			{"failbus.task.openai.plain-x", "heartbeat/1", ">", map[string]any{"id": "t2", "agent": "plain-x", "subagent": "s"}},
 		}
 		for _, w := range wrong {
 			h := nats.Header{}
@@ -255,7 +306,7 @@ notify:
 		}
 		for _, w := range wrong {
 			name := strings.Split(w.schema, "/")[0]
-			pollUntil(ctx, t, "a dead letter from "+w.service, func() bool {
+			pollUntil(ctx, t, "a dead letter from "+w.service+" of "+w.subject, func() bool {
 				for _, r := range deadLetterReasons(ctx, t, js, w.service) {
 					if strings.Contains(r, w.subject) && strings.Contains(r, name) && strings.Contains(r, "does not belong") {
 						return true
@@ -270,7 +321,8 @@ notify:
 	})
 }
 
-// deadLetterReasons reads the reasons of every dead letter of service.
+// deadLetterReasons reads the reasons of every dead letter of service (">":
+// of every service).
 func deadLetterReasons(ctx context.Context, t *testing.T, js jetstream.JetStream, service string) []string {
 	t.Helper()
 	var out []string
