@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -77,8 +78,13 @@ scope: {windw: 1m}
 func TestParseRefusesASecondDocument(t *testing.T) {
 	t.Parallel()
 	_, err := Parse([]byte("retry: {max_retries: 3}\n---\nretry: {max_retries: 5}\n"))
-	if err == nil || !strings.Contains(err.Error(), "policy: line 3: a second YAML document") {
+	if err == nil || !strings.HasPrefix(err.Error(), "policy: line 3: a second YAML document") {
 		t.Errorf("Parse of two documents = %v, want an error naming the second document's line", err)
+	}
+	// Reported after the first document's own problems, in line order.
+	_, err = Parse([]byte("retry: {max_retries: x}\n---\nretry: {}\n"))
+	if lines := strings.Split(fmt.Sprint(err), "\n"); len(lines) != 2 || !strings.Contains(lines[0], "retry.max_retries") || !strings.Contains(lines[1], "line 3: a second YAML document") {
+		t.Errorf("Parse = %v, want the first document's problem, then the second document", err)
 	}
 	for _, doc := range []string{"retry: {max_retries: 3}\n---\n", "---\nretry: {max_retries: 3}\n", "retry: {max_retries: 3}\n...\n"} {
 		p, err := Parse([]byte(doc))

@@ -104,14 +104,16 @@ func Parse(data []byte) (*Policy, error) {
 		return nil, fmt.Errorf("policy: %w", err)
 	}
 	var errs []error
+	// A second document is reported last, after the first's problems.
+	var second error
 	var next yaml.Node
 	switch err := dec.Decode(&next); {
 	case errors.Is(err, io.EOF):
 	case err != nil:
-		errs = append(errs, fmt.Errorf("policy: after the first document: %w", err))
+		second = fmt.Errorf("policy: after the first document: %w", err)
 	default:
 		if n := cfgDeref(&next); n != nil && n.Tag != "!!null" {
-			errs = append(errs, fmt.Errorf("policy: line %d: a second YAML document: a policy file is one document, and the second would be ignored (merge it into the first and remove the ---)", n.Line))
+			second = fmt.Errorf("policy: line %d: a second YAML document: a policy file is one document, and the second would be ignored (merge it into the first and remove the ---)", n.Line)
 		}
 	}
 	root := cfgDeref(&doc)
@@ -119,7 +121,7 @@ func Parse(data []byte) (*Policy, error) {
 		if err := p.Validate(); err != nil {
 			errs = append(errs, err)
 		}
-		return cfgResult(p, errs)
+		return cfgResult(p, append(errs, second))
 	}
 	if root.Kind != yaml.MappingNode {
 		return nil, fmt.Errorf("policy: line %d: the document must be a mapping of sections (retry, classify, refusal, notify, scope, recovery)", root.Line)
@@ -130,18 +132,18 @@ func Parse(data []byte) (*Policy, error) {
 	if err := root.Decode(p); err != nil {
 		// What the walk could not foresee (an overflowing number, a
 		// section's own decoder): nothing decoded is trustworthy.
-		return nil, errors.Join(append(errs, fmt.Errorf("policy: %w", err))...)
+		return nil, errors.Join(append(errs, fmt.Errorf("policy: %w", err), second)...)
 	}
 	if err := p.Validate(); err != nil {
 		errs = append(errs, err)
 	}
-	return cfgResult(p, errs)
+	return cfgResult(p, append(errs, second))
 }
 
-// cfgResult is p, or every error.
+// cfgResult is p, or every error (nil ones left out).
 func cfgResult(p *Policy, errs []error) (*Policy, error) {
-	if len(errs) > 0 {
-		return nil, errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
 	}
 	return p, nil
 }
