@@ -115,6 +115,7 @@ var demoScenarios = []demoScenario{
 	},
 	retryScenario,
 	refusalScenario,
+	recoveryScenario,
 }
 
 // demoTimeout bounds the whole demo; demoWait bounds one answer of the bus.

@@ -27,7 +27,8 @@ func TestCLIDemo(t *testing.T) {
 		"bus    context_overflow · not retryable",
 		"bus    transport · retryable",
 		"dead letter on failbus.dlq.classifier",
-		"All 9 scenarios went as expected.",
+		"All 10 scenarios went as expected.",
+		"7 release     4 held tasks released in submission order",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out)
