@@ -33,7 +33,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/failbus/failbus/internal/auth"
 	"github.com/failbus/failbus/internal/bustest"
+	"github.com/failbus/failbus/internal/connect"
+	"github.com/failbus/failbus/internal/devbus"
+	"github.com/failbus/failbus/internal/embedded"
 	"github.com/failbus/failbus/internal/service/classifier"
 	svc "github.com/failbus/failbus/internal/service/recovery"
 	"github.com/failbus/failbus/internal/service/scheduler"
@@ -943,4 +947,97 @@ func TestRecoveryStoryWithFailbusDev(t *testing.T) {
 	if err := dev.stop(t, os.Interrupt); err != nil {
 		t.Fatalf("dev after SIGINT: %v\n%s", err, dev.stderr.String())
 	}
+}
+
+// The recovery service under its own role (failbus auth init): the whole
+// checklist — holding, probes, kills, re-runs, write checks, redispatch,
+// release — runs with only the recovery user's permissions, and the agent
+// does its part with only the agent user's; nothing is denied.
+func TestRecoveryUnderItsOwnRole(t *testing.T) {
+	t.Parallel()
+	set, err := auth.Init(filepath.Join(t.TempDir(), "auth"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol, err := policy.Parse([]byte(recScopeYAML + "recovery:\n  drain_rate: 50\n  probe_interval: 300ms\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bus, err := devbus.Start(devbus.Options{Server: embedded.Options{ServerName: "failbus-recovery-auth"}, Policy: pol, Auth: set})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = bus.Stop() })
+	ac, err := connect.Connect(connect.Options{Servers: bus.Srv.ClientURL(), Nkey: set.Seed(auth.RoleAgent)}, "agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ac.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	b := &recBench{t: t, url: bus.Srv.ClientURL(), nc: ac.Conn, ctx: ctx, js: bus.JS} // reads as admin, acts as agent
+	b.up.Store(true)
+	s := &story{b: b, subs: map[string]*agent.Subagent{}}
+	if s.ag, err = agent.New(ac.Conn, "coord", agent.WithErrorHandler(s.fail)); err != nil {
+		t.Fatal(err)
+	}
+	hctx, stop := context.WithCancel(context.Background())
+	t.Cleanup(stop)
+	go s.ag.HandleControls(hctx, agent.ControlHandlers{
+		Probe:      func(ctx context.Context, c events.Control) error { s.call(ctx, "probe"); return nil },
+		RunCron:    func(ctx context.Context, c events.Control) error { return nil },
+		CheckWrite: func(ctx context.Context, c events.Control) error { return nil },
+	})
+	if err := s.ag.DeclareCron(ctx, events.CronSpec{Cron: "tick", Schedule: "@every 1s", Provider: recProvider}); err != nil {
+		t.Fatal(ac.Explain(err))
+	}
+	if err := s.ag.SubmitTask(ctx, &events.Task{ID: "job", Provider: recProvider}); err != nil {
+		t.Fatal(ac.Explain(err))
+	}
+	sub, err := s.ag.StartSubagent(context.Background(), agent.SubagentConfig{Name: "worker", TaskID: "job", Provider: recProvider, Interval: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(ac.Explain(err))
+	}
+	b.up.Store(false)
+	for i := 0; !b.healthIs(events.HealthOutage); i++ {
+		if i > 50 {
+			t.Fatal("no outage")
+		}
+		s.call(ctx, "chat")
+	}
+	sub.Stop()
+	if err := s.ag.Write(ctx, events.Write{Key: "mem.md", Error: "fetch failed", Provider: recProvider}); err != nil {
+		t.Fatal(ac.Explain(err))
+	}
+	for i := range 5 {
+		if err := s.ag.SubmitTask(ctx, &events.Task{ID: fmt.Sprintf("held-%d", i), Provider: recProvider}); err != nil {
+			t.Fatal(ac.Explain(err))
+		}
+	}
+	b.poll("3 failed probes", func() bool { s.mu.Lock(); defer s.mu.Unlock(); return len(s.errs) > 0 || b.probeCount() >= 3 })
+	b.up.Store(true)
+	b.poll("the checklist done", b.done)
+	rs := b.records()
+	if len(rs) != len(events.Steps) || len(rs[2].Killed) != 1 || len(rs[4].Writes) != 1 || len(rs[5].Redispatched) != 1 || rs[6].Released != 5 {
+		t.Errorf("records %+v", rs)
+	}
+	if d := append(bus.Denials(), ac.Denials()...); len(d) > 0 {
+		t.Errorf("permissions denied: %v", d)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, err := range s.errs {
+		t.Errorf("agent: %v", ac.Explain(err))
+	}
+}
+
+func (b *recBench) probeCount() int {
+	ms, _ := b.read(topology.StreamControl, ">")
+	n := 0
+	for _, c := range recTyped[*events.Control](ms) {
+		if c.Action == events.ControlProbe {
+			n++
+		}
+	}
+	return n
 }
