@@ -29,49 +29,70 @@ import (
 //
 // # Rule precedence
 //
-// Rules are tried in this order; the first that matches decides:
+// Rules are tried in this order; the first that matches decides. What the
+// provider states — a stop reason, an error code, its message — comes
+// before what the status code alone suggests (issue 16):
 //
 //  0. User rules from Config.Rules, in file order.
-//  1. stop_reason refusals (stop.refusal); then an outcome the agent marked
-//     ok is `ok`.
-//  2. Transport, when no HTTP error arrived (status 0 or 2xx): stream
+//  1. stop_reason: refusals (stop.refusal), a window that filled up while
+//     generating (stop.context_window: model_context_window_exceeded,
+//     model_length), output that broke the tool grammar
+//     (stop.malformed_output). Then an outcome the agent marked ok is `ok`.
+//  2. Transport, when no HTTP error arrived (status 0 or 2xx) and no error
+//     object did either: first what the client library says before any
+//     exchange — no credentials (auth), an unusable URL (bad_request), a
+//     request it counted too long for the window (overflow) — then stream
 //     invariant, DNS, TLS-handshake timeout, connection cut during TLS, TLS
 //     and certificates, timeouts, connection errors, any other transport
-//     error. Node/undici/Bun, Go net/http and Python spellings.
+//     error. Node/undici/Bun, Go net/http and Python spellings. An error
+//     object inside the transport error (an SDK's "received error while
+//     streaming: {…}") is read as the body.
 //  3. Structured error codes (error.type / error.code / error.status /
-//     __type / reason / x-amzn-errortype), most specific first: quota before
-//     rate limit (insufficient_quota is a 429), Google per-day quotas before
-//     RESOURCE_EXHAUSTED, per-day limits of rate-limit errors, overloaded,
-//     server errors, overflow codes, refusals, auth, model, parameters.
+//     __type / reason / x-amzn-errortype, also inside a wrapper's message),
+//     most specific first: quota before rate limit (insufficient_quota is a
+//     429), Google per-day quotas before RESOURCE_EXHAUSTED, per-day limits
+//     of rate-limit errors, overloaded, server errors, overflow codes,
+//     refusals, auth, model, parameters.
 //  4. Provider-scoped heuristics: an empty 400/413 is an overflow only for
 //     EmptyOverflowProviders (cerebras.empty_400_overflow).
-//  5. What the provider's message says: overflow, model, parameter, auth,
-//     refusal, quota, overloaded and rate-limit phrases. Rate-limit phrases
-//     count only on a 429/503 or a streamed error: a 400 whose body echoes
-//     "429" or "rate limit" is not a rate limit.
-//  6. Gateway pages: Cloudflare 52x, Envoy upstream errors, a proxy's 413,
+//  5. What the provider's message says, on any status unless noted:
+//     overflow; capability gaps (no endpoint supports tools, not a chat
+//     model) and model phrases; parameter phrases; auth phrases (disabled or
+//     restricted organisations, expired keys); refusal phrases (moderation
+//     blocks); quota phrases (credit, budget, trial caps, subscription usage
+//     limits); overloaded and rate-limit phrases. Rate-limit phrases count
+//     only on a 429/503 or a streamed error — a 400 whose body echoes "429"
+//     or "rate limit" is not a rate limit — except an explicit "rate limit
+//     exceeded" relayed in a 5xx.
+//  6. LiteLLM's verdicts: its exception names in the message
+//     (litellm.ContentPolicyViolationError, litellm.RateLimitError, …) and
+//     its proxy's auth_error type, after the provider's words.
+//  7. Gateway pages: Cloudflare 52x, Envoy upstream errors, a proxy's 413,
 //     HTML 5xx and 4xx pages from ALB/nginx.
-//  7. upstream_code, another library's verdict: a hint, used only when
+//  8. upstream_code, another library's verdict: a hint, used only when
 //     nothing above decided.
-//  8. Hard evidence: request_tokens >= context_window on a 400/413/422 is an
+//  9. Hard evidence: request_tokens >= context_window on a 400/413/422 is an
 //     overflow.
-//  9. The status alone: an unexplained empty-body 4xx is server_error
-//     (gateway.empty_4xx); 401/403/407 auth, 402 quota, 404 model (when the
-//     body mentions one), 408 timeout, 422 unsupported_param, 429 rate
-//     limit, 529 overloaded, 5xx server error, other 4xx bad_request, an
-//     empty 2xx empty_response.
-//  10. Nothing matched: `unknown` (rule "none").
+//  10. The status alone: an unexplained empty-body 4xx is server_error
+//     (gateway.empty_4xx; 422 has a meaning of its own); 401/403/407 auth,
+//     402 quota, 404 model (when the body mentions one), 408 timeout, 422
+//     unsupported_param, 429 rate limit, 529 overloaded, 5xx server error,
+//     other 4xx bad_request; a 2xx with an error object server_error; an
+//     empty 2xx, or a whole JSON 2xx without any output, empty_response.
+//  11. Nothing matched: `unknown` (rule "none").
 //
 // Two checks can overrule the first match; the classification then carries
 // the claimed class in Overruled, the reason in Evidence, and the final rule
 // in Rule:
 //
-//   - Overflow evidence: a context_overflow claim (any rule) is rejected
-//     when request_tokens/context_window < OverflowEvidenceRatio, or — for an
-//     upstream_code claim on an empty body — when the provider is not one of
-//     EmptyOverflowProviders (the code can only have come from a heuristic).
-//     Matching then resumes after the claiming rule, skipping every other
-//     overflow rule.
+//   - Overflow evidence: a context_overflow claim (any rule but a stop
+//     reason, which is the provider's own count) is rejected when
+//     (request_tokens + max_output_tokens)/context_window <
+//     OverflowEvidenceRatio — the request counts as the provider counts it,
+//     output budget included — or, for an upstream_code claim on an empty
+//     body, when the provider is not one of EmptyOverflowProviders (the code
+//     can only have come from a heuristic). Matching then resumes after the
+//     claiming rule, skipping every other overflow rule.
 //   - Long waits: a rate_limit whose retry hint exceeds QuotaAfter is
 //     quota_exhausted (rule hint.quota_after).
 //
@@ -125,6 +146,7 @@ func New(cfg Config) (*Classifier, error) {
 	for _, b := range builtinRules {
 		r := compileRule(b.Rule)
 		r.html, r.heuristic, r.emptyOverflow, r.when, r.note = b.html, b.heuristic, b.emptyOverflow, b.when, b.note
+		r.stated = b.stated
 		r.transportStage = b.transport
 		c.rules = append(c.rules, r)
 	}
@@ -350,10 +372,27 @@ func (c *Classifier) finish(out *events.Classification, class, rule string, ev [
 
 // checkOverflow applies the overflow evidence check to a claim by r. It
 // returns whether to reject the claim and the evidence either way.
+//
+// The request counts what the provider counts: the input and the output
+// budget it asked for (max_output_tokens). vLLM, TGI and Anthropic reject
+// input + max_tokens > window ("you requested 6616 tokens (568 in the
+// messages, 6048 in the completion)"), so a 568-token prompt is an overflow
+// the evidence confirms. A stop reason that says the window filled up is
+// the provider's count of what it generated: evidence, not a claim.
 func (c *Classifier) checkOverflow(o *events.Outcome, v *view, r *rule) (bool, string) {
 	if o.RequestTokens > 0 && o.ContextWindow > 0 {
-		ratio := float64(o.RequestTokens) / float64(o.ContextWindow)
-		tokens := strconv.Itoa(o.RequestTokens) + " of " + strconv.Itoa(o.ContextWindow) + " tokens (" + pct(ratio) + ")"
+		need := o.RequestTokens + o.MaxOutputTokens
+		ratio := float64(need) / float64(o.ContextWindow)
+		var tokens string
+		if o.MaxOutputTokens > 0 {
+			tokens = strconv.Itoa(o.RequestTokens) + " input + " + strconv.Itoa(o.MaxOutputTokens) + " output of " +
+				strconv.Itoa(o.ContextWindow) + " tokens (" + pct(ratio) + ")"
+		} else {
+			tokens = strconv.Itoa(o.RequestTokens) + " of " + strconv.Itoa(o.ContextWindow) + " tokens (" + pct(ratio) + ")"
+		}
+		if r.stated {
+			return false, tokens
+		}
 		if ratio < c.ratio {
 			return true, tokens + ", below the overflow evidence ratio " + pct(c.ratio)
 		}

@@ -37,6 +37,9 @@ func fieldRole(key string) int {
 
 // walker is a forgiving, allocation-free JSON reader that visits the fields
 // of an error body. On malformed input it stops and keeps what it found.
+// It also reads a Python dict's repr, as SDK errors print it ("Error code:
+// 429 - {'error': {'code': 'insufficient_quota', …}}"): single-quoted
+// strings, and None/True/False as scalars.
 type walker struct {
 	s      string
 	i      int
@@ -57,13 +60,14 @@ func (w *walker) ws() {
 	}
 }
 
-// str reads a JSON string at w.i (which must be '"') and returns its raw,
-// still-escaped contents.
+// str reads a string at w.i (which must be '"', or '\” in a Python repr)
+// and returns its raw, still-escaped contents.
 func (w *walker) str() (lo, hi int, ok bool) {
+	q := w.s[w.i]
 	w.i++
 	lo = w.i
 	for w.i < len(w.s) {
-		j := strings.IndexByte(w.s[w.i:], '"')
+		j := strings.IndexByte(w.s[w.i:], q)
 		if j < 0 {
 			break
 		}
@@ -94,6 +98,9 @@ func (w *walker) value(depth int, key string) bool {
 	switch c := w.s[w.i]; c {
 	case '{':
 		w.i++
+		if contentContainer(key) {
+			w.markContent('}')
+		}
 		for {
 			w.ws()
 			if w.i >= len(w.s) {
@@ -103,7 +110,7 @@ func (w *walker) value(depth int, key string) bool {
 				w.i++
 				return true
 			}
-			if w.s[w.i] != '"' {
+			if w.s[w.i] != '"' && w.s[w.i] != '\'' {
 				return false
 			}
 			lo, hi, ok := w.str()
@@ -135,6 +142,9 @@ func (w *walker) value(depth int, key string) bool {
 		}
 	case '[':
 		w.i++
+		if contentContainer(key) {
+			w.markContent(']')
+		}
 		for {
 			w.ws()
 			if w.i >= len(w.s) {
@@ -158,7 +168,7 @@ func (w *walker) value(depth int, key string) bool {
 			}
 			return false
 		}
-	case '"':
+	case '"', '\'':
 		lo, hi, ok := w.str()
 		if !ok {
 			return false
@@ -182,9 +192,44 @@ func (w *walker) value(depth int, key string) bool {
 	}
 }
 
+// markContent notes model output when the container just opened (at w.i)
+// is not empty.
+func (w *walker) markContent(end byte) {
+	w.ws()
+	if w.i < len(w.s) && w.s[w.i] != end {
+		w.v.hasContent = true
+	}
+}
+
+// contentContainer: keys whose non-empty object or array is model output
+// (tool calls: OpenAI tool_calls/function_call, Gemini functionCall,
+// Bedrock toolUse, Anthropic tool_use input).
+func contentContainer(key string) bool {
+	switch key {
+	case "tool_calls", "function_call", "functionCall", "toolUse", "tool_use", "executableCode":
+		return true
+	}
+	return false
+}
+
+// contentKey: keys whose non-empty string is model output (OpenAI
+// content/refusal/arguments, Anthropic text/thinking/partial_json, Gemini
+// text, Ollama response, TGI generated_text, reasoning fields).
+func contentKey(key string) bool {
+	switch key {
+	case "content", "text", "output_text", "reasoning_content", "reasoning", "thinking", "arguments",
+		"partial_json", "refusal", "response", "generated_text", "completion":
+		return true
+	}
+	return false
+}
+
 func (w *walker) leafString(key string, lo, hi int) {
 	raw := w.s[lo:hi]
 	v := w.v
+	if hi > lo && contentKey(key) {
+		v.hasContent = true
+	}
 	if key == "retryDelay" || key == "retry_delay" {
 		v.retryDelay = span{src: w.src, lo: int32(lo), hi: int32(hi)}
 		w.fields++
@@ -206,20 +251,39 @@ func (w *walker) leafString(key string, lo, hi int) {
 		return
 	}
 	// Text. JSON inside a string (OpenRouter metadata.raw, wrapped SDK
-	// errors) is walked as JSON. The unescaped copy is one allocation per
+	// errors) is walked as JSON, also behind a short prefix ("Error from
+	// provider(404): {…}", LiteLLM's "litellm.RateLimitError: … - {'error':
+	// …}"); the whole string stays text too. The unescaped copy is one allocation per
 	// embedded document, bounded by maxEmbed and maxDocs.
-	if w.level < maxEmbed && v.ndocs < maxDocs && looksLikeJSON(raw) {
-		v.tmp = appendUnescaped(v.tmp[:0], raw)
-		v.docs[v.ndocs] = string(v.tmp)
-		v.ndocs++
-		inner := walker{s: v.docs[v.ndocs-1], v: v, src: int8(v.ndocs), level: w.level + 1}
-		inner.value(0, "")
-		if inner.fields > 0 {
-			w.fields += inner.fields
-			return
+	if w.level < maxEmbed && v.ndocs < maxDocs {
+		at := -1
+		if looksLikeJSON(raw) {
+			at = 0
+		} else {
+			at = embeddedStart(raw)
+		}
+		if at >= 0 {
+			v.tmp = appendUnescaped(v.tmp[:0], raw[at:])
+			v.docs[v.ndocs] = string(v.tmp)
+			v.ndocs++
+			inner := walker{s: v.docs[v.ndocs-1], v: v, src: int8(v.ndocs), level: w.level + 1}
+			inner.value(0, "")
+			if inner.fields > 0 {
+				w.fields += inner.fields
+				if at > 0 {
+					// The whole string stays text, as before the walk: the
+					// words around the object are the wrapper's (LiteLLM's
+					// exception names, a fallback's own error after it).
+					v.addText(raw)
+					if !v.msg.ok() && isMessageKey(key) {
+						v.msg = span{src: w.src, lo: int32(lo), hi: int32(hi)}
+					}
+				}
+				return
+			}
 		}
 	}
-	if !v.msg.ok() && (key == "message" || key == "msg" || key == "detail" || key == "error" || key == "errorMessage" || key == "error_message" || key == "raw") {
+	if !v.msg.ok() && isMessageKey(key) {
 		v.msg = span{src: w.src, lo: int32(lo), hi: int32(hi)}
 	}
 	v.addText(raw)
@@ -253,6 +317,35 @@ func status3(s string) (int, bool) {
 	return n, n >= 100 && n <= 599
 }
 
+func isMessageKey(key string) bool {
+	switch key {
+	case "message", "msg", "detail", "error", "errorMessage", "error_message", "raw":
+		return true
+	}
+	return false
+}
+
+// embeddedStart returns where an error object starts inside a string's raw
+// (still escaped) contents, within its first 256 bytes: `{\"` (JSON in a
+// JSON string), `{'` (a Python repr) or `{"` (JSON in a repr's string).
+func embeddedStart(raw string) int {
+	lim := len(raw)
+	if lim > 256 {
+		lim = 256
+	}
+	for i := 0; i+1 < lim; i++ {
+		j := strings.IndexByte(raw[i:lim], '{')
+		if j < 0 {
+			return -1
+		}
+		i += j
+		if i+1 < len(raw) && (raw[i+1] == '"' || raw[i+1] == '\'' || raw[i+1] == '\\' && i+2 < len(raw) && raw[i+2] == '"') {
+			return i
+		}
+	}
+	return -1
+}
+
 func looksLikeJSON(raw string) bool {
 	t := strings.TrimLeft(raw, " \t\r\n")
 	if strings.HasPrefix(t, `\n`) {
@@ -280,10 +373,14 @@ func appendLower(dst []byte, s string) []byte {
 	return dst
 }
 
+// lowerTable lower-cases ASCII and makes tab, CR and LF a space: a message
+// wrapped across lines ("This organization has been\ndisabled.") still
+// matches a phrase.
 var lowerTable = func() (t [256]byte) {
 	for i := range t {
 		t[i] = ascii.Lower(byte(i))
 	}
+	t['\t'], t['\r'], t['\n'] = ' ', ' ', ' '
 	return t
 }()
 
@@ -296,7 +393,7 @@ func appendLowerUnescaped(dst []byte, raw string) []byte {
 	start := len(dst)
 	dst = appendUnescaped(dst, raw)
 	for i := start; i < len(dst); i++ {
-		dst[i] = ascii.Lower(dst[i])
+		dst[i] = lowerTable[dst[i]]
 	}
 	return dst
 }

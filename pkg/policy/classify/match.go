@@ -60,6 +60,9 @@ type rule struct {
 	transportStage bool
 	// heuristic marks a claim evidence may overrule (upstream_code hints).
 	heuristic bool
+	// stated marks the provider's own overflow statement (a stop reason):
+	// the evidence ratio does not overrule it.
+	stated bool
 	// when is an extra condition of a built-in rule, with note as evidence.
 	when func(o *events.Outcome, v *view) bool
 	note string

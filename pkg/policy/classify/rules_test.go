@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy/classify/internal/delay"
@@ -248,13 +249,18 @@ func TestClassifyNilAndOK(t *testing.T) {
 func FuzzClassify(f *testing.F) {
 	for _, r := range loadCorpus(f) {
 		o := r.outcome
-		f.Add(o.Status, o.Body, o.TransportError, o.UpstreamCode, o.Provider, o.Headers["retry-after"], o.RequestTokens, o.ContextWindow, o.OK)
+		f.Add(o.Status, o.Body, o.TransportError, o.UpstreamCode, o.Provider, o.Headers["retry-after"], o.StopReason, o.RequestTokens, o.ContextWindow, o.MaxOutputTokens, o.OK)
 	}
-	f.Add(200, `{"error":{"message":"{\"error\":{\"message\":\"[{\\\"a\\\":1}]\"}}"}}`, "", "", "x", "", 0, 0, false)
-	f.Add(400, `{"error":`, "", "CONTEXT_WINDOW_EXCEEDED", "cerebras", "Mon, 02 Jan 2006 15:04:05 GMT", -5, 0, false)
-	f.Fuzz(func(t *testing.T, status int, body, transport, upstream, provider, retryAfter string, tokens, window int, ok bool) {
+	for _, r := range loadWild(f) {
+		o := r.outcome
+		f.Add(o.Status, o.Body, o.TransportError, o.UpstreamCode, o.Provider, o.Headers["retry-after"], o.StopReason, o.RequestTokens, o.ContextWindow, o.MaxOutputTokens, o.OK)
+	}
+	f.Add(200, `{"error":{"message":"{\"error\":{\"message\":\"[{\\\"a\\\":1}]\"}}"}}`, "", "", "x", "", "", 0, 0, 0, false)
+	f.Add(400, `{"error":`, "", "CONTEXT_WINDOW_EXCEEDED", "cerebras", "Mon, 02 Jan 2006 15:04:05 GMT", "", -5, 0, 0, false)
+	f.Add(200, `{'error': {'message': "x {'a': None, 'b': 'it\\'s'}"}}`, `SSE Error: {"error":{"type":"overloaded_error"}}`, "", "x", "", "model_length", 10, 20, 1<<62, true)
+	f.Fuzz(func(t *testing.T, status int, body, transport, upstream, provider, retryAfter, stop string, tokens, window, maxOut int, ok bool) {
 		o := events.Outcome{ID: "f", Agent: "a", Provider: provider, Status: status, Body: body, TransportError: transport,
-			UpstreamCode: upstream, RequestTokens: tokens, ContextWindow: window, OK: ok,
+			UpstreamCode: upstream, StopReason: stop, RequestTokens: tokens, ContextWindow: window, MaxOutputTokens: maxOut, OK: ok,
 			Headers: map[string]string{"retry-after": retryAfter, "retry-after-ms": retryAfter, "x-amzn-errortype": upstream}}
 		c := Classify(&o)
 		if _, valid := events.LookupClass(c.Class); !valid {
@@ -265,6 +271,11 @@ func FuzzClassify(f *testing.F) {
 		}
 		if c.Hints != nil && (c.Hints.AfterMS < 0 || c.Hints.AfterMS > delay.MaxMS) {
 			t.Fatalf("hint %d out of range", c.Hints.AfterMS)
+		}
+		for _, e := range c.Evidence {
+			if !utf8.ValidString(e) && utf8.ValidString(body+transport+upstream+provider+stop) {
+				t.Fatalf("evidence %q is not UTF-8 though the input is", e)
+			}
 		}
 	})
 }

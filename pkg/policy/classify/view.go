@@ -20,7 +20,10 @@ import (
 // elsewhere in the body is therefore not matched. For any other body, text is
 // the lower-cased body itself (HTML pages, plain text). Structured codes
 // (error.type, error.code, error.status, __type, reason, x-amzn-errortype) are
-// also kept apart for exact matching.
+// also kept apart for exact matching. Python reprs of dicts, as SDK errors
+// print them ("Error code: 429 - {'error': {…}}"), are read like JSON, and so
+// is an object behind a short prefix inside a string. Tabs and line breaks
+// in the text are spaces, so a message wrapped across lines still matches.
 type view struct {
 	status         int  // effective status (see effectiveStatus)
 	statusFromBody bool // status came from the body's error.code on a 0/2xx response
@@ -29,6 +32,9 @@ type view struct {
 	html           bool
 	json           bool
 	bodyError      bool // the body holds an error object (key error, errors, __type, …)
+	whole          bool // the body is one complete JSON document (no SSE, no prefix)
+	hasContent     bool // the JSON holds model output: text, content, tool calls
+	fromTransport  bool // the error object came from transport_error (see digestTransport)
 
 	text     []byte   // lower-cased error text, see above
 	hits     []uint64 // body patterns found in text (Classifier.textHits)
@@ -107,6 +113,7 @@ func (v *view) reset(o *events.Outcome) {
 	v.titleLo, v.titleHi = 0, 0
 	v.jsonCode = 0
 	v.json, v.html, v.statusFromBody, v.bodyError = false, false, false, false
+	v.whole, v.hasContent, v.fromTransport = false, false, false
 	v.body = o.Body
 
 	body := strings.TrimSpace(o.Body)
@@ -127,6 +134,9 @@ func (v *view) reset(o *events.Outcome) {
 			t = t[:maxTransport]
 		}
 		v.trans = appendLower(v.trans, t)
+		if v.emptyBody {
+			v.digestTransport(o.TransportError)
+		}
 	}
 	if s, ok := o.Headers["x-amzn-errortype"]; ok {
 		v.addCode(s, 0)
@@ -173,21 +183,18 @@ func (v *view) digestBody(body string) {
 		start = len(body) - len(trim)
 	} else if !v.html {
 		// A JSON object behind a short prefix: "Error: 400 {…}", SSE
-		// "event: error\ndata: {…}".
-		lim := len(body)
-		if lim > 512 {
-			lim = 512
-		}
-		if i := strings.Index(body[:lim], `{"`); i >= 0 {
+		// "event: error\ndata: {…}", Python's "Error code: 503 - {'error': …}".
+		if i := objectStart(body, 512); i >= 0 {
 			start = i
 			v.text = appendLower(v.text, body[:i])
 		}
 	}
 	if start >= 0 {
 		w := walker{s: body, i: start, v: v}
-		w.value(0, "")
+		ok := w.value(0, "")
 		v.json = w.fields > 0
-		if v.json {
+		v.whole = ok && start == len(body)-len(trim) && strings.TrimSpace(body[w.i:]) == ""
+		if v.json || v.whole {
 			return
 		}
 		v.text = v.text[:0]
@@ -259,4 +266,49 @@ func (v *view) addText(raw string) {
 		v.textFull = true
 	}
 	v.text = appendLowerUnescaped(v.text, raw)
+}
+
+// objectStart returns where a JSON object (or a Python dict's repr) starts
+// in the first lim bytes of s, or -1.
+func objectStart(s string, lim int) int {
+	if lim > len(s) {
+		lim = len(s)
+	}
+	for i := 0; i+1 < lim; i++ {
+		j := strings.IndexByte(s[i:lim], '{')
+		if j < 0 {
+			return -1
+		}
+		i += j
+		if i+1 < len(s) && (s[i+1] == '"' || s[i+1] == '\'') {
+			return i
+		}
+	}
+	return -1
+}
+
+// digestTransport reads an error object a client library put in its error
+// message when the body is empty: the Anthropic SDK's "received error while
+// streaming: {…overloaded_error…}", "SSE Error: {…}". It is the provider's
+// own error event, so it counts as the body's: its codes and message decide,
+// and transport rules yield to it as they do to an error object in a body.
+func (v *view) digestTransport(t string) {
+	i := objectStart(t, 512)
+	if i < 0 {
+		return
+	}
+	w := walker{s: t, i: i, v: v}
+	w.value(0, "")
+	if w.fields == 0 || !v.bodyError {
+		// Not an error object: forget what the walk collected.
+		v.text, v.codeBuf, v.ncodes, v.msg, v.jsonCode = v.text[:0], v.codeBuf[:0], 0, noSpan, 0
+		v.retryDelay, v.retryAfterSec, v.bodyError, v.hasContent = noSpan, 0, false, false
+		for k := 0; k < v.ndocs; k++ {
+			v.docs[k] = ""
+		}
+		v.ndocs = 0
+		return
+	}
+	v.body = t // spans of src 0 point into t
+	v.json, v.emptyBody, v.placeholder, v.fromTransport = true, false, false, true
 }

@@ -56,9 +56,16 @@ func (p *Set) Build() {
 	for s, id := range p.ids {
 		pats[id] = s
 	}
-	// Alphabet: every byte used by a pattern gets a class.
+	// Alphabet: every byte in the automaton's part of a pattern (its first
+	// acPrefix bytes) gets a class. A byte only ever after that part leaves
+	// every prefix unmatched, as a byte in no pattern does, and mark
+	// compares the rest byte by byte: it shares class 0 and keeps the
+	// table small.
 	p.nclass = 1
 	for _, s := range pats {
+		if len(s) > acPrefix {
+			s = s[:acPrefix]
+		}
 		for i := 0; i < len(s); i++ {
 			if p.class[s[i]] == 0 {
 				p.class[s[i]] = uint8(p.nclass)
@@ -205,6 +212,13 @@ func (p *Set) scan16(text []byte, hits []uint64) {
 			p.mark(p.state(s), text, i, hits)
 		}
 	}
+}
+
+// Compact reports whether the automaton fits the premultiplied 16-bit table
+// (states × alphabet classes ≤ next16Len), the fast path of Scan. Its size
+// and fill are returned for the test that keeps the built-in rules inside it.
+func (p *Set) Compact() (ok bool, cells, limit int) {
+	return p.next16 != nil, (len(p.outLo) - 1) * p.nclass, next16Len
 }
 
 // state turns a premultiplied state of next16 back into a state number.
