@@ -177,3 +177,54 @@ func classifyWriteFile(t *testing.T, path, content string) {
 		t.Fatal(err)
 	}
 }
+
+// TestClassifyExplain: --explain groups the weakly explained outcomes by
+// signature, largest first; --json gives the same as one object.
+func TestClassifyExplain(t *testing.T) {
+	t.Parallel()
+	in := strings.Join([]string{
+		`{"id":"1","agent":"a","provider":"gw-a","status":400,"body":"{\"error\":{\"message\":\"Widget 7 is frobnicated\"}}"}`,
+		`{"id":"2","agent":"a","provider":"gw-b","status":400,"body":"{\"error\":{\"message\":\"Widget 12 is frobnicated\"}}"}`,
+		`not an outcome`,
+		`{"id":"3","agent":"a","provider":"openai","status":429,"body":"{\"error\":{\"code\":\"rate_limit_exceeded\"}}"}`,
+		`{"id":"4","agent":"a","provider":"gw-a","status":418,"body":"teapot"}`,
+	}, "\n")
+	var out, errb bytes.Buffer
+	if code := run([]string{"--explain"}, strings.NewReader(in), &out, &errb); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	lines := classifyNonEmptyLines(out.String())
+	if !strings.HasPrefix(lines[0], "4 outcomes: 1 decided by a specific rule, 3 weakly explained") || !strings.Contains(lines[0], "2 signatures; 1 line skipped") {
+		t.Fatalf("summary %q", lines[0])
+	}
+	if len(lines) != 5 || !strings.HasPrefix(lines[2], "COUNT") {
+		t.Fatalf("table:\n%s", out.String())
+	}
+	if f := strings.Fields(lines[3]); f[0] != "2" || f[1] != "bad_request" || f[2] != "status.4xx" || f[3] != "gw-a,gw-b" || f[4] != "1" ||
+		!strings.Contains(lines[3], "status 400 | widget N is frobnicated") {
+		t.Fatalf("top group %q", lines[3])
+	}
+
+	out.Reset()
+	if code := run([]string{"--explain", "--json"}, strings.NewReader(in), &out, &errb); code != 0 {
+		t.Fatalf("--json: exit %d: %s", code, errb.String())
+	}
+	var rep struct {
+		Type                 string
+		Total, Weak, Skipped int
+		Groups               []struct {
+			Signature string
+			Count     int
+			Providers []string
+		}
+	}
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
+		t.Fatalf("%v: %s", err, out.String())
+	}
+	if rep.Type != "explain" || rep.Total != 4 || rep.Weak != 3 || rep.Skipped != 1 || len(rep.Groups) != 2 || rep.Groups[0].Count != 2 {
+		t.Fatalf("json %+v", rep)
+	}
+	if code := run([]string{"--json"}, strings.NewReader(in), &out, &errb); code != 2 {
+		t.Fatalf("--json without --explain: exit %d, want 2", code)
+	}
+}

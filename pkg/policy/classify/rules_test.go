@@ -277,6 +277,9 @@ func FuzzClassify(f *testing.F) {
 				t.Fatalf("evidence %q is not UTF-8 though the input is", e)
 			}
 		}
+		if s := Signature(&o); len(s) > maxSignature {
+			t.Fatalf("signature of %d bytes: %q", len(s), s)
+		}
 	})
 }
 
