@@ -179,6 +179,10 @@ func New(cfg Config) (*Classifier, error) {
 	}
 	c.pats.Build()
 	c.tpats.Build()
+	for _, r := range c.rules {
+		r.bodyMask, r.notBodyMask = c.pats.Mask(r.bodyIDs), c.pats.Mask(r.notBodyIDs)
+		r.transMask = c.tpats.Mask(r.transIDs)
+	}
 	if len(c.rules) > 1<<16 {
 		return nil, fmt.Errorf("classify: %d rules, at most %d", len(c.rules), 1<<16)
 	}

@@ -43,10 +43,13 @@ type rule struct {
 	body          [][]byte // lower-case patterns; matched through bodyIDs
 	bodyIDs       []int32  // ids in the Classifier's pattern.Set
 	bodyEv        []string
+	bodyMask      []uint64 // bodyIDs as a hit-set mask (pattern.Any)
 	notBody       [][]byte
 	notBodyIDs    []int32
+	notBodyMask   []uint64
 	transport     [][]byte
 	transIDs      []int32 // ids in the Classifier's transport pattern.Set
+	transMask     []uint64
 	transEv       []string
 	headers       []headerCond
 	upstream      []string
@@ -316,7 +319,12 @@ func (r *rule) match(c *Classifier, o *events.Outcome, v *view, ev *evidence) bo
 		ev.add(h.ev)
 	}
 	if len(r.transIDs) > 0 {
-		i := pattern.FirstHit(c.transHits(v), r.transIDs)
+		hits := c.transHits(v)
+		if !pattern.Any(hits, r.transMask) {
+			ev.n = mark
+			return false
+		}
+		i := pattern.FirstHit(hits, r.transIDs)
 		if i < 0 {
 			ev.n = mark
 			return false
@@ -324,21 +332,21 @@ func (r *rule) match(c *Classifier, o *events.Outcome, v *view, ev *evidence) bo
 		ev.add(r.transEv[i])
 	}
 	if len(r.bodyIDs) > 0 {
-		i := pattern.FirstHit(c.textHits(v), r.bodyIDs)
+		hits := c.textHits(v)
+		if !pattern.Any(hits, r.bodyMask) {
+			ev.n = mark
+			return false
+		}
+		i := pattern.FirstHit(hits, r.bodyIDs)
 		if i < 0 {
 			ev.n = mark
 			return false
 		}
 		ev.add(r.bodyEv[i])
 	}
-	if len(r.notBodyIDs) > 0 {
-		hits := c.textHits(v)
-		for _, id := range r.notBodyIDs {
-			if pattern.Hit(hits, id) {
-				ev.n = mark
-				return false
-			}
-		}
+	if len(r.notBodyIDs) > 0 && pattern.Any(c.textHits(v), r.notBodyMask) {
+		ev.n = mark
+		return false
 	}
 	if r.when != nil && !r.when(o, v) {
 		ev.n = mark

@@ -244,6 +244,30 @@ func (p *Set) mark(s int, text []byte, i int, hits []uint64) {
 // Hit reports whether pattern id is marked in hits.
 func Hit(hits []uint64, id int32) bool { return hits[id>>6]&(1<<(id&63)) != 0 }
 
+// Mask returns the hit-set words with the bits of ids set, for Any; call it
+// after every pattern was added.
+func (p *Set) Mask(ids []int32) []uint64 {
+	if len(ids) == 0 {
+		return nil
+	}
+	m := make([]uint64, p.Words())
+	for _, id := range ids {
+		m[id>>6] |= 1 << (id & 63)
+	}
+	return m
+}
+
+// Any reports whether hits holds any pattern of mask (from Mask): a few
+// word tests, where FirstHit tests each pattern of a long list.
+func Any(hits, mask []uint64) bool {
+	for i, w := range mask {
+		if hits[i]&w != 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // FirstHit is the index in ids of the first pattern found in hits, or -1:
 // a rule's evidence names the first of its patterns that matched.
 func FirstHit(hits []uint64, ids []int32) int {
