@@ -16,6 +16,8 @@ import (
 	"os"
 
 	"github.com/failbus/failbus/internal/cli"
+	"github.com/failbus/failbus/internal/cli/apply"
+	"github.com/failbus/failbus/internal/cli/auth"
 	"github.com/failbus/failbus/internal/cli/bench"
 	"github.com/failbus/failbus/internal/cli/classify"
 	"github.com/failbus/failbus/internal/cli/decode"
@@ -35,6 +37,8 @@ import (
 var commands = []cli.Command{
 	dev.Command,
 	demo.Command,
+	auth.Command,
+	apply.Command,
 	publish.Command,
 	tail.Command,
 	health.Command,

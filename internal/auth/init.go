@@ -7,12 +7,14 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/nats-io/nkeys"
 
 	"github.com/failbus/failbus/internal/connect"
+	"github.com/failbus/failbus/pkg/events"
 )
 
 // ConfFile is the name of the configuration fragment Init writes: the
@@ -56,10 +58,11 @@ func (s *Set) Seed(role string) string {
 // Init writes into dir (created if missing) one nkey user per role, and
 // one per name in agents (role agent-<name>, whose subjects carry only
 // that name): each user's seed in <role>.nk (mode 0600) and every user
-// with its permissions in auth.conf. A seed already in dir is kept, so
-// running Init again (after an upgrade of failbus, or to add agents) only
-// rewrites auth.conf and adds what is missing; nobody is locked out. To
-// replace a user's key, delete its seed file first.
+// with its permissions in auth.conf. A seed already in dir is kept, and
+// so is every agent-<name> user an earlier run made: running Init again
+// (after an upgrade of failbus, or to add agents) only rewrites auth.conf
+// and adds what is missing; nobody is locked out. To replace a user's
+// key, delete its seed file first.
 func Init(dir string, agents []string) (*Set, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("auth: %w", err)
@@ -68,6 +71,17 @@ func Init(dir string, agents []string) (*Set, error) {
 	seen := map[string]bool{}
 	for _, r := range roles {
 		seen[r.Name] = true
+	}
+	// Agents given a user by an earlier run keep it.
+	earlier, err := filepath.Glob(filepath.Join(dir, RoleAgent+"-*"+SeedExt))
+	if err != nil {
+		return nil, fmt.Errorf("auth: %w", err)
+	}
+	for _, f := range earlier {
+		name := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(f), RoleAgent+"-"), SeedExt)
+		if !slices.Contains(agents, name) && events.Token(name) == name {
+			agents = append(agents, name)
+		}
 	}
 	for _, a := range agents {
 		r := Agent(a)

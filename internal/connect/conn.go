@@ -119,6 +119,9 @@ func Connect(o Options, name string, opts ...Option) (*Conn, error) {
 		nats.MaxReconnects(-1),
 		nats.ErrorHandler(c.onError),
 		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
+			if nc.IsClosed() {
+				return // closed on purpose
+			}
 			ev := c.log.Warn().Str("server", redactURL(nc.ConnectedUrl()))
 			if err != nil {
 				ev = ev.Err(err)

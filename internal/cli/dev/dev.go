@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -16,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/failbus/failbus/internal/auth"
 	"github.com/failbus/failbus/internal/cli"
 	"github.com/failbus/failbus/internal/devbus"
 	"github.com/failbus/failbus/internal/embedded"
@@ -36,7 +38,7 @@ const (
 // Command is `failbus dev`.
 var Command = cli.Command{Name: "dev", Summary: "run an embedded NATS server with JetStream and every service in one process", Run: run}
 
-const devUsage = `[--port N] [--data DIR] [--policy FILE] [--ops-addr ADDR] [--sync-interval D | --sync-always]
+const devUsage = `[--port N] [--data DIR] [--policy FILE] [--ops-addr ADDR] [--sync-interval D | --sync-always] [--auth]
 
 Runs an embedded nats-server with JetStream storing in DIR, applies the
 failbus topology, and runs every implemented service in this process. Prints
@@ -50,7 +52,13 @@ Durability: data in DIR survives a restart of dev, also after SIGKILL. A
 crash of the whole host (power loss, kernel panic) can lose what JetStream
 acknowledged within the last --sync-interval (JetStream's default is 2m)
 because the store is fsynced only that often; --sync-always fsyncs every
-write instead, at a large cost in throughput.`
+write instead, at a large cost in throughput.
+
+--auth runs the server with the users of 'failbus auth init' (one nkey per
+role, each allowed only its own subjects), written to DIR/auth the first
+time and kept after: a connection without credentials is refused, and each
+service connects as its own role. Clients give --nkey DIR/auth/<role>.nk
+(agent.nk for agents, operator.nk to read, admin.nk for everything).`
 
 // run is `failbus dev`.
 func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
@@ -70,6 +78,7 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	syncAlways := fs.Bool("sync-always", false, "fsync every write: nothing acknowledged is lost on a host crash; much slower")
 	logLevel := fs.String("log-level", "info", "service log level: debug, info, warn, error")
 	natsLog := fs.Bool("nats-log", false, "also print nats-server's own log")
+	withAuth := fs.Bool("auth", false, "require credentials: the users of `failbus auth init`, written to DIR/auth; each service runs as its own role")
 	if rest, code, done := cli.Parse(fs, args); done {
 		return code
 	} else if len(rest) > 0 {
@@ -130,6 +139,13 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		ops = "http://" + bound
 	}
 
+	var users *auth.Set
+	if *withAuth {
+		if users, err = auth.Init(filepath.Join(*data, "auth"), nil); err != nil {
+			fmt.Fprintf(stderr, "failbus dev: --auth: %v\n", err)
+			return 1
+		}
+	}
 	b, err := devbus.Start(devbus.Options{
 		Server: embedded.Options{
 			Dir:          *data,
@@ -143,6 +159,7 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		PolicyFile: *policyFile,
 		Log:        log,
 		Registry:   registry,
+		Auth:       users,
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "failbus dev: %v\n", err)
@@ -157,6 +174,10 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		Str("ops", ops).Msg("failbus dev running")
 	fmt.Fprintf(stdout, "failbus dev: NATS_URL=%s  (services: %s; data: %s; /metrics,/healthz: %s)\n",
 		b.Srv.ClientURL(), strings.Join(b.Names, ", "), b.Srv.Dir(), ops)
+	if users != nil {
+		fmt.Fprintf(stdout, "failbus dev: credentials required; users in %s: --nkey %s for agents, %s to read, %s for everything\n",
+			users.ConfPath(), users.Seed(auth.RoleAgent), users.Seed(auth.RoleOperator), users.Seed(auth.RoleAdmin))
+	}
 
 	code := 0
 	select {
