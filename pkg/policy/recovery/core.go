@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/failbus/failbus/pkg/events"
@@ -83,7 +84,25 @@ type Core struct {
 	st   Store
 	pub  Publisher
 	opts Options
+
+	// notes remembers the user notes this core wrote or found needless,
+	// so the frequent inputs (heartbeats, decisions) do not read the
+	// provider's record each time only to change nothing. It only skips
+	// what noteUser would skip after reading.
+	notesMu sync.Mutex
+	notes   map[[2]string]note
 }
+
+// note is what Core.notes remembers of an agent's user entry; holding is
+// only known once a decision said it.
+type note struct {
+	at           time.Time
+	holding      bool
+	holdingKnown bool
+}
+
+// maxNotes bounds Core.notes; it is cleared when full.
+const maxNotes = 10000
 
 // New returns a Core running cfg (which must pass Validate) on st, sending
 // with pub.
@@ -291,6 +310,13 @@ func (c *Core) noteUser(ctx context.Context, provider, agent string, at time.Tim
 	if provider == "" || agent == "" || c.isProbeAgent(provider, agent) {
 		return nil
 	}
+	key := [2]string{provider, agent}
+	c.notesMu.Lock()
+	last, ok := c.notes[key]
+	c.notesMu.Unlock()
+	if ok && (holding == nil || last.holdingKnown && *holding == last.holding) && (!at.After(last.at) || at.Sub(last.at) < c.cfg.ProbeInterval/2) {
+		return nil
+	}
 	_, err := c.update(ctx, provider, func(r *ProviderRecord) (bool, error) {
 		i := slices.IndexFunc(r.Users, func(u User) bool { return u.Agent == agent })
 		u := User{Agent: agent, At: events.At(at)}
@@ -313,6 +339,25 @@ func (c *Core) noteUser(ctx context.Context, provider, agent string, at time.Tim
 		}
 		return true, nil
 	})
+	if err == nil {
+		// What the record holds now for the agent (written, or found
+		// recent enough).
+		n := note{at: at}
+		if holding != nil {
+			n.holding, n.holdingKnown = *holding, true
+		} else if ok {
+			n.holding, n.holdingKnown = last.holding, last.holdingKnown
+		}
+		if ok && last.at.After(n.at) {
+			n.at = last.at
+		}
+		c.notesMu.Lock()
+		if c.notes == nil || len(c.notes) >= maxNotes {
+			c.notes = map[[2]string]note{}
+		}
+		c.notes[key] = n
+		c.notesMu.Unlock()
+	}
 	return err
 }
 
