@@ -1,0 +1,71 @@
+package recovery_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/failbus/failbus/pkg/policy/recovery"
+)
+
+// The simulate records of recovery read as their wire types, and the
+// outputs write "type" first and the message's own keys.
+func TestRecordsReadAndWrite(t *testing.T) {
+	lines := []struct{ typ, line string }{
+		{"heartbeat", `{"type":"heartbeat","at":"2026-03-02T00:00:00Z","agent":"a","subagent":"s","provider":"openai","task_id":"t","interval_ms":1000}`},
+		{"cron_spec", `{"type":"cron_spec","at":1772409600000,"agent":"a","cron":"c","schedule":"0 * * * *","catchup":"all","catchup_window":"2h"}`},
+		{"cron_run", `{"type":"cron_run","at":"2026-03-02T01:00:05Z","agent":"a","cron":"c","scheduled_at":"2026-03-02T01:00:00Z","status":"ok"}`},
+		{"write", `{"type":"write","at":"2026-03-02T01:00:00Z","agent":"a","key":"m.md","ok":false,"error":"fetch failed"}`},
+		{"task", `{"type":"task","id":"t","at":"2026-03-02T00:00:00Z","agent":"a","provider":"openai","payload":{"x":[1,2]}}`},
+	}
+	sim, err := recovery.NewSim(recovery.DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []recovery.Output
+	for _, l := range lines {
+		if !recovery.IsInputType(l.typ) {
+			t.Fatalf("%s is not an input type", l.typ)
+		}
+		in, at, err := recovery.ParseRecord(l.typ, []byte(l.line))
+		if err != nil {
+			t.Fatalf("%s: %v", l.typ, err)
+		}
+		if at.IsZero() {
+			t.Fatalf("%s: no at", l.typ)
+		}
+		o, err := sim.Step(context.Background(), in, at.Time)
+		if err != nil {
+			t.Fatalf("%s: %v", l.typ, err)
+		}
+		out = append(out, o...)
+	}
+	if len(out) != 1 || out[0].Type != recovery.OutputDispatch {
+		t.Fatalf("outputs %+v, want the task's dispatch", out)
+	}
+	b, err := json.Marshal(out[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"type":"dispatch","task_id":"t","attempt":1,"at":"2026-03-02T01:00:05.000Z","agent":"a","provider":"openai","payload":{"x":[1,2]},"reason":"submitted; provider openai is up"}`
+	if string(b) != want {
+		t.Fatalf("dispatch record\n%s\nwant\n%s", b, want)
+	}
+	// A bad record is an error naming the field, from Step.
+	in, at, err := recovery.ParseRecord("cron_spec", []byte(`{"agent":"a","cron":"c","schedule":"sometimes"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sim.Step(context.Background(), in, at.Add(time.Hour)); !errors.Is(err, recovery.ErrInvalid) || !strings.Contains(err.Error(), `"schedule"`) {
+		t.Fatalf("bad schedule: %v", err)
+	}
+	if _, _, err := recovery.ParseRecord("cron_spec", []byte(`{"catchup_window":"soon"}`)); err == nil || !strings.Contains(err.Error(), "catchup_window") {
+		t.Fatalf("bad duration: %v", err)
+	}
+	if _, _, err := recovery.ParseRecord("nap", []byte(`{}`)); err == nil {
+		t.Fatal("unknown type accepted")
+	}
+}
