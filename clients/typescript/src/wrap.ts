@@ -89,10 +89,13 @@ export async function wrap(call: () => Promise<ResponseLike>, ctx: CallContext, 
   if (error !== undefined) {
     outcome.transport_error = `response body cut after ${byteLength(text)} bytes: ${errorText(error)}`;
   } else if (res.status >= 200 && res.status < 300) {
-    const stop = ctx.stop_reason ?? refusalStopReason(text);
-    if (stop) outcome.stop_reason = stop;
+    const stop = refusal(ctx.stop_reason) ?? refusalStopReason(text);
     outcome.ok = text.trim() !== "" && !stop;
+    if (stop) outcome.stop_reason = stop;
   }
+  // A stop reason is for a 2xx that did not answer (CONTRACT.md): an ok
+  // call carries none, or the classifier would look for what went wrong.
+  if (outcome.ok) delete outcome.stop_reason;
   return { outcome, response: res, text, ...(error !== undefined ? { error } : {}) };
 }
 
@@ -181,7 +184,7 @@ export function wrapStream<E = SSEEvent>(call: () => Promise<ResponseLike>, ctx:
         return;
       }
       const v = opts.grammar ? new StreamValidator() : undefined;
-      let stop: string | undefined = ctx.stop_reason;
+      let stop: string | undefined = refusal(ctx.stop_reason);
       let complete = false;
       try {
         for await (const e of parse(chunks(res, keep))) {
@@ -205,14 +208,21 @@ export function wrapStream<E = SSEEvent>(call: () => Promise<ResponseLike>, ctx:
       } finally {
         if (!complete) {
           // The loop broke out early: the call did not fail, the reader left.
-          resolve({ ...base, ok: body.trim() !== "" && !stop, ...(stop ? { stop_reason: stop } : {}), at: now() });
+          resolve(settled(base, body, stop, limit, now()));
         }
       }
-      const ok = body.trim() !== "" && !stop;
-      resolve({ ...base, ok, ...(stop ? { stop_reason: stop } : {}), ...(ok ? {} : { body: trim(body, limit) }), at: now() });
+      resolve(settled(base, body, stop, limit, now()));
     },
   };
   return w;
+}
+
+/** settled is the outcome of a 2xx stream that ended without an error. */
+function settled(base: CallContext & { status: number; headers: Record<string, string> }, body: string,
+  stop: string | undefined, limit: number, at: Date): CallOutcome {
+  const ok = body.trim() !== "" && !stop;
+  const { stop_reason: _, ...rest } = base;
+  return { ...rest, ok, ...(stop ? { stop_reason: stop } : {}), ...(ok ? {} : { body: trim(body, limit) }), at };
 }
 
 /** sse parses Server-Sent Events from text chunks (the WHATWG event-stream format). */

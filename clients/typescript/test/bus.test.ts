@@ -4,6 +4,7 @@
 
 import assert from "node:assert/strict";
 import { mkdtempSync, writeFileSync } from "node:fs";
+import { createServer as createHTTPServer } from "node:http";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -205,6 +206,66 @@ async function closedPort(): Promise<number> {
     });
   });
 }
+
+describe("wrap on the bus", () => {
+  test("what wrap records of real calls is classified by its evidence", async () => {
+    const http = createHTTPServer((req, res) => {
+      switch (req.url) {
+        case "/429":
+          res.writeHead(429, { "retry-after": "3" }).end(`{"error":{"type":"rate_limit_error","message":"Too many requests"}}`);
+          break;
+        case "/401":
+          res.writeHead(401).end(`{"error":{"type":"authentication_error","message":"invalid x-api-key"}}`);
+          break;
+        case "/empty":
+          res.writeHead(200).end("");
+          break;
+        case "/refusal":
+          res.writeHead(200).end(`{"stop_reason":"refusal","content":[]}`);
+          break;
+        case "/ok":
+          res.writeHead(200).end(`{"content":[{"type":"text","text":"hi"}],"stop_reason":"end_turn"}`);
+          break;
+        case "/cut":
+          res.writeHead(200, { "content-length": "500" });
+          res.write(`{"content":[`);
+          setTimeout(() => res.socket?.destroy(), 20);
+          break;
+        case "/slow":
+          setTimeout(() => res.writeHead(200).end("{}"), 2000).unref();
+          break;
+      }
+    });
+    await new Promise<void>((r) => http.listen(0, "127.0.0.1", r));
+    const url = `http://127.0.0.1:${(http.address() as { port: number }).port}`;
+    try {
+      const agent = new Agent(nc, unique("ts-wrap"));
+      const provider = unique("wrapped");
+      const want = new Map<string, string>();
+      const call = async (path: string, cls: string, init: RequestInit = {}) => {
+        const w = await wrap(() => fetch(path.startsWith("http") ? path : url + path, init), { provider, model: "m" });
+        want.set((await agent.report(w.outcome)).id, `${path} → ${cls}`);
+      };
+      await call("/429", "rate_limit");
+      await call("/401", "auth");
+      await call("/empty", "empty_response");
+      await call("/refusal", "content_refusal");
+      await call("/ok", "ok");
+      await call("/cut", "transport");
+      await call("/slow", "timeout", { signal: AbortSignal.timeout(100) });
+      await call(`http://127.0.0.1:${await closedPort()}/`, "transport");
+      const got = await until("every wrapped outcome classified", async () => {
+        const cs = await readAll("FAILBUS_CLASSIFIED", `failbus.classified.${provider}.>`);
+        return cs.length >= want.size ? cs : undefined;
+      });
+      const seen = got.map((c) => `${want.get(c.outcome_id as string)?.split(" → ")[0]} → ${String(c.class)}`).sort();
+      assert.deepEqual(seen, [...want.values()].sort());
+    } finally {
+      http.closeAllConnections();
+      await new Promise<void>((r) => http.close(() => r()));
+    }
+  });
+});
 
 describe("recovery", () => {
   test("a task is held while its provider is down and dispatched after it recovered; the checklist's commands arrive", async () => {
