@@ -277,8 +277,20 @@ func decodeSlack(_ *http.Request, body []byte) (string, *notify.WebhookPayload, 
 	return k[1], nil, nil
 }
 
+// publishWindow bounds the async publishes in flight: the test waits for
+// their acks before sending more, so a slow (loaded) server applies
+// backpressure instead of nats.go failing the publish as stalled.
+const publishWindow = 512
+
 func (b *ntfBench) publish(reqs []*events.Notification) {
 	b.t.Helper()
+	wait := func() {
+		select {
+		case <-b.js.PublishAsyncComplete():
+		case <-b.ctx.Done():
+			b.t.Fatal("publishing timed out")
+		}
+	}
 	for i, n := range reqs {
 		data, hdr, err := events.Encode(n)
 		if err != nil {
@@ -287,12 +299,11 @@ func (b *ntfBench) publish(reqs []*events.Notification) {
 		if _, err := b.js.PublishMsgAsync(&nats.Msg{Subject: events.NotifySubject(n.Severity), Header: hdr, Data: data}); err != nil {
 			b.t.Fatalf("publish %d: %v", i, err)
 		}
+		if (i+1)%publishWindow == 0 {
+			wait()
+		}
 	}
-	select {
-	case <-b.js.PublishAsyncComplete():
-	case <-b.ctx.Done():
-		b.t.Fatal("publishing timed out")
-	}
+	wait()
 }
 
 func (b *ntfBench) poll(what string, cond func() bool) {
