@@ -14,6 +14,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/failbus/failbus/internal/bustest"
+	"github.com/failbus/failbus/internal/embedded"
 	svc "github.com/failbus/failbus/internal/service/recovery"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
@@ -290,3 +291,48 @@ func TestServiceDeadLettersBadInputAndKeepsGoing(t *testing.T) {
 }
 
 func msgpackMarshal(m map[string]any) ([]byte, error) { return msgpack.Marshal(m) }
+
+// A task stored twice — the same id submitted again after the stream's
+// duplicate window forgot it (here: under another Nats-Msg-Id, which the
+// window cannot catch) — is dispatched once, whether its provider is up or
+// the copies wait through an outage: the ledger, not the window, decides.
+func TestServiceDispatchesATaskIDOnceBeyondTheDedupeWindow(t *testing.T) {
+	b := setup(t)
+	s := b.start(svc.Options{})
+	task := func(id, msgID string) {
+		b.publish(events.TaskSubject("openai", "a"), &events.Task{ID: id, Agent: "a", Provider: "openai"}, msgID)
+	}
+	task("up", "up")
+	task("up", "up-again")
+	b.poll("both copies handled", func() bool {
+		ok, err := embeddedCaughtUp(b, "recovery-tasks")
+		return err == nil && ok
+	})
+	b.health("openai", events.HealthOutage, time.Now())
+	task("held", "held")
+	task("held", "held-again")
+	b.poll("the held copies", func() bool {
+		r, _, err := s.Store().LoadProvider(b.ctx, "openai")
+		return err == nil && r != nil && r.Queue.Held == 2
+	})
+	b.health("openai", events.HealthRecovered, time.Now())
+	b.poll("the checklist done", func() bool {
+		rs := b.records()
+		return len(rs) == len(events.Steps) && rs[len(rs)-1].Done
+	})
+	count := map[string]int{}
+	for _, d := range b.dispatches() {
+		count[fmt.Sprintf("%s#%d", d.TaskID, d.Attempt)]++
+	}
+	if count["up#1"] != 1 || count["held#1"] != 1 || len(count) != 2 {
+		t.Fatalf("dispatches %v, want up#1 and held#1 once each", count)
+	}
+	if r := b.records()[len(events.Steps)-1]; r.Released != 1 {
+		t.Fatalf("released %d, want 1 (the second copy is skipped, not counted)", r.Released)
+	}
+}
+
+func embeddedCaughtUp(b *bundle, consumer string) (bool, error) {
+	stream, _, _ := topology.Consumer(consumer)
+	return embedded.CaughtUp(b.ctx, b.bus.JS, stream, consumer)
+}
