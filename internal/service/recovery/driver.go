@@ -123,6 +123,11 @@ func (s *Service) observe(e jetstream.KeyValueEntry) {
 	}
 	s.m.held.WithLabelValues(name).Set(float64(r.Queue.Held))
 	s.m.down.WithLabelValues(name).Set(boolGauge(r.Down))
+	step := 0
+	if len(r.Episodes) > 0 && !r.Episodes[0].RecoveredAt.IsZero() {
+		step = r.Episodes[0].Step + 1
+	}
+	s.m.step.WithLabelValues(name).Set(float64(step))
 	s.mu.Lock()
 	if due.IsZero() {
 		delete(s.due, name)

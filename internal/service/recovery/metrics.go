@@ -13,6 +13,8 @@ type metrics struct {
 	sentTotal     *prometheus.CounterVec
 	held          *prometheus.GaugeVec
 	down          *prometheus.GaugeVec
+	step          *prometheus.GaugeVec
+	runs          *prometheus.CounterVec
 	probes        *prometheus.CounterVec
 	advanceErrors prometheus.Counter
 }
@@ -31,6 +33,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "failbus_recovery_provider_down",
 			Help: "1 while recovery holds a provider as down (outage, or recovering from one).",
 		}, []string{"provider"}),
+		step: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "failbus_recovery_checklist_step",
+			Help: "The checklist step a provider's recovery is at, 1 (confirm) to 7 (release); 0 when none runs.",
+		}, []string{"provider"}),
+		runs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "failbus_recovery_runs_total",
+			Help: "Recovery checklists finished (their done record stored), by provider.",
+		}, []string{"provider"}),
 		probes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "failbus_recovery_http_probes_total",
 			Help: "Built-in HTTP probes run, by provider and result (ok, failed).",
@@ -40,26 +50,39 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Checklist, release or probe steps that failed (store or publish errors) and were retried.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.sentTotal, m.held, m.down, m.probes, m.advanceErrors} {
-		if err := reg.Register(c); err != nil {
-			var are prometheus.AlreadyRegisteredError
-			if !errors.As(err, &are) {
-				return nil, fmt.Errorf("recovery metrics: %w", err)
-			}
+	var err error
+	register := func(c prometheus.Collector) prometheus.Collector {
+		if err != nil {
+			return c
 		}
+		if rerr := reg.Register(c); rerr != nil {
+			var are prometheus.AlreadyRegisteredError
+			if errors.As(rerr, &are) {
+				return are.ExistingCollector // another recovery service in this process (tests, two replicas)
+			}
+			err = fmt.Errorf("recovery metrics: %w", rerr)
+		}
+		return c
 	}
-	return m, nil
+	m.sentTotal = register(m.sentTotal).(*prometheus.CounterVec)
+	m.held = register(m.held).(*prometheus.GaugeVec)
+	m.down = register(m.down).(*prometheus.GaugeVec)
+	m.step = register(m.step).(*prometheus.GaugeVec)
+	m.runs = register(m.runs).(*prometheus.CounterVec)
+	m.probes = register(m.probes).(*prometheus.CounterVec)
+	m.advanceErrors = register(m.advanceErrors).(prometheus.Counter)
+	return m, err
 }
 
-func (m *metrics) sent(msg events.Message, duplicate bool) {
-	kind := msg.SchemaName()
+// kindOf names what a sent message is, for metrics and logs.
+func kindOf(msg events.Message) string {
 	switch v := msg.(type) {
 	case *events.Control:
-		kind = v.Action
+		return v.Action
 	case *events.Recovery:
-		kind = "record"
+		return "record"
 	}
-	m.sentTotal.WithLabelValues(kind, fmt.Sprint(duplicate)).Inc()
+	return msg.SchemaName()
 }
 
 func (m *metrics) httpProbe(provider string, ok bool) {

@@ -166,7 +166,8 @@ func New(ctx context.Context, js jetstream.JetStream, opts Options) (*Service, e
 		state: errNotStarted,
 	}
 	cfg := opts.Policy.WithDefaults()
-	pub := &publisher{js: js, timeout: DefaultPublishTimeout, sent: m.sent}
+	pub := &publisher{js: js, timeout: DefaultPublishTimeout}
+	pub.sent = s.sent
 	if len(cfg.Probes) > 0 {
 		s.prober = &httpProber{
 			probes: cfg.Probes, client: opts.HTTPClient, getenv: opts.Getenv, now: opts.Now, log: s.log,
@@ -204,6 +205,33 @@ func New(ctx context.Context, js jetstream.JetStream, opts Options) (*Service, e
 		s.runners = append(s.runners, run)
 	}
 	return s, nil
+}
+
+// sent counts and logs a message the core got stored: one line per step
+// record and command at info, per dispatch at debug.
+func (s *Service) sent(msg events.Message, duplicate bool) {
+	kind := kindOf(msg)
+	s.m.sentTotal.WithLabelValues(kind, fmt.Sprint(duplicate)).Inc()
+	if duplicate {
+		return
+	}
+	switch v := msg.(type) {
+	case *events.Recovery:
+		if v.Done {
+			s.m.runs.WithLabelValues(v.Provider).Inc()
+		}
+		s.log.Info().Str("provider", v.Provider).Str("recovery_id", v.RecoveryID).Str("step", v.Step).Bool("done", v.Done).
+			Int("subagents", len(v.Subagents)).Int("killed", len(v.Killed)).Int("crons_rerun", len(v.CronsRerun)).
+			Int("crons_missed", len(v.CronsMissed)).Int("writes", len(v.Writes)).Int("redispatched", len(v.Redispatched)).
+			Int("released", v.Released).Msg("checklist step recorded")
+	case *events.Control:
+		s.log.Info().Str("agent", v.Agent).Str("action", v.Action).Str("recovery_id", v.RecoveryID).
+			Str("subagent", v.Subagent).Str("cron", v.Cron).Str("key", v.Key).Str("provider", v.Provider).Msg("control sent")
+	case *events.Dispatch:
+		s.log.Debug().Str("agent", v.Agent).Str("task_id", v.TaskID).Int("attempt", v.Attempt).Msg("task dispatched")
+	case *events.Notification:
+		s.log.Info().Str("dedupe_key", v.DedupeKey).Msg("recovery notification requested")
+	}
 }
 
 // Core is the decision core the service runs (tests, tools).

@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"github.com/vmihailenco/msgpack/v5"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/failbus/failbus/internal/embedded"
 	svc "github.com/failbus/failbus/internal/service/recovery"
 	topology "github.com/failbus/failbus/jetstream"
+	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy/recovery"
 )
@@ -165,7 +167,8 @@ func (b *bundle) health(provider, state string, at time.Time) {
 // providers' tasks go out at once.
 func TestServiceHoldsReleasesAndRunsTheChecklist(t *testing.T) {
 	b := setup(t)
-	s := b.start(svc.Options{Policy: recovery.Config{DrainRate: 50}})
+	reg := prometheus.NewRegistry()
+	s := b.start(svc.Options{Policy: recovery.Config{DrainRate: 50}, Runner: consumer.Config{Registerer: reg}})
 	now := time.Now().UTC()
 
 	// Before: a task dispatched at once, run by a subagent.
@@ -240,6 +243,43 @@ func TestServiceHoldsReleasesAndRunsTheChecklist(t *testing.T) {
 	if len(notes) != 1 || !strings.HasPrefix(notes[0].DedupeKey, "recovery:openai:") {
 		t.Fatalf("notifications %+v", notes)
 	}
+	// What an operator sees on /metrics.
+	for metric, want := range map[string]float64{
+		`failbus_recovery_runs_total{provider="openai"}`:                 1,
+		`failbus_recovery_held_tasks{provider="openai"}`:                 0,
+		`failbus_recovery_provider_down{provider="openai"}`:              0,
+		`failbus_recovery_checklist_step{provider="openai"}`:             0,
+		`failbus_recovery_sent_total{duplicate="false",kind="dispatch"}`: 33,
+		`failbus_recovery_sent_total{duplicate="false",kind="kill"}`:     1,
+		`failbus_recovery_sent_total{duplicate="false",kind="record"}`:   7,
+	} {
+		b.poll(metric, func() bool { return gauge(t, reg, metric) == want })
+	}
+}
+
+// gauge reads one series from reg, -1 when absent.
+func gauge(t *testing.T, reg *prometheus.Registry, series string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				labels = append(labels, l.GetName()+"=\""+l.GetValue()+"\"")
+			}
+			if mf.GetName()+"{"+strings.Join(labels, ",")+"}" != series {
+				continue
+			}
+			if c := m.GetCounter(); c != nil {
+				return c.GetValue()
+			}
+			return m.GetGauge().GetValue()
+		}
+	}
+	return -1
 }
 
 // Bad input goes to the dead-letter subject with the reason naming the
