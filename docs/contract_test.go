@@ -67,7 +67,7 @@ func families() []family {
 		{"failbus.write.<agent>", events.WriteSubject("<agent>"), events.SchemaWrite, events.Write{}, "optional; `pkg/agent`: `write:<agent>:<key>:<at, ns>`", "agents"},
 		{"failbus.task.<provider>.<agent>", events.TaskSubject("<provider>", "<agent>"), events.SchemaTask, events.Task{}, "`<id>`", "agents"},
 		{"failbus.dispatch.<agent>", events.DispatchSubject("<agent>"), events.SchemaDispatch, events.Dispatch{}, "`recovery:dispatch:<task_id>:<attempt>`", "recovery"},
-		{"failbus.control.<agent>", events.ControlSubject("<agent>"), events.SchemaControl, events.Control{}, "`recovery:<recovery_id>:kill:<agent>:<subagent>`, `recovery:cron:<agent>:<cron>:<scheduled_at, ms>`, `recovery:<recovery_id>:write:<agent>:<key>`, `recovery:<recovery_id>:probe:<n>`", "recovery"},
+		{"failbus.control.<agent>", events.ControlSubject("<agent>"), events.SchemaControl, events.Control{}, "`recovery:kill:<agent>:<subagent>:<last heartbeat, ms>`, `recovery:cron:<agent>:<cron>:<scheduled_at, ms>`, `recovery:write:<agent>:<key>:<failed_at, ms>`, `recovery:<recovery_id>:probe:<n>`", "recovery"},
 		{"failbus.recovery.<provider>", events.RecoverySubject("<provider>"), events.SchemaRecovery, events.Recovery{}, "`recovery:<recovery_id>:<step>`", "recovery"},
 		{"failbus.dlq.<service>", events.DLQSubject("<service>"), events.SchemaDeadLetter, events.DeadLetter{}, "`" + consumer.DeadLetterMsgID("<service>", "<input id>") + "`", "every service"},
 		{events.RefusalRouteSubject, events.RefusalRouteSubject, "", refusals.RouteRequest{}, "—", "agents ask, the refusal tiers answer (micro service `" + refusals.ServiceName + "`)"},

@@ -48,7 +48,7 @@
 //     + 1); release (rule 2, then a record with done: true and one normal
 //     notification recovery:<provider>:<outage start, epoch ms>).
 //  6. Every command has an id derived from what it is about (DispatchID,
-//     CronRerunID, "recovery:<recovery id>:kill:<agent>:<subagent>", …): it
+//     CronRerunID, KillID, WriteCheckID, "recovery:<recovery id>:<step>", …): it
 //     is its Nats-Msg-Id and its ledger key. A command is sent only if the
 //     ledger lacks it and recorded there once the stream stored it, so a
 //     crash anywhere — before or after any save, publish or ledger write —

@@ -43,12 +43,18 @@ func (c *Core) plan(ctx context.Context, r *ProviderRecord, e *Episode, step str
 		if err != nil {
 			return nil, err
 		}
-		e.Killed = StaleSubagents(c.cfg, e.Subagents, hbs, now)
-		e.Counts.Killed = len(e.Killed)
-		rec.Killed = e.Killed
-		for _, k := range e.Killed {
+		for _, k := range StaleSubagents(c.cfg, e.Subagents, hbs, now) {
+			id := KillID(k.Agent, k.Subagent, k.LastHeartbeatAt.Time)
+			sent, err := c.st.Sent(ctx, id)
+			if err != nil {
+				return nil, err
+			}
+			if sent {
+				continue // killed already, by another provider's run (a subagent without a provider)
+			}
+			e.Killed = append(e.Killed, k)
 			p.Commands = append(p.Commands, Command{
-				ID:      msgID("recovery", e.RecoveryID, "kill", k.Agent, k.Subagent),
+				ID:      id,
 				Subject: events.ControlSubject(k.Agent),
 				Control: &events.Control{
 					At: events.At(now), Agent: k.Agent, Action: events.ControlKill, RecoveryID: e.RecoveryID,
@@ -57,6 +63,8 @@ func (c *Core) plan(ctx context.Context, r *ProviderRecord, e *Episode, step str
 				},
 			})
 		}
+		e.Counts.Killed = len(e.Killed)
+		rec.Killed = e.Killed
 	case events.StepCrons:
 		crons, err := c.st.CronStates(ctx)
 		if err != nil {
@@ -99,11 +107,18 @@ func (c *Core) plan(ctx context.Context, r *ProviderRecord, e *Episode, step str
 			return nil, err
 		}
 		failed, why := FailedWrites(r.Provider, e.OutageStartedAt.Time, e.RecoveredAt.Time, writes)
-		e.Counts.Writes = len(failed)
-		rec.Writes = failed
 		for i, w := range failed {
+			id := WriteCheckID(w.Agent, w.Key, w.FailedAt.Time)
+			sent, err := c.st.Sent(ctx, id)
+			if err != nil {
+				return nil, err
+			}
+			if sent {
+				continue // checked already, by another provider's run (a write without a provider)
+			}
+			rec.Writes = append(rec.Writes, w)
 			p.Commands = append(p.Commands, Command{
-				ID:      msgID("recovery", e.RecoveryID, "write", w.Agent, w.Key),
+				ID:      id,
 				Subject: events.ControlSubject(w.Agent),
 				Control: &events.Control{
 					At: events.At(now), Agent: w.Agent, Action: events.ControlCheckWrite, RecoveryID: e.RecoveryID, Key: w.Key,
@@ -111,6 +126,7 @@ func (c *Core) plan(ctx context.Context, r *ProviderRecord, e *Episode, step str
 				},
 			})
 		}
+		e.Counts.Writes = len(rec.Writes)
 	case events.StepRedispatch:
 		seen := map[string]bool{}
 		for _, k := range e.Killed {
@@ -179,6 +195,18 @@ func (c *Core) record(r *ProviderRecord, e *Episode, step string, now time.Time)
 
 func (c *Core) recordCommand(rec *events.Recovery) Command {
 	return Command{ID: msgID("recovery", rec.RecoveryID, rec.Step), Subject: events.RecoverySubject(rec.Provider), Recovery: rec}
+}
+
+// KillID is the id of the one kill of a subagent that stopped beating at
+// lastHeartbeat: whichever recovery finds it stale first sends it.
+func KillID(agent, subagent string, lastHeartbeat time.Time) string {
+	return msgID("recovery", "kill", agent, subagent, strconv.FormatInt(lastHeartbeat.UnixMilli(), 10))
+}
+
+// WriteCheckID is the id of the one check of a write that failed at
+// failedAt.
+func WriteCheckID(agent, key string, failedAt time.Time) string {
+	return msgID("recovery", "write", agent, key, strconv.FormatInt(failedAt.UnixMilli(), 10))
 }
 
 // NotificationKey is the dedupe key of a run's notification.

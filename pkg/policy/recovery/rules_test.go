@@ -273,3 +273,37 @@ func TestRacingCoresSendEachCommandOnce(t *testing.T) {
 	}
 	t.Logf("%d commands sent once each by 4 racing cores (%d publish attempts)", len(out), rec.Attempts())
 }
+
+// A subagent and a write without a provider belong to every provider's
+// checklist: with two providers down at once, whichever recovers first
+// kills the subagent, re-dispatches its task and checks the write; the
+// other's run does none of it again.
+func TestTwoOutagesKillASubagentWithoutProviderOnce(t *testing.T) {
+	f := newFeed(t, recovery.DefaultConfig())
+	f.step(t0.Add(-time.Hour), recovery.Input{Task: &events.Task{ID: "job", At: events.At(t0.Add(-time.Hour)), Agent: "a"}})
+	f.step(t0.Add(-time.Hour), recovery.Input{Heartbeat: &events.Heartbeat{At: events.At(t0.Add(-time.Hour)), Agent: "a", Subagent: "s", TaskID: "job", IntervalMS: 1000}})
+	for _, p := range []string{"openai", "anthropic"} {
+		f.step(t0, recovery.Input{Health: &events.Health{At: events.At(t0), Provider: p, State: events.HealthOutage}})
+	}
+	f.step(t0.Add(time.Minute), recovery.Input{Write: &events.Write{At: events.At(t0.Add(time.Minute)), Agent: "a", Key: "m.md", Error: "down"}})
+	for i, p := range []string{"openai", "anthropic"} {
+		at := t0.Add(time.Duration(i+1) * time.Hour)
+		f.step(at, recovery.Input{Health: &events.Health{At: events.At(at), Provider: p, State: events.HealthRecovered}})
+	}
+	f.tick(t0.Add(3 * time.Hour))
+	count := map[string]int{}
+	for _, o := range f.out {
+		switch m := o.Msg.(type) {
+		case *events.Control:
+			count[m.Action]++
+		case *events.Dispatch:
+			count[fmt.Sprintf("dispatch#%d", m.Attempt)]++
+		}
+	}
+	if count[events.ControlKill] != 1 || count[events.ControlCheckWrite] != 1 || count["dispatch#2"] != 1 || count["dispatch#3"] != 0 {
+		t.Fatalf("commands %v, want one kill, one check_write, one redispatch (attempt 2)", count)
+	}
+	if n := f.count(recovery.OutputNotification); n != 2 {
+		t.Fatalf("%d notifications, want one per provider", n)
+	}
+}
