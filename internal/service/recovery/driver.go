@@ -17,6 +17,10 @@ import (
 // reports were applied (recovery.ErrLagging).
 const lagWait = 100 * time.Millisecond
 
+// lagWarnAfter is how long a checklist may wait for the reports before a
+// warning says so (and again every as long).
+const lagWarnAfter = 30 * time.Second
+
 func natsMsg(subject string, h nats.Header, data []byte) *nats.Msg {
 	return &nats.Msg{Subject: subject, Header: h, Data: data}
 }
@@ -43,6 +47,8 @@ func (s *Service) drive(ctx context.Context) error {
 	resync := time.NewTicker(DefaultResync)
 	defer resync.Stop()
 	var backoff time.Duration
+	lagSince := map[string]time.Time{} // provider → when its checklist began waiting for reports
+	lagWarned := map[string]time.Time{}
 	for {
 		now := s.opts.Now()
 		next := now.Add(DefaultResync)
@@ -58,7 +64,14 @@ func (s *Service) drive(ctx context.Context) error {
 					return nil
 				}
 				if errors.Is(err, recovery.ErrLagging) {
-					s.log.Debug().Str("provider", p).Msg("checklist waits for heartbeats and reports to be applied")
+					if lagSince[p].IsZero() {
+						lagSince[p] = now
+					}
+					if waited := now.Sub(lagSince[p]); waited > lagWarnAfter && now.Sub(lagWarned[p]) > lagWarnAfter {
+						lagWarned[p] = now
+						s.log.Warn().Str("provider", p).Int64("waited_ms", waited.Milliseconds()).
+							Msg("checklist waits for the heartbeat and report consumers to catch up (see failbus lag: a message in redelivery holds it)")
+					}
 					next = earlier(next, now.Add(lagWait))
 					continue
 				}
@@ -70,6 +83,7 @@ func (s *Service) drive(ctx context.Context) error {
 				continue
 			}
 			backoff = 0
+			delete(lagSince, p)
 			s.setDriveErr(nil)
 		}
 		t := time.NewTimer(max(time.Until(next), time.Millisecond))
