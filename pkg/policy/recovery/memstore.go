@@ -269,32 +269,26 @@ func (s *MemStore) MarkSent(_ context.Context, id string, at time.Time) error {
 	return nil
 }
 
-// peekProvider returns the provider's record without copying it: the
-// caller must not modify it.
-func (s *MemStore) peekProvider(provider string) (*ProviderRecord, error) {
+// peekProvider returns the provider's record and revision without
+// copying the record: the caller must not modify it.
+func (s *MemStore) peekProvider(provider string) (*ProviderRecord, uint64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.providers[provider]
 	if !ok {
-		return nil, nil
+		return nil, 0, nil
 	}
 	if e.peek == nil {
 		r, _, err := load[ProviderRecord](e, true)
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		e.peek = r
 		s.providers[provider] = e
 	}
-	return e.peek, nil
+	return e.peek, e.rev, nil
 }
 
-// revision is the provider record's revision (0: none).
-func (s *MemStore) revision(provider string) uint64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.providers[provider].rev
-}
 
 // Clone returns a copy of the store: what a test forks a run from.
 func (s *MemStore) Clone() *MemStore {

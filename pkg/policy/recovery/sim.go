@@ -122,9 +122,8 @@ type Sim struct {
 	Core  *Core
 	Store *MemStore
 	rec   *Recorder
+	vc    *VirtualClock
 	clock time.Time
-	// advanced is the latest time Advance ran at.
-	advanced time.Time
 }
 
 // NewSim returns a Sim running cfg.
@@ -140,7 +139,7 @@ func NewSimOn(cfg Config, st Store, pub Publisher, mem *MemStore, rec *Recorder)
 	if err != nil {
 		return nil, err
 	}
-	return &Sim{Core: c, Store: mem, rec: rec}, nil
+	return &Sim{Core: c, Store: mem, rec: rec, vc: NewVirtualClock(c)}, nil
 }
 
 // Fork returns a Sim on another store and recorder (a copy of this one's
@@ -150,7 +149,7 @@ func (s *Sim) Fork(st Store, pub Publisher, mem *MemStore, rec *Recorder) (*Sim,
 	if err != nil {
 		return nil, err
 	}
-	f.clock, f.advanced = s.clock, s.advanced
+	f.clock, f.vc.advanced = s.clock, s.vc.advanced
 	return f, nil
 }
 
@@ -187,24 +186,57 @@ func (s *Sim) Tick(ctx context.Context, at time.Time) ([]Output, error) {
 func (s *Sim) take() []Output { return s.rec.Take() }
 
 // AdvanceTo does, in time order, everything due at or before t.
-func (s *Sim) AdvanceTo(ctx context.Context, t time.Time) error {
+func (s *Sim) AdvanceTo(ctx context.Context, t time.Time) error { return s.vc.AdvanceTo(ctx, t) }
+
+// VirtualClock drives a Core on a virtual clock, as `failbus simulate`
+// does: AdvanceTo(t) calls Advance for each provider at each time something
+// of it falls due (a probe, a step, the next release), in time order, up to
+// t — so releases carry their drain-rate times and probes their interval,
+// however coarse the input's times. Its clock never runs backwards. Not
+// safe for concurrent use.
+type VirtualClock struct {
+	c        *Core
+	advanced time.Time
+}
+
+// NewVirtualClock returns a clock driving c.
+func NewVirtualClock(c *Core) *VirtualClock { return &VirtualClock{c: c} }
+
+// revisionPeeker is implemented by stores that can show a provider's
+// record and revision without copying it (MemStore).
+type revisionPeeker interface {
+	peekProvider(provider string) (*ProviderRecord, uint64, error)
+}
+
+func (v *VirtualClock) peek(ctx context.Context, p string) (*ProviderRecord, uint64, error) {
+	if pk, ok := v.c.st.(revisionPeeker); ok {
+		return pk.peekProvider(p)
+	}
+	return v.c.st.LoadProvider(ctx, p)
+}
+
+// AdvanceTo does, in time order, everything due at or before t.
+func (v *VirtualClock) AdvanceTo(ctx context.Context, t time.Time) error {
 	// stuck holds providers that were due but could not move (tasks without
 	// a provider wait for every provider), until another one moves.
 	stuck := map[string]bool{}
 	for range 10_000_000 {
-		p, due, err := s.nextDue(ctx, t, stuck)
-		rev := s.Store.revision(p)
+		p, due, rev, err := v.nextDue(ctx, t, stuck)
 		if err != nil || due.IsZero() || due.After(t) {
 			return err
 		}
-		if due.Before(s.advanced) {
-			due = s.advanced // the virtual clock never runs backwards
+		if due.Before(v.advanced) {
+			due = v.advanced
 		}
-		s.advanced = due
-		if err := s.Core.Advance(ctx, p, due); err != nil {
+		v.advanced = due
+		if err := v.c.Advance(ctx, p, due); err != nil {
 			return err
 		}
-		if s.Store.revision(p) == rev {
+		_, after, err := v.peek(ctx, p)
+		if err != nil {
+			return err
+		}
+		if after == rev {
 			stuck[p] = true
 			continue
 		}
@@ -214,29 +246,33 @@ func (s *Sim) AdvanceTo(ctx context.Context, t time.Time) error {
 }
 
 // nextDue is the provider with the earliest due time (ties by name),
-// leaving out the stuck ones.
-func (s *Sim) nextDue(ctx context.Context, t time.Time, stuck map[string]bool) (string, time.Time, error) {
-	names, err := s.Store.ListProviders(ctx)
+// leaving out the stuck ones, and its record's revision.
+func (v *VirtualClock) nextDue(ctx context.Context, t time.Time, stuck map[string]bool) (string, time.Time, uint64, error) {
+	names, err := v.c.st.ListProviders(ctx)
 	if err != nil {
-		return "", time.Time{}, err
+		return "", time.Time{}, 0, err
 	}
 	var best string
 	var bestAt time.Time
+	var bestRev uint64
 	for _, n := range names {
 		if stuck[n] {
 			continue
 		}
-		r, err := s.Store.peekProvider(n)
+		r, rev, err := v.peek(ctx, n)
 		if err != nil {
-			return "", time.Time{}, err
+			return "", time.Time{}, 0, err
+		}
+		if r == nil {
+			continue
 		}
 		due := r.NextDue(t)
 		if due.IsZero() {
 			continue
 		}
 		if bestAt.IsZero() || due.Before(bestAt) {
-			best, bestAt = n, due
+			best, bestAt, bestRev = n, due, rev
 		}
 	}
-	return best, bestAt, nil
+	return best, bestAt, bestRev, nil
 }
