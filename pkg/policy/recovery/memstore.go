@@ -289,7 +289,6 @@ func (s *MemStore) peekProvider(provider string) (*ProviderRecord, uint64, error
 	return e.peek, e.rev, nil
 }
 
-
 // Clone returns a copy of the store: what a test forks a run from.
 func (s *MemStore) Clone() *MemStore {
 	s.mu.Lock()
