@@ -407,11 +407,11 @@ func (p *pipeline) readOnce(ctx context.Context, stream, filter string) ([][]byt
 
 // counts is what the streams hold after a run.
 type counts struct {
-	classified map[string]int            // outcome id → classifications
+	classified map[string]int               // outcome id → classifications
 	decisions  map[string][]events.Decision // outcome id → decisions
-	due        map[string]int            // retry id → due messages
-	notify     map[string]int            // dedupe key → requests
-	delivered  map[string]int            // dedupe key → webhook deliveries
+	due        map[string]int               // retry id → due messages
+	notify     map[string]int               // dedupe key → requests
+	delivered  map[string]int               // dedupe key → webhook deliveries
 }
 
 func (p *pipeline) count() counts {
