@@ -3,6 +3,7 @@ package recovery
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -96,21 +97,54 @@ func (r *Recorder) Publish(_ context.Context, id, subject string, msg events.Mes
 		return nil
 	}
 	r.seen[id] = true
-	typ := ""
-	switch msg.(type) {
-	case *events.Dispatch:
-		typ = OutputDispatch
-	case *events.Control:
-		typ = OutputControl
-	case *events.Recovery:
-		typ = OutputRecovery
-	case *events.Notification:
-		typ = OutputNotification
-	default:
-		return fmt.Errorf("recorder: unexpected %T", msg)
+	typ, err := outputType(msg)
+	if err != nil {
+		return err
 	}
 	r.out = append(r.out, Output{Type: typ, ID: id, Subject: subject, Msg: msg})
 	return nil
+}
+
+// Collector is a Publisher for engines that run one Core for many callers
+// (the decision engine's Step): each caller collects what it caused in the
+// collection its context carries (Collect). Publishing with a context
+// without one is an error.
+type Collector struct{}
+
+type collectionKey struct{}
+
+// Collect returns a context whose publishes through a Collector are
+// appended to *out.
+func Collect(ctx context.Context, out *[]Output) context.Context {
+	return context.WithValue(ctx, collectionKey{}, out)
+}
+
+// Publish implements Publisher.
+func (Collector) Publish(ctx context.Context, id, subject string, msg events.Message, _ time.Time) error {
+	out, ok := ctx.Value(collectionKey{}).(*[]Output)
+	if !ok {
+		return errors.New("recovery: publish without a collection (recovery.Collect)")
+	}
+	typ, err := outputType(msg)
+	if err != nil {
+		return err
+	}
+	*out = append(*out, Output{Type: typ, ID: id, Subject: subject, Msg: msg})
+	return nil
+}
+
+func outputType(msg events.Message) (string, error) {
+	switch msg.(type) {
+	case *events.Dispatch:
+		return OutputDispatch, nil
+	case *events.Control:
+		return OutputControl, nil
+	case *events.Recovery:
+		return OutputRecovery, nil
+	case *events.Notification:
+		return OutputNotification, nil
+	}
+	return "", fmt.Errorf("recovery: unexpected output %T", msg)
 }
 
 // Sim runs the core on a virtual clock over MemStore, the way `failbus
@@ -139,7 +173,7 @@ func NewSimOn(cfg Config, st Store, pub Publisher, mem *MemStore, rec *Recorder)
 	if err != nil {
 		return nil, err
 	}
-	return &Sim{Core: c, Store: mem, rec: rec, vc: NewVirtualClock(c)}, nil
+	return &Sim{Core: c, Store: mem, rec: rec, vc: &VirtualClock{}}, nil
 }
 
 // Fork returns a Sim on another store and recorder (a copy of this one's
@@ -186,21 +220,20 @@ func (s *Sim) Tick(ctx context.Context, at time.Time) ([]Output, error) {
 func (s *Sim) take() []Output { return s.rec.Take() }
 
 // AdvanceTo does, in time order, everything due at or before t.
-func (s *Sim) AdvanceTo(ctx context.Context, t time.Time) error { return s.vc.AdvanceTo(ctx, t) }
+func (s *Sim) AdvanceTo(ctx context.Context, t time.Time) error {
+	return s.vc.AdvanceTo(ctx, s.Core, t)
+}
 
 // VirtualClock drives a Core on a virtual clock, as `failbus simulate`
-// does: AdvanceTo(t) calls Advance for each provider at each time something
+// does: AdvanceTo(c, t) calls c.Advance for each provider at each time something
 // of it falls due (a probe, a step, the next release), in time order, up to
 // t — so releases carry their drain-rate times and probes their interval,
 // however coarse the input's times. Its clock never runs backwards. Not
 // safe for concurrent use.
+// The zero value starts at the zero time.
 type VirtualClock struct {
-	c        *Core
 	advanced time.Time
 }
-
-// NewVirtualClock returns a clock driving c.
-func NewVirtualClock(c *Core) *VirtualClock { return &VirtualClock{c: c} }
 
 // revisionPeeker is implemented by stores that can show a provider's
 // record and revision without copying it (MemStore).
@@ -208,20 +241,20 @@ type revisionPeeker interface {
 	peekProvider(provider string) (*ProviderRecord, uint64, error)
 }
 
-func (v *VirtualClock) peek(ctx context.Context, p string) (*ProviderRecord, uint64, error) {
-	if pk, ok := v.c.st.(revisionPeeker); ok {
+func peek(ctx context.Context, c *Core, p string) (*ProviderRecord, uint64, error) {
+	if pk, ok := c.st.(revisionPeeker); ok {
 		return pk.peekProvider(p)
 	}
-	return v.c.st.LoadProvider(ctx, p)
+	return c.st.LoadProvider(ctx, p)
 }
 
-// AdvanceTo does, in time order, everything due at or before t.
-func (v *VirtualClock) AdvanceTo(ctx context.Context, t time.Time) error {
+// AdvanceTo does, in time order, everything of c due at or before t.
+func (v *VirtualClock) AdvanceTo(ctx context.Context, c *Core, t time.Time) error {
 	// stuck holds providers that were due but could not move (tasks without
 	// a provider wait for every provider), until another one moves.
 	stuck := map[string]bool{}
 	for range 10_000_000 {
-		p, due, rev, err := v.nextDue(ctx, t, stuck)
+		p, due, rev, err := nextDue(ctx, c, t, stuck)
 		if err != nil || due.IsZero() || due.After(t) {
 			return err
 		}
@@ -229,10 +262,10 @@ func (v *VirtualClock) AdvanceTo(ctx context.Context, t time.Time) error {
 			due = v.advanced
 		}
 		v.advanced = due
-		if err := v.c.Advance(ctx, p, due); err != nil {
+		if err := c.Advance(ctx, p, due); err != nil {
 			return err
 		}
-		_, after, err := v.peek(ctx, p)
+		_, after, err := peek(ctx, c, p)
 		if err != nil {
 			return err
 		}
@@ -247,8 +280,8 @@ func (v *VirtualClock) AdvanceTo(ctx context.Context, t time.Time) error {
 
 // nextDue is the provider with the earliest due time (ties by name),
 // leaving out the stuck ones, and its record's revision.
-func (v *VirtualClock) nextDue(ctx context.Context, t time.Time, stuck map[string]bool) (string, time.Time, uint64, error) {
-	names, err := v.c.st.ListProviders(ctx)
+func nextDue(ctx context.Context, c *Core, t time.Time, stuck map[string]bool) (string, time.Time, uint64, error) {
+	names, err := c.st.ListProviders(ctx)
 	if err != nil {
 		return "", time.Time{}, 0, err
 	}
@@ -259,7 +292,7 @@ func (v *VirtualClock) nextDue(ctx context.Context, t time.Time, stuck map[strin
 		if stuck[n] {
 			continue
 		}
-		r, rev, err := v.peek(ctx, n)
+		r, rev, err := peek(ctx, c, n)
 		if err != nil {
 			return "", time.Time{}, 0, err
 		}
