@@ -104,6 +104,10 @@ type Options struct {
 	// Logging keeps each node's log in <node dir>/server.log (child
 	// processes always write it there; in-process nodes only with this).
 	Logging bool
+	// Standalone runs one server that is not part of a cluster (Nodes
+	// must be 0 or 1): the single-server deployment, killed and restarted
+	// the same way.
+	Standalone bool
 }
 
 // Cluster is a running cluster.
@@ -136,8 +140,14 @@ type Node struct {
 // test ends.
 func Start(t testing.TB, o Options) *Cluster {
 	t.Helper()
+	if o.Standalone && o.Nodes > 1 {
+		t.Fatalf("testcluster: a standalone server is one node, not %d", o.Nodes)
+	}
 	if o.Nodes == 0 {
 		o.Nodes = 3
+		if o.Standalone {
+			o.Nodes = 1
+		}
 	}
 	if o.Name == "" {
 		o.Name = "failbus"
@@ -213,7 +223,9 @@ func (n *Node) writeConfig() error {
 	fmt.Fprintf(&b, "http: \"127.0.0.1:%d\"\n", n.httpPort)
 	fmt.Fprintf(&b, "max_payload: 8MB\n")
 	fmt.Fprintf(&b, "jetstream {\n  store_dir: %q\n  sync_interval: %s\n}\n", filepath.Join(n.dir, "data"), sync)
-	fmt.Fprintf(&b, "cluster {\n  name: %q\n  listen: \"127.0.0.1:%d\"\n  routes: [%s]\n}\n", n.c.opts.Name, n.clusterPort, strings.Join(routes, ", "))
+	if !n.c.opts.Standalone {
+		fmt.Fprintf(&b, "cluster {\n  name: %q\n  listen: \"127.0.0.1:%d\"\n  routes: [%s]\n}\n", n.c.opts.Name, n.clusterPort, strings.Join(routes, ", "))
+	}
 	if n.c.opts.AuthConf != "" {
 		data, err := os.ReadFile(n.c.opts.AuthConf)
 		if err != nil {
