@@ -2,17 +2,9 @@ package connect_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"flag"
-	"math/big"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -26,6 +18,7 @@ import (
 
 	"github.com/failbus/failbus/internal/connect"
 	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/internal/testpki"
 )
 
 // clearEnv keeps the test's own environment out of Resolve.
@@ -272,13 +265,13 @@ func hasDenial(c *connect.Conn, op, subject string) bool {
 // connection works; a server that verifies clients wants --tls-cert.
 func TestTLS(t *testing.T) {
 	clearEnv(t)
-	pki := newPKI(t)
+	pki := testpki.New(t, "")
 	start := func(verify bool) *embedded.Server {
 		return embedded.StartTestOpts(t, embedded.Options{Dir: t.TempDir(), Configure: func(o *server.Options) {
-			cfg := &tls.Config{Certificates: []tls.Certificate{pki.serverCert}, MinVersion: tls.VersionTLS12}
+			cfg := &tls.Config{Certificates: []tls.Certificate{pki.Server}, MinVersion: tls.VersionTLS12}
 			if verify {
 				cfg.ClientAuth = tls.RequireAndVerifyClientCert
-				cfg.ClientCAs = pki.pool
+				cfg.ClientCAs = pki.Pool
 				o.TLSVerify = true
 			}
 			o.TLSConfig = cfg
@@ -293,7 +286,7 @@ func TestTLS(t *testing.T) {
 			t.Errorf("%s without the CA: %v", u, err)
 		}
 	}
-	c, err := connect.Connect(connect.Options{Servers: srv.ClientURL(), TLSCA: pki.caFile}, "test")
+	c, err := connect.Connect(connect.Options{Servers: srv.ClientURL(), TLSCA: pki.CAFile}, "test")
 	if err != nil {
 		t.Fatalf("TLS with the CA: %v", err)
 	}
@@ -303,70 +296,13 @@ func TestTLS(t *testing.T) {
 	c.Close()
 
 	mutual := start(true)
-	_, err = connect.Connect(connect.Options{Servers: mutual.ClientURL(), TLSCA: pki.caFile}, "test")
+	_, err = connect.Connect(connect.Options{Servers: mutual.ClientURL(), TLSCA: pki.CAFile}, "test")
 	if err == nil || !strings.Contains(err.Error(), "give --tls-cert and --tls-key") {
 		t.Errorf("no client certificate for a server that verifies clients: %v", err)
 	}
-	c, err = connect.Connect(connect.Options{Servers: mutual.ClientURL(), TLSCA: pki.caFile, TLSCert: pki.clientCertFile, TLSKey: pki.clientKeyFile}, "test")
+	c, err = connect.Connect(connect.Options{Servers: mutual.ClientURL(), TLSCA: pki.CAFile, TLSCert: pki.ClientCertFile, TLSKey: pki.ClientKeyFile}, "test")
 	if err != nil {
 		t.Fatalf("mutual TLS: %v", err)
 	}
 	c.Close()
-}
-
-// pki is a throw-away CA with a server certificate for 127.0.0.1 and a
-// client certificate, as PEM files.
-type pki struct {
-	pool                          *x509.CertPool
-	caFile                        string
-	serverCert                    tls.Certificate
-	clientCertFile, clientKeyFile string
-}
-
-func newPKI(t *testing.T) pki {
-	t.Helper()
-	dir := t.TempDir()
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	caTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "failbus test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, _ := x509.ParseCertificate(caDER)
-	p := pki{pool: x509.NewCertPool(), caFile: filepath.Join(dir, "ca.pem")}
-	p.pool.AddCert(ca)
-	writePEM(t, p.caFile, "CERTIFICATE", caDER)
-	leaf := func(serial int64, usage x509.ExtKeyUsage) ([]byte, *ecdsa.PrivateKey) {
-		key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		tmpl := &x509.Certificate{
-			SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: "failbus"},
-			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-			ExtKeyUsage: []x509.ExtKeyUsage{usage}, KeyUsage: x509.KeyUsageDigitalSignature,
-			IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"localhost"},
-		}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return der, key
-	}
-	der, key := leaf(2, x509.ExtKeyUsageServerAuth)
-	p.serverCert = tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
-	der, key = leaf(3, x509.ExtKeyUsageClientAuth)
-	p.clientCertFile, p.clientKeyFile = filepath.Join(dir, "client.pem"), filepath.Join(dir, "client-key.pem")
-	writePEM(t, p.clientCertFile, "CERTIFICATE", der)
-	kder, _ := x509.MarshalECPrivateKey(key)
-	writePEM(t, p.clientKeyFile, "EC PRIVATE KEY", kder)
-	return p
-}
-
-func writePEM(t *testing.T, path, kind string, der []byte) {
-	t.Helper()
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: kind, Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
 }

@@ -12,8 +12,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -67,7 +70,7 @@ type common struct {
 	conn                          connect.Options
 	opsAddr, policyFile, logLevel string
 	replicas                      int
-	apply, noApply                bool
+	apply, noApply, checkHealth   bool
 }
 
 // Run is a whole service binary: it returns the exit code (0 after a
@@ -85,6 +88,7 @@ func Run(ctx context.Context, spec Spec, args []string, stderr io.Writer) int {
 	fs.BoolVar(&c.apply, "apply-topology", true, "create or update the streams, consumers and buckets at start")
 	fs.BoolVar(&c.noApply, "no-apply", false, "do not touch the topology (same as --apply-topology=false): for a service running with its own role's credentials, while the admin applies the topology")
 	fs.StringVar(&c.logLevel, "log-level", EnvString("FAILBUS_LOG_LEVEL", "info"), "debug, info, warn or error (env FAILBUS_LOG_LEVEL)")
+	fs.BoolVar(&c.checkHealth, "check-health", false, "ask the running service's /healthz on --ops-addr and exit 0 when healthy, 1 when not (a container health check)")
 	if spec.Flags != nil {
 		spec.Flags(fs)
 	}
@@ -98,6 +102,9 @@ func Run(ctx context.Context, spec Spec, args []string, stderr io.Writer) int {
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "%s: unexpected arguments %q\n", spec.Name, fs.Args())
 		return 2
+	}
+	if c.checkHealth {
+		return checkHealth(ctx, spec.Name, c.opsAddr, stderr)
 	}
 	if c.noApply {
 		c.apply = false
@@ -131,6 +138,42 @@ func Run(ctx context.Context, spec Spec, args []string, stderr io.Writer) int {
 	}
 	if err := serve(ctx, spec, c, pol, log); err != nil {
 		log.Error().Err(err).Msg(spec.Name + " failed")
+		return 1
+	}
+	return 0
+}
+
+// HealthCheckTimeout bounds --check-health.
+const HealthCheckTimeout = 5 * time.Second
+
+// checkHealth is --check-health: GET /healthz of the service listening on
+// opsAddr (an unspecified host means this machine), 0 when it answers 200.
+func checkHealth(ctx context.Context, name, opsAddr string, stderr io.Writer) int {
+	host, port, err := net.SplitHostPort(opsAddr)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: --ops-addr %q: %v\n", name, opsAddr, err)
+		return 2
+	}
+	if host == "" || host == "0.0.0.0" || host == "::" {
+		host = "127.0.0.1"
+	}
+	ctx, cancel := context.WithTimeout(ctx, HealthCheckTimeout)
+	defer cancel()
+	url := "http://" + net.JoinHostPort(host, port) + "/healthz"
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
+		return 1
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %s: %v\n", name, url, err)
+		return 1
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode != http.StatusOK {
+		fmt.Fprintf(stderr, "%s: %s: %s %s\n", name, url, resp.Status, strings.TrimSpace(string(body)))
 		return 1
 	}
 	return 0

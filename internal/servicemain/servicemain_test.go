@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"net"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -128,4 +129,50 @@ func TestConnectionFlags(t *testing.T) {
 			t.Errorf("exit %d, stderr:\n%s", code, stderr)
 		}
 	})
+}
+
+// --check-health asks a running service's /healthz (the container health
+// check), and says when nothing answers.
+func TestCheckHealth(t *testing.T) {
+	url, seed := restricted(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var buf lockedBuffer
+	rctx, stop := context.WithCancel(ctx)
+	defer stop()
+	done := make(chan int, 1)
+	spec := servicemain.Spec{
+		Name: "probe", DefaultOpsAddr: "127.0.0.1:0",
+		Build: func(context.Context, servicemain.Env) (servicemain.Service, error) { return idle{}, nil },
+	}
+	// Find a free port for the service's ops address.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	_ = l.Close()
+	_, port, _ := net.SplitHostPort(addr)
+	go func() {
+		done <- servicemain.Run(rctx, spec, []string{"--server", url, "--nkey", seed, "--no-apply", "--ops-addr", addr}, &buf)
+	}()
+	check := func() int {
+		var out bytes.Buffer
+		return servicemain.Run(ctx, spec, []string{"--check-health", "--ops-addr", "0.0.0.0:" + port}, &out)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for check() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the running service never answered healthy:\n%s", buf.String())
+		}
+		time.Sleep(20 * time.Millisecond) // poll interval
+	}
+	stop()
+	if code := <-done; code != 0 {
+		t.Fatalf("service exit %d", code)
+	}
+	var out bytes.Buffer
+	if code := servicemain.Run(ctx, spec, []string{"--check-health", "--ops-addr", addr}, &out); code != 1 || !strings.Contains(out.String(), "/healthz") {
+		t.Errorf("check with nothing listening: exit %d, %q", code, out.String())
+	}
 }
