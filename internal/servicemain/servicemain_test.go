@@ -3,8 +3,8 @@ package servicemain_test
 import (
 	"bytes"
 	"context"
-	"os"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
