@@ -19,6 +19,7 @@ import (
 	"github.com/failbus/failbus/internal/connect"
 	"github.com/failbus/failbus/internal/embedded"
 	topology "github.com/failbus/failbus/jetstream"
+	"github.com/failbus/failbus/pkg/agent"
 	"github.com/failbus/failbus/pkg/events"
 )
 
@@ -115,7 +116,7 @@ func setup(t *testing.T) *bus {
 	for _, v := range []string{connect.EnvServer, connect.EnvCreds, connect.EnvNkey, connect.EnvUser, connect.EnvPassword, connect.EnvInboxPrefix} {
 		t.Setenv(v, "")
 	}
-	set, err := auth.Init(filepath.Join(t.TempDir(), "auth"), []string{"a1"})
+	set, err := auth.Init(filepath.Join(t.TempDir(), "auth"), []string{"a1", "a3"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,6 +133,15 @@ func setup(t *testing.T) *bus {
 		if _, err := js.Publish(ctx, s, []byte("fixture")); err != nil {
 			t.Fatalf("admin publishes %s: %v", s, err)
 		}
+	}
+	// Agent a3's durable consumer, as pkg/agent names it, with a decision.
+	if _, err := js.CreateConsumer(ctx, topology.StreamDecisions, jetstream.ConsumerConfig{
+		Durable: agent.DurableName("a3", "decisions"), FilterSubject: events.DecisionSubject("a3"), AckPolicy: jetstream.AckExplicitPolicy,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, events.DecisionSubject("a3"), []byte("fixture")); err != nil {
+		t.Fatal(err)
 	}
 	for _, bk := range topology.Buckets() {
 		kv, err := js.KeyValue(ctx, bk.Bucket)
@@ -614,6 +624,9 @@ func TestRoles(t *testing.T) {
 			publish(events.OutcomeSubject("openai", "a2")), publish(events.RetryCancelSubject("a2")),
 			read(sDec, events.DecisionSubject("a2")), read(sRet, events.RetryDueSubject("a2")),
 			read(sDec, "failbus.decision.*"),
+			// Its neighbour's durable consumer, by name.
+			fetchAck(sDec, agent.DurableName("a3", "decisions")),
+			durableFor(sDec, agent.DurableName("a3", "decisions"), events.DecisionSubject("a1")),
 		))
 	})
 

@@ -91,6 +91,17 @@ func Init(dir string, agents []string) (*Set, error) {
 		seen[r.Name] = true
 		roles = append(roles, r)
 	}
+	// A named agent keeps out of its neighbours' durable consumers.
+	for i := range roles {
+		if !strings.HasPrefix(roles[i].Name, RoleAgent+"-") {
+			continue
+		}
+		for _, a := range agents {
+			if RoleAgent+"-"+events.Token(a) != roles[i].Name {
+				roles[i].NotAgents = append(roles[i].NotAgents, a)
+			}
+		}
+	}
 	set := &Set{Dir: dir}
 	for _, r := range roles {
 		seed := filepath.Join(dir, r.Name+SeedExt)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/failbus/failbus/internal/connect"
 	topology "github.com/failbus/failbus/jetstream"
+	"github.com/failbus/failbus/pkg/agent"
 	"github.com/failbus/failbus/pkg/events"
 )
 
@@ -132,7 +133,26 @@ func (r Role) Permissions(pub string) (Permissions, error) {
 	if r.FindStreams {
 		p.pub(api + "STREAM.NAMES")
 	}
-	return p.done(owned), nil
+	perms := p.done(owned)
+	for _, other := range r.NotAgents {
+		for _, k := range agentConsumers {
+			name := agent.DurableName(other, k.kind)
+			perms.PublishDeny = append(perms.PublishDeny,
+				api+"CONSUMER.CREATE."+k.stream+"."+name, api+"CONSUMER.CREATE."+k.stream+"."+name+".>",
+				api+"CONSUMER.INFO."+k.stream+"."+name, api+"CONSUMER.MSG.NEXT."+k.stream+"."+name,
+				api+"CONSUMER.DELETE."+k.stream+"."+name, ack+k.stream+"."+name+".>")
+		}
+	}
+	return perms, nil
+}
+
+// agentConsumers are the durable consumers pkg/agent keeps for an agent
+// (WithDurable): the stream and the kind in its name.
+var agentConsumers = []struct{ stream, kind string }{
+	{topology.StreamDecisions, "decisions"},
+	{topology.StreamRetries, "retries"},
+	{topology.StreamDispatch, "dispatch"},
+	{topology.StreamControl, "control"},
 }
 
 // operator reads everything: stream, consumer and account info, messages

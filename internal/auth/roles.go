@@ -87,6 +87,10 @@ type Role struct {
 	// FindStreams lets the role ask which stream holds a subject
 	// ($JS.API.STREAM.NAMES).
 	FindStreams bool
+	// NotAgents names other agents whose durable consumers
+	// (pkg/agent.DurableName) the role may not read, look up or delete:
+	// an agent-<name> user's neighbours in the same auth init.
+	NotAgents []string
 	// ReadAll lets the role read everything and change nothing (operator).
 	ReadAll bool
 	// All lets the role do anything (admin).
