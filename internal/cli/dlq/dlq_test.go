@@ -331,24 +331,42 @@ func TestRequeueOnce(t *testing.T) {
 	})
 
 	t.Run("crash after the publish, finished after the duplicate window", func(t *testing.T) {
-		seq, _ := b.deadLetter("published")
+		// The original lived on a stream that forgets message ids after
+		// 100ms, so only the search for the copy can keep the finishing
+		// run from publishing another.
+		const stream, subject = "TEST_SHORT_WINDOW", "test.short.window"
+		if _, err := b.JS.CreateStream(b.Ctx, jetstream.StreamConfig{Name: stream, Subjects: []string{"test.short.>"}, Duplicates: 100 * time.Millisecond}); err != nil {
+			t.Fatal(err)
+		}
+		data, hdr := b.original("published")
+		seq := b.store(&events.DeadLetter{At: events.At(time.Now()), Service: "tester", Reason: "test", Subject: subject, Headers: hdr, Data: data}, "dlq:tester:published")
+		copies := func() int {
+			n := 0
+			for _, m := range streamMsgs(t, b.Ctx, b.JS, stream, subject) {
+				if m.Headers().Get(events.HeaderRequeuedFrom) == events.RequeuedFrom(topology.StreamDLQ, seq) {
+					n++
+				}
+			}
+			return n
+		}
 		crashing := q("first")
 		crashing.hook = crashAt("published")
 		if _, err := crashing.Requeue(b.Ctx, seq); !errors.Is(err, errCrash) {
 			t.Fatalf("first run: %v, want the crash", err)
 		}
-		if n := len(b.copies(seq)); n != 1 {
+		if n := copies(); n != 1 {
 			t.Fatalf("%d copies after the publish, want 1", n)
 		}
-		// Let the server forget the copy's message id, so only the
-		// search for the copy can keep the next run from publishing
-		// another.
-		shortenDuplicateWindow(t, b, events.RequeueMsgID(topology.StreamDLQ, seq))
+		probe := "test.short.probe"
+		clitest.WaitFor(t, "the stream to forget the copy's message id", func() bool {
+			ack, err := b.JS.PublishMsg(b.Ctx, &nats.Msg{Subject: probe, Header: nats.Header{nats.MsgIdHdr: {events.RequeueMsgID(topology.StreamDLQ, seq)}}, Data: []byte{0x80}})
+			return err == nil && !ack.Duplicate
+		})
 		res, err := q("second").Requeue(b.Ctx, seq)
 		if err != nil || !res.Resumed || !res.Found {
 			t.Fatalf("second run: %+v %v; want it to find the stored copy", res, err)
 		}
-		if n := len(b.copies(seq)); n != 1 {
+		if n := copies(); n != 1 {
 			t.Errorf("%d copies, want 1", n)
 		}
 		res, err = q("third").Requeue(b.Ctx, seq)
@@ -356,30 +374,6 @@ func TestRequeueOnce(t *testing.T) {
 			t.Errorf("third run: %+v %v, want already requeued", res, err)
 		}
 	})
-}
-
-// shortenDuplicateWindow makes FAILBUS_OUTCOMES forget message ids after
-// 100ms and waits until it has forgotten id: a publish of a probe with id
-// on another subject is no longer a duplicate. The probe is purged again.
-func shortenDuplicateWindow(t *testing.T, b *bench, id string) {
-	t.Helper()
-	s, err := b.JS.Stream(b.Ctx, topology.StreamOutcomes)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := s.CachedInfo().Config
-	cfg.Duplicates = 100 * time.Millisecond
-	if _, err := b.JS.UpdateStream(b.Ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
-	probe := events.OutcomeSubject("probe", "probe")
-	clitest.WaitFor(t, "the duplicate window to pass", func() bool {
-		ack, err := b.JS.PublishMsg(b.Ctx, &nats.Msg{Subject: probe, Header: nats.Header{nats.MsgIdHdr: {id}}, Data: []byte{0x80}})
-		return err == nil && !ack.Duplicate
-	})
-	if err := s.Purge(b.Ctx, jetstream.WithPurgeSubject(probe)); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // truncatedDeadLetter is a dead letter that kept only a prefix of its
