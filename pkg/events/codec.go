@@ -68,9 +68,15 @@ var ErrNotFailbus = errors.New("not a failbus message")
 type FieldError struct {
 	Field   string
 	Problem string
+	// Err is the cause when it is one callers can test for with errors.Is
+	// (ErrTimeRange, ErrNumberRange, ...); nil otherwise.
+	Err error
 }
 
 func (e *FieldError) Error() string { return fmt.Sprintf("field %q: %s", e.Field, e.Problem) }
+
+// Unwrap returns the cause, if any.
+func (e *FieldError) Unwrap() error { return e.Err }
 
 func required(field, v string) error {
 	if strings.TrimSpace(v) == "" {
@@ -181,8 +187,14 @@ var ErrSchemaMismatch = errors.New("type does not belong on its subject")
 // Decode reads a message from the bus: the subject picks the type (its
 // Failbus-Schema header, when present, must agree; see SchemaOf), the
 // payload is msgpack, and the result is validated. Every error names what
-// is wrong, and the field when it is one field.
+// is wrong, and the field when it is one field. The payload must lie
+// within the default Limits (a *LimitError otherwise).
 func Decode(subject string, h nats.Header, data []byte) (Message, error) {
+	return DecodeLimits(subject, h, data, Limits{})
+}
+
+// DecodeLimits is Decode within lim.
+func DecodeLimits(subject string, h nats.Header, data []byte, lim Limits) (Message, error) {
 	name, _, err := SchemaOf(subject, h)
 	if err != nil {
 		return nil, err
@@ -191,7 +203,7 @@ func Decode(subject string, h nats.Header, data []byte) (Message, error) {
 		return nil, fmt.Errorf("%w: content type %q, want %s", ErrNotFailbus, ct, ContentTypeMsgpack)
 	}
 	m := New(name)
-	if err := Unmarshal(data, m); err != nil {
+	if err := UnmarshalLimits(data, m, lim); err != nil {
 		return nil, err
 	}
 	if err := m.Validate(); err != nil {
@@ -215,19 +227,27 @@ func DecodeAs[T Message](subject string, h nats.Header, data []byte) (T, error) 
 	return t, nil
 }
 
-// Unmarshal decodes a msgpack payload into m, naming the offending field on a
-// type error. It does not validate.
-func Unmarshal(data []byte, m Message) error {
+// Unmarshal decodes a msgpack payload into m within the default Limits,
+// naming the offending field on a type error. It does not validate.
+func Unmarshal(data []byte, m Message) error { return UnmarshalLimits(data, m, Limits{}) }
+
+// UnmarshalLimits is Unmarshal within lim: the payload is pre-scanned by
+// CheckMsgpack, so a payload beyond a limit is rejected with a *LimitError
+// before msgpack decodes (and allocates) anything.
+func UnmarshalLimits(data []byte, m Message, lim Limits) error {
 	if len(data) == 0 {
 		return fmt.Errorf("%w: empty payload", ErrNotFailbus)
 	}
 	if c := data[0]; !(c >= 0x80 && c <= 0x8f) && c != 0xde && c != 0xdf {
 		return fmt.Errorf("%w: payload is not a msgpack map (first byte 0x%02x)", ErrNotFailbus, c)
 	}
+	if err := CheckMsgpack(data, lim); err != nil {
+		return err
+	}
 	dec := msgpack.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(m); err != nil {
 		if f := msgpackField(data, m); f != "" {
-			return &FieldError{Field: f, Problem: cleanErr(err)}
+			return &FieldError{Field: f, Problem: cleanErr(err), Err: causeOf(err)}
 		}
 		return fmt.Errorf("%w: decode %s: %s", ErrNotFailbus, m.SchemaName(), cleanErr(err))
 	}
@@ -286,6 +306,17 @@ func UnmarshalJSON(data []byte, m Message) error {
 	return nil
 }
 
+// causeOf returns the failbus sentinel inside err, if any, so a field error
+// still answers errors.Is(err, ErrTimeRange).
+func causeOf(err error) error {
+	for _, s := range []error{ErrTimeRange, ErrNumberRange} {
+		if errors.Is(err, s) {
+			return s
+		}
+	}
+	return nil
+}
+
 func cleanErr(err error) string {
 	s := err.Error()
 	s = strings.TrimPrefix(s, "msgpack: ")
@@ -307,6 +338,9 @@ func ToJSON(subject string, h nats.Header, data []byte) ([]byte, error) {
 		if json.Valid(data) {
 			return data, nil
 		}
+		if le := (*LimitError)(nil); errors.As(err, &le) {
+			return nil, err // it names the limit
+		}
 		return nil, fmt.Errorf("%w: neither msgpack nor JSON", ErrNotFailbus)
 	}
 	return b, nil
@@ -316,6 +350,9 @@ func ToJSON(subject string, h nats.Header, data []byte) ([]byte, error) {
 // strings). The whole payload must be one msgpack value: text such as
 // "this is not msgpack" is not read as the number its first byte encodes.
 func MsgpackToJSON(data []byte) ([]byte, error) {
+	if err := CheckMsgpack(data, Limits{}); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrNotFailbus, err)
+	}
 	r := bytes.NewReader(data)
 	var v any
 	if err := msgpack.NewDecoder(r).Decode(&v); err != nil {

@@ -87,9 +87,16 @@ func (w *Write) Validate() error {
 	return firstErr(required("agent", w.Agent), required("key", w.Key))
 }
 
-// Validate checks a task: id and agent.
+// Validate checks a task: id and agent; the id must be able to be a
+// Nats-Msg-Id (checkID).
 func (t *Task) Validate() error {
-	return firstErr(required("id", t.ID), required("agent", t.Agent))
+	if err := firstErr(required("id", t.ID), required("agent", t.Agent)); err != nil {
+		return err
+	}
+	if err := checkID(t.ID); err != nil {
+		return &FieldError{Field: "id", Problem: err.Error()}
+	}
+	return nil
 }
 
 // Validate checks a dispatch: task, agent, a 1-based attempt.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
+	"github.com/vmihailenco/msgpack/v5/msgpcode"
 )
 
 // Time is a timestamp that decodes from every shape agents write: RFC 3339
@@ -42,7 +43,7 @@ func ParseTime(s string) (Time, error) {
 		return Time{}, nil
 	}
 	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
-		return At(t), nil
+		return inRange(t)
 	}
 	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
 		return millis(n)
@@ -50,11 +51,26 @@ func ParseTime(s string) (Time, error) {
 	return Time{}, fmt.Errorf("time %q is neither RFC 3339 nor epoch milliseconds", truncate(s, 64))
 }
 
+// Bounds of every accepted time, whatever its shape.
+var (
+	minTime = time.UnixMilli(minEpochMillis).UTC()
+	maxTime = time.UnixMilli(maxEpochMillis).UTC()
+)
+
 func millis(n int64) (Time, error) {
 	if n < minEpochMillis || n > maxEpochMillis {
-		return Time{}, fmt.Errorf("epoch milliseconds %d out of range", n)
+		return Time{}, fmt.Errorf("%w: epoch milliseconds %d outside years 0001-9999", ErrTimeRange, n)
 	}
 	return FromMillis(n), nil
+}
+
+// inRange accepts t when it lies in years 0001–9999, like epoch
+// milliseconds: a msgpack timestamp can say year 292277026596.
+func inRange(t time.Time) (Time, error) {
+	if t.Before(minTime) || t.After(maxTime) {
+		return Time{}, fmt.Errorf("%w: %d-%02d-%02d is outside years 0001-9999", ErrTimeRange, t.Year(), t.Month(), t.Day())
+	}
+	return At(t), nil
 }
 
 func floatMillis(f float64) (Time, error) {
@@ -62,7 +78,7 @@ func floatMillis(f float64) (Time, error) {
 		return Time{}, fmt.Errorf("time %v is not an integer of epoch milliseconds", f)
 	}
 	if f < minEpochMillis || f > maxEpochMillis {
-		return Time{}, fmt.Errorf("epoch milliseconds %v out of range", f)
+		return Time{}, fmt.Errorf("%w: epoch milliseconds %v outside years 0001-9999", ErrTimeRange, f)
 	}
 	return FromMillis(int64(f)), nil
 }
@@ -133,52 +149,68 @@ func (t Time) EncodeMsgpack(enc *msgpack.Encoder) error {
 }
 
 // DecodeMsgpack accepts a msgpack timestamp, an integer (or integral float)
-// of epoch milliseconds, a string (RFC 3339 or digits), or nil.
+// of epoch milliseconds, a string (RFC 3339 or digits), or nil; every shape
+// must lie in years 0001–9999 (ErrTimeRange otherwise). It reads one scalar
+// and never recurses: an array or map where a time belongs is an error
+// before any of it is read.
 func (t *Time) DecodeMsgpack(dec *msgpack.Decoder) error {
-	v, err := dec.DecodeInterface()
+	c, err := dec.PeekCode()
 	if err != nil {
 		return fmt.Errorf("time: %w", err)
 	}
 	var out Time
-	switch x := v.(type) {
-	case nil:
-	case time.Time:
-		out = At(x)
-	case string:
-		out, err = ParseTime(x)
-	case []byte:
-		out, err = ParseTime(string(x))
-	case int8:
-		out, err = millis(int64(x))
-	case int16:
-		out, err = millis(int64(x))
-	case int32:
-		out, err = millis(int64(x))
-	case int64:
-		out, err = millis(x)
-	case uint8:
-		out, err = millis(int64(x))
-	case uint16:
-		out, err = millis(int64(x))
-	case uint32:
-		out, err = millis(int64(x))
-	case uint64:
-		if x > math.MaxInt64 {
-			return fmt.Errorf("epoch milliseconds %d out of range", x)
+	switch {
+	case c == msgpcode.Nil:
+		err = dec.DecodeNil()
+	case msgpcode.IsString(c) || msgpcode.IsBin(c):
+		var b []byte
+		if b, err = dec.DecodeBytes(); err == nil {
+			out, err = ParseTime(string(b))
 		}
-		out, err = millis(int64(x))
-	case float32:
-		out, err = floatMillis(float64(x))
-	case float64:
-		out, err = floatMillis(x)
+	case c == msgpcode.Uint64:
+		var n uint64
+		if n, err = dec.DecodeUint64(); err == nil {
+			if n > math.MaxInt64 {
+				return fmt.Errorf("%w: epoch milliseconds %d outside years 0001-9999", ErrTimeRange, n)
+			}
+			out, err = millis(int64(n))
+		}
+	case msgpcode.IsFixedNum(c) || c >= msgpcode.Uint8 && c <= msgpcode.Int64:
+		var n int64
+		if n, err = dec.DecodeInt64(); err == nil {
+			out, err = millis(n)
+		}
+	case c == msgpcode.Float || c == msgpcode.Double:
+		var f float64
+		if f, err = dec.DecodeFloat64(); err == nil {
+			out, err = floatMillis(f)
+		}
+	case msgpcode.IsExt(c) || msgpcode.IsFixedExt(c):
+		var tm time.Time
+		if tm, err = dec.DecodeTime(); err == nil {
+			out, err = inRange(tm)
+		}
 	default:
-		return fmt.Errorf("time must be a timestamp, RFC 3339 string or epoch milliseconds, got %T", v)
+		return fmt.Errorf("time must be a timestamp, RFC 3339 string or epoch milliseconds, got %s", kindOfCode(c))
 	}
 	if err != nil {
 		return err
 	}
 	*t = out
 	return nil
+}
+
+// kindOfCode names the kind of msgpack value that starts with c.
+func kindOfCode(c byte) string {
+	switch {
+	case msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32:
+		return "a map"
+	case msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32:
+		return "an array"
+	case c == msgpcode.True || c == msgpcode.False:
+		return "a bool"
+	}
+	return fmt.Sprintf("msgpack code 0x%02x", c)
 }
 
 func truncate(s string, n int) string {

@@ -1,6 +1,9 @@
 package events
 
-import "fmt"
+import (
+	"errors"
+	"fmt"
+)
 
 // SchemaName implements Message.
 func (*Outcome) SchemaName() string { return SchemaOutcome }
@@ -32,6 +35,16 @@ func (o *Outcome) Validate() error {
 	if err := firstErr(required("id", o.ID), required("agent", o.Agent), required("provider", o.Provider)); err != nil {
 		return err
 	}
+	if err := checkID(o.ID); err != nil {
+		return &FieldError{Field: "id", Problem: err.Error()}
+	}
+	for _, f := range []struct{ name, v string }{
+		{"agent", o.Agent}, {"provider", o.Provider}, {"model", o.Model}, {"profile", o.Profile}, {"session", o.Session},
+	} {
+		if len(f.v) > MaxNameBytes {
+			return &FieldError{Field: f.name, Problem: fmt.Sprintf("%d bytes exceed the limit of %d", len(f.v), MaxNameBytes)}
+		}
+	}
 	if o.Status < 0 || o.Status > 999 {
 		return &FieldError{Field: "status", Problem: fmt.Sprintf("%d is not an HTTP status (0 when none)", o.Status)}
 	}
@@ -40,14 +53,50 @@ func (o *Outcome) Validate() error {
 	default:
 		return &FieldError{Field: "refusal_scope", Problem: fmt.Sprintf("%q is not increment or history", o.RefusalScope)}
 	}
-	if o.RequestTokens < 0 {
-		return &FieldError{Field: "request_tokens", Problem: "negative"}
+	if err := tokenCount(o.RequestTokens); err != nil {
+		return &FieldError{Field: "request_tokens", Problem: err.Error(), Err: causeOf(err)}
 	}
-	if o.ContextWindow < 0 {
-		return &FieldError{Field: "context_window", Problem: "negative"}
+	if err := tokenCount(o.ContextWindow); err != nil {
+		return &FieldError{Field: "context_window", Problem: err.Error(), Err: causeOf(err)}
 	}
-	if o.MaxOutputTokens < 0 {
-		return &FieldError{Field: "max_output_tokens", Problem: "negative"}
+	if err := tokenCount(o.MaxOutputTokens); err != nil {
+		return &FieldError{Field: "max_output_tokens", Problem: err.Error(), Err: causeOf(err)}
+	}
+	return nil
+}
+
+// Bounds on Outcome fields, so a hostile value is a clear error instead of a
+// wrapped-around number, an oversized subject or a broken header.
+const (
+	// MaxNameBytes bounds id, agent, provider, model, profile and session:
+	// they become subject tokens, header values and metric labels.
+	MaxNameBytes = 512
+	// MaxTokens bounds request_tokens, context_window and
+	// max_output_tokens (2^40, about 1.1e12), so sums and differences of
+	// them never overflow.
+	MaxTokens = 1 << 40
+)
+
+// checkID accepts an id that can be a Nats-Msg-Id header value: at most
+// MaxNameBytes, no control characters (a CR or LF would end the header).
+func checkID(id string) error {
+	if len(id) > MaxNameBytes {
+		return fmt.Errorf("%d bytes exceed the limit of %d", len(id), MaxNameBytes)
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; c < 0x20 || c == 0x7f {
+			return fmt.Errorf("control character 0x%02x at byte %d", c, i)
+		}
+	}
+	return nil
+}
+
+func tokenCount(n int) error {
+	switch {
+	case n < 0:
+		return errors.New("negative")
+	case n > MaxTokens:
+		return fmt.Errorf("%w: %d exceeds the limit of %d", ErrNumberRange, n, MaxTokens)
 	}
 	return nil
 }

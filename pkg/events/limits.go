@@ -1,0 +1,447 @@
+package events
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+
+	"github.com/nats-io/nats.go"
+)
+
+// Defaults of Limits. A failbus message is a flat map with a few small
+// nested values (headers, origin, labels), so these leave room for large
+// bodies and generous pass-through payloads while bounding what one message
+// can cost to decode: at most DefaultMaxValues values (a few MB of Go
+// objects) and no recursion deeper than DefaultMaxDepth.
+const (
+	// DefaultMaxBytes is the largest payload decoded: 8 MiB, the
+	// max_payload `failbus dev` gives its server (nats-server's own default
+	// is 1 MiB, which then bounds first).
+	DefaultMaxBytes = 8 << 20
+	// DefaultMaxDepth is the deepest nesting of arrays and maps, the
+	// payload's own map counting as 1.
+	DefaultMaxDepth = 64
+	// DefaultMaxEntries is the most elements of one array or entries of one
+	// map.
+	DefaultMaxEntries = 65_536
+	// DefaultMaxValues is the most values in one payload, keys and
+	// containers included: it bounds the objects a decode can allocate.
+	DefaultMaxValues = 262_144
+	// DefaultMaxString is the longest string, binary or extension value:
+	// 4 MiB.
+	DefaultMaxString = 4 << 20
+)
+
+// Errors for payloads outside Limits or the ranges failbus accepts. Each is
+// the Err of a *LimitError, which says by how much and where; use errors.Is.
+// A service dead-letters such input with the error's text as the reason, so
+// the limit is named there.
+var (
+	// ErrTooLarge: the payload exceeds Limits.MaxBytes.
+	ErrTooLarge = errors.New("payload too large")
+	// ErrTooDeep: arrays and maps nest deeper than Limits.MaxDepth.
+	ErrTooDeep = errors.New("nesting too deep")
+	// ErrTooManyEntries: one array or map exceeds Limits.MaxEntries.
+	ErrTooManyEntries = errors.New("too many entries in one array or map")
+	// ErrTooManyValues: the payload holds more than Limits.MaxValues values.
+	ErrTooManyValues = errors.New("too many values")
+	// ErrStringTooLong: a string, binary or extension value exceeds
+	// Limits.MaxString.
+	ErrStringTooLong = errors.New("string too long")
+	// ErrTruncated: a length or count claims more bytes than the payload
+	// has left (a lying length), or the payload ends inside a value.
+	ErrTruncated = errors.New("truncated payload or lying length")
+	// ErrMalformed: bytes msgpack never produces (0xc1), or trailing bytes
+	// after the message.
+	ErrMalformed = errors.New("malformed msgpack")
+	// ErrNumberRange: an integer outside what failbus stores (above
+	// 2^63-1), or a count outside a field's bound. Integers are never
+	// wrapped around.
+	ErrNumberRange = errors.New("number out of range")
+	// ErrTimeRange: a time outside years 0001–9999, whatever its shape.
+	ErrTimeRange = errors.New("time out of range")
+)
+
+// LimitError says which limit a payload broke, by how much and where.
+type LimitError struct {
+	// Err is the sentinel: ErrTooLarge, ErrTooDeep, ...
+	Err error
+	// Limit is the bound that was exceeded (for ErrTruncated: the bytes
+	// that were left).
+	Limit int64
+	// Got is what the payload had or claimed.
+	Got int64
+	// Field is the top-level key whose value broke the limit, when there is
+	// one (at most 64 bytes of it).
+	Field string
+	// Offset is the byte offset in the payload where the offending value
+	// starts.
+	Offset int
+}
+
+func (e *LimitError) Error() string {
+	var s string
+	switch {
+	case errors.Is(e.Err, ErrTooLarge):
+		s = fmt.Sprintf("payload of %d bytes exceeds the limit of %d bytes", e.Got, e.Limit)
+	case errors.Is(e.Err, ErrTooDeep):
+		s = fmt.Sprintf("nesting depth exceeds the limit of %d", e.Limit)
+	case errors.Is(e.Err, ErrTooManyEntries):
+		s = fmt.Sprintf("array or map of %d entries exceeds the limit of %d", e.Got, e.Limit)
+	case errors.Is(e.Err, ErrTooManyValues):
+		s = fmt.Sprintf("more than the limit of %d values", e.Limit)
+	case errors.Is(e.Err, ErrStringTooLong):
+		s = fmt.Sprintf("value of %d bytes exceeds the limit of %d bytes", e.Got, e.Limit)
+	case errors.Is(e.Err, ErrTruncated):
+		s = fmt.Sprintf("needs %d bytes, %d left", e.Got, e.Limit)
+	case errors.Is(e.Err, ErrNumberRange):
+		s = fmt.Sprintf("integer %s exceeds the limit of %d", strconv.FormatUint(uint64(e.Got), 10), e.Limit)
+	case errors.Is(e.Err, ErrMalformed) && e.Got == 0:
+		s = "trailing bytes after the message"
+	case errors.Is(e.Err, ErrMalformed):
+		s = fmt.Sprintf("byte 0x%02x is not msgpack", e.Got)
+	}
+	if e.Field != "" {
+		s = strconv.Quote(e.Field) + ": " + s
+	}
+	if s == "" {
+		return fmt.Sprintf("%s at byte %d", e.Err, e.Offset)
+	}
+	return fmt.Sprintf("%s: %s at byte %d", e.Err, s, e.Offset)
+}
+
+func (e *LimitError) Unwrap() error { return e.Err }
+
+// Limits bound what decoding one payload may cost. They are checked by a
+// pre-scan of the msgpack bytes (CheckMsgpack) before anything is decoded:
+// the scan does not recurse and allocates nothing that depends on the
+// input, and it rejects a length or count that claims more bytes than the
+// payload has, so neither recursion nor allocation follows a lying length.
+// The zero value of each field selects its default (DefaultMaxBytes, ...);
+// a negative value is treated as the default too.
+type Limits struct {
+	// MaxBytes is the largest payload. Defaults to DefaultMaxBytes (8 MiB).
+	MaxBytes int
+	// MaxDepth is the deepest nesting of arrays and maps, the top-level map
+	// counting as 1. Defaults to DefaultMaxDepth (64).
+	MaxDepth int
+	// MaxEntries is the most elements of one array or entries of one map.
+	// Defaults to DefaultMaxEntries (65 536).
+	MaxEntries int
+	// MaxValues is the most values in the payload, map keys and the
+	// containers themselves included. Defaults to DefaultMaxValues
+	// (262 144).
+	MaxValues int
+	// MaxString is the longest string, binary or extension value in bytes.
+	// Defaults to DefaultMaxString (4 MiB).
+	MaxString int
+}
+
+func (l Limits) resolve() Limits {
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&l.MaxBytes, DefaultMaxBytes)
+	def(&l.MaxDepth, DefaultMaxDepth)
+	def(&l.MaxEntries, DefaultMaxEntries)
+	def(&l.MaxValues, DefaultMaxValues)
+	def(&l.MaxString, DefaultMaxString)
+	return l
+}
+
+// scanFrame is one open array or map of the pre-scan: how many values
+// (keys and values, for a map) are still to come.
+type scanFrame struct {
+	left  int
+	isMap bool
+}
+
+// maxFieldName is how much of a top-level key a LimitError repeats.
+const maxFieldName = 64
+
+// CheckMsgpack checks that data is exactly one msgpack value within lim,
+// without decoding it: it walks the bytes once with an explicit stack (at
+// most lim.MaxDepth frames), so a payload nested two million levels deep is
+// rejected after MaxDepth+1 headers, and a length that claims more than the
+// bytes left is rejected before anything would allocate it. Integers above
+// 2^63-1 are rejected too (they would wrap around in an int field). The
+// error is a *LimitError naming the limit, the top-level field and the byte
+// offset.
+func CheckMsgpack(data []byte, lim Limits) error {
+	lim = lim.resolve()
+	if len(data) > lim.MaxBytes {
+		return &LimitError{Err: ErrTooLarge, Limit: int64(lim.MaxBytes), Got: int64(len(data))}
+	}
+	s := scanner{data: data, lim: lim, stack: make([]scanFrame, 0, min(lim.MaxDepth, 16))}
+	if err := s.run(); err != nil {
+		return err
+	}
+	if s.pos != len(data) {
+		return s.fail(ErrMalformed, 0, 0, s.pos)
+	}
+	return nil
+}
+
+// scanner is the state of one CheckMsgpack.
+type scanner struct {
+	data   []byte
+	lim    Limits
+	pos    int
+	values int
+	stack  []scanFrame
+	// field is the last key read from a top-level map; topKey is true
+	// while that key itself is being read.
+	field  string
+	topKey bool
+}
+
+func (s *scanner) fail(err error, limit, got int64, at int) error {
+	e := &LimitError{Err: err, Limit: limit, Got: got, Offset: at}
+	if len(s.stack) > 0 && s.stack[0].isMap && (len(s.stack) > 1 || !s.topKey) {
+		e.Field = s.field
+	}
+	return e
+}
+
+// uint reads an n-byte big-endian unsigned number at pos.
+func (s *scanner) uint(n int, start int) (uint64, error) {
+	if len(s.data)-s.pos < n {
+		return 0, s.fail(ErrTruncated, int64(len(s.data)-s.pos), int64(n), start)
+	}
+	var v uint64
+	for _, b := range s.data[s.pos : s.pos+n] {
+		v = v<<8 | uint64(b)
+	}
+	s.pos += n
+	return v, nil
+}
+
+// run scans one value from pos; bytes after it are the caller's business.
+func (s *scanner) run() error {
+	for first := true; first || len(s.stack) > 0; first = false {
+		if !first {
+			top := &s.stack[len(s.stack)-1]
+			if top.left == 0 {
+				s.stack = s.stack[:len(s.stack)-1] // done: the parent is next
+				continue
+			}
+			top.left--
+			// In the top-level map, a key leaves an odd count behind.
+			s.topKey = len(s.stack) == 1 && top.isMap && top.left%2 == 1
+		}
+		if err := s.value(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// value scans the value at pos: a scalar is skipped, a container is pushed.
+func (s *scanner) value() error {
+	start := s.pos
+	if s.pos >= len(s.data) {
+		return s.fail(ErrTruncated, 0, 1, start)
+	}
+	s.values++
+	if s.values > s.lim.MaxValues {
+		return s.fail(ErrTooManyValues, int64(s.lim.MaxValues), int64(s.values), start)
+	}
+	c := s.data[s.pos]
+	s.pos++
+	var (
+		n      uint64 // bytes that follow (isBytes) or values (isCont)
+		fixed  int    // a fixed number of bytes follows
+		width  int    // width of a length or count that follows
+		isStr  bool
+		isByte bool
+		isCont bool
+		isMap  bool
+	)
+	switch {
+	case c <= 0x7f, c >= 0xe0, c == 0xc0, c == 0xc2, c == 0xc3: // fixint, nil, bool
+	case c <= 0x8f: // fixmap
+		n, isCont, isMap = uint64(c&0x0f), true, true
+	case c <= 0x9f: // fixarray
+		n, isCont = uint64(c&0x0f), true
+	case c <= 0xbf: // fixstr
+		n, isByte, isStr = uint64(c&0x1f), true, true
+	case c == 0xc1:
+		return s.fail(ErrMalformed, 0, int64(c), start)
+	case c <= 0xc6: // bin8, bin16, bin32
+		width, isByte = 1<<(c-0xc4), true
+	case c <= 0xc9: // ext8, ext16, ext32: length, then a type byte
+		width, isByte, fixed = 1<<(c-0xc7), true, 1
+	case c == 0xca:
+		fixed = 4
+	case c == 0xcb:
+		fixed = 8
+	case c <= 0xcf: // uint8 ... uint64
+		v, err := s.uint(1<<(c-0xcc), start)
+		if err != nil {
+			return err
+		}
+		if v > math.MaxInt64 {
+			return s.fail(ErrNumberRange, math.MaxInt64, int64(v), start)
+		}
+		return nil
+	case c <= 0xd3: // int8 ... int64
+		fixed = 1 << (c - 0xd0)
+	case c <= 0xd8: // fixext1 ... fixext16: type byte, then data
+		fixed = 1 + 1<<(c-0xd4)
+	case c <= 0xdb: // str8, str16, str32
+		width, isByte, isStr = 1<<(c-0xd9), true, true
+	case c <= 0xdd: // array16, array32
+		width, isCont = 2<<(c-0xdc), true
+	default: // map16, map32
+		width, isCont, isMap = 2<<(c-0xde), true, true
+	}
+	if width > 0 {
+		v, err := s.uint(width, start)
+		if err != nil {
+			return err
+		}
+		n = v
+	}
+	if s.topKey {
+		s.field = ""
+	}
+	left := uint64(len(s.data) - s.pos)
+	switch {
+	case isByte:
+		n += uint64(fixed)
+		if n > uint64(s.lim.MaxString) {
+			return s.fail(ErrStringTooLong, int64(s.lim.MaxString), clampInt64(n), start)
+		}
+		if n > left {
+			return s.fail(ErrTruncated, int64(left), clampInt64(n), start)
+		}
+		if s.topKey && isStr {
+			s.field = string(s.data[s.pos : s.pos+int(min(n, maxFieldName))])
+		}
+		s.pos += int(n)
+	case isCont:
+		if n > uint64(s.lim.MaxEntries) {
+			return s.fail(ErrTooManyEntries, int64(s.lim.MaxEntries), clampInt64(n), start)
+		}
+		if isMap {
+			n *= 2
+		}
+		// Every value takes at least one byte: a count above the bytes left
+		// is a lie, rejected before anything sizes a slice by it.
+		if n > left {
+			return s.fail(ErrTruncated, int64(left), clampInt64(n), start)
+		}
+		if len(s.stack) >= s.lim.MaxDepth {
+			return s.fail(ErrTooDeep, int64(s.lim.MaxDepth), int64(len(s.stack)+1), start)
+		}
+		s.stack = append(s.stack, scanFrame{left: int(n), isMap: isMap})
+	case fixed > 0:
+		if uint64(fixed) > left {
+			return s.fail(ErrTruncated, int64(left), int64(fixed), start)
+		}
+		s.pos += fixed
+	}
+	return nil
+}
+
+func clampInt64(n uint64) int64 {
+	if n > math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return int64(n)
+}
+
+// PayloadID returns the `id` of a message whose type is identified by it
+// (an Outcome, CONTRACT.md: "unique per call attempt"; a Task), read from the
+// payload without decoding the rest, or "" when the message has no such
+// type, no such key, or an id that could not be a valid one. Services key
+// exactly-once on it instead of on the publisher's Nats-Msg-Id header,
+// which a publisher may leave out or set to something else. The payload is
+// read within the default Limits and never recursively.
+func PayloadID(subject string, h nats.Header, data []byte) string {
+	name, _, err := SchemaOf(subject, h)
+	if err != nil || !identifiedByID(name) {
+		return ""
+	}
+	v, ok := peekString(data, "id", Limits{}.resolve())
+	if !ok || checkID(v) != nil {
+		return ""
+	}
+	return v
+}
+
+// identifiedByID reports whether messages of the schema carry their
+// identity in an `id` key: outcomes and tasks (CONTRACT.md: the id is
+// also the Nats-Msg-Id).
+func identifiedByID(schema string) bool { return schema == SchemaOutcome || schema == SchemaTask }
+
+// peekString returns the string value of key in the top-level msgpack map
+// data, scanning (never decoding) the values before it.
+func peekString(data []byte, key string, lim Limits) (string, bool) {
+	if len(data) == 0 {
+		return "", false
+	}
+	s := scanner{data: data, lim: lim}
+	c := data[0]
+	var n uint64
+	switch {
+	case c >= 0x80 && c <= 0x8f:
+		n, s.pos = uint64(c&0x0f), 1
+	case c == 0xde || c == 0xdf:
+		s.pos = 1
+		v, err := s.uint(2<<(c-0xde), 0)
+		if err != nil {
+			return "", false
+		}
+		n = v
+	default:
+		return "", false
+	}
+	for range min(n, uint64(lim.MaxEntries)) {
+		k, ok := s.str()
+		if !ok {
+			return "", false
+		}
+		if k == key {
+			v, ok := s.str()
+			return v, ok
+		}
+		s.stack = s.stack[:0]
+		if err := s.run(); err != nil {
+			return "", false
+		}
+	}
+	return "", false
+}
+
+// str reads a msgpack string at pos.
+func (s *scanner) str() (string, bool) {
+	if s.pos >= len(s.data) {
+		return "", false
+	}
+	c := s.data[s.pos]
+	var n uint64
+	switch {
+	case c >= 0xa0 && c <= 0xbf:
+		n = uint64(c & 0x1f)
+		s.pos++
+	case c >= 0xd9 && c <= 0xdb:
+		s.pos++
+		v, err := s.uint(1<<(c-0xd9), s.pos-1)
+		if err != nil {
+			return "", false
+		}
+		n = v
+	default:
+		return "", false
+	}
+	if n > uint64(len(s.data)-s.pos) || n > uint64(s.lim.MaxString) {
+		return "", false
+	}
+	v := string(s.data[s.pos : s.pos+int(n)])
+	s.pos += int(n)
+	return v, true
+}
