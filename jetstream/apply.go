@@ -46,6 +46,7 @@ func Apply(ctx context.Context, js jetstream.JetStream, opts Options) error {
 	// Step 1: check what exists, change nothing.
 	var incompatible []error
 	exists := map[string]bool{}
+	haveConsumers := map[string]jetstream.ConsumerConfig{}
 	for _, want := range r.streams {
 		have, err := streamConfig(ctx, js, want.Name)
 		if err != nil {
@@ -71,7 +72,9 @@ func Apply(ctx context.Context, js jetstream.JetStream, opts Options) error {
 		if err != nil {
 			return fmt.Errorf("topology: look up consumer %s on %s: %w", d.cfg.Durable, d.stream, err)
 		}
-		if e := checkConsumer(d.cfg.Durable, c.CachedInfo().Config, d.cfg); e != nil {
+		have := c.CachedInfo().Config
+		haveConsumers[d.cfg.Durable] = have
+		if e := checkConsumer(d.cfg.Durable, have, keepRecreatedStart(have, d.cfg)); e != nil {
 			incompatible = append(incompatible, e)
 		}
 	}
@@ -98,7 +101,11 @@ func Apply(ctx context.Context, js jetstream.JetStream, opts Options) error {
 		}
 	}
 	for _, d := range r.consumers {
-		if _, err := js.CreateOrUpdateConsumer(ctx, d.stream, d.cfg); err != nil {
+		want := d.cfg
+		if have, ok := haveConsumers[want.Durable]; ok {
+			want = keepRecreatedStart(have, want)
+		}
+		if _, err := js.CreateOrUpdateConsumer(ctx, d.stream, want); err != nil {
 			return fmt.Errorf("topology: create or update consumer %s on %s: %w", d.cfg.Durable, d.stream, replicasError(js, r.replicas, err))
 		}
 	}
@@ -236,6 +243,26 @@ func checkStream(kind, name string, have, want jetstream.StreamConfig) error {
 // of subjects, so an update to subjects keeps storing it.
 func covered(subject string, subjects []string) bool {
 	return slices.ContainsFunc(subjects, func(s string) bool { return events.SubjectWithin(subject, s) })
+}
+
+// keepRecreatedStart returns want with the start position of have when have
+// is a durable a consumer runner recreated (MetaRecreated) at a stream
+// sequence, where the topology says "deliver all": the server cannot move a
+// consumer's start, and moving it back would hand the whole stream to the
+// service again.
+func keepRecreatedStart(have, want jetstream.ConsumerConfig) jetstream.ConsumerConfig {
+	if have.Metadata[MetaRecreated] == "" || have.DeliverPolicy != jetstream.DeliverByStartSequencePolicy ||
+		want.DeliverPolicy != jetstream.DeliverAllPolicy {
+		return want
+	}
+	want.DeliverPolicy, want.OptStartSeq = have.DeliverPolicy, have.OptStartSeq
+	meta := make(map[string]string, len(want.Metadata)+1)
+	for k, v := range want.Metadata {
+		meta[k] = v
+	}
+	meta[MetaRecreated] = have.Metadata[MetaRecreated]
+	want.Metadata = meta
+	return want
 }
 
 // checkConsumer returns an *IncompatibleError for the first setting of an

@@ -110,3 +110,10 @@ const (
 	// was stored, so each dead letter is requeued once.
 	BucketDLQRequeues = "FAILBUS_DLQ_REQUEUES"
 )
+
+// MetaRecreated is the metadata key of a durable consumer that a consumer
+// runner recreated after finding it deleted; its value says when, by which
+// service and at which stream sequence it starts. Such a consumer starts at
+// that sequence instead of at the start of its stream, and Apply keeps that
+// start instead of reporting the consumer incompatible.
+const MetaRecreated = "failbus_recreated"
