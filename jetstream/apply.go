@@ -141,6 +141,7 @@ const (
 	errCodeNoSuitablePeers       jetstream.ErrorCode = 10005 // JSClusterNoPeersErrF
 	errCodeInsufficientResources jetstream.ErrorCode = 10023 // JSInsufficientResourcesErr
 	errCodeReplicasNotSupported  jetstream.ErrorCode = 10074 // JSStreamReplicasNotSupportedErr
+	errCodeStoreExceeded         jetstream.ErrorCode = 10047 // JSStorageResourcesExceededErr
 )
 
 // replicasError explains the server's refusals that come from too few
@@ -154,6 +155,10 @@ func replicasError(js jetstream.JetStream, replicas int, err error) error {
 	switch apiErr.ErrorCode {
 	case errCodeReplicasNotSupported:
 		return fmt.Errorf("%w: the server is not clustered and cannot keep %d replicas; use replicas 1: %w", ErrReplicas, replicas, err)
+	case errCodeStoreExceeded:
+		return fmt.Errorf("%w: the server's JetStream store limit (max_file_store; failbus dev --max-store) is below what the topology reserves, "+
+			"the max_bytes of every stream and bucket (%d bytes with the defaults): raise the limit, or lower Options.MaxBytes and BucketMaxBytes: %w",
+			ErrStore, DefaultReservedBytes, err)
 	case errCodeInsufficientResources, errCodeNoSuitablePeers:
 		known := len(js.Conn().Servers())
 		return fmt.Errorf("%w: the cluster cannot place %d replicas (%d servers known to this client; are %d JetStream servers up, with room on disk?): %w", ErrReplicas, replicas, known, replicas, err)

@@ -47,3 +47,8 @@ func (e *IncompatibleError) Error() string {
 
 // Is makes errors.Is(err, ErrIncompatible) true.
 func (e *IncompatibleError) Is(target error) bool { return target == ErrIncompatible }
+
+// ErrStore reports a server whose JetStream store limit cannot hold what
+// the topology reserves: JetStream sets aside every stream's and bucket's
+// max_bytes when it creates it (DefaultReservedBytes with the defaults).
+var ErrStore = errors.New("topology: not enough JetStream store")

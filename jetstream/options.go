@@ -39,9 +39,53 @@ const (
 	// list (30s, 1m, 2m, 5m). DuplicateWindow must be longer.
 	MaxRedeliveryDelay = 5 * time.Minute
 
-	// DefaultMaxBytes leaves a stream's size unlimited; its MaxAge bounds
-	// it. -1 is the server's own "no limit".
-	DefaultMaxBytes int64 = -1
+	// NoLimit is the server's own "no limit" for MaxBytes (and
+	// BucketMaxBytes): the stream is bounded by its MaxAge alone.
+	NoLimit int64 = -1
+)
+
+// Default MaxBytes per stream: a ceiling under MaxAge, so one flood (an
+// agent gone wrong, a stream of hostile input and its dead letters) fills
+// its own stream instead of the disk every stream shares. A full stream
+// drops its oldest messages (discard old), except FAILBUS_TASKS, which
+// refuses new ones (discard new): held work is never dropped, the
+// publisher is told. JetStream reserves each stream's MaxBytes against the
+// server's store limit (max_file_store) when the stream is created, so the
+// server needs at least DefaultReservedBytes of it; `failbus dev` gives its
+// server embedded.DefaultMaxStore (16 GiB). Size them for production with
+// Options.MaxBytes: 30 days of outcomes at 100/s is hundreds of GB.
+const (
+	DefaultMaxBytesOutcomes   int64 = 2 << 30
+	DefaultMaxBytesClassified int64 = 512 << 20
+	DefaultMaxBytesHealth     int64 = 64 << 20
+	DefaultMaxBytesDecisions  int64 = 256 << 20
+	// DefaultMaxBytesRetries also holds pending schedules: a stream that
+	// fills faster than its oldest schedule fires would drop it, so keep
+	// the window MaxBytes covers (at the failure rate) above the longest
+	// delay (6 h re-probes by default).
+	DefaultMaxBytesRetries    int64 = 1 << 30
+	DefaultMaxBytesNotify     int64 = 64 << 20
+	DefaultMaxBytesControl    int64 = 64 << 20
+	DefaultMaxBytesTasks      int64 = 512 << 20
+	DefaultMaxBytesDLQ        int64 = 1 << 30
+	DefaultMaxBytesAudit      int64 = 128 << 20
+	DefaultMaxBytesLiveness   int64 = 256 << 20
+	DefaultMaxBytesReports    int64 = 64 << 20
+	DefaultMaxBytesDispatch   int64 = 128 << 20
+	DefaultMaxBytesRecoveries int64 = 64 << 20
+
+	// DefaultBucketMaxBytes caps every KV bucket (64 MiB). A full bucket
+	// refuses new writes (KV buckets discard new), so a flood of keys
+	// fails visibly instead of evicting live state.
+	DefaultBucketMaxBytes int64 = 64 << 20
+
+	// DefaultReservedBytes is what the default topology reserves of the
+	// server's store: every stream's and bucket's MaxBytes (6.56 GiB; a
+	// test keeps it equal to the files).
+	DefaultReservedBytes = DefaultMaxBytesOutcomes + DefaultMaxBytesClassified + DefaultMaxBytesHealth +
+		DefaultMaxBytesDecisions + DefaultMaxBytesRetries + DefaultMaxBytesNotify + DefaultMaxBytesControl +
+		DefaultMaxBytesTasks + DefaultMaxBytesDLQ + DefaultMaxBytesAudit + DefaultMaxBytesLiveness +
+		DefaultMaxBytesReports + DefaultMaxBytesDispatch + DefaultMaxBytesRecoveries + 8*DefaultBucketMaxBytes
 )
 
 // Default MaxAge per stream: how long each stream keeps its messages.
@@ -150,10 +194,17 @@ type Options struct {
 	MaxAge map[string]time.Duration
 
 	// MaxBytes caps a stream's size, keyed by stream name. A stream absent
-	// from the map is unlimited (DefaultMaxBytes, -1). Values are -1 or
-	// positive. A full stream drops its oldest messages; for StreamRetries
-	// that includes pending schedules, so size it generously.
+	// from the map keeps its default (DefaultMaxBytesOutcomes, ...).
+	// Values are NoLimit (-1) or positive. A full stream drops its oldest
+	// messages (FAILBUS_TASKS refuses new ones); for StreamRetries that
+	// includes pending schedules, so size it generously. The server must
+	// have store (max_file_store) for the sum of all of them.
 	MaxBytes map[string]int64
+
+	// BucketMaxBytes caps a KV bucket's size, keyed by bucket name. A
+	// bucket absent from the map keeps DefaultBucketMaxBytes (64 MiB).
+	// Values are NoLimit (-1) or positive. A full bucket refuses writes.
+	BucketMaxBytes map[string]int64
 
 	// DuplicateWindow is how long every stream remembers a Nats-Msg-Id.
 	// Defaults to DefaultDuplicateWindow (10 minutes). Must be longer than
@@ -206,6 +257,9 @@ func (o Options) resolve(t *topo) (*resolved, error) {
 	if err := knownKeys("MaxAge", "stream", o.MaxAge, streamNames); err != nil {
 		return nil, err
 	}
+	if err := knownKeys("BucketMaxBytes", "bucket", o.BucketMaxBytes, bucketNames); err != nil {
+		return nil, err
+	}
 	if err := knownKeys("MaxBytes", "stream", o.MaxBytes, streamNames); err != nil {
 		return nil, err
 	}
@@ -248,6 +302,12 @@ func (o Options) resolve(t *topo) (*resolved, error) {
 				return nil, fmt.Errorf("options: BucketTTL[%s] %v: must not be negative", c.Bucket, ttl)
 			}
 			c.TTL = ttl
+		}
+		if n, ok := o.BucketMaxBytes[c.Bucket]; ok {
+			if n != -1 && n <= 0 {
+				return nil, fmt.Errorf("options: BucketMaxBytes[%s] %d: must be -1 (unlimited) or positive", c.Bucket, n)
+			}
+			c.MaxBytes = n
 		}
 		r.buckets = append(r.buckets, c)
 	}

@@ -190,6 +190,16 @@ func TestFilesCarryTheDocumentedDefaults(t *testing.T) {
 		topology.StreamRecoveries: {topology.DefaultMaxAgeRecoveries, []string{events.RecoveryPrefix + ".>"}},
 		topology.StreamAudit:      {topology.DefaultMaxAgeAudit, []string{events.AuditPrefix + ".>"}},
 	}
+	maxBytes := map[string]int64{
+		topology.StreamOutcomes: topology.DefaultMaxBytesOutcomes, topology.StreamClassified: topology.DefaultMaxBytesClassified,
+		topology.StreamHealth: topology.DefaultMaxBytesHealth, topology.StreamDecisions: topology.DefaultMaxBytesDecisions,
+		topology.StreamRetries: topology.DefaultMaxBytesRetries, topology.StreamNotify: topology.DefaultMaxBytesNotify,
+		topology.StreamControl: topology.DefaultMaxBytesControl, topology.StreamTasks: topology.DefaultMaxBytesTasks,
+		topology.StreamDLQ: topology.DefaultMaxBytesDLQ, topology.StreamAudit: topology.DefaultMaxBytesAudit,
+		topology.StreamLiveness: topology.DefaultMaxBytesLiveness, topology.StreamReports: topology.DefaultMaxBytesReports,
+		topology.StreamDispatch: topology.DefaultMaxBytesDispatch, topology.StreamRecoveries: topology.DefaultMaxBytesRecoveries,
+	}
+	var reserved int64
 	got := topology.Streams()
 	if len(got) != len(streams) {
 		t.Errorf("%d streams, want %d", len(got), len(streams))
@@ -202,9 +212,17 @@ func TestFilesCarryTheDocumentedDefaults(t *testing.T) {
 		}
 		if s.MaxAge != want.maxAge || s.Duplicates != topology.DefaultDuplicateWindow ||
 			s.Replicas != topology.DefaultReplicas || s.Storage != topology.DefaultStorage ||
-			s.MaxBytes != topology.DefaultMaxBytes || s.Retention != jetstream.LimitsPolicy {
+			s.MaxBytes != maxBytes[s.Name] || s.Retention != jetstream.LimitsPolicy {
 			t.Errorf("%s: max_age %v, duplicate_window %v, replicas %d, storage %v, max_bytes %d, retention %v; want the documented defaults",
 				s.Name, s.MaxAge, s.Duplicates, s.Replicas, s.Storage, s.MaxBytes, s.Retention)
+		}
+		reserved += s.MaxBytes
+		protected := s.Name == topology.StreamDLQ || s.Name == topology.StreamAudit
+		if s.DenyDelete != protected || s.DenyPurge != protected {
+			t.Errorf("%s: deny_delete %v, deny_purge %v; want both only on the dead letters and the audit trail", s.Name, s.DenyDelete, s.DenyPurge)
+		}
+		if wantDiscard := map[bool]jetstream.DiscardPolicy{true: jetstream.DiscardNew, false: jetstream.DiscardOld}[s.Name == topology.StreamTasks]; s.Discard != wantDiscard {
+			t.Errorf("%s: discard %v, want %v", s.Name, s.Discard, wantDiscard)
 		}
 		if !slices.Equal(s.Subjects, want.subjects) {
 			t.Errorf("%s: subjects %v, want %v (pkg/events prefixes)", s.Name, s.Subjects, want.subjects)
@@ -235,9 +253,13 @@ func TestFilesCarryTheDocumentedDefaults(t *testing.T) {
 			t.Errorf("bucket %s has no name constant", b.Bucket)
 			continue
 		}
-		if b.TTL != ttl || b.Replicas != topology.DefaultReplicas || b.Storage != topology.DefaultStorage {
-			t.Errorf("%s: ttl %v, replicas %d, storage %v; want the documented defaults", b.Bucket, b.TTL, b.Replicas, b.Storage)
+		if b.TTL != ttl || b.Replicas != topology.DefaultReplicas || b.Storage != topology.DefaultStorage || b.MaxBytes != topology.DefaultBucketMaxBytes {
+			t.Errorf("%s: ttl %v, replicas %d, storage %v, max_bytes %d; want the documented defaults", b.Bucket, b.TTL, b.Replicas, b.Storage, b.MaxBytes)
 		}
+		reserved += b.MaxBytes
+	}
+	if reserved != topology.DefaultReservedBytes {
+		t.Errorf("the topology reserves %d bytes of store, DefaultReservedBytes says %d", reserved, topology.DefaultReservedBytes)
 	}
 	if b := gotBuckets[slices.IndexFunc(gotBuckets, func(b jetstream.KeyValueConfig) bool { return b.Bucket == topology.BucketRefusals })]; b.History != 1 {
 		t.Errorf("%s: history %d, want 1", b.Bucket, b.History)
@@ -519,7 +541,7 @@ func TestApplyOptions(t *testing.T) {
 			t.Fatal(err)
 		}
 		c := st.CachedInfo().Config
-		wantAge, wantBytes := s.MaxAge, int64(-1)
+		wantAge, wantBytes := s.MaxAge, s.MaxBytes
 		switch s.Name {
 		case topology.StreamDLQ:
 			wantAge = time.Hour

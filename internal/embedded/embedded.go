@@ -30,6 +30,19 @@ import (
 // this can be lost on a host (not process) crash.
 const DefaultSyncInterval = 2 * time.Minute
 
+// Store and message limits of an embedded server (Options).
+const (
+	// DefaultMaxStore is the JetStream file store limit: 16 GiB, room for
+	// the default topology's reservations (topology.DefaultReservedBytes,
+	// 6.5 GiB) and more.
+	DefaultMaxStore int64 = 16 << 30
+	// DefaultMaxMemory is the JetStream memory store limit: 8 GiB.
+	DefaultMaxMemory int64 = 8 << 30
+	// DefaultMaxPayload is the largest message: 8 MiB (nats-server's own
+	// default is 1 MiB), so large error bodies fit.
+	DefaultMaxPayload int32 = 8 << 20
+)
+
 // DefaultHost is where the embedded server listens unless told otherwise:
 // loopback only, since it has no authentication.
 const DefaultHost = "127.0.0.1"
@@ -57,6 +70,21 @@ type Options struct {
 	ServerName string
 	// Logging enables nats-server's own log output on stderr.
 	Logging bool
+	// MaxStore is the JetStream file store limit in bytes (nats-server's
+	// max_file_store). JetStream reserves every stream's max_bytes against
+	// it, so it must hold topology.DefaultReservedBytes (6.5 GiB) for the
+	// default topology. Defaults to DefaultMaxStore (16 GiB), whatever the
+	// disk has free: the server's own default (75% of the free disk) makes
+	// the topology fail on a nearly full disk instead of filling it.
+	MaxStore int64
+	// MaxMemory is the JetStream memory store limit in bytes, reserved
+	// against the same way by memory-storage streams (only tests use them).
+	// Defaults to DefaultMaxMemory (8 GiB); memory is used only as messages
+	// are stored.
+	MaxMemory int64
+	// MaxPayload is the largest message the server accepts. Defaults to
+	// DefaultMaxPayload (8 MiB).
+	MaxPayload int32
 	// ConfigFile is a nats-server configuration file read first (users and
 	// permissions, TLS, cluster); the fields above then override what it
 	// says about the store, host, port, name and sync. Empty: none.
@@ -121,7 +149,18 @@ func Start(opts Options) (*Server, error) {
 	so.SyncAlways = opts.SyncAlways
 	so.NoSigs = true
 	so.NoLog = !opts.Logging
-	so.MaxPayload = 8 << 20
+	so.MaxPayload = DefaultMaxPayload
+	if opts.MaxPayload > 0 {
+		so.MaxPayload = opts.MaxPayload
+	}
+	so.JetStreamMaxStore = DefaultMaxStore
+	if opts.MaxStore > 0 {
+		so.JetStreamMaxStore = opts.MaxStore
+	}
+	so.JetStreamMaxMemory = DefaultMaxMemory
+	if opts.MaxMemory > 0 {
+		so.JetStreamMaxMemory = opts.MaxMemory
+	}
 	if opts.Configure != nil {
 		opts.Configure(so)
 	}

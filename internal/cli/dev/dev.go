@@ -21,6 +21,7 @@ import (
 	"github.com/failbus/failbus/internal/cli"
 	"github.com/failbus/failbus/internal/devbus"
 	"github.com/failbus/failbus/internal/embedded"
+	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/policy"
 )
@@ -38,7 +39,7 @@ const (
 // Command is `failbus dev`.
 var Command = cli.Command{Name: "dev", Summary: "run an embedded NATS server with JetStream and every service in one process", Run: run}
 
-const devUsage = `[--port N] [--data DIR] [--policy FILE] [--ops-addr ADDR] [--sync-interval D | --sync-always] [--auth]
+const devUsage = `[--port N] [--data DIR] [--policy FILE] [--ops-addr ADDR] [--sync-interval D | --sync-always] [--auth] [--max-store SIZE] [--max-payload SIZE]
 
 Runs an embedded nats-server with JetStream storing in DIR, applies the
 failbus topology, and runs every implemented service in this process. Prints
@@ -58,7 +59,13 @@ write instead, at a large cost in throughput.
 role, each allowed only its own subjects), written to DIR/auth the first
 time and kept after: a connection without credentials is refused, and each
 service connects as its own role. Clients give --nkey DIR/auth/<role>.nk
-(agent.nk for agents, operator.nk to read, admin.nk for everything).`
+(agent.nk for agents, operator.nk to read, admin.nk for everything).
+
+Limits: --max-store caps the JetStream store (16GiB by default; the
+topology's streams and buckets reserve 6.5GiB of it by their max_bytes, and
+each stream drops its oldest messages when full). --max-payload is the
+largest message the server accepts (8MiB). Sizes take B, KiB, MiB, GiB or
+TiB.`
 
 // run is `failbus dev`.
 func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
@@ -79,6 +86,10 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	logLevel := fs.String("log-level", "info", "service log level: debug, info, warn, error")
 	natsLog := fs.Bool("nats-log", false, "also print nats-server's own log")
 	withAuth := fs.Bool("auth", false, "require credentials: the users of `failbus auth init`, written to DIR/auth; each service runs as its own role")
+	maxStore := sizeFlag{n: embedded.DefaultMaxStore}
+	fs.Var(&maxStore, "max-store", "JetStream store limit (the topology reserves 6.5GiB of it)")
+	maxPayload := sizeFlag{n: int64(embedded.DefaultMaxPayload)}
+	fs.Var(&maxPayload, "max-payload", "largest message the server accepts (at most 64MiB)")
 	if rest, code, done := cli.Parse(fs, args); done {
 		return code
 	} else if len(rest) > 0 {
@@ -92,6 +103,12 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	if *data == "" {
 		return cli.UsageError(fs, stderr, "--data must name a folder")
+	}
+	if maxStore.n < topology.DefaultReservedBytes {
+		return cli.UsageError(fs, stderr, "--max-store %s: below the %s the topology reserves", maxStore, sizeFlag{n: topology.DefaultReservedBytes})
+	}
+	if maxPayload.n < 64<<10 || maxPayload.n > 64<<20 {
+		return cli.UsageError(fs, stderr, "--max-payload %s: must be between 64KiB and 64MiB", maxPayload)
 	}
 	level, err := zerolog.ParseLevel(*logLevel)
 	if err != nil {
@@ -154,6 +171,8 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			SyncAlways:   *syncAlways,
 			ServerName:   "failbus-dev",
 			Logging:      *natsLog,
+			MaxStore:     maxStore.n,
+			MaxPayload:   int32(maxPayload.n),
 		},
 		Policy:     pol,
 		PolicyFile: *policyFile,
