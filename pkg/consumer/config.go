@@ -76,6 +76,17 @@ type Config struct {
 	// gets raw bytes.
 	Decode bool
 
+	// Limits bound what one input may cost to decode (nesting depth,
+	// entries, values, string and payload size; see events.Limits). Every
+	// msgpack input (Content-Type application/msgpack, or no Content-Type
+	// on a failbus.> subject) is pre-scanned against them before the
+	// handler runs, and one beyond a limit is dead-lettered with the limit
+	// in the reason. Decode decodes within them. The zero value selects the
+	// events defaults (events.DefaultMaxDepth, ...). A handler that
+	// decodes by itself with events.Decode uses the defaults, so raising a
+	// limit above its default takes effect only with Decode.
+	Limits events.Limits
+
 	// Concurrency is how many messages are handled at the same time.
 	// Defaults to DefaultConcurrency (1), which handles messages in stream
 	// order, apart from redeliveries. Above 1 there is no order between

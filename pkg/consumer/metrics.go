@@ -28,6 +28,9 @@ type metrics struct {
 	redeliveries *prometheus.CounterVec
 	inFlight     *prometheus.GaugeVec
 	fetchErrors  *prometheus.CounterVec
+
+	deadLettersTruncated *prometheus.CounterVec
+	recreated            *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -57,8 +60,22 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "failbus_consumer_fetch_errors_total",
 			Help: "Pull requests that failed (server unreachable, consumer missing).",
 		}, []string{"service"}),
+		deadLettersTruncated: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "failbus_consumer_dead_letters_truncated_total",
+			Help: "Dead letters that kept only a prefix of their input (it would not fit in one message whole); the input stays in its stream at the recorded sequence.",
+		}, []string{"service"}),
+		recreated: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "failbus_consumer_recreated_total",
+			Help: "Durable consumers the runner found deleted and recreated.",
+		}, []string{"service"}),
 	}
 	var err error
+	if m.deadLettersTruncated, err = Register(reg, m.deadLettersTruncated); err != nil {
+		return nil, err
+	}
+	if m.recreated, err = Register(reg, m.recreated); err != nil {
+		return nil, err
+	}
 	if m.messages, err = Register(reg, m.messages); err != nil {
 		return nil, err
 	}

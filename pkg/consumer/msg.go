@@ -37,6 +37,8 @@ type Msg struct {
 	Value events.Message
 
 	raw jetstream.Msg
+	// id is the payload's own identity (events.PayloadID), when it has one.
+	id string
 }
 
 func newMsg(raw jetstream.Msg) (*Msg, error) {
@@ -53,13 +55,19 @@ func newMsg(raw jetstream.Msg) (*Msg, error) {
 		Delivered: int(md.NumDelivered),
 		Timestamp: md.Timestamp,
 		raw:       raw,
+		id:        events.PayloadID(raw.Subject(), raw.Headers(), raw.Data()),
 	}, nil
 }
 
-// ID is the input's identity, from which the ids of its outputs derive: its
-// Nats-Msg-Id header when it has one (an outcome's id), else
-// "<stream>:<seq>".
+// ID is the input's identity, from which the ids of its outputs derive: the
+// payload's own id for a type identified by one (an Outcome's `id`,
+// whatever Nats-Msg-Id header the publisher set or left out, so the same
+// outcome published twice yields outputs with the same ids), else its
+// Nats-Msg-Id header, else "<stream>:<seq>".
 func (m *Msg) ID() string {
+	if m.id != "" {
+		return m.id
+	}
 	if id := m.Header.Get(events.HeaderMsgID); id != "" {
 		return id
 	}

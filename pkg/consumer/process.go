@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -50,8 +51,15 @@ func (r *Runner) process(hctx context.Context, raw jetstream.Msg) {
 	// this consumer processed the original already, so it only
 	// acknowledges the copy.
 	skip := herr == nil && events.RequeuedElsewhere(m.Header, svc)
+	if herr == nil && !skip && r.checksLimits(m) {
+		// Before any decoder sees it: a payload beyond the limits is
+		// rejected without recursion or allocation (events.CheckMsgpack).
+		if lerr := events.CheckMsgpack(m.Data, r.cfg.Limits); lerr != nil {
+			herr = DeadLetter("input limits: " + lerr.Error())
+		}
+	}
 	if herr == nil && r.cfg.Decode && !skip {
-		v, derr := events.Decode(m.Subject, m.Header, m.Data)
+		v, derr := events.DecodeLimits(m.Subject, m.Header, m.Data, r.cfg.Limits)
 		if derr != nil {
 			herr = DeadLetter("decode: " + derr.Error())
 		} else {
@@ -65,6 +73,9 @@ func (r *Runner) process(hctx context.Context, raw jetstream.Msg) {
 	// Settling must finish even during a drain, so it does not use hctx.
 	sctx := context.WithoutCancel(hctx)
 	result, reason := r.settle(sctx, hctx, m, out, herr)
+	if result == ResultAck || result == ResultDeadLetter {
+		r.pos.settled(m.Seq)
+	}
 	elapsed := time.Since(start)
 	r.m.messages.WithLabelValues(svc, result).Inc()
 	r.m.duration.WithLabelValues(svc).Observe(elapsed.Seconds())
@@ -138,39 +149,6 @@ func (r *Runner) publish(ctx context.Context, out *Outputs) error {
 	return nil
 }
 
-// deadLetter stores the input in failbus.dlq.<service> with reason and
-// acknowledges it; if the dead letter cannot be stored the input is
-// redelivered after the backoff instead, so it is never lost here.
-func (r *Runner) deadLetter(ctx context.Context, m *Msg, reason string) (string, string) {
-	dl := &events.DeadLetter{
-		At:      events.At(time.Now()),
-		Service: r.cfg.Service,
-		Reason:  reason,
-		Subject: m.Subject,
-		Stream:  m.Stream,
-		Seq:     m.Seq,
-		Headers: m.Header,
-		Data:    m.Data,
-	}
-	if dl.Data == nil {
-		dl.Data = []byte{}
-	}
-	data, hdr, err := events.Encode(dl)
-	if err != nil {
-		return r.nak(m, r.cfg.backoff(m.Delivered), ResultError, "encode dead letter: "+err.Error())
-	}
-	hdr.Set(events.HeaderMsgID, DeadLetterMsgID(r.cfg.Service, m.ID()))
-	pctx, cancel := context.WithTimeout(ctx, settleTimeout)
-	defer cancel()
-	if _, err := r.js.PublishMsg(pctx, &nats.Msg{Subject: events.DLQSubject(r.cfg.Service), Header: hdr, Data: data}); err != nil {
-		return r.nak(m, r.cfg.backoff(m.Delivered), ResultError, fmt.Sprintf("publish dead letter (%s): %v", reason, err))
-	}
-	if err := m.raw.DoubleAck(pctx); err != nil {
-		return ResultDeadLetter, reason + "; ack failed, dead letter deduplicated on redelivery: " + err.Error()
-	}
-	return ResultDeadLetter, reason
-}
-
 // logResult writes one line per settled message: acks at debug level,
 // retries at info, failures and dead letters at warn. It logs identities
 // and reasons, never bodies.
@@ -188,11 +166,27 @@ func (r *Runner) logResult(m *Msg, result, reason string, herr error, elapsed ti
 		Str("stream", m.Stream).Uint64("seq", m.Seq).Int("delivered", m.Delivered).
 		Float64("took_ms", float64(elapsed.Microseconds())/1000)
 	if reason != "" {
-		ev = ev.Str("reason", reason)
+		ev = ev.Str("reason", boundText(reason, MaxReasonBytes))
 	}
 	var dl *DeadLetterError
 	if errors.As(herr, &dl) && dl.Stack != "" {
 		ev = ev.Str("stack", dl.Stack)
 	}
 	ev.Msg("message " + result)
+}
+
+// checksLimits reports whether m is pre-scanned against Config.Limits: a
+// msgpack payload (its Content-Type says so) or, without a Content-Type, a
+// payload on a failbus subject that starts like a msgpack map (agents may
+// publish a bare map). Anything else is left to the decoder, which says
+// what it is not.
+func (r *Runner) checksLimits(m *Msg) bool {
+	if ct := m.Header.Get(events.HeaderContentType); ct != "" {
+		return strings.HasPrefix(ct, events.ContentTypeMsgpack)
+	}
+	if len(m.Data) == 0 || !strings.HasPrefix(m.Subject, events.Prefix+".") {
+		return false
+	}
+	c := m.Data[0]
+	return c >= 0x80 && c <= 0x8f || c == 0xde || c == 0xdf
 }

@@ -45,6 +45,8 @@ type Runner struct {
 	// consumerMaxDeliver is the consumer's own max_deliver (0: no limit),
 	// the figure an operator compares with the server's.
 	consumerMaxDeliver int
+	// pos is where the runner stands, for recreating a deleted durable.
+	pos position
 
 	mu       sync.Mutex
 	state    error // ErrNotRunning, nil (running) or ErrStopped
@@ -196,6 +198,7 @@ func (r *Runner) bind(ctx context.Context) (jetstream.Consumer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("consumer %s: bind %s/%s: %w", r.cfg.Service, r.cfg.Stream, r.cfg.Consumer, err)
 	}
+	r.pos.snapshot(cons.CachedInfo())
 	info := cons.CachedInfo().Config
 	if info.AckPolicy != jetstream.AckExplicitPolicy {
 		return nil, fmt.Errorf("%w: consumer %s/%s has ack policy %s, want explicit", ErrInvalidConfig, r.cfg.Stream, r.cfg.Consumer, info.AckPolicy)
@@ -216,14 +219,25 @@ func (r *Runner) bind(ctx context.Context) (jetstream.Consumer, error) {
 // ends. It returns nil on cancellation and an error only when the
 // connection is closed for good.
 func (r *Runner) pull(ctx context.Context, cons jetstream.Consumer, work chan<- jetstream.Msg) error {
+	lastSnap, idle := time.Now(), false
 	for ctx.Err() == nil {
+		if since := time.Since(lastSnap); since >= snapshotEvery || idle && since >= idleSnapshotEvery {
+			lastSnap = time.Now()
+			ictx, cancel := context.WithTimeout(ctx, settleTimeout)
+			if info, err := cons.Info(ictx); err == nil {
+				r.pos.snapshot(info)
+			}
+			cancel()
+		}
 		// The pull is not cancelled with ctx: a cancelled pull request
 		// stays on the server until it expires, and messages it delivers
 		// then would wait out their AckWait. Ending naturally after
 		// FetchWait, and handing back what arrives, avoids that.
 		batch, err := cons.Fetch(r.cfg.FetchBatch, jetstream.FetchMaxWait(r.cfg.FetchWait))
+		idle = true
 		if err == nil {
 			for raw := range batch.Messages() {
+				idle = false
 				r.dispatch(ctx, raw, work)
 			}
 			err = batch.Error()
@@ -236,6 +250,17 @@ func (r *Runner) pull(ctx context.Context, cons jetstream.Consumer, work chan<- 
 			return fmt.Errorf("consumer %s: %w", r.cfg.Service, nats.ErrConnectionClosed)
 		}
 		r.m.fetchErrors.WithLabelValues(r.cfg.Service).Inc()
+		if consumerGone(err) && ctx.Err() == nil {
+			hctx, cancel := context.WithTimeout(ctx, settleTimeout)
+			healed, herr := r.heal(hctx, err)
+			cancel()
+			if herr == nil {
+				cons = healed
+				r.setFetchErr(nil)
+				continue
+			}
+			err = fmt.Errorf("%w; not recreated: %w", err, herr)
+		}
 		r.setFetchErr(err)
 		r.log.Warn().Err(err).Str("stream", r.cfg.Stream).Str("consumer", r.cfg.Consumer).Msg("pull failed")
 		t := time.NewTimer(fetchErrorPause)
@@ -250,6 +275,9 @@ func (r *Runner) pull(ctx context.Context, cons jetstream.Consumer, work chan<- 
 
 // dispatch hands raw to a worker, or back to the server when shutting down.
 func (r *Runner) dispatch(ctx context.Context, raw jetstream.Msg, work chan<- jetstream.Msg) {
+	if md, err := raw.Metadata(); err == nil {
+		r.pos.delivered(md.Sequence.Stream) // before a later pull can find the durable gone
+	}
 	if ctx.Err() == nil {
 		select {
 		case work <- raw:

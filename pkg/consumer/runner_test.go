@@ -1,7 +1,10 @@
 package consumer_test
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -43,7 +46,13 @@ type bench struct {
 // dead-letter stream.
 func setup(t *testing.T) *bench {
 	t.Helper()
-	srv := embedded.StartTest(t)
+	return setupOpts(t, embedded.Options{Dir: t.TempDir()})
+}
+
+// setupOpts is setup on a server started with opts.
+func setupOpts(t *testing.T, opts embedded.Options) *bench {
+	t.Helper()
+	srv := embedded.StartTestOpts(t, opts)
 	nc := embedded.ConnectTest(t, srv)
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -846,5 +855,91 @@ func TestRunnerLastDeliveryDyingWithTheProcess(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestRunnerDeadLetterOfAnInputAtMaxPayload: an input as large as the
+// server accepts cannot be copied whole into a dead letter (the envelope
+// would push it past max_payload, and every delivery would fail the same
+// way until the server dropped it). It is dead-lettered once, at once, with
+// a bounded prefix, its length and hash, and where the whole input lies.
+func TestRunnerDeadLetterOfAnInputAtMaxPayload(t *testing.T) {
+	t.Parallel()
+	// nats-server's default max_payload (1 MiB) keeps the test cheap
+	// under -race; the record is bounded the same way at any size.
+	b := setupOpts(t, embedded.Options{Dir: t.TempDir(), MaxPayload: 1 << 20})
+	data := make([]byte, int(b.nc.MaxPayload())-1024)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	b.publishIn("test.in.x", "big-1", data)
+	var calls atomic.Int32
+	r, _ := b.start(config(), func(context.Context, *consumer.Msg, *consumer.Outputs) error {
+		calls.Add(1)
+		return consumer.DeadLetter("no use for it")
+	})
+	b.waitFor("input settled", func() bool { return b.settled(service) })
+
+	dls := b.deadLetters()
+	if len(dls) != 1 || calls.Load() != 1 {
+		t.Fatalf("%d dead letters after %d handler calls, want 1 and 1", len(dls), calls.Load())
+	}
+	dl := dls[0]
+	sum := sha256.Sum256(data)
+	switch {
+	case !dl.Truncated:
+		t.Error("not marked truncated")
+	case len(dl.Data) != consumer.DefaultDeadLetterPrefix || !bytes.Equal(dl.Data, data[:len(dl.Data)]):
+		t.Errorf("kept %d bytes, want the first %d", len(dl.Data), consumer.DefaultDeadLetterPrefix)
+	case dl.DataLen != len(data) || dl.DataSHA256 != hex.EncodeToString(sum[:]):
+		t.Errorf("length %d and hash %s do not identify the input", dl.DataLen, dl.DataSHA256)
+	case dl.Stream != inStream || dl.Seq != 1 || dl.Reason != "no use for it":
+		t.Errorf("dead letter %s/%d reason %q", dl.Stream, dl.Seq, dl.Reason)
+	}
+	// The whole input is still where the dead letter says.
+	s, err := b.js.Stream(b.ctx, dl.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	orig, err := s.GetMsg(b.ctx, dl.Seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(orig.Data, data) {
+		t.Fatal("the input at the recorded sequence is not the original")
+	}
+	if got := counterValue(t, r.Gatherer(), "failbus_consumer_dead_letters_truncated_total", map[string]string{"service": service}); got != 1 {
+		t.Errorf("truncated dead letters counted %v, want 1", got)
+	}
+}
+
+// TestRunnerDeadLettersInputBeyondTheLimits: a msgpack input nested a
+// million levels deep never reaches the handler (nor a decoder): it is
+// dead-lettered with the limit it broke in the reason.
+func TestRunnerDeadLettersInputBeyondTheLimits(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	deep := append([]byte{0x81, 0xa2, 'a', 't'}, bytes.Repeat([]byte{0x91}, 1_000_000)...)
+	deep = append(deep, 0xc0)
+	m := &nats.Msg{Subject: "test.in.x", Data: deep, Header: nats.Header{}}
+	m.Header.Set(events.HeaderContentType, events.ContentTypeMsgpack)
+	if _, err := b.js.PublishMsg(b.ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int32
+	b.start(config(), func(context.Context, *consumer.Msg, *consumer.Outputs) error {
+		calls.Add(1)
+		return nil
+	})
+	b.waitFor("input settled", func() bool { return b.settled(service) })
+	dls := b.deadLetters()
+	if len(dls) != 1 || calls.Load() != 0 {
+		t.Fatalf("%d dead letters, %d handler calls; want 1 and 0", len(dls), calls.Load())
+	}
+	if want := `"at": nesting depth exceeds the limit of 64`; !strings.Contains(dls[0].Reason, want) {
+		t.Fatalf("reason %q does not name the limit (%s)", dls[0].Reason, want)
+	}
+	if dls[0].Truncated || !bytes.Equal(dls[0].Data, deep) {
+		t.Fatal("a dead letter that fits keeps the whole input")
 	}
 }

@@ -182,6 +182,11 @@ type Boundary struct {
 
 // DeadLetter is input a service could not use, kept whole (subject, headers,
 // bytes) with the reason, so nothing is lost and an operator can replay it.
+// When the whole input would not fit in one message (the dead letter adds
+// its envelope to input that may already be at the server's max_payload),
+// Data is a bounded prefix and Truncated is set: the input itself still
+// lies in Stream at Seq (for that stream's max age), and DataLen and
+// DataSHA256 identify it.
 type DeadLetter struct {
 	At      Time                `msgpack:"at" json:"at"`
 	Service string              `msgpack:"service" json:"service"`
@@ -191,4 +196,11 @@ type DeadLetter struct {
 	Seq     uint64              `msgpack:"seq,omitempty" json:"seq,omitempty"`
 	Headers map[string][]string `msgpack:"headers,omitempty" json:"headers,omitempty"`
 	Data    []byte              `msgpack:"data" json:"data"`
+	// DataLen is the length of the whole input in bytes.
+	DataLen int `msgpack:"data_len,omitempty" json:"data_len,omitempty"`
+	// DataSHA256 is the SHA-256 of the whole input, hex.
+	DataSHA256 string `msgpack:"data_sha256,omitempty" json:"data_sha256,omitempty"`
+	// Truncated is true when Data is only a prefix of the input, or Headers
+	// only some of its headers.
+	Truncated bool `msgpack:"truncated,omitempty" json:"truncated,omitempty"`
 }
