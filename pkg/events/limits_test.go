@@ -280,3 +280,32 @@ func TestPayloadID(t *testing.T) {
 		}
 	}
 }
+
+func TestEventTime(t *testing.T) {
+	stored := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	tests := []struct {
+		name     string
+		at       events.Time
+		want     time.Time
+		believed bool
+	}{
+		{"on time", events.At(stored.Add(-time.Second)), stored.Add(-time.Second), true},
+		{"a buffered outcome a day late", events.At(stored.Add(-24 * time.Hour)), stored.Add(-24 * time.Hour), true},
+		{"a clock 30 s fast counts as the stored time", events.At(stored.Add(30 * time.Second)), stored, true},
+		{"two minutes ahead is not believed", events.At(stored.Add(2 * time.Minute)), stored, false},
+		{"year 9999 moves nothing", events.At(time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)), stored, false},
+		{"older than the outcome stream keeps", events.At(stored.Add(-31 * 24 * time.Hour)), stored, false},
+		{"absent", events.Time{}, stored, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, believed := events.EventTime(tt.at, stored)
+			if !got.Equal(tt.want) || believed != tt.believed {
+				t.Fatalf("EventTime = %v, %v; want %v, %v", got, believed, tt.want, tt.believed)
+			}
+			if got.After(stored) {
+				t.Fatalf("%v is after the stored time", got)
+			}
+		})
+	}
+}

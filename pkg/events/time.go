@@ -219,3 +219,41 @@ func truncate(s string, n int) string {
 	}
 	return s[:n] + "…"
 }
+
+// The window in which an event's own time (`at`, the agent's clock) is
+// believed, around when the bus stored the event (the stream's timestamp,
+// the bus's clock). Decoding accepts any time in years 0001–9999, so
+// `failbus simulate` can replay any history; a service that keeps a clock
+// of its own from events (the scheduler's fault scope) goes by EventTime.
+const (
+	// MaxAtAhead is how far `at` may lie after the stored time and still
+	// be an agent's clock running fast: such an `at` counts as the stored
+	// time. Further ahead, `at` is not believed.
+	MaxAtAhead = time.Minute
+	// MaxAtBehind is how far `at` may lie before the stored time: an agent
+	// that buffered outcomes through a disconnection publishes them late.
+	// 30 days, as long as FAILBUS_OUTCOMES keeps them; older is not
+	// believed.
+	MaxAtBehind = 30 * 24 * time.Hour
+)
+
+// EventTime is the time to order an event by: its `at` when that lies in
+// [stored − MaxAtBehind, stored], the stored time when `at` is ahead of it
+// (believed when by at most MaxAtAhead), and the stored time, not believed,
+// when `at` is absent or outside the window. It is never later than stored:
+// a clock that advances by EventTime never runs ahead of the bus's own
+// clock, whatever one event says (a year-9999 `at` moves it by nothing).
+func EventTime(at Time, stored time.Time) (t time.Time, believed bool) {
+	switch {
+	case at.IsZero() || stored.IsZero():
+		if stored.IsZero() {
+			return at.Time, !at.IsZero()
+		}
+		return stored, false
+	case at.After(stored):
+		return stored, !at.After(stored.Add(MaxAtAhead))
+	case at.Before(stored.Add(-MaxAtBehind)):
+		return stored, false
+	}
+	return at.Time, true
+}
