@@ -152,7 +152,7 @@ var tokenBytes = func() (t [256]bool) {
 var triggers = []string{
 	"sk-", "sk_", "aiza", "gsk_", "xai-", "csk-", "akia", "asia", "hf_", "gh", "glpat-",
 	"pplx-", "nvapi-", "r8_", "eyj", "bearer", "basic", "key", "token", "secret",
-	"passw", "signature", "credential", "auth", "sig",
+	"passw", "signature", "credential", "auth", "sig", "://",
 }
 
 // Triggers returns the redaction triggers: cheap, case-insensitive markers
@@ -270,8 +270,16 @@ func secretAt(s string, i int) (start, end, keep int) {
 	for j < len(s) && isNameByte(s[j]) {
 		j++
 	}
+	// 4. URL credentials: scheme://user:password@host keeps the user.
+	if strings.HasPrefix(s[j:], "://") {
+		if start, end, keep := urlPassword(s, i, j+3); end > start {
+			return start, end, keep
+		}
+		return 0, 0, 0
+	}
 	k := j
-	if k < len(s) && s[k] == '"' { // JSON key
+	quotedName := k < len(s) && s[k] == '"' // a JSON key
+	if quotedName {
 		k++
 	}
 	if k >= len(s) || s[k] != '=' && s[k] != ':' || !sensitiveName(s[i:j]) {
@@ -288,8 +296,15 @@ func secretAt(s string, i int) (start, end, keep int) {
 	default:
 		return 0, 0, 0
 	}
-	if k < len(s) && (s[k] == '"' || s[k] == '\'') {
+	quotedValue := k < len(s) && (s[k] == '"' || s[k] == '\'')
+	if quotedValue {
 		k++
+	}
+	// A JSON key's string value is quoted; "name": word is prose quoting a
+	// name (`field "dedupe_key": required`), not a credential. Known key
+	// formats in it are still caught by the prefixes.
+	if quotedName && !quotedValue {
+		return 0, 0, 0
 	}
 	vs := k
 	// A value that is itself "Bearer xyz" is left to rule 2 on a later step.
@@ -304,6 +319,33 @@ func secretAt(s string, i int) (start, end, keep int) {
 		return 0, 0, 0
 	}
 	return i, k, vs - i
+}
+
+// urlPassword finds the password of a URL's userinfo, the authority
+// starting at s[a] of a URL whose scheme starts at s[i]: the span from i to
+// the last '@' of the authority, keeping everything up to the first ':'
+// of the userinfo ("postgres://svc:***@db", "redis://:***@cache"). A
+// userinfo without ':' is a user name alone and stays; known token formats
+// in it are caught by the key prefixes.
+func urlPassword(s string, i, a int) (start, end, keep int) {
+	at, colon := -1, -1
+	for k := a; k < len(s); k++ {
+		c := s[k]
+		if c == '/' || c == '?' || c == '#' || c == ' ' || c == '\t' || c == '\r' || c == '\n' ||
+			c == '"' || c == '\'' || c == '<' || c == '>' || c == '`' {
+			break
+		}
+		switch {
+		case c == '@':
+			at = k
+		case c == ':' && colon < 0 && at < 0:
+			colon = k
+		}
+	}
+	if at < 0 || colon < 0 || colon > at || at-colon < 2 || alreadyMasked(s[colon+1:at]) {
+		return 0, 0, 0
+	}
+	return i, at, colon + 1 - i
 }
 
 // sensitiveName reports whether an identifier names a credential: it ends in
