@@ -69,7 +69,7 @@ func families() []family {
 		{"failbus.dispatch.<agent>", events.DispatchSubject("<agent>"), events.SchemaDispatch, events.Dispatch{}, "`recovery:dispatch:<task_id>:<attempt>`", "recovery"},
 		{"failbus.control.<agent>", events.ControlSubject("<agent>"), events.SchemaControl, events.Control{}, "`recovery:kill:<agent>:<subagent>:<last heartbeat, ms>`, `recovery:cron:<agent>:<cron>:<scheduled_at, ms>`, `recovery:write:<agent>:<key>:<failed_at, ms>`, `recovery:<recovery_id>:probe:<n>`", "recovery"},
 		{"failbus.recovery.<provider>", events.RecoverySubject("<provider>"), events.SchemaRecovery, events.Recovery{}, "`recovery:<recovery_id>:<step>`", "recovery"},
-		{"failbus.dlq.<service>", events.DLQSubject("<service>"), events.SchemaDeadLetter, events.DeadLetter{}, "`" + consumer.DeadLetterMsgID("<service>", "<input id>") + "`", "every service"},
+		{"failbus.dlq.<service>", events.DLQSubject("<service>"), events.SchemaDeadLetter, events.DeadLetter{}, "`" + strings.Replace(consumer.DeadLetterMsgID("<service>", "<stream>", 0), ":0", ":<seq>", 1) + "`", "every service"},
 		{events.RefusalRouteSubject, events.RefusalRouteSubject, "", refusals.RouteRequest{}, "—", "agents ask, the refusal tiers answer (micro service `" + refusals.ServiceName + "`)"},
 	}
 }

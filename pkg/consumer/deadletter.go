@@ -40,7 +40,9 @@ const (
 	envelopeRoom = 8 << 10
 )
 
-// deadLetterRecord builds the dead letter of m: the whole input when the
+// deadLetterRecord builds the dead letter of m: its reason masked by
+// redact.String (a reason may quote the field that was wrong, and the dead
+// letter is read by operators who must not see credentials), and the whole input when the
 // record fits in maxPayload and within events' default decode limits
 // (input at most 4 MiB, headers at most 64 KiB and 1024 values), else a
 // bounded prefix, the input's length and
@@ -51,7 +53,7 @@ func deadLetterRecord(service string, m *Msg, reason string, maxPayload int64) (
 	dl := &events.DeadLetter{
 		At:         events.At(time.Now()),
 		Service:    service,
-		Reason:     boundText(reason, MaxReasonBytes),
+		Reason:     logText(reason),
 		Subject:    m.Subject,
 		Stream:     m.Stream,
 		Seq:        m.Seq,
@@ -98,7 +100,7 @@ func (r *Runner) deadLetter(ctx context.Context, m *Msg, reason string) (string,
 	if err != nil {
 		return r.nak(m, r.cfg.backoff(m.Delivered), ResultError, err.Error())
 	}
-	hdr.Set(events.HeaderMsgID, DeadLetterMsgID(r.cfg.Service, m.ID()))
+	hdr.Set(events.HeaderMsgID, DeadLetterMsgID(r.cfg.Service, m.Stream, m.Seq))
 	pctx, cancel := context.WithTimeout(ctx, settleTimeout)
 	defer cancel()
 	if _, err := r.js.PublishMsg(pctx, &nats.Msg{Subject: events.DLQSubject(r.cfg.Service), Header: hdr, Data: data}); err != nil {

@@ -11,10 +11,14 @@ func OutputMsgID(service, inputID, key string) string {
 	return service + ":" + inputID + ":" + key
 }
 
-// DeadLetterMsgID is the Nats-Msg-Id of a dead letter, "dlq:<service>:<input
-// id>", so an input dead-lettered twice (its ack was lost) is stored once.
-func DeadLetterMsgID(service, inputID string) string {
-	return "dlq:" + service + ":" + inputID
+// DeadLetterMsgID is the Nats-Msg-Id of a dead letter,
+// "dlq:<service>:<stream>:<seq>", so an input dead-lettered twice (its ack
+// was lost) is stored once. It names where the input is stored rather than
+// its id: input that cannot be used cannot be trusted to name itself (an
+// id may be a credential put in the wrong field, which a header would
+// repeat in clear).
+func DeadLetterMsgID(service, stream string, seq uint64) string {
+	return "dlq:" + service + ":" + streamSeqID(stream, seq)
 }
 
 // streamSeqID is the identity of an input without Nats-Msg-Id.

@@ -13,6 +13,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/failbus/failbus/pkg/events"
+	"github.com/failbus/failbus/pkg/redact"
 )
 
 // process handles one delivery from start to settlement: decode, handler,
@@ -27,7 +28,7 @@ func (r *Runner) process(hctx context.Context, raw jetstream.Msg) {
 	if err != nil {
 		// Cannot happen on a pull consumer; without metadata there is no
 		// stream position to dead-letter, so stop its redelivery.
-		r.log.Error().Err(err).Str("subject", raw.Subject()).Msg("message without JetStream metadata terminated")
+		r.log.Error().Err(err).Str("subject", logText(raw.Subject())).Msg("message without JetStream metadata terminated")
 		_ = raw.Term()
 		return
 	}
@@ -151,7 +152,8 @@ func (r *Runner) publish(ctx context.Context, out *Outputs) error {
 
 // logResult writes one line per settled message: acks at debug level,
 // retries at info, failures and dead letters at warn. It logs identities
-// and reasons, never bodies.
+// and reasons, never bodies, and what it logs of the input (id, subject,
+// a reason quoting a field) is masked by redact.String and bounded.
 func (r *Runner) logResult(m *Msg, result, reason string, herr error, elapsed time.Duration) {
 	var ev *zerolog.Event
 	switch result {
@@ -162,11 +164,11 @@ func (r *Runner) logResult(m *Msg, result, reason string, herr error, elapsed ti
 	default:
 		ev = r.log.Warn()
 	}
-	ev = ev.Str("result", result).Str("id", m.ID()).Str("subject", m.Subject).
+	ev = ev.Str("result", result).Str("id", logText(m.ID())).Str("subject", logText(m.Subject)).
 		Str("stream", m.Stream).Uint64("seq", m.Seq).Int("delivered", m.Delivered).
 		Float64("took_ms", float64(elapsed.Microseconds())/1000)
 	if reason != "" {
-		ev = ev.Str("reason", boundText(reason, MaxReasonBytes))
+		ev = ev.Str("reason", logText(reason))
 	}
 	var dl *DeadLetterError
 	if errors.As(herr, &dl) && dl.Stack != "" {
@@ -190,3 +192,7 @@ func (r *Runner) checksLimits(m *Msg) bool {
 	c := m.Data[0]
 	return c >= 0x80 && c <= 0x8f || c == 0xde || c == 0xdf
 }
+
+// logText is input as a log line or a dead letter's reason may show it:
+// credentials masked (redact.String), at most MaxReasonBytes.
+func logText(s string) string { return boundText(redact.String(s), MaxReasonBytes) }

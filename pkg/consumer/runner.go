@@ -286,7 +286,7 @@ func (r *Runner) dispatch(ctx context.Context, raw jetstream.Msg, work chan<- je
 		}
 	}
 	if err := raw.Nak(); err != nil {
-		r.log.Warn().Err(err).Str("subject", raw.Subject()).Msg("hand back on shutdown failed; redelivered after AckWait")
+		r.log.Warn().Err(err).Str("subject", logText(raw.Subject())).Msg("hand back on shutdown failed; redelivered after AckWait")
 	}
 }
 

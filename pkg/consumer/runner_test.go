@@ -453,7 +453,7 @@ func TestRunnerHandlerResults(t *testing.T) {
 			if got, want := raw.Subject(), events.DLQSubject(service); got != want {
 				t.Errorf("dead letter subject %q, want %q", got, want)
 			}
-			if got, want := raw.Headers().Get(nats.MsgIdHdr), consumer.DeadLetterMsgID(service, "o-1"); got != want {
+			if got, want := raw.Headers().Get(nats.MsgIdHdr), consumer.DeadLetterMsgID(service, inStream, 1); got != want {
 				t.Errorf("dead letter Nats-Msg-Id %q, want %q", got, want)
 			}
 		})

@@ -11,6 +11,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/failbus/failbus/pkg/redact"
 )
 
 // Header names failbus sets on every message it writes.
@@ -73,7 +75,12 @@ type FieldError struct {
 	Err error
 }
 
-func (e *FieldError) Error() string { return fmt.Sprintf("field %q: %s", e.Field, e.Problem) }
+// Error names the field and the problem. A problem that quotes the input
+// is masked by redact.String, so a dead letter's reason or a log line
+// never repeats a credential that was put in the wrong field.
+func (e *FieldError) Error() string {
+	return fmt.Sprintf("field %q: %s", redact.String(e.Field), redact.String(e.Problem))
+}
 
 // Unwrap returns the cause, if any.
 func (e *FieldError) Unwrap() error { return e.Err }

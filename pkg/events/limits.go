@@ -7,6 +7,8 @@ import (
 	"strconv"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/failbus/failbus/pkg/redact"
 )
 
 // Defaults of Limits. A failbus message is a flat map with a few small
@@ -103,7 +105,7 @@ func (e *LimitError) Error() string {
 		s = fmt.Sprintf("byte 0x%02x is not msgpack", e.Got)
 	}
 	if e.Field != "" {
-		s = strconv.Quote(e.Field) + ": " + s
+		s = strconv.Quote(redact.String(e.Field)) + ": " + s
 	}
 	if s == "" {
 		return fmt.Sprintf("%s at byte %d", e.Err, e.Offset)
@@ -367,7 +369,7 @@ func PayloadID(subject string, h nats.Header, data []byte) string {
 		return ""
 	}
 	v, ok := peekString(data, "id", Limits{}.resolve())
-	if !ok || checkID(v) != nil {
+	if !ok || checkID(v) != nil || notACredential(v) != nil {
 		return ""
 	}
 	return v

@@ -245,6 +245,9 @@ func TestOutcomeBounds(t *testing.T) {
 		{"provider of 1 kB", func(o *events.Outcome) { o.Provider = strings.Repeat("p", 1000) }, "provider"},
 		{"request_tokens beyond 2^40", func(o *events.Outcome) { o.RequestTokens = events.MaxTokens + 1 }, "request_tokens"},
 		{"negative context_window", func(o *events.Outcome) { o.ContextWindow = -1 }, "context_window"},
+		{"an API key as the profile name", func(o *events.Outcome) { o.Profile = "sk-proj-AbCdEfGhIjKlMnOpQrStUvWx" }, "profile"},
+		{"a JWT as the session", func(o *events.Outcome) { o.Session = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjMifQ.c2ln" }, "session"},
+		{"a URL with a password as the provider", func(o *events.Outcome) { o.Provider = "https://svc:hunter2pass@gw.internal" }, "provider"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -307,5 +310,27 @@ func TestEventTime(t *testing.T) {
 				t.Fatalf("%v is after the stored time", got)
 			}
 		})
+	}
+}
+
+// TestErrorsDoNotRepeatSecrets: a dead letter's reason is the decoder's
+// error; a credential in the wrong field is masked there.
+func TestErrorsDoNotRepeatSecrets(t *testing.T) {
+	var h hostile
+	const key = "sk-proj-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789"
+	for name, data := range map[string][]byte{
+		"refusal_scope": h.outcome("refusal_scope", h.str(key)),
+		"at":            h.outcome("at", h.str("Bearer "+key)),
+		"profile":       h.outcome("profile", h.str(key)),
+		"unknown key":   h.mapOf(h.str(key), h.nested(100, false)),
+		"url password":  h.outcome("at", h.str("postgres://svc:S3cr3t-PASSWORD@db/app")),
+	} {
+		_, err := events.Decode("failbus.outcome.p.a", nil, data)
+		if err == nil {
+			t.Fatalf("%s: accepted", name)
+		}
+		if strings.Contains(err.Error(), key[8:]) || strings.Contains(err.Error(), "S3cr3t-PASSWORD") {
+			t.Errorf("%s: %q repeats the secret", name, err)
+		}
 	}
 }

@@ -96,6 +96,9 @@ func (t *Task) Validate() error {
 	if err := checkID(t.ID); err != nil {
 		return &FieldError{Field: "id", Problem: err.Error()}
 	}
+	if err := notACredential(t.ID); err != nil {
+		return &FieldError{Field: "id", Problem: err.Error()}
+	}
 	return nil
 }
 

@@ -7,9 +7,12 @@ import (
 	"math"
 	"strconv"
 	"time"
+	"unicode/utf8"
 
 	"github.com/vmihailenco/msgpack/v5"
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
+
+	"github.com/failbus/failbus/pkg/redact"
 )
 
 // Time is a timestamp that decodes from every shape agents write: RFC 3339
@@ -213,9 +216,18 @@ func kindOfCode(c byte) string {
 	return fmt.Sprintf("msgpack code 0x%02x", c)
 }
 
+// truncate is how an error quotes input: credentials masked
+// (redact.String), then at most n bytes, cut at a character boundary.
 func truncate(s string, n int) string {
+	if len(s) > 4*n {
+		s = s[:4*n] // redact no more than a few times what is shown
+	}
+	s = redact.String(s)
 	if len(s) <= n {
 		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
 	}
 	return s[:n] + "…"
 }

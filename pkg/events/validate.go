@@ -3,6 +3,8 @@ package events
 import (
 	"errors"
 	"fmt"
+
+	"github.com/failbus/failbus/pkg/redact"
 )
 
 // SchemaName implements Message.
@@ -39,10 +41,13 @@ func (o *Outcome) Validate() error {
 		return &FieldError{Field: "id", Problem: err.Error()}
 	}
 	for _, f := range []struct{ name, v string }{
-		{"agent", o.Agent}, {"provider", o.Provider}, {"model", o.Model}, {"profile", o.Profile}, {"session", o.Session},
+		{"id", o.ID}, {"agent", o.Agent}, {"provider", o.Provider}, {"model", o.Model}, {"profile", o.Profile}, {"session", o.Session},
 	} {
 		if len(f.v) > MaxNameBytes {
 			return &FieldError{Field: f.name, Problem: fmt.Sprintf("%d bytes exceed the limit of %d", len(f.v), MaxNameBytes)}
+		}
+		if err := notACredential(f.v); err != nil {
+			return &FieldError{Field: f.name, Problem: err.Error()}
 		}
 	}
 	if o.Status < 0 || o.Status > 999 {
@@ -51,7 +56,7 @@ func (o *Outcome) Validate() error {
 	switch o.RefusalScope {
 	case "", "increment", "history":
 	default:
-		return &FieldError{Field: "refusal_scope", Problem: fmt.Sprintf("%q is not increment or history", o.RefusalScope)}
+		return &FieldError{Field: "refusal_scope", Problem: fmt.Sprintf("%q is not increment or history", truncate(o.RefusalScope, 64))}
 	}
 	if err := tokenCount(o.RequestTokens); err != nil {
 		return &FieldError{Field: "request_tokens", Problem: err.Error(), Err: causeOf(err)}
@@ -91,6 +96,17 @@ func checkID(id string) error {
 	return nil
 }
 
+// notACredential rejects an identifier that redact.String would mask: ids
+// and names are repeated in every output (classifications, decisions,
+// subjects, metric labels, logs), so one holding an API key or a URL
+// password would spread it where redaction of free text never looks.
+func notACredential(v string) error {
+	if m := redact.String(v); m != v {
+		return fmt.Errorf("looks like a credential (%s): identifiers are repeated in every output, so none may hold one", truncate(m, 64))
+	}
+	return nil
+}
+
 func tokenCount(n int) error {
 	switch {
 	case n < 0:
@@ -108,7 +124,7 @@ func (c *Classification) Validate() error {
 		return err
 	}
 	if _, ok := LookupClass(c.Class); !ok {
-		return &FieldError{Field: "class", Problem: fmt.Sprintf("%q is not a contract class", c.Class)}
+		return &FieldError{Field: "class", Problem: fmt.Sprintf("%q is not a contract class", truncate(c.Class, 64))}
 	}
 	return nil
 }
@@ -124,7 +140,7 @@ func (d *Decision) Validate() error {
 		return err
 	}
 	if !actions[d.Action] {
-		return &FieldError{Field: "action", Problem: fmt.Sprintf("%q is not a contract action", d.Action)}
+		return &FieldError{Field: "action", Problem: fmt.Sprintf("%q is not a contract action", truncate(d.Action, 64))}
 	}
 	return nil
 }
@@ -143,7 +159,7 @@ func (h *Health) Validate() error {
 	case HealthHealthy, HealthDegraded, HealthOutage, HealthRecovered:
 		return nil
 	}
-	return &FieldError{Field: "state", Problem: fmt.Sprintf("%q is not healthy, degraded, outage or recovered", h.State)}
+	return &FieldError{Field: "state", Problem: fmt.Sprintf("%q is not healthy, degraded, outage or recovered", truncate(h.State, 64))}
 }
 
 // Validate checks a notification request: a dedupe key and a known severity.
@@ -155,7 +171,7 @@ func (n *Notification) Validate() error {
 	case SeverityInfo, SeverityNormal, SeverityCritical:
 		return nil
 	}
-	return &FieldError{Field: "severity", Problem: fmt.Sprintf("%q is not info, normal or critical", n.Severity)}
+	return &FieldError{Field: "severity", Problem: fmt.Sprintf("%q is not info, normal or critical", truncate(n.Severity, 64))}
 }
 
 // Validate checks a segment boundary.
