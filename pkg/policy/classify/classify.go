@@ -370,6 +370,13 @@ func (c *Classifier) Classify(o *events.Outcome) events.Classification {
 }
 
 func (c *Classifier) finish(out *events.Classification, class, rule string, ev []string) {
+	// Evidence quotes the input (a stop reason, an upstream code, a header);
+	// whatever a rule copied, no credential leaves in it. Excerpts of the
+	// body and transport error are masked already: String has nothing to do
+	// and does not allocate.
+	for i, e := range ev {
+		ev[i] = redact.String(e)
+	}
 	info, _ := events.LookupClass(class)
 	out.Class, out.Retryable, out.Scope, out.Rule, out.Evidence = class, info.Retryable, info.Scope, rule, ev
 }
