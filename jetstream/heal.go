@@ -18,10 +18,13 @@ import (
 // operation runs once more. Without it, a service whose bucket was deleted
 // fails every operation until someone re-applies the topology.
 //
-// What the bucket held is gone with it: a service reads a recreated bucket
-// as empty (refusal state starts over, notification keys may be sent
-// again). Watchers and listers are passed through untouched.
-func KeyValue(ctx context.Context, js jetstream.JetStream, bucket string, log zerolog.Logger) (jetstream.KeyValue, error) {
+// The recreation is logged to the logger of the failed operation's context
+// (zerolog.Ctx: a consumer runner puts its service's logger in every
+// handler's context), else nowhere. What the bucket held is gone with it: a
+// service reads a recreated bucket as empty (refusal state starts over,
+// notification keys may be sent again). Watchers and listers are passed
+// through untouched.
+func KeyValue(ctx context.Context, js jetstream.JetStream, bucket string) (jetstream.KeyValue, error) {
 	kv, err := js.KeyValue(ctx, bucket)
 	if err != nil {
 		return nil, fmt.Errorf("open bucket %s: %w", bucket, err)
@@ -34,7 +37,7 @@ func KeyValue(ctx context.Context, js jetstream.JetStream, bucket string, log ze
 	if !ok || bs.StreamInfo() == nil {
 		return kv, nil // not a JetStream-backed status: nothing to heal from
 	}
-	return &healingKV{KeyValue: kv, js: js, cfg: bs.StreamInfo().Config, log: log}, nil
+	return &healingKV{KeyValue: kv, js: js, cfg: bs.StreamInfo().Config}, nil
 }
 
 // healingKV is a KeyValue that recreates its bucket when it disappears.
@@ -42,7 +45,6 @@ type healingKV struct {
 	jetstream.KeyValue
 	js  jetstream.JetStream
 	cfg jetstream.StreamConfig
-	log zerolog.Logger
 	mu  sync.Mutex
 }
 
@@ -68,11 +70,12 @@ func (h *healingKV) heal(ctx context.Context, cause error) bool {
 	if !errors.Is(err, jetstream.ErrBucketNotFound) {
 		return false
 	}
+	log := zerolog.Ctx(ctx)
 	if _, err := h.js.CreateStream(ctx, h.cfg); err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-		h.log.Error().Err(err).Str("bucket", h.Bucket()).AnErr("cause", cause).Msg("bucket was deleted and could not be recreated")
+		log.Error().Err(err).Str("bucket", h.Bucket()).AnErr("cause", cause).Msg("bucket was deleted and could not be recreated")
 		return false
 	}
-	h.log.Warn().Str("bucket", h.Bucket()).AnErr("cause", cause).
+	log.Warn().Str("bucket", h.Bucket()).AnErr("cause", cause).
 		Msg("bucket was deleted: recreated from the topology, empty")
 	return true
 }

@@ -23,10 +23,12 @@ func TestKeyValueRecreatesADeletedBucket(t *testing.T) {
 		t.Fatal(err)
 	}
 	var logs bytes.Buffer
-	kv, err := topology.KeyValue(b.ctx, b.js, topology.BucketRefusals, zerolog.New(&logs))
+	kv, err := topology.KeyValue(b.ctx, b.js, topology.BucketRefusals)
 	if err != nil {
 		t.Fatal(err)
 	}
+	logger := zerolog.New(&logs)
+	b.ctx = logger.WithContext(b.ctx) // the operation's logger (a handler's, in a service)
 	if _, err := kv.Put(b.ctx, "k", []byte("v1")); err != nil {
 		t.Fatal(err)
 	}

@@ -153,6 +153,9 @@ func (r *Runner) Run(ctx context.Context) error {
 	// DrainTimeout, so in-flight work finishes during a drain.
 	hctx, hcancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer hcancel()
+	// Handlers (and what they call: topology.KeyValue's healing) log with
+	// the service's logger through zerolog.Ctx.
+	hctx = r.log.WithContext(hctx)
 	stopTimer := context.AfterFunc(ctx, func() {
 		time.AfterFunc(r.cfg.DrainTimeout, hcancel)
 	})

@@ -171,10 +171,10 @@ func New(ctx context.Context, cfg Config) (*Notifier, error) {
 		cfg.Now = time.Now
 	}
 	var err error
-	if n.ledger, err = cfg.JetStream.KeyValue(ctx, cfg.LedgerBucket); err != nil {
+	if n.ledger, err = topology.KeyValue(ctx, cfg.JetStream, cfg.LedgerBucket); err != nil {
 		return nil, fmt.Errorf("notify: dedupe bucket %s: %w", cfg.LedgerBucket, err)
 	}
-	if n.budget, err = cfg.JetStream.KeyValue(ctx, cfg.BudgetBucket); err != nil {
+	if n.budget, err = topology.KeyValue(ctx, cfg.JetStream, cfg.BudgetBucket); err != nil {
 		return nil, fmt.Errorf("notify: budget bucket %s: %w", cfg.BudgetBucket, err)
 	}
 	st, err := n.ledger.Status(ctx)

@@ -57,7 +57,7 @@ func OpenStore(ctx context.Context, js jetstream.JetStream) (*Store, error) {
 		name string
 		kv   *jetstream.KeyValue
 	}{{topology.BucketRecovery, &s.state}, {topology.BucketHeartbeats, &s.heartbeats}, {topology.BucketCrons, &s.crons}} {
-		if *b.kv, err = js.KeyValue(ctx, b.name); err != nil {
+		if *b.kv, err = topology.KeyValue(ctx, js, b.name); err != nil {
 			return nil, fmt.Errorf("recovery: open KV %s (apply the topology first): %w", b.name, err)
 		}
 	}

@@ -35,7 +35,7 @@ type Store struct {
 
 // OpenStore binds the refusal bucket; apply the topology first.
 func OpenStore(ctx context.Context, js jetstream.JetStream) (*Store, error) {
-	kv, err := js.KeyValue(ctx, topology.BucketRefusals)
+	kv, err := topology.KeyValue(ctx, js, topology.BucketRefusals)
 	if err != nil {
 		return nil, fmt.Errorf("refusals: open KV %s (apply the topology first): %w", topology.BucketRefusals, err)
 	}

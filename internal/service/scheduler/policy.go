@@ -111,7 +111,7 @@ var kvSource = "kv " + topology.BucketPolicy + "/" + PolicyKVKey
 // startPolicyWatch opens the watch on the KV policy and applies its current
 // value before returning, so the first message is decided with it.
 func (s *Scheduler) startPolicyWatch(ctx context.Context) (jetstream.KeyWatcher, error) {
-	kv, err := s.js.KeyValue(ctx, topology.BucketPolicy)
+	kv, err := topology.KeyValue(ctx, s.js, topology.BucketPolicy)
 	if err != nil {
 		return nil, fmt.Errorf("scheduler: open KV %s (apply the topology first): %w", topology.BucketPolicy, err)
 	}
