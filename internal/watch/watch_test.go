@@ -140,12 +140,13 @@ func TestStartFollowsAndLogWaits(t *testing.T) {
 }
 
 // A read that must not be partial fails when the messages it selected stop
-// coming (here: purged after it opened) instead of waiting for ever.
+// coming (here: purged after it opened) instead of waiting for ever. (The
+// dead letters deny purge; the control stream does not.)
 func TestReadStalls(t *testing.T) {
 	t.Parallel()
 	b := bustest.Start(t, time.Minute)
-	publish(t, b, "failbus.dlq.x", 3, 0)
-	r, err := watch.Open(b.Ctx, b.JS, watch.Config{Stream: topology.StreamDLQ, Stall: 300 * time.Millisecond})
+	publish(t, b, "failbus.control.x", 3, 0)
+	r, err := watch.Open(b.Ctx, b.JS, watch.Config{Stream: topology.StreamControl, Stall: 300 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +154,7 @@ func TestReadStalls(t *testing.T) {
 	if r.Pending() != 3 {
 		t.Fatalf("pending %d, want 3", r.Pending())
 	}
-	s, err := b.JS.Stream(b.Ctx, topology.StreamDLQ)
+	s, err := b.JS.Stream(b.Ctx, topology.StreamControl)
 	if err != nil {
 		t.Fatal(err)
 	}
