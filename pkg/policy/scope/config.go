@@ -24,6 +24,10 @@ const (
 	// DefaultForgetAfter is how long a profile or model without any
 	// result is still remembered (and may be a switch target).
 	DefaultForgetAfter = 24 * time.Hour
+	// DefaultMaxProfiles and DefaultMaxModels bound the profiles and
+	// models one provider's state remembers: names come from agents.
+	DefaultMaxProfiles = 256
+	DefaultMaxModels   = 256
 )
 
 // Config is the `scope:` policy section: the fault-scope thresholds.
@@ -47,6 +51,11 @@ type Config struct {
 	// it is no longer known, nor a switch target. Must be >= Window.
 	// Defaults to 24h.
 	ForgetAfter time.Duration `yaml:"forget_after" json:"forget_after"`
+	// MaxProfiles and MaxModels bound how many profiles and models of one
+	// provider are remembered; a new one past the bound drops the least
+	// recently seen (counted). Must be >= 1. Default to 256 each.
+	MaxProfiles int `yaml:"max_profiles" json:"max_profiles"`
+	MaxModels   int `yaml:"max_models" json:"max_models"`
 	// Failover lists, per provider, the providers to switch to during its
 	// outage, in order; the first one not in an outage is chosen. Empty:
 	// agents wait (wait_provider).
@@ -61,6 +70,8 @@ func DefaultConfig() Config {
 		RecoveryMinSuccesses: DefaultRecoveryMinSuccesses,
 		RecoveryMinTime:      DefaultRecoveryMinTime,
 		ForgetAfter:          DefaultForgetAfter,
+		MaxProfiles:          DefaultMaxProfiles,
+		MaxModels:            DefaultMaxModels,
 	}
 }
 
@@ -81,6 +92,12 @@ func (c Config) Validate() error {
 	}
 	if c.ForgetAfter < c.Window {
 		errs = append(errs, fmt.Errorf("scope.forget_after: %s is below scope.window %s", c.ForgetAfter, c.Window))
+	}
+	if c.MaxProfiles < 1 {
+		errs = append(errs, fmt.Errorf("scope.max_profiles: must be >= 1, got %d", c.MaxProfiles))
+	}
+	if c.MaxModels < 1 {
+		errs = append(errs, fmt.Errorf("scope.max_models: must be >= 1, got %d", c.MaxModels))
 	}
 	names := make([]string, 0, len(c.Failover))
 	for p := range c.Failover {

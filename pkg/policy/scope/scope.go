@@ -95,6 +95,10 @@ type Observation struct {
 	// Notify holds the notification requests it caused (before dedupe and
 	// daily budget, which are the notifier's).
 	Notify []events.Notification
+	// Evicted counts the profile and model entries dropped to keep the
+	// provider's state within Config.MaxProfiles and MaxModels (a metric
+	// says so).
+	Evicted int
 }
 
 // ModelFault reports the model-scope classes that switching the model can

@@ -2,6 +2,7 @@ package scope
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -213,5 +214,37 @@ func TestScopeRecovery(t *testing.T) {
 		if !v.Outage {
 			t.Errorf("%s during the outage: verdict %+v, want outage", class, v)
 		}
+	}
+}
+
+// TestStateKeepsAtMostMaxProfilesAndModels: agents name profiles and
+// models; 20,000 names leave at most the configured number in a provider's
+// state, the least recently seen dropped and counted, the busy one kept.
+func TestStateKeepsAtMostMaxProfilesAndModels(t *testing.T) {
+	t.Parallel()
+	cfg := DefaultConfig()
+	cfg.MaxProfiles, cfg.MaxModels = 10, 5
+	s := &ProviderState{Provider: "p"}
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	evicted := 0
+	for i := range 20_000 {
+		now = now.Add(time.Millisecond)
+		obs := s.Observe(cfg, events.Classification{OutcomeID: fmt.Sprint(i), Provider: "p", Profile: fmt.Sprintf("pr-%d", i), Model: fmt.Sprintf("m-%d", i), Class: events.ClassOK}, now)
+		evicted += obs.Evicted
+		now = now.Add(time.Millisecond)
+		obs = s.Observe(cfg, events.Classification{OutcomeID: fmt.Sprint(i) + "b", Provider: "p", Profile: "busy", Model: "busy", Class: events.ClassOK}, now)
+		evicted += obs.Evicted
+	}
+	if len(s.Profiles) > 10 || len(s.Models) > 5 {
+		t.Fatalf("%d profiles, %d models remembered; want at most 10 and 5", len(s.Profiles), len(s.Models))
+	}
+	if s.Profiles["busy"] == nil || s.Models["busy"] == nil {
+		t.Fatal("the profile and model in use were dropped")
+	}
+	if want := (20_000 + 1 - 10) + (20_000 + 1 - 5); evicted != want {
+		t.Fatalf("%d evictions counted, want %d", evicted, want)
+	}
+	if err := (Config{Window: time.Minute, OutageMinFailures: 1, RecoveryMinSuccesses: 2, RecoveryMinTime: time.Minute, ForgetAfter: time.Hour}).Validate(); err == nil {
+		t.Fatal("max_profiles 0 accepted")
 	}
 }

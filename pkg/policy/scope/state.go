@@ -88,7 +88,7 @@ func (s *ProviderState) Observe(cfg Config, c events.Classification, now time.Ti
 	if s.Models == nil {
 		s.Models = map[string]*Entry{}
 	}
-	s.forget(cfg, now)
+	obs.Evicted = s.forget(cfg, now, c.Profile, c.Model)
 
 	ok := c.Class == events.ClassOK
 	net := isNetwork(c)
@@ -184,22 +184,53 @@ func (s *ProviderState) Observe(cfg Config, c events.Classification, now time.Ti
 	return obs
 }
 
-// forget drops profiles and models without a result for ForgetAfter.
-func (s *ProviderState) forget(cfg Config, now time.Time) {
-	if cfg.ForgetAfter <= 0 {
-		return
-	}
-	cutoff := now.Add(-cfg.ForgetAfter)
-	for k, e := range s.Profiles {
-		if e.LastAt.Before(cutoff) {
-			delete(s.Profiles, k)
+// forget drops profiles and models without a result for ForgetAfter, then
+// makes room for profile and model (the names about to be observed) within
+// MaxProfiles and MaxModels by dropping the least recently seen: agents
+// name profiles and models, and 20,000 names must not make one provider's
+// state (a KV value, an in-memory record) grow without bound. It returns
+// how many entries the caps dropped.
+func (s *ProviderState) forget(cfg Config, now time.Time, profile, model string) (evicted int) {
+	if cfg.ForgetAfter > 0 {
+		cutoff := now.Add(-cfg.ForgetAfter)
+		for k, e := range s.Profiles {
+			if e.LastAt.Before(cutoff) {
+				delete(s.Profiles, k)
+			}
+		}
+		for k, e := range s.Models {
+			if e.LastAt.Before(cutoff) {
+				delete(s.Models, k)
+			}
 		}
 	}
-	for k, e := range s.Models {
-		if e.LastAt.Before(cutoff) {
-			delete(s.Models, k)
-		}
+	evicted += evictOldest(s.Profiles, profile, cfg.MaxProfiles)
+	if model != "" {
+		evicted += evictOldest(s.Models, model, cfg.MaxModels)
 	}
+	return evicted
+}
+
+// evictOldest drops the least recently seen entries of m until adding name
+// keeps it within limit (0: no limit).
+func evictOldest(m map[string]*Entry, name string, limit int) (evicted int) {
+	if limit <= 0 {
+		return 0
+	}
+	if _, ok := m[name]; ok {
+		return 0
+	}
+	for len(m) >= limit {
+		oldest, first := "", true
+		for k, e := range m {
+			if first || e.LastAt.Before(m[oldest].LastAt.Time) || e.LastAt.Equal(m[oldest].LastAt.Time) && k < oldest {
+				oldest, first = k, false
+			}
+		}
+		delete(m, oldest)
+		evicted++
+	}
+	return evicted
 }
 
 // active returns the names of profiles with a result within the window,
