@@ -69,6 +69,7 @@ func Scheduler() servicemain.Spec {
 		policyKV    = true
 		tier        = true
 		policyPoll  = scheduler.DefaultPolicyPollInterval
+		maxProvs    = scheduler.DefaultMaxProviders
 	)
 	return servicemain.Spec{
 		Name:           scheduler.Service,
@@ -78,10 +79,14 @@ func Scheduler() servicemain.Spec {
 			fs.DurationVar(&policyPoll, "policy-poll", policyPoll, "how often the --policy file is checked for changes")
 			fs.IntVar(&concurrency, "concurrency", concurrency, "classifications handled at once")
 			fs.BoolVar(&tier, "refusals", tier, "also run the refusal tiers (consumers refusals and refusals-boundaries, micro service failbus-refusals)")
+			fs.IntVar(&maxProvs, "max-providers", maxProvs, "providers whose fault scope is kept and whose series are on /metrics; past it the least recently seen is forgotten")
 		},
 		Check: func() error {
 			if concurrency < 1 {
 				return fmt.Errorf("--concurrency %d: must be at least 1", concurrency)
+			}
+			if maxProvs < 1 {
+				return fmt.Errorf("--max-providers %d: must be at least 1", maxProvs)
 			}
 			if policyPoll <= 0 {
 				return fmt.Errorf("--policy-poll %v: must be positive", policyPoll)
@@ -94,6 +99,7 @@ func Scheduler() servicemain.Spec {
 				PolicyFile:         env.PolicyFile,
 				PolicyPollInterval: policyPoll,
 				WatchPolicy:        policyKV,
+				MaxProviders:       maxProvs,
 				Runner:             consumer.Config{Concurrency: concurrency, Logger: env.Log, Registerer: env.Registry},
 			})
 			if err != nil {

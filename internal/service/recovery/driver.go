@@ -135,13 +135,13 @@ func (s *Service) observe(e jetstream.KeyValueEntry) {
 	if !due.IsZero() && r.Lease.Owner != s.opts.Owner && r.Lease.Until.After(due) {
 		due = r.Lease.Until.Time // another replica drives it until then
 	}
-	s.m.held.WithLabelValues(name).Set(float64(r.Queue.Held))
-	s.m.down.WithLabelValues(name).Set(boolGauge(r.Down))
+	s.m.held.WithLabelValues(s.m.providers.Use(name)).Set(float64(r.Queue.Held))
+	s.m.down.WithLabelValues(s.m.providers.Use(name)).Set(boolGauge(r.Down))
 	step := 0
 	if len(r.Episodes) > 0 && !r.Episodes[0].RecoveredAt.IsZero() {
 		step = r.Episodes[0].Step + 1
 	}
-	s.m.step.WithLabelValues(name).Set(float64(step))
+	s.m.step.WithLabelValues(s.m.providers.Use(name)).Set(float64(step))
 	s.mu.Lock()
 	if due.IsZero() {
 		delete(s.due, name)

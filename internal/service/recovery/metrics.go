@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
 )
 
@@ -17,6 +18,10 @@ type metrics struct {
 	runs          *prometheus.CounterVec
 	probes        *prometheus.CounterVec
 	advanceErrors prometheus.Counter
+	// providers caps the provider label (agents name providers): at most
+	// consumer.DefaultMaxLabelValues have series, least recently used
+	// evicted.
+	providers *consumer.LabelCap
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -71,7 +76,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.runs = register(m.runs).(*prometheus.CounterVec)
 	m.probes = register(m.probes).(*prometheus.CounterVec)
 	m.advanceErrors = register(m.advanceErrors).(prometheus.Counter)
-	return m, err
+	if err != nil {
+		return m, err
+	}
+	if m.providers, err = consumer.NewLabelCap(reg, "provider", 0); err != nil {
+		return m, fmt.Errorf("recovery metrics: %w", err)
+	}
+	m.providers.Track(m.held.MetricVec, m.down.MetricVec, m.step.MetricVec, m.runs.MetricVec).TrackPartial(m.probes.MetricVec)
+	return m, nil
 }
 
 // kindOf names what a sent message is, for metrics and logs.
@@ -90,5 +102,5 @@ func (m *metrics) httpProbe(provider string, ok bool) {
 	if ok {
 		r = "ok"
 	}
-	m.probes.WithLabelValues(provider, r).Inc()
+	m.probes.WithLabelValues(m.providers.Use(provider), r).Inc()
 }

@@ -218,7 +218,7 @@ func (s *Service) sent(msg events.Message, duplicate bool) {
 	switch v := msg.(type) {
 	case *events.Recovery:
 		if v.Done {
-			s.m.runs.WithLabelValues(v.Provider).Inc()
+			s.m.runs.WithLabelValues(s.m.providers.Use(v.Provider)).Inc()
 		}
 		s.log.Info().Str("provider", v.Provider).Str("recovery_id", v.RecoveryID).Str("step", v.Step).Bool("done", v.Done).
 			Int("subagents", len(v.Subagents)).Int("killed", len(v.Killed)).Int("crons_rerun", len(v.CronsRerun)).

@@ -25,7 +25,7 @@ func (s *Scheduler) handleClassified(ctx context.Context, m *consumer.Msg, _ *co
 	}
 	pol := s.Policy()
 	obs := s.scope.observe(pol.Scope, *c, m.Timestamp)
-	s.m.outage.WithLabelValues(c.Provider).Set(boolGauge(s.scope.down(c.Provider)))
+	s.m.outage.WithLabelValues(s.m.providers.Use(c.Provider)).Set(boolGauge(s.scope.down(c.Provider)))
 
 	// Health changes and notification requests first: an agent told to
 	// wait_provider can already read the outage on failbus.health.

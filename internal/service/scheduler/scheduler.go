@@ -124,6 +124,10 @@ const (
 	// PolicyKVKey is the key of the active policy (YAML, the --policy file
 	// format) in KV bucket FAILBUS_POLICY.
 	PolicyKVKey = "active"
+	// DefaultMaxProviders is Options.MaxProviders' default: far more
+	// providers than a deployment uses, far fewer than a buggy or hostile
+	// agent can name.
+	DefaultMaxProviders = consumer.DefaultMaxLabelValues
 	// DefaultMaxFutureSkew bounds how far an outcome's `at` may lie ahead of
 	// the time the bus stored its classification before the fault scope
 	// distrusts the agent's clock.
@@ -197,6 +201,15 @@ type Options struct {
 
 	// MaxFutureSkew: see DefaultMaxFutureSkew (the default).
 	MaxFutureSkew time.Duration
+
+	// MaxProviders bounds the providers whose fault scope is held in
+	// memory and whose failbus_scheduler_provider_outage series is on
+	// /metrics: agents name providers, so past it the least recently seen
+	// provider not in an outage is forgotten (and its series deleted),
+	// counted in failbus_scheduler_scope_evictions_total and
+	// failbus_metric_label_values_evicted_total. A forgotten provider
+	// starts healthy when seen again. Defaults to DefaultMaxProviders.
+	MaxProviders int
 
 	// SkipRebuild starts with an empty fault scope instead of rebuilding it
 	// from the streams. Defaults to false.
@@ -274,6 +287,13 @@ func New(js jetstream.JetStream, opts Options) (*Scheduler, error) {
 	if opts.PolicyPollInterval < 0 {
 		return nil, fmt.Errorf("%w: scheduler: PolicyPollInterval %v is negative", consumer.ErrInvalidConfig, opts.PolicyPollInterval)
 	}
+	maxProviders := opts.MaxProviders
+	switch {
+	case maxProviders < 0:
+		return nil, fmt.Errorf("%w: scheduler: MaxProviders %d is negative (0 selects %d)", consumer.ErrInvalidConfig, maxProviders, DefaultMaxProviders)
+	case maxProviders == 0:
+		maxProviders = DefaultMaxProviders
+	}
 	if rc.Registerer == nil {
 		rc.Registerer = prometheus.NewRegistry()
 	}
@@ -298,7 +318,10 @@ func New(js jetstream.JetStream, opts Options) (*Scheduler, error) {
 	if skew <= 0 {
 		skew = DefaultMaxFutureSkew
 	}
-	s.scope = newScopeBook(skew, DefaultSeenTTL)
+	s.scope = newScopeBook(skew, DefaultSeenTTL, maxProviders, func(providers, entries int) {
+		s.m.evictions.WithLabelValues("provider").Add(float64(providers))
+		s.m.evictions.WithLabelValues("entry").Add(float64(entries))
+	})
 	if opts.PolicyFile != "" {
 		interval := opts.PolicyPollInterval
 		if interval == 0 {
@@ -308,7 +331,7 @@ func New(js jetstream.JetStream, opts Options) (*Scheduler, error) {
 	}
 	s.layers.base = &activePolicy{p: base, source: "options"}
 	s.active.Store(s.layers.base)
-	m, err := newMetrics(rc.Registerer)
+	m, err := newMetrics(rc.Registerer, maxProviders)
 	if err != nil {
 		return nil, err
 	}
@@ -452,9 +475,12 @@ type metrics struct {
 	fileValid prometheus.Gauge
 	replayed  prometheus.Counter
 	outage    *prometheus.GaugeVec
+	// providers caps the provider label of outage.
+	providers *consumer.LabelCap
+	evictions *prometheus.CounterVec
 }
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, maxProviders int) (*metrics, error) {
 	var (
 		m   metrics
 		err error
@@ -482,6 +508,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.controls = counterVec("failbus_scheduler_controls_total", "Started and cancel records, by kind and result (marked, ignored).", "kind", "result")
 	m.reloads = counterVec("failbus_scheduler_policy_reloads_total", "Policy changes seen, by source (kv, file) and result (applied, shadowed, removed, rejected).", "source", "result")
 	m.replayed = counter("failbus_scheduler_scope_replayed_total", "Classifications replayed into the fault scope at start.")
+	m.evictions = counterVec("failbus_scheduler_scope_evictions_total", "Fault-scope state forgotten to stay within its caps, by kind: provider (Options.MaxProviders), entry (a profile or model past scope.max_profiles / max_models).", "kind")
 	if err == nil {
 		m.fileValid, err = consumer.Register(reg, prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "failbus_scheduler_policy_file_valid",
@@ -492,8 +519,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		m.fileValid.Set(1)
 		m.outage, err = consumer.Register(reg, prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "failbus_scheduler_provider_outage",
-			Help: "1 while the fault scope holds the provider in an outage, else 0.",
+			Help: "1 while the fault scope holds the provider in an outage, else 0. At most Options.MaxProviders providers have a series (least recently seen evicted).",
 		}, []string{"provider"}))
+	}
+	if err == nil {
+		m.providers, err = consumer.NewLabelCap(reg, "provider", maxProviders)
+	}
+	if err == nil {
+		m.providers.Track(m.outage.MetricVec)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("scheduler: %w", err)

@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"container/list"
 	"context"
 	"errors"
 	"fmt"
@@ -27,6 +28,15 @@ type scopeBook struct {
 
 	clock  time.Time
 	states map[string]*scope.ProviderState
+	// lru orders the providers by their latest observation (front: most
+	// recent), so that past max providers the least recently seen one not
+	// in an outage is forgotten: agents name providers.
+	lru     *list.List
+	lruElem map[string]*list.Element
+	max     int
+	// evicted is called with what each observation forgot: providers,
+	// and profiles and models within a provider.
+	evicted func(providers, entries int)
 
 	seen      map[string]seenObs // by outcome id
 	newest    time.Time          // latest stored time in seen
@@ -41,8 +51,35 @@ type seenObs struct {
 // seenPruneEvery is how many observations pass between prunes of seen.
 const seenPruneEvery = 4096
 
-func newScopeBook(skew, seenTTL time.Duration) *scopeBook {
-	return &scopeBook{skew: skew, seenTTL: seenTTL, states: map[string]*scope.ProviderState{}, seen: map[string]seenObs{}}
+func newScopeBook(skew, seenTTL time.Duration, maxProviders int, evicted func(providers, entries int)) *scopeBook {
+	if evicted == nil {
+		evicted = func(int, int) {}
+	}
+	return &scopeBook{skew: skew, seenTTL: seenTTL, states: map[string]*scope.ProviderState{}, seen: map[string]seenObs{},
+		lru: list.New(), lruElem: map[string]*list.Element{}, max: maxProviders, evicted: evicted}
+}
+
+// touch marks provider as just observed and forgets the least recently
+// observed providers not in an outage while more than max are held. It
+// returns how many it forgot.
+func (b *scopeBook) touch(provider string) (forgot int) {
+	if e, ok := b.lruElem[provider]; ok {
+		b.lru.MoveToFront(e)
+	} else {
+		b.lruElem[provider] = b.lru.PushFront(provider)
+	}
+	for e := b.lru.Back(); e != nil && b.max > 0 && len(b.states) > b.max; {
+		prev := e.Prev()
+		p := e.Value.(string)
+		if st := b.states[p]; p != provider && (st == nil || !st.Outage) {
+			delete(b.states, p)
+			delete(b.lruElem, p)
+			b.lru.Remove(e)
+			forgot++
+		}
+		e = prev
+	}
+	return forgot
 }
 
 // timeOf is the scope time of a classification: its `at` (the outcome's),
@@ -81,7 +118,11 @@ func (b *scopeBook) observeLocked(cfg scope.Config, c events.Classification, sto
 		st = &scope.ProviderState{Provider: c.Provider}
 		b.states[c.Provider] = st
 	}
+	forgot := b.touch(c.Provider)
 	obs := st.Observe(cfg, c, now)
+	if forgot > 0 || obs.Evicted > 0 {
+		b.evicted(forgot, obs.Evicted)
+	}
 	if obs.Verdict.Outage {
 		obs.Verdict.FailoverProvider = cfg.FailoverFor(c.Provider, b.downLocked)
 	}
@@ -123,6 +164,7 @@ func (b *scopeBook) seedOutage(h events.Health) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.states[h.Provider] = &scope.ProviderState{Provider: h.Provider, Outage: true, OutageSince: h.At, OutageReason: h.Reason}
+	b.touch(h.Provider)
 }
 
 // rebuildScope restores the fault scope after a start: outages still open
@@ -138,7 +180,7 @@ func (s *Scheduler) rebuildScope(ctx context.Context) (int, error) {
 	}
 	for _, h := range open {
 		s.scope.seedOutage(h)
-		s.m.outage.WithLabelValues(h.Provider).Set(1)
+		s.m.outage.WithLabelValues(s.m.providers.Use(h.Provider)).Set(1)
 		s.log.Info().Str("provider", h.Provider).Time("since", h.At.Time).Msg("outage still open: provider held")
 	}
 	cfg := s.Policy().Scope
@@ -170,7 +212,7 @@ func (s *Scheduler) rebuildScope(ctx context.Context) (int, error) {
 	}
 	s.scope.mu.Lock()
 	for p, st := range s.scope.states {
-		s.m.outage.WithLabelValues(p).Set(boolGauge(st.Outage))
+		s.m.outage.WithLabelValues(s.m.providers.Use(p)).Set(boolGauge(st.Outage))
 	}
 	s.scope.mu.Unlock()
 	return n, nil
