@@ -376,15 +376,6 @@ func TestRequeueOnce(t *testing.T) {
 	})
 }
 
-// truncatedDeadLetter is a dead letter that kept only a prefix of its
-// input (pkg/consumer writes it when the input would not fit whole).
-type truncatedDeadLetter struct {
-	events.DeadLetter `msgpack:",inline"`
-	DataLen           int    `msgpack:"data_len"`
-	DataSHA256        string `msgpack:"data_sha256"`
-	Truncated         bool   `msgpack:"truncated"`
-}
-
 // TestRequeueOfADeadLetterThatKeptOnlyAPrefix: the whole input is read
 // back from where it is stored and checked against the recorded hash; when
 // it is gone, requeue says so and publishes nothing.
@@ -401,11 +392,10 @@ func TestRequeueOfADeadLetterThatKeptOnlyAPrefix(t *testing.T) {
 	}
 	truncated := func(id string, origSeq uint64, data []byte) uint64 {
 		sum := sha256.Sum256(data)
-		return b.store(&truncatedDeadLetter{
-			DeadLetter: events.DeadLetter{At: events.At(time.Now()), Service: "classifier", Reason: "too big",
-				Subject: events.OutcomeSubject("openai", "bot"), Stream: topology.StreamOutcomes, Seq: origSeq, Data: data[:8]},
-			DataLen: len(data), DataSHA256: hex.EncodeToString(sum[:]), Truncated: true,
-		}, "dlq:classifier:"+id)
+		// The shape pkg/consumer writes when the input would not fit whole.
+		return b.store(&events.DeadLetter{At: events.At(time.Now()), Service: "classifier", Reason: "too big",
+			Subject: events.OutcomeSubject("openai", "bot"), Stream: topology.StreamOutcomes, Seq: origSeq, Data: data[:8],
+			DataLen: len(data), DataSHA256: hex.EncodeToString(sum[:]), Truncated: true}, "dlq:classifier:"+id)
 	}
 
 	origSeq, data := stored("big")
@@ -464,5 +454,48 @@ func TestDLQUsage(t *testing.T) {
 		if code := run(tc.args, nil, &stdout, &stderr); code != tc.code || !strings.Contains(stderr.String(), tc.stderr) {
 			t.Errorf("dlq %v: exit %d, stderr %q; want %d and %q", tc.args, code, stderr.String(), tc.code, tc.stderr)
 		}
+	}
+}
+
+// TestRequeueOfAnInputTooBigToKeepWhole: the classifier dead-letters an
+// input close to the server's max_payload; the dead letter keeps a prefix
+// (pkg/consumer), and requeue republishes the whole input read back from
+// its stream.
+func TestRequeueOfAnInputTooBigToKeepWhole(t *testing.T) {
+	t.Parallel()
+	bus, err := devbus.Start(devbus.Options{Server: embedded.Options{Dir: t.TempDir()}, Specs: []servicemain.Spec{services.Classifier()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = bus.Stop() })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	big := bytes.Repeat([]byte("x"), int(bus.JS.Conn().MaxPayload())-4096)
+	if _, err := bus.JS.Publish(ctx, events.OutcomeSubject("openai", "bot"), big); err != nil {
+		t.Fatal(err)
+	}
+	var letters []Letter
+	clitest.WaitFor(t, "the big input dead-lettered", func() bool {
+		letters, err = List(ctx, bus.JS, Select{})
+		return err == nil && len(letters) == 1
+	})
+	l := letters[0]
+	if !l.Whole.Truncated || l.Whole.Len != len(big) || len(l.DL.Data) >= len(big) {
+		t.Fatalf("dead letter keeps %d bytes, whole %+v: want a prefix of the %d", len(l.DL.Data), l.Whole, len(big))
+	}
+	res, err := (&Requeuer{JS: bus.JS, By: "op"}).Requeue(ctx, l.Seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := bus.JS.Stream(ctx, res.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := s.GetMsg(ctx, res.Seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(m.Data, big) {
+		t.Errorf("the copy holds %d bytes, want the whole %d-byte input", len(m.Data), len(big))
 	}
 }

@@ -42,7 +42,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/failbus/failbus/internal/watch"
 	topology "github.com/failbus/failbus/jetstream"
@@ -78,11 +77,12 @@ func (l *Letter) ID() string { return events.RequeuedFrom(l.Stream, l.Seq) }
 // Whole identifies a dead letter's whole original input. A dead letter of
 // input that did not fit whole keeps a bounded prefix, the input's length
 // and SHA-256, and where the input is stored (DeadLetter.Stream and Seq);
-// older dead letters carry the whole input and none of these.
+// dead letters written before pkg/consumer bounded them carry the whole
+// input and none of these, and read the same.
 type Whole struct {
-	Truncated bool   `msgpack:"truncated" json:"truncated,omitempty"`
-	Len       int    `msgpack:"data_len" json:"data_len,omitempty"`
-	SHA256    string `msgpack:"data_sha256" json:"data_sha256,omitempty"`
+	Truncated bool   `json:"truncated,omitempty"`
+	Len       int    `json:"data_len,omitempty"`
+	SHA256    string `json:"data_sha256,omitempty"`
 }
 
 // decodeLetter decodes one stored message of the dead-letter stream.
@@ -94,9 +94,7 @@ func decodeLetter(stream string, seq uint64, subject string, stored time.Time, h
 		return l
 	}
 	l.DL = dl
-	// The bounds of a dead letter too big to keep whole, read by key so
-	// both shapes (with and without them) decode.
-	_ = msgpack.Unmarshal(data, &l.Whole)
+	l.Whole = Whole{Truncated: dl.Truncated, Len: dl.DataLen, SHA256: dl.DataSHA256}
 	return l
 }
 
