@@ -36,7 +36,7 @@ import (
 // nats-server with an 8 MiB max_payload, classifier, publisher and the
 // test's own payloads) may reach while the hostile suite runs, from a reset
 // high-water mark. Measured on a shared 2-core machine (go1.26, nats-server
-// 2.15.2): 333-353 MiB, and 971 MiB under -race, whose shadow memory
+// 2.15.2): 333-357 MiB, and 971-1098 MiB under -race, whose shadow memory
 // multiplies every allocation. Before the pre-scan, one 1 MB nested payload
 // alone cost ~0.7 GB, and a 2 MB one killed the process.
 var hostileRSSBound int64 = 512 << 20
