@@ -332,13 +332,14 @@ func newAggregator(from, to time.Time) *aggregator {
 	}
 }
 
-// bucketOf is the bucket of a record's own time at, or of its store time
-// when it has none; a time outside the period counts in Outside and lands
-// in the nearest edge bucket.
+// bucketOf is the bucket of a record's own time at when it is believed
+// (events.EventTime: not ahead of its store time, not more than 30 days
+// behind), else of its store time; a time outside the period counts in
+// Outside and lands in the nearest edge bucket.
 func (a *aggregator) bucketOf(at events.Time, stored time.Time) int {
-	t := at.Time
-	if t.IsZero() {
-		t = stored
+	t, _ := events.EventTime(at, stored) // the time the services go by
+	if stored.IsZero() && t.IsZero() {
+		t = a.from
 	}
 	start := a.r.Buckets[0].Time
 	if t.Before(a.from) || !t.Before(a.to) {

@@ -586,3 +586,31 @@ func TestHealthTimelineStartsFromTheStateBeforeThePeriod(t *testing.T) {
 		t.Error("a provider healthy before the period and quiet in it gets a timeline")
 	}
 }
+
+// TestRecordsArePlacedByTheTimeTheServicesGoBy: an outcome's own time
+// places it when it is believed; one dated ahead of its store time, or
+// long before it, is placed at its store time, as the services' clocks do.
+func TestRecordsArePlacedByTheTimeTheServicesGoBy(t *testing.T) {
+	from := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
+	a := newAggregator(from, from.Add(24*time.Hour))
+	stored := from.Add(20 * time.Hour)
+	for _, c := range []struct {
+		at   time.Time
+		want int
+	}{
+		{from.Add(3*time.Hour + 10*time.Minute), 3},       // believed
+		{time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC), 20}, // ahead: its store time
+		{from.Add(-90 * 24 * time.Hour), 20},              // far behind: its store time
+		{time.Time{}, 20},                                 // none
+	} {
+		if got := a.bucketOf(events.At(c.at), stored); got != c.want {
+			t.Errorf("at %s stored %s: bucket %d, want %d", c.at, stored, got, c.want)
+		}
+	}
+	if a.r.Outside != 0 {
+		t.Errorf("%d counted outside the period", a.r.Outside)
+	}
+	if got := a.bucketOf(events.At(from.Add(-time.Hour)), from.Add(time.Minute)); got != 0 || a.r.Outside != 1 {
+		t.Errorf("an hour before the period: bucket %d, %d outside; want the first bucket, counted outside", got, a.r.Outside)
+	}
+}
