@@ -29,6 +29,7 @@ import (
 // fsync interval risks and sync always closes; simulating that needs a
 // fault-injecting file system or a VM (Jepsen used LazyFS), not a process.
 func TestSingleServerSyncAlwaysSIGKILLedTenTimes(t *testing.T) {
+	t.Parallel()
 	const kills = 10
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()

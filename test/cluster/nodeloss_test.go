@@ -34,6 +34,7 @@ func outcomes(t *testing.T, def int) int {
 // every failure decided once, every retry due once, every notification
 // delivered once.
 func TestClusterPipelineLosesANodeAndNothingElse(t *testing.T) {
+	t.Parallel()
 	start := time.Now()
 	w := workload{n: outcomes(t, 30_000), agents: 20}
 	p := startPipeline(t, 12*time.Minute)

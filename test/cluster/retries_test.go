@@ -17,6 +17,7 @@ import (
 // leader fires each schedule once, none is lost, and none fires again when
 // the old leader comes back.
 func TestClusterRetriesLeaderKilledWithSchedulesPending(t *testing.T) {
+	t.Parallel()
 	start := time.Now()
 	w := workload{n: 1000, agents: 10, retryAfter: true}
 	p := startPipeline(t, 8*time.Minute)

@@ -29,6 +29,7 @@ import (
 	"github.com/failbus/failbus/internal/cli"
 	"github.com/failbus/failbus/internal/cli/apply"
 	authcmd "github.com/failbus/failbus/internal/cli/auth"
+	"github.com/failbus/failbus/internal/cli/clitest"
 	"github.com/failbus/failbus/internal/connect"
 	"github.com/failbus/failbus/internal/servicemain"
 	"github.com/failbus/failbus/internal/services"
@@ -356,7 +357,7 @@ func TestComposeRunsAsWritten(t *testing.T) {
 			t.Fatalf("%s: health check %v is not the service binary's own", spec.Name, hc)
 		}
 		check := r.replace(hc[2:], ops)
-		logs := &syncBuffer{}
+		logs := &clitest.SyncBuffer{}
 		wg.Go(func() {
 			if code := servicemain.Run(sctx, spec, args, logs); code != 0 || sctx.Err() == nil {
 				exits <- fmt.Sprintf("%s exited %d:\n%s", spec.Name, code, logs.String())
@@ -364,8 +365,10 @@ func TestComposeRunsAsWritten(t *testing.T) {
 		})
 		deadline := time.Now().Add(time.Minute)
 		for {
+			// The health check is another process: a spec of its own
+			// (a spec's flags are bound to its variables).
 			var hc bytes.Buffer
-			if servicemain.Run(ctx, spec, check, &hc) == 0 {
+			if servicemain.Run(ctx, specNamed(t, spec.Name), check, &hc) == 0 {
 				break
 			}
 			select {
@@ -473,20 +476,13 @@ func TestComposeTLSAsDocumented(t *testing.T) {
 	cc.Close()
 }
 
-// syncBuffer collects a service's log lines from its goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+// specNamed returns a new spec of the service called name.
+func specNamed(t *testing.T, name string) servicemain.Spec {
+	for _, s := range services.All() {
+		if s.Name == name {
+			return s
+		}
+	}
+	t.Fatalf("no service %s", name)
+	return servicemain.Spec{}
 }
