@@ -88,6 +88,9 @@ const (
 const (
 	// BucketRefusals holds refusal state per (segment, provider).
 	BucketRefusals = "FAILBUS_REFUSALS"
+	// BucketScope holds the fault-scope state of each provider, shared by
+	// every scheduler replica (one key per provider, compare-and-set).
+	BucketScope = "FAILBUS_SCOPE"
 	// BucketNotifyDedupe holds notification dedupe keys; creating a key is
 	// the exactly-once gate.
 	BucketNotifyDedupe = "FAILBUS_NOTIFY_DEDUPE"

@@ -80,12 +80,12 @@ const (
 	DefaultBucketMaxBytes int64 = 64 << 20
 
 	// DefaultReservedBytes is what the default topology reserves of the
-	// server's store: every stream's and bucket's MaxBytes (6.56 GiB; a
+	// server's store: every stream's and bucket's MaxBytes (6.62 GiB; a
 	// test keeps it equal to the files).
 	DefaultReservedBytes = DefaultMaxBytesOutcomes + DefaultMaxBytesClassified + DefaultMaxBytesHealth +
 		DefaultMaxBytesDecisions + DefaultMaxBytesRetries + DefaultMaxBytesNotify + DefaultMaxBytesControl +
 		DefaultMaxBytesTasks + DefaultMaxBytesDLQ + DefaultMaxBytesAudit + DefaultMaxBytesLiveness +
-		DefaultMaxBytesReports + DefaultMaxBytesDispatch + DefaultMaxBytesRecoveries + 8*DefaultBucketMaxBytes
+		DefaultMaxBytesReports + DefaultMaxBytesDispatch + DefaultMaxBytesRecoveries + 9*DefaultBucketMaxBytes
 )
 
 // Default MaxAge per stream: how long each stream keeps its messages.
@@ -157,6 +157,10 @@ const (
 	// entry or a task's index 30 days after its last write, as long as
 	// FAILBUS_TASKS keeps the task.
 	DefaultTTLRecovery = 30 * day
+	// DefaultTTLScope forgets a provider's fault scope 30 days after its
+	// last outcome (its profiles and models are forgotten after the
+	// policy's scope.forget_after anyway).
+	DefaultTTLScope = 30 * day
 	// DefaultTTLPolicy keeps the policy until replaced.
 	DefaultTTLPolicy time.Duration = 0
 	// DefaultTTLDLQRequeues keeps a requeue mark as long as FAILBUS_DLQ

@@ -235,6 +235,7 @@ func TestFilesCarryTheDocumentedDefaults(t *testing.T) {
 
 	buckets := map[string]time.Duration{
 		topology.BucketRefusals:     topology.DefaultTTLRefusals,
+		topology.BucketScope:        topology.DefaultTTLScope,
 		topology.BucketNotifyDedupe: topology.DefaultTTLNotifyDedupe,
 		topology.BucketNotifyBudget: topology.DefaultTTLNotifyBudget,
 		topology.BucketHeartbeats:   topology.DefaultTTLHeartbeats,

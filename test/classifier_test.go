@@ -119,9 +119,9 @@ func clsRunnerConfig(reg prometheus.Registerer) consumer.Config {
 }
 
 // startClassifier runs the classifier service until the test ends.
-func (b *clsBench) startClassifier(reg prometheus.Registerer) *consumer.Runner {
+func (b *clsBench) startClassifier(reg prometheus.Registerer) *classifier.Service {
 	b.t.Helper()
-	r, err := classifier.NewRunner(b.js, classifier.Options{Runner: clsRunnerConfig(reg)})
+	r, err := classifier.New(b.js, classifier.Config{Runner: clsRunnerConfig(reg)})
 	if err != nil {
 		b.t.Fatal(err)
 	}
@@ -234,7 +234,7 @@ func (b *clsBench) classified() map[string]int {
 		if want := events.ClassifiedSubject(c.Provider, c.Class); m.Subject() != want {
 			b.t.Errorf("%s: subject %s, want %s", c.OutcomeID, m.Subject(), want)
 		}
-		if got, want := m.Headers().Get(nats.MsgIdHdr), consumer.OutputMsgID(classifier.Service, c.OutcomeID, "0"); got != want {
+		if got, want := m.Headers().Get(nats.MsgIdHdr), consumer.OutputMsgID(classifier.Name, c.OutcomeID, "0"); got != want {
 			b.t.Errorf("%s: Nats-Msg-Id %q, want %q", c.OutcomeID, got, want)
 		}
 		ids[c.OutcomeID]++
@@ -342,7 +342,7 @@ func TestClassifierCrashChild(t *testing.T) {
 			return next(ctx, m, out)
 		}
 	}}
-	r, err := classifier.NewRunner(js, classifier.Options{Runner: cfg})
+	r, err := classifier.New(js, classifier.Config{Runner: cfg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -479,8 +479,8 @@ func TestClassifierDeadLettersMalformedAndKeepsConsuming(t *testing.T) {
 	}
 	bySubject := map[string]*events.DeadLetter{}
 	for _, m := range dlqs {
-		if m.Subject() != events.DLQSubject(classifier.Service) {
-			t.Errorf("dead letter on %s, want %s", m.Subject(), events.DLQSubject(classifier.Service))
+		if m.Subject() != events.DLQSubject(classifier.Name) {
+			t.Errorf("dead letter on %s, want %s", m.Subject(), events.DLQSubject(classifier.Name))
 		}
 		dl, err := events.DecodeAs[*events.DeadLetter](m.Subject(), m.Headers(), m.Data())
 		if err != nil {
@@ -497,7 +497,7 @@ func TestClassifierDeadLettersMalformedAndKeepsConsuming(t *testing.T) {
 			if !strings.Contains(dl.Reason, j.reason) {
 				t.Errorf("reason %q, want it to contain %q", dl.Reason, j.reason)
 			}
-			if string(dl.Data) != string(j.data) || dl.Service != classifier.Service || dl.Stream != topology.StreamOutcomes || dl.Seq == 0 {
+			if string(dl.Data) != string(j.data) || dl.Service != classifier.Name || dl.Stream != topology.StreamOutcomes || dl.Seq == 0 {
 				t.Errorf("dead letter %+v does not keep the original", dl)
 			}
 		})

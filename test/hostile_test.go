@@ -296,7 +296,7 @@ func TestHostilePayloads(t *testing.T) {
 		t.Errorf("%d dead letters, want %d", n, countDead(cases))
 	}
 	// Each hostile input was handled once: no delivery loop.
-	if got := counterValue(t, reg, "failbus_consumer_redeliveries_total", map[string]string{"service": classifier.Service}); got != 0 {
+	if got := counterValue(t, reg, "failbus_consumer_redeliveries_total", map[string]string{"service": classifier.Name}); got != 0 {
 		t.Errorf("%v redeliveries, want none", got)
 	}
 	if rssOK {
@@ -349,7 +349,7 @@ func TestHostileSameIDWhateverTheHeader(t *testing.T) {
 	b.poll("runner healthy", func() bool { return r.Healthy() == nil })
 	b.waitIdle()
 	b.checkExactlyOnce([]*events.Outcome{o})
-	if got := counterValue(t, reg, "failbus_consumer_outputs_published_total", map[string]string{"service": classifier.Service, "duplicate": "true"}); got != 4 {
+	if got := counterValue(t, reg, "failbus_consumer_outputs_published_total", map[string]string{"service": classifier.Name, "duplicate": "true"}); got != 4 {
 		t.Errorf("%v classifications recognised as duplicates, want 4", got)
 	}
 }
@@ -381,7 +381,7 @@ func TestHostileDeletedDurableComesBack(t *testing.T) {
 	b.waitIdle()
 	t.Logf("durable back %v after the deletion, its %d messages classified %v after it", back.Round(time.Millisecond), len(after), time.Since(deleted).Round(time.Millisecond))
 	b.checkExactlyOnce(append(before, after...))
-	if got := counterValue(t, reg, "failbus_consumer_recreated_total", map[string]string{"service": classifier.Service}); got != 1 {
+	if got := counterValue(t, reg, "failbus_consumer_recreated_total", map[string]string{"service": classifier.Name}); got != 1 {
 		t.Errorf("failbus_consumer_recreated_total = %v, want 1", got)
 	}
 	// The next start applies the topology over the recreated durable

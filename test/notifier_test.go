@@ -77,7 +77,7 @@ func ntfConsumer(maxDeliver int) *jetstream.ConsumerConfig {
 type ntfReplica struct {
 	name string
 	nc   *nats.Conn
-	svc  *notifier.Svc
+	svc  *notifier.Service
 	kill context.CancelFunc // cancels its in-flight sends
 	stop context.CancelFunc // graceful stop
 	done chan error
@@ -111,7 +111,7 @@ func (b *ntfBench) tryStartReplica(name string, cfg notifier.Config) (*ntfReplic
 	if cfg.FetchWait == 0 {
 		cfg.FetchWait = 200 * time.Millisecond
 	}
-	svc, err := notifier.New(b.ctx, js, cfg)
+	svc, err := notifier.New(js, cfg)
 	if err != nil {
 		nc.Close()
 		kill()
@@ -384,7 +384,7 @@ func (b *ntfBench) auditKinds() map[string]int {
 	if err != nil {
 		b.t.Fatal(err)
 	}
-	prefix := events.AuditPrefix + "." + notifier.Service + "."
+	prefix := events.AuditPrefix + "." + notifier.Name + "."
 	info, err := s.Info(b.ctx, jetstream.WithSubjectFilter(prefix+">"))
 	if err != nil {
 		b.t.Fatal(err)

@@ -98,11 +98,11 @@ func (b *recBench) startPipeline(scopeYAML string) {
 	if err != nil {
 		b.t.Fatal(err)
 	}
-	cls, err := classifier.NewRunner(b.js, classifier.Options{Runner: consumer.Config{FetchWait: 100 * time.Millisecond}})
+	cls, err := classifier.New(b.js, classifier.Config{Runner: consumer.Config{FetchWait: 100 * time.Millisecond}})
 	if err != nil {
 		b.t.Fatal(err)
 	}
-	sch, err := scheduler.New(b.js, scheduler.Options{Policy: pol, Runner: consumer.Config{FetchWait: 100 * time.Millisecond}})
+	sch, err := scheduler.New(b.js, scheduler.Config{Policy: pol, Runner: consumer.Config{FetchWait: 100 * time.Millisecond}})
 	if err != nil {
 		b.t.Fatal(err)
 	}

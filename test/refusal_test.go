@@ -51,7 +51,7 @@ func refSetup(t *testing.T, cfg refusal.Config, replicas int) *refBench {
 	srv, js, ctx := bus.Srv, bus.JS, bus.Ctx
 	b := &refBench{t: t, ctx: ctx, srv: srv, js: js, cfg: cfg}
 	b.run("classifier", func(js jetstream.JetStream) (func(context.Context) error, func() error) {
-		r, err := classifier.NewRunner(js, classifier.Options{Runner: consumer.Config{FetchWait: 100 * time.Millisecond, Registerer: prometheus.NewRegistry()}})
+		r, err := classifier.New(js, classifier.Config{Runner: consumer.Config{FetchWait: 100 * time.Millisecond, Registerer: prometheus.NewRegistry()}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -59,7 +59,7 @@ func refSetup(t *testing.T, cfg refusal.Config, replicas int) *refBench {
 	})
 	for i := range replicas {
 		b.run(fmt.Sprintf("refusals-%d", i), func(js jetstream.JetStream) (func(context.Context) error, func() error) {
-			s, err := refusals.New(js, refusals.Options{
+			s, err := refusals.New(js, refusals.Config{
 				Policy: cfg,
 				Runner: consumer.Config{FetchWait: 100 * time.Millisecond, Registerer: prometheus.NewRegistry()},
 			})

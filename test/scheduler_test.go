@@ -69,7 +69,7 @@ func (b *schBench) poll(what string, every time.Duration, cond func() bool) {
 }
 
 // startScheduler runs a scheduler in this process until the test ends.
-func (b *schBench) startScheduler(opts scheduler.Options) *scheduler.Scheduler {
+func (b *schBench) startScheduler(opts scheduler.Config) *scheduler.Service {
 	b.t.Helper()
 	s, err := scheduler.New(b.js, opts)
 	if err != nil {
@@ -313,7 +313,7 @@ func TestSchedulerTenThousandRetriesComeDueExactlyOnceNoneEarly(t *testing.T) {
 	const n = 10_000
 	b := schSetup(t, 4*time.Minute)
 	reg := prometheus.NewRegistry()
-	b.startScheduler(scheduler.Options{SkipRebuild: true, Runner: consumer.Config{
+	b.startScheduler(scheduler.Config{Runner: consumer.Config{
 		Concurrency: 16, FetchBatch: 128, FetchWait: 200 * time.Millisecond, Registerer: reg,
 	}})
 	cs := make([]*events.Classification, n)
@@ -394,7 +394,7 @@ func TestSchedulerCrashChild(t *testing.T) {
 			select {} // SIGKILL is not caught; nothing after this runs
 		}
 	}
-	err = scheduler.Run(context.Background(), nc, scheduler.Options{
+	err = scheduler.Run(context.Background(), nc, scheduler.Config{
 		WatchPolicy: true,
 		CrashAt:     hook,
 		Runner:      consumer.Config{Concurrency: 8, FetchBatch: 16, FetchWait: 100 * time.Millisecond},
@@ -487,7 +487,7 @@ func TestSchedulerKilledBetweenLedgerScheduleAndDecision(t *testing.T) {
 	}
 
 	reg := prometheus.NewRegistry()
-	b.startScheduler(scheduler.Options{WatchPolicy: true, Runner: consumer.Config{Concurrency: 8, FetchWait: 100 * time.Millisecond, Registerer: reg}})
+	b.startScheduler(scheduler.Config{WatchPolicy: true, Runner: consumer.Config{Concurrency: 8, FetchWait: 100 * time.Millisecond, Registerer: reg}})
 	b.poll("every classification decided", 100*time.Millisecond, b.schedulerIdle)
 
 	// Exactly one decision per outcome; per step, retries 1..3 once each.
@@ -566,7 +566,7 @@ func TestSchedulerKilledBetweenLedgerScheduleAndDecision(t *testing.T) {
 	}
 	t.Logf("after %d kills: %d retries due once each (lateness p50 %v, max %v); last process: %s",
 		len(kills), len(late), percentile(late, .5).Round(time.Millisecond), late[len(late)-1].Round(time.Millisecond), strings.Join(notes, " "))
-	if n := len(b.read(topology.StreamDLQ, events.DLQSubject(scheduler.Service))); n != 0 {
+	if n := len(b.read(topology.StreamDLQ, events.DLQSubject(scheduler.Name))); n != 0 {
 		t.Errorf("%d dead letters, want 0", n)
 	}
 }

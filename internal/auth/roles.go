@@ -141,7 +141,7 @@ func serviceRoles() []Role {
 			Read:        []string{events.ClassifiedPrefix + ".>", events.HealthPrefix + ".>", events.RetryPrefix + ".due.>"},
 			Lookup:      []string{topology.StreamRetries, topology.StreamHealth},
 			Purge:       []string{topology.StreamRetries},
-			Buckets:     []string{topology.BucketRefusals},
+			Buckets:     []string{topology.BucketRefusals, topology.BucketScope},
 			BucketsRead: []string{topology.BucketPolicy},
 			Serve:       []string{events.RefusalRouteSubject},
 		},

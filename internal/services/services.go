@@ -37,7 +37,7 @@ func All() []servicemain.Spec {
 func Classifier() servicemain.Spec {
 	concurrency := classifier.DefaultConcurrency
 	return servicemain.Spec{
-		Name:           classifier.Service,
+		Name:           classifier.Name,
 		DefaultOpsAddr: classifier.DefaultOpsAddr,
 		Flags: func(fs *flag.FlagSet) {
 			fs.IntVar(&concurrency, "concurrency", concurrency, "outcomes handled at once")
@@ -49,13 +49,9 @@ func Classifier() servicemain.Spec {
 			return nil
 		},
 		Build: func(_ context.Context, env servicemain.Env) (servicemain.Service, error) {
-			classify, err := env.Policy.ClassifyFunc()
-			if err != nil {
-				return nil, fmt.Errorf("%s: classify: %w", env.PolicyFile, err)
-			}
-			return classifier.NewRunner(env.JS, classifier.Options{
-				Classify: classifier.ClassifyFunc(classify),
-				Runner:   consumer.Config{Concurrency: concurrency, Logger: env.Log, Registerer: env.Registry},
+			return classifier.New(env.JS, classifier.Config{
+				Policy: env.Policy,
+				Runner: consumer.Config{Concurrency: concurrency, Logger: env.Log, Registerer: env.Registry},
 			})
 		},
 	}
@@ -72,7 +68,7 @@ func Scheduler() servicemain.Spec {
 		maxProvs    = scheduler.DefaultMaxProviders
 	)
 	return servicemain.Spec{
-		Name:           scheduler.Service,
+		Name:           scheduler.Name,
 		DefaultOpsAddr: scheduler.DefaultOpsAddr,
 		Flags: func(fs *flag.FlagSet) {
 			fs.BoolVar(&policyKV, "policy-kv", policyKV, "let FAILBUS_POLICY/"+scheduler.PolicyKVKey+" in KV override --policy, reloaded on change")
@@ -94,7 +90,7 @@ func Scheduler() servicemain.Spec {
 			return nil
 		},
 		Build: func(_ context.Context, env servicemain.Env) (servicemain.Service, error) {
-			s, err := scheduler.New(env.JS, scheduler.Options{
+			s, err := scheduler.New(env.JS, scheduler.Config{
 				Policy:             env.Policy,
 				PolicyFile:         env.PolicyFile,
 				PolicyPollInterval: policyPoll,
@@ -112,7 +108,7 @@ func Scheduler() servicemain.Spec {
 			// scheduler or its own consumer"): same policy file, read
 			// once at start (they do not follow reloads), own consumers
 			// and the route micro service.
-			r, err := refusals.New(env.JS, refusals.Options{
+			r, err := refusals.New(env.JS, refusals.Config{
 				Policy: env.Policy.Refusal,
 				Runner: consumer.Config{Logger: env.Log, Registerer: env.Registry},
 			})
@@ -133,7 +129,7 @@ func Notifier() servicemain.Spec {
 		replica        = servicemain.EnvString("FAILBUS_NOTIFIER_REPLICA", "")
 	)
 	return servicemain.Spec{
-		Name:           notifier.Service,
+		Name:           notifier.Name,
 		DefaultOpsAddr: notifier.DefaultOpsAddr,
 		Flags: func(fs *flag.FlagSet) {
 			fs.IntVar(&concurrency, "concurrency", concurrency, "requests handled at once")
@@ -150,7 +146,7 @@ func Notifier() servicemain.Spec {
 			return nil
 		},
 		Build: func(ctx context.Context, env servicemain.Env) (servicemain.Service, error) {
-			return notifier.New(ctx, env.JS, notifier.Config{
+			return notifier.New(env.JS, notifier.Config{
 				Notify:         env.Policy.Notify,
 				DedupeLifetime: dedupeLifetime,
 				Replica:        replica,

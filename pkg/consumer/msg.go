@@ -124,7 +124,8 @@ func (o *Outputs) Publish(subject string, v events.Message, key string) {
 		o.err = fmt.Errorf("output key %q used twice", key)
 		return
 	}
-	data, hdr, err := events.Encode(v)
+	id := OutputMsgID(o.service, o.inputID, key)
+	msg, err := NewMsg(subject, v, id, nil)
 	if err != nil {
 		o.err = fmt.Errorf("output %s to %s: %w", key, subject, err)
 		return
@@ -133,9 +134,7 @@ func (o *Outputs) Publish(subject string, v events.Message, key string) {
 		o.keys = map[string]bool{}
 	}
 	o.keys[key] = true
-	id := OutputMsgID(o.service, o.inputID, key)
-	hdr.Set(events.HeaderMsgID, id)
-	o.outs = append(o.outs, output{subject: subject, msgID: id, data: data, header: hdr})
+	o.outs = append(o.outs, output{subject: subject, msgID: id, data: msg.Data, header: msg.Header})
 }
 
 // Len is the number of outputs collected so far.

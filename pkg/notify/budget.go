@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
+	"github.com/failbus/failbus/pkg/policy/notification"
 )
 
 // The daily budget lives in the budget bucket, one record per UTC day,
@@ -92,10 +92,11 @@ func (n *Notifier) updateBudget(ctx context.Context, day string, fresh bool, cha
 	return nil, fmt.Errorf("notify: budget %s: too many concurrent updates", key)
 }
 
-// reserve takes one of the day's slots; ok is false when they are used up.
-func (n *Notifier) reserve(ctx context.Context, day string) (ok bool, b *BudgetRecord, err error) {
+// reserve takes one of the day's slots; ok is false when they are used up
+// (notification.AdmitBudget decides).
+func (n *Notifier) reserve(ctx context.Context, day string, a notification.Admission) (ok bool, b *BudgetRecord, err error) {
 	b, err = n.updateBudget(ctx, day, false, func(b *BudgetRecord) bool {
-		ok = b.Sent < b.Limit
+		ok = notification.AdmitBudget(n.limits(), a, b.day()).Verdict == notification.Send
 		if ok {
 			b.Sent++
 		}
@@ -104,13 +105,14 @@ func (n *Notifier) reserve(ctx context.Context, day string) (ok bool, b *BudgetR
 	return ok, b, err
 }
 
-// countHeld counts one more dedupe key held back today.
-func (n *Notifier) countHeld(ctx context.Context, day string) (*BudgetRecord, error) {
-	now := n.cfg.Now()
+// countHeld counts one more dedupe key held back today, the request of at;
+// the first such request's time is when the budget ran out (the digest's
+// `at`, as simulate dates it).
+func (n *Notifier) countHeld(ctx context.Context, day string, at time.Time) (*BudgetRecord, error) {
 	return n.updateBudget(ctx, day, false, func(b *BudgetRecord) bool {
 		b.Held++
 		if b.ExhaustedAt.IsZero() {
-			b.ExhaustedAt = now
+			b.ExhaustedAt = at
 		}
 		return true
 	})
@@ -145,29 +147,14 @@ func (n *Notifier) Budget(ctx context.Context, day string) (*BudgetRecord, error
 // so it is deduplicated, retried and audited like the others; its dedupe
 // key makes it once per day, and it bypasses the budget.
 func DigestRequest(b *BudgetRecord, service string) *events.Notification {
-	n := &events.Notification{
-		DedupeKey: DigestKeyPrefix + b.Day,
-		Severity:  events.SeverityNormal,
-		Labels:    map[string]string{DigestLabel: DigestLabelValue, DigestDayLabel: b.Day},
-		At:        events.At(b.ExhaustedAt),
-	}
-	renderDigestText(n, b, service)
-	return n
+	n := notification.Digest(b.Limit, b.Day, b.Held, b.ExhaustedAt, topology.StreamNotify, events.AuditSubject(service, AuditHeld))
+	return &n
 }
 
 // renderDigestText writes the digest's title and text from the budget
-// record: how many were held back and why.
+// record: how many were held back and why (notification.DigestText).
 func renderDigestText(n *events.Notification, b *BudgetRecord, service string) {
-	n.Title = "Notification budget used up for " + b.Day + " (UTC)"
-	held := strconv.Itoa(b.Held) + " non-critical notifications have"
-	if b.Held == 1 {
-		held = "1 non-critical notification has"
-	}
-	n.Text = fmt.Sprintf("The daily budget of %d non-critical notifications for %s (UTC) is used up, "+
-		"so %s been held back so far, and more will be until 00:00 UTC. Critical notifications still go out. "+
-		"Each held-back request stays on the %s stream with an audit record on %s. "+
-		"Raise notify.daily_budget in the policy to let more through.",
-		b.Limit, b.Day, held, topology.StreamNotify, events.AuditSubject(service, AuditHeld))
+	n.Title, n.Text = notification.DigestText(b.Limit, b.Day, b.Held, topology.StreamNotify, events.AuditSubject(service, AuditHeld))
 }
 
 // renderDigest refreshes a digest's count from the budget record just

@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"time"
+
+	"github.com/failbus/failbus/pkg/policy/notification"
 )
 
 // Ledger states of a dedupe key (one entry per key in the dedupe bucket).
@@ -114,7 +116,7 @@ type BudgetRecord struct {
 	Sent int `json:"sent"`
 	// Held counts distinct dedupe keys held back that day.
 	Held int `json:"held"`
-	// ExhaustedAt is when the first request was held back.
+	// ExhaustedAt is the time (`at`) of the first request held back.
 	ExhaustedAt time.Time `json:"exhausted_at,omitzero"`
 	// DigestRequested is set once the day's digest request is on the bus.
 	DigestRequested bool `json:"digest_requested,omitempty"`
@@ -123,8 +125,13 @@ type BudgetRecord struct {
 // BudgetKey is the budget bucket key of a UTC day ("2006-01-02").
 func BudgetKey(day string) string { return "day." + day }
 
-// UTCDay is the budget day of t.
-func UTCDay(t time.Time) string { return t.UTC().Format(time.DateOnly) }
+// UTCDay is the budget day of t (notification.UTCDay).
+func UTCDay(t time.Time) string { return notification.UTCDay(t) }
+
+// day is the record as admission reads it.
+func (b *BudgetRecord) day() notification.Day {
+	return notification.Day{Day: b.Day, Sent: b.Sent, Held: b.Held, DigestRequested: b.DigestRequested}
+}
 
 func encodeBudget(b *BudgetRecord) []byte {
 	out, err := json.Marshal(b)

@@ -10,13 +10,14 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 	"github.com/rs/zerolog"
 
 	topology "github.com/failbus/failbus/jetstream"
+	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
+	"github.com/failbus/failbus/pkg/policy/notification"
 	"github.com/failbus/failbus/pkg/redact"
 )
 
@@ -41,16 +42,16 @@ const (
 // Unlimited as Config.DailyBudget turns the budget off. (The policy's
 // daily_budget is always a number: 0 there means no non-critical
 // notification at all.)
-const Unlimited = -1
+const Unlimited = notification.Unlimited
 
 // DigestKeyPrefix starts the dedupe key of a budget digest; the UTC day
 // follows. With the label DigestLabel=DigestLabelValue it marks the one
 // request per day that bypasses the budget it reports on.
 const (
-	DigestKeyPrefix  = "failbus-notifier:budget-digest:"
-	DigestLabel      = "failbus_digest"
-	DigestLabelValue = "budget"
-	DigestDayLabel   = "day"
+	DigestKeyPrefix  = notification.DigestKeyPrefix
+	DigestLabel      = notification.DigestLabel
+	DigestLabelValue = notification.DigestLabelValue
+	DigestDayLabel   = notification.DigestDayLabel
 )
 
 // Config configures a Notifier. Every field documents its default; the
@@ -255,7 +256,7 @@ func (n *Notifier) Process(ctx context.Context, req Request) (Result, error) {
 	p.note = n.redacted(req.Notification, p.now)
 	p.key = LedgerKey(req.Notification.DedupeKey)
 	p.digest = IsDigest(&req.Notification)
-	p.budgeted = req.Notification.Severity != events.SeverityCritical && !p.digest && n.cfg.DailyBudget != Unlimited
+	p.budgeted = notification.Budgeted(n.limits(), req.Notification)
 	for _, r := range n.cfg.Routes {
 		if r.Matches(&req.Notification) {
 			p.routes = append(p.routes, r)
@@ -270,23 +271,17 @@ func (n *Notifier) Process(ctx context.Context, req Request) (Result, error) {
 
 // IsDigest reports whether n is the notifier's own budget digest, which the
 // budget does not apply to.
-func IsDigest(n *events.Notification) bool {
-	return strings.HasPrefix(n.DedupeKey, DigestKeyPrefix) && n.Labels[DigestLabel] == DigestLabelValue
+func IsDigest(n *events.Notification) bool { return notification.IsDigest(*n) }
+
+// limits are the admission limits (notification.Admit) this notifier runs.
+func (n *Notifier) limits() notification.Limits {
+	return notification.Limits{DailyBudget: n.cfg.DailyBudget, DedupeLifetime: n.cfg.DedupeLifetime}
 }
 
 // redacted is the copy of a request that leaves the process: secrets
 // masked in every human-readable field (DESIGN.md §4), At set.
 func (n *Notifier) redacted(in events.Notification, now time.Time) events.Notification {
-	out := in
-	out.DedupeKey = redact.String(in.DedupeKey)
-	out.Title = redact.String(in.Title)
-	out.Text = redact.String(in.Text)
-	if len(in.Labels) > 0 {
-		out.Labels = make(map[string]string, len(in.Labels))
-		for k, v := range in.Labels {
-			out.Labels[k] = redact.String(v)
-		}
-	}
+	out := notification.Redacted(in)
 	if out.At.IsZero() {
 		out.At = events.At(now)
 	}
@@ -425,7 +420,8 @@ func (p *proc) judge(ctx context.Context, e *LedgerEntry) (Result, bool, error) 
 	}
 	switch e.State {
 	case LedgerSent:
-		if now.Sub(e.SentAt) >= n.cfg.DedupeLifetime {
+		a := notification.AdmitKey(n.limits(), p.req.Notification, notification.KeyState{SentAt: e.SentAt}, now)
+		if a.NewLifetime {
 			*e = *p.fresh() // lifetime over: notify again, new idempotency key
 			return Result{}, false, nil
 		}
@@ -441,7 +437,7 @@ func (p *proc) judge(ctx context.Context, e *LedgerEntry) (Result, bool, error) 
 			res, err := p.finish(Result{Action: Ack, Kind: AuditSent}, errors.Join(errs...))
 			return res, true, err
 		}
-		return p.dedupe("already sent at "+e.SentAt.UTC().Format(time.RFC3339)+" by request "+e.Request, e)
+		return p.dedupe(a.Reason+" by request "+e.Request, e)
 	case LedgerClaimed:
 		if now.Before(e.Until) {
 			if mine {
@@ -459,7 +455,7 @@ func (p *proc) judge(ctx context.Context, e *LedgerEntry) (Result, bool, error) 
 		}
 		return claim()
 	case LedgerHeld:
-		if p.budgeted && e.HeldDay == p.day {
+		if a := notification.AdmitKey(n.limits(), p.req.Notification, notification.KeyState{HeldDay: e.HeldDay}, now); a.HeldAgain {
 			res, err := p.heldAgain(ctx, e)
 			return res, true, err
 		}
@@ -504,7 +500,7 @@ func (p *proc) heldAgain(ctx context.Context, e *LedgerEntry) (Result, error) {
 // takeBudgetSlot takes one of today's slots, or holds the request back.
 func (p *proc) takeBudgetSlot(ctx context.Context) (Result, bool, error) {
 	n := p.n
-	ok, b, err := n.reserve(ctx, p.day)
+	ok, b, err := n.reserve(ctx, p.day, notification.Admission{Verdict: notification.Send, Budgeted: true})
 	if err != nil {
 		return Result{}, true, err
 	}
@@ -520,7 +516,7 @@ func (p *proc) takeBudgetSlot(ctx context.Context) (Result, bool, error) {
 	if err := p.store(ctx); err != nil {
 		return Result{}, true, err
 	}
-	b, err = n.countHeld(ctx, p.day)
+	b, err = n.countHeld(ctx, p.day, p.note.At.Time)
 	if err != nil {
 		return Result{}, true, err
 	}
@@ -776,17 +772,13 @@ func (p *proc) audit(kind, sink string, attempt int, answer, reason string, opts
 	return n.publish(context.Background(), events.AuditSubject(n.cfg.Service, kind), a, id)
 }
 
-// publish stores m on subject with Nats-Msg-Id id and waits for JetStream.
+// publish stores m on subject with Nats-Msg-Id id (consumer.Publish) and
+// waits for JetStream.
 func (n *Notifier) publish(ctx context.Context, subject string, m events.Message, id string) error {
-	data, hdr, err := events.Encode(m)
-	if err != nil {
-		return fmt.Errorf("notify: encode %s: %w", m.SchemaName(), err)
-	}
-	hdr.Set(events.HeaderMsgID, id)
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := n.js.PublishMsg(pctx, &nats.Msg{Subject: subject, Header: hdr, Data: data}); err != nil {
-		return fmt.Errorf("notify: publish %s: %w", subject, err)
+	if _, err := consumer.Publish(pctx, n.js, subject, m, id, nil); err != nil {
+		return fmt.Errorf("notify: %w", err)
 	}
 	return nil
 }

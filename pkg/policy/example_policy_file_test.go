@@ -10,6 +10,8 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/failbus/failbus/pkg/engine"
+	"github.com/failbus/failbus/pkg/engine/sim"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy"
 	"github.com/failbus/failbus/pkg/policy/classify"
@@ -18,7 +20,6 @@ import (
 	"github.com/failbus/failbus/pkg/policy/refusal"
 	"github.com/failbus/failbus/pkg/policy/retry"
 	"github.com/failbus/failbus/pkg/policy/scope"
-	"github.com/failbus/failbus/pkg/policy/sim"
 )
 
 // The example policy file and its reference are documentation that must not
@@ -175,8 +176,8 @@ func TestExamplePolicyFile(t *testing.T) {
 	}
 
 	t.Run("the classifier and the simulator accept it", func(t *testing.T) {
-		if _, err := p.ClassifyFunc(); err != nil {
-			t.Errorf("ClassifyFunc: %v", err)
+		if _, err := engine.New(engine.Config{Policy: p}); err != nil {
+			t.Errorf("engine.New: %v", err)
 		}
 		if _, err := sim.New(sim.Config{Policy: p, Seed: 1}); err != nil {
 			t.Errorf("sim.New: %v", err)

@@ -32,7 +32,6 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy/classify"
 	"github.com/failbus/failbus/pkg/policy/notification"
 	"github.com/failbus/failbus/pkg/policy/recovery"
@@ -192,22 +191,3 @@ func cfgPrefix(section string, err error) error {
 // with that provider's override on top. It returns nil when the resolved mode
 // is off (the seed's "no policy": pass on).
 func (p *Policy) RetryFor(provider string) *retry.Policy { return p.Retry.For(provider) }
-
-// ClassifyFunc compiles the policy's classify section and returns the
-// classification "after policy" (CONTRACT.md): the class's retryability is
-// the policy's retryable set for the outcome's provider, not the contract
-// default. The classifier service, `failbus classify` and `failbus simulate`
-// all classify through it, so they cannot disagree.
-func (p *Policy) ClassifyFunc() (func(*events.Outcome) events.Classification, error) {
-	cl, err := classify.New(p.Classify)
-	if err != nil {
-		return nil, err
-	}
-	return func(o *events.Outcome) events.Classification {
-		c := cl.Classify(o)
-		if c.Class != events.ClassOK {
-			c.Retryable = p.RetryFor(o.Provider).IsRetryable(c.Class)
-		}
-		return c
-	}, nil
-}

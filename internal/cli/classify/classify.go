@@ -12,6 +12,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/failbus/failbus/internal/cli"
+	"github.com/failbus/failbus/pkg/engine"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy"
 	pclassify "github.com/failbus/failbus/pkg/policy/classify"
@@ -57,21 +58,21 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		}
 		pol = p
 	}
-	classify, err := pol.ClassifyFunc()
+	eng, err := engine.New(engine.Config{Policy: pol})
 	if err != nil {
 		fmt.Fprintf(stderr, "failbus classify: %s: %v\n", *policyPath, err)
 		return 2
 	}
 
 	if *explain {
-		return runExplain(classify, stdin, stdout, stderr, *asJSON)
+		return runExplain(eng.Classify, stdin, stdout, stderr, *asJSON)
 	}
 
 	w := bufio.NewWriterSize(stdout, 64<<10)
 	err = cli.EachLine(stdin, func(lineNo int, line []byte, tooLong bool) error {
 		rec := classifyError(lineNo, fmt.Errorf("line longer than %d bytes", cli.MaxLine))
 		if !tooLong {
-			rec = classifyLine(classify, line, lineNo)
+			rec = classifyLine(eng.Classify, line, lineNo)
 		}
 		if _, err := w.Write(append(rec, '\n')); err != nil {
 			return fmt.Errorf("write stdout: %w", err)

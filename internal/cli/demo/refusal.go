@@ -338,7 +338,7 @@ func (s *refusalDemo) printDelivered(ctx context.Context) error {
 	}
 	sent := map[string][]notify.Audit{}
 	var order []string
-	cfg := watch.Config{Stream: topology.StreamAudit, Filters: []string{events.AuditSubject(notifier.Service, notify.AuditSent)}, Follow: true}
+	cfg := watch.Config{Stream: topology.StreamAudit, Filters: []string{events.AuditSubject(notifier.Name, notify.AuditSent)}, Follow: true}
 	err := watch.Read(wctx, s.js, cfg, func(m jetstream.Msg) error {
 		var a notify.Audit
 		if err := msgpack.Unmarshal(m.Data(), &a); err != nil {

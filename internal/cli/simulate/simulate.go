@@ -7,8 +7,8 @@ import (
 	"io"
 
 	"github.com/failbus/failbus/internal/cli"
+	"github.com/failbus/failbus/pkg/engine/sim"
 	"github.com/failbus/failbus/pkg/policy"
-	"github.com/failbus/failbus/pkg/policy/sim"
 )
 
 // Command is `failbus simulate`.

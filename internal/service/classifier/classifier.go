@@ -23,13 +23,15 @@ import (
 
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
+	"github.com/failbus/failbus/pkg/engine"
 	"github.com/failbus/failbus/pkg/events"
+	"github.com/failbus/failbus/pkg/policy"
 	"github.com/failbus/failbus/pkg/policy/classify"
 )
 
-// Service is the service name: the metrics label, the dead-letter subject
+// Name is the service name: the metrics label, the dead-letter subject
 // failbus.dlq.classifier and the prefix of its outputs' Nats-Msg-Id.
-const Service = "classifier"
+const Name = "classifier"
 
 // DefaultOpsAddr is where cmd/classifier serves /metrics and /healthz unless
 // told otherwise. Each service has its own port (classifier 9401), so they
@@ -45,10 +47,16 @@ const DefaultConcurrency = 4
 // (*classify.Classifier).Classify fit.
 type ClassifyFunc func(*events.Outcome) events.Classification
 
-// Options configure the classifier service.
-type Options struct {
-	// Classify classifies each outcome. Defaults to classify.Classify, the
-	// default policy's classifier.
+// Config configures the classifier service.
+type Config struct {
+	// Policy is the policy whose classification stage runs: its classify
+	// rules, and its retry section for the classes' retryability "after
+	// policy" (engine.Classify). Defaults to policy.Default().
+	Policy *policy.Policy
+
+	// Classify, when set, replaces the policy's classification (a plug-in
+	// classifier); the outcome's identity and context are still completed
+	// (engine.Complete).
 	Classify ClassifyFunc
 
 	// Runner holds the consumer runner settings: Logger, Registerer,
@@ -59,23 +67,38 @@ type Options struct {
 	Runner consumer.Config
 }
 
-// NewRunner builds the classifier service on a consumer runner bound to the
+// Service is the classifier service: a consumer runner on the topology's
+// `classifier` consumer around the engine's classification stage. Run,
+// Healthy and Gatherer are the runner's.
+type Service struct {
+	*consumer.Runner
+}
+
+// New builds the classifier service on a consumer runner bound to the
 // topology's `classifier` consumer. Apply the topology before Run. Its
 // metrics go to opts.Runner.Registerer (or the runner's own registry, see
 // Runner.Gatherer).
-func NewRunner(js jetstream.JetStream, opts Options) (*consumer.Runner, error) {
+func New(js jetstream.JetStream, opts Config) (*Service, error) {
 	cfg := opts.Runner
 	if cfg.Service != "" || cfg.Stream != "" || cfg.Consumer != "" || cfg.Decode {
 		return nil, fmt.Errorf("%w: classifier sets Service, Stream, Consumer and Decode itself", consumer.ErrInvalidConfig)
 	}
-	cfg.Service, cfg.Stream, cfg.Consumer = Service, topology.StreamOutcomes, topology.ConsumerClassifier
+	cfg.Service, cfg.Stream, cfg.Consumer = Name, topology.StreamOutcomes, topology.ConsumerClassifier
 	if cfg.Concurrency == 0 {
 		cfg.Concurrency = DefaultConcurrency
 	}
 	if cfg.Registerer == nil {
 		cfg.Registerer = prometheus.NewRegistry()
 	}
-	h, err := NewHandler(opts.Classify, cfg.Registerer)
+	fn := opts.Classify
+	if fn == nil {
+		eng, err := engine.New(engine.Config{Policy: opts.Policy})
+		if err != nil {
+			return nil, fmt.Errorf("classifier: %w", err)
+		}
+		fn = eng.Classify
+	}
+	h, err := NewHandler(fn, cfg.Registerer)
 	if err != nil {
 		return nil, err
 	}
@@ -83,7 +106,7 @@ func NewRunner(js jetstream.JetStream, opts Options) (*consumer.Runner, error) {
 	if err != nil {
 		return nil, fmt.Errorf("classifier: %w", err)
 	}
-	return r, nil
+	return &Service{Runner: r}, nil
 }
 
 // NewHandler returns the classifier's message handler, registering its
@@ -91,7 +114,9 @@ func NewRunner(js jetstream.JetStream, opts Options) (*consumer.Runner, error) {
 // failbus_classifier_overrules_total{claimed,final}, the rate at which
 // evidence demotes a heuristic's or an upstream code's claim (DESIGN.md §4).
 // Metrics count handler runs, so a redelivered outcome counts again.
-// classify nil selects classify.Classify.
+// classify nil selects classify.Classify (the default policy's rules, the
+// contract's retryability); whatever classifies, the outcome's identity and
+// context are completed by engine.Complete.
 func NewHandler(classifyFn ClassifyFunc, reg prometheus.Registerer) (consumer.Handler, error) {
 	if classifyFn == nil {
 		classifyFn = classify.Classify
@@ -123,7 +148,7 @@ func NewHandler(classifyFn ClassifyFunc, reg prometheus.Registerer) (consumer.Ha
 			return consumer.DeadLetter("decode outcome: " + err.Error())
 		}
 		c := classifyFn(o)
-		fillContext(&c, o)
+		engine.Complete(&c, o)
 		classes.WithLabelValues(c.Class).Inc()
 		if c.Overruled != "" {
 			overrules.WithLabelValues(c.Overruled, c.Class).Inc()
@@ -131,34 +156,4 @@ func NewHandler(classifyFn ClassifyFunc, reg prometheus.Registerer) (consumer.Ha
 		out.Publish(events.ClassifiedSubject(o.Provider, c.Class), &c, "")
 		return nil
 	}, nil
-}
-
-// fillContext copies the outcome's identity and context into c where the
-// classifier left them empty, so downstream services never need a second
-// lookup whatever ClassifyFunc was plugged in.
-func fillContext(c *events.Classification, o *events.Outcome) {
-	set := func(dst *string, v string) {
-		if *dst == "" {
-			*dst = v
-		}
-	}
-	set(&c.OutcomeID, o.ID)
-	set(&c.Agent, o.Agent)
-	set(&c.Provider, o.Provider)
-	set(&c.Model, o.Model)
-	set(&c.Profile, o.Profile)
-	set(&c.Session, o.Session)
-	set(&c.RefusalScope, o.RefusalScope)
-	if c.At.IsZero() {
-		c.At = o.At
-	}
-	if c.Segment == 0 {
-		c.Segment = o.Segment
-	}
-	if c.Turn == 0 {
-		c.Turn = o.Turn
-	}
-	if c.Step == 0 {
-		c.Step = o.Step
-	}
 }

@@ -34,7 +34,7 @@ func TestClassifierServicePublishesWhatClassifyReturns(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	r, err := classifier.NewRunner(js, classifier.Options{
+	r, err := classifier.New(js, classifier.Config{
 		Classify: func(*events.Outcome) events.Classification {
 			return events.Classification{Class: events.ClassServerError, Rule: "test.rule", Overruled: events.ClassContextOverflow}
 		},
@@ -136,9 +136,9 @@ func TestClassifierRunnerRefusesToBeRenamed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = classifier.NewRunner(js, classifier.Options{Runner: consumer.Config{Service: "other"}})
+	_, err = classifier.New(js, classifier.Config{Runner: consumer.Config{Service: "other"}})
 	if !errors.Is(err, consumer.ErrInvalidConfig) {
-		t.Errorf("NewRunner with Service set: %v, want ErrInvalidConfig", err)
+		t.Errorf("New with Runner.Service set: %v, want ErrInvalidConfig", err)
 	}
 }
 

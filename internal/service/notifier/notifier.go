@@ -23,14 +23,17 @@ import (
 	"github.com/failbus/failbus/pkg/policy/notification"
 )
 
-// Service is the runner's service name: it names the dead-letter subject
+// Name is the runner's service name: it names the dead-letter subject
 // failbus.dlq.notifier, the audit subjects failbus.audit.notifier.<kind>
 // and the metrics' service label.
-const Service = notify.DefaultService
+const Name = notify.DefaultService
 
 // DefaultOpsAddr is where cmd/notifier serves /metrics and /healthz unless
 // told otherwise: loopback, since the endpoints have no authentication.
 const DefaultOpsAddr = "127.0.0.1:9404"
+
+// bindTimeout bounds New's binding of the dedupe and budget buckets.
+const bindTimeout = 10 * time.Second
 
 // DefaultConcurrency is how many requests one replica handles at once.
 // Notifications have no order to keep; sends to sinks that cannot
@@ -87,8 +90,8 @@ type Config struct {
 	Registerer prometheus.Registerer
 }
 
-// Svc is a running notifier replica.
-type Svc struct {
+// Service is a running notifier replica.
+type Service struct {
 	notifier  *notify.Notifier
 	runner    *consumer.Runner
 	decisions *prometheus.CounterVec
@@ -97,7 +100,7 @@ type Svc struct {
 // New builds the sinks, binds the buckets and prepares the runner. The
 // topology must be applied (topology.Apply) unless cfg.ConsumerConfig is
 // set; the buckets must exist in any case.
-func New(ctx context.Context, js jetstream.JetStream, cfg Config) (*Svc, error) {
+func New(js jetstream.JetStream, cfg Config) (*Service, error) {
 	routes := cfg.Routes
 	if routes == nil {
 		var err error
@@ -137,6 +140,8 @@ func New(ctx context.Context, js jetstream.JetStream, cfg Config) (*Svc, error) 
 		reg = prometheus.NewRegistry()
 	}
 
+	ctx, cancel := context.WithTimeout(context.Background(), bindTimeout)
+	defer cancel()
 	n, err := notify.New(ctx, notify.Config{
 		JetStream:      js,
 		Routes:         routes,
@@ -145,9 +150,9 @@ func New(ctx context.Context, js jetstream.JetStream, cfg Config) (*Svc, error) 
 		ClaimLease:     cfg.ClaimLease,
 		MaxUnconfirmed: cfg.MaxUnconfirmed,
 		Replica:        cfg.Replica,
-		Service:        Service,
+		Service:        Name,
 		Now:            cfg.Now,
-		Log:            cfg.Logger.With().Str("service", Service).Logger(),
+		Log:            cfg.Logger.With().Str("service", Name).Logger(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("notifier: %w", err)
@@ -159,14 +164,14 @@ func New(ctx context.Context, js jetstream.JetStream, cfg Config) (*Svc, error) 
 	if err != nil {
 		return nil, fmt.Errorf("notifier: metrics: %w", err)
 	}
-	s := &Svc{notifier: n, decisions: decisions}
+	s := &Service{notifier: n, decisions: decisions}
 	var cc *jetstream.ConsumerConfig
 	if cfg.ConsumerConfig != nil {
 		c := *cfg.ConsumerConfig
 		cc = &c
 	}
 	s.runner, err = consumer.New(js, consumer.Config{
-		Service:        Service,
+		Service:        Name,
 		Consumer:       topology.ConsumerNotifier,
 		Stream:         topology.StreamNotify,
 		ConsumerConfig: cc,
@@ -185,22 +190,22 @@ func New(ctx context.Context, js jetstream.JetStream, cfg Config) (*Svc, error) 
 }
 
 // Run consumes requests until ctx ends, then drains (see consumer.Runner).
-func (s *Svc) Run(ctx context.Context) error { return s.runner.Run(ctx) }
+func (s *Service) Run(ctx context.Context) error { return s.runner.Run(ctx) }
 
 // Healthy reports nil while the service is consuming (the /healthz check;
 // see consumer.Runner.Healthy).
-func (s *Svc) Healthy() error { return s.runner.Healthy() }
+func (s *Service) Healthy() error { return s.runner.Healthy() }
 
 // Runner is the consumer runner, for its health check and metrics.
-func (s *Svc) Runner() *consumer.Runner { return s.runner }
+func (s *Service) Runner() *consumer.Runner { return s.runner }
 
 // Notifier is the decision core, for operators and tests (budget reads).
-func (s *Svc) Notifier() *notify.Notifier { return s.notifier }
+func (s *Service) Notifier() *notify.Notifier { return s.notifier }
 
 // Handle is the consumer.Handler: one notification request in, a decision
 // out. The request's identity is its stream position, unique per stored
 // message and stable across redeliveries.
-func (s *Svc) Handle(ctx context.Context, m *consumer.Msg, _ *consumer.Outputs) error {
+func (s *Service) Handle(ctx context.Context, m *consumer.Msg, _ *consumer.Outputs) error {
 	note, ok := m.Value.(*events.Notification)
 	if !ok {
 		return consumer.DeadLetterf("%s carries a %s, not a notification request", m.Subject, schemaOf(m.Value))

@@ -97,7 +97,7 @@ func fastConsumer() *jetstream.ConsumerConfig {
 }
 
 // start runs one replica until the test ends.
-func (b *bundle) start(t *testing.T, cfg notifier.Config) *notifier.Svc {
+func (b *bundle) start(t *testing.T, cfg notifier.Config) *notifier.Service {
 	t.Helper()
 	if cfg.ConsumerConfig == nil {
 		cfg.ConsumerConfig = fastConsumer()
@@ -105,7 +105,7 @@ func (b *bundle) start(t *testing.T, cfg notifier.Config) *notifier.Svc {
 	if cfg.FetchWait == 0 {
 		cfg.FetchWait = 200 * time.Millisecond
 	}
-	s, err := notifier.New(context.Background(), b.js, cfg)
+	s, err := notifier.New(b.js, cfg)
 	if err != nil {
 		t.Fatalf("notifier.New: %v", err)
 	}
@@ -231,7 +231,7 @@ func TestServiceDeadLettersWithTheSinksAnswer(t *testing.T) {
 			b.publish(t, &events.Notification{DedupeKey: "doomed", Severity: events.SeverityCritical, Title: "t"})
 			waitFor(t, "a dead letter", func() bool { return len(b.deadLetters(t)) == 1 })
 			dl := b.deadLetters(t)[0]
-			if !strings.Contains(dl.Reason, tc.want) || dl.Service != notifier.Service {
+			if !strings.Contains(dl.Reason, tc.want) || dl.Service != notifier.Name {
 				t.Fatalf("dead letter %q from %s: want the sink's answer %q", dl.Reason, dl.Service, tc.want)
 			}
 			n, err := events.DecodeAs[*events.Notification](dl.Subject, nats.Header(dl.Headers), dl.Data)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/failbus/failbus/internal/kvkey"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy/refusal"
 )
@@ -162,7 +163,7 @@ func TestRefusalKey(t *testing.T) {
 			t.Errorf("%q and %q share key %q", prev, tt.segment+"|"+tt.provider, got)
 		}
 		seen[got] = tt.segment + "|" + tt.provider
-		if f := SegmentFilter(tt.segment); strings.TrimSuffix(f, "*") != strings.TrimSuffix(got, keyEscape(tt.provider)) {
+		if f := SegmentFilter(tt.segment); strings.TrimSuffix(f, "*") != strings.TrimSuffix(got, kvkey.Escape(tt.provider)) {
 			t.Errorf("segment filter %q does not match key %q", f, got)
 		}
 		if !strings.Contains(got, ".=.") { // a `<session>#<n>` segment: listed by its session

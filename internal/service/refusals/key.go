@@ -3,10 +3,11 @@ package refusals
 // Keys of the refusal bucket (FAILBUS_REFUSALS): one per (segment, provider).
 
 import (
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/failbus/failbus/internal/kvkey"
 )
 
 // Key is the KV key of the state of provider in segment
@@ -25,7 +26,7 @@ func Key(segment, provider string) string {
 			session, n = segment[:i], segment[i+1:]
 		}
 	}
-	return keyEscape(session) + "." + n + "." + keyEscape(provider)
+	return kvkey.Escape(session) + "." + n + "." + kvkey.Escape(provider)
 }
 
 // ParseKey inverts Key, so a service listing keys (to retire a
@@ -35,11 +36,11 @@ func ParseKey(key string) (segment, provider string, err error) {
 	if len(parts) != 3 {
 		return "", "", fmt.Errorf("refusal key %q: want 3 dot-separated tokens", key)
 	}
-	session, err := keyUnescape(parts[0])
+	session, err := kvkey.Unescape(parts[0])
 	if err != nil {
 		return "", "", fmt.Errorf("refusal key %q: session: %w", key, err)
 	}
-	provider, err = keyUnescape(parts[2])
+	provider, err = kvkey.Unescape(parts[2])
 	if err != nil {
 		return "", "", fmt.Errorf("refusal key %q: provider: %w", key, err)
 	}
@@ -55,7 +56,7 @@ func ParseKey(key string) (segment, provider string, err error) {
 // SessionFilter is the KV key filter (`<session>.>`) matching every
 // refusal state of one session, whatever the segment and provider: what a
 // boundary must look at.
-func SessionFilter(session string) string { return keyEscape(session) + ".>" }
+func SessionFilter(session string) string { return kvkey.Escape(session) + ".>" }
 
 // SegmentFilter is the KV key filter (`<session>.<n>.*`) matching
 // every provider's state in one segment: what the notification dedupe key's
@@ -63,57 +64,4 @@ func SessionFilter(session string) string { return keyEscape(session) + ".>" }
 func SegmentFilter(segment string) string {
 	k := Key(segment, "")
 	return k[:len(k)-1] + "*"
-}
-
-func keyByte(c byte) bool {
-	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-'
-}
-
-func keyEscape(s string) string {
-	if s == "" {
-		return "="
-	}
-	const hex = "0123456789ABCDEF"
-	var b strings.Builder
-	b.Grow(len(s))
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if keyByte(c) {
-			b.WriteByte(c)
-			continue
-		}
-		b.WriteByte('=')
-		b.WriteByte(hex[c>>4])
-		b.WriteByte(hex[c&0xF])
-	}
-	return b.String()
-}
-
-var errKeyEscape = errors.New("bad escape")
-
-func keyUnescape(s string) (string, error) {
-	if s == "=" {
-		return "", nil
-	}
-	if s == "" {
-		return "", fmt.Errorf("empty token: %w", errKeyEscape)
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if keyByte(c) {
-			b.WriteByte(c)
-			continue
-		}
-		if c != '=' || i+3 > len(s) {
-			return "", fmt.Errorf("byte %q at %d: %w", c, i, errKeyEscape)
-		}
-		v, err := strconv.ParseUint(s[i+1:i+3], 16, 8)
-		if err != nil || strings.ToUpper(s[i+1:i+3]) != s[i+1:i+3] || keyByte(byte(v)) {
-			return "", fmt.Errorf("%q at %d: %w", s[i:i+3], i, errKeyEscape)
-		}
-		b.WriteByte(byte(v))
-		i += 2
-	}
-	return b.String(), nil
 }

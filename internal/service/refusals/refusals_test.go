@@ -18,10 +18,12 @@ import (
 
 	"github.com/failbus/failbus/internal/bustest"
 	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/internal/scopestore"
 	"github.com/failbus/failbus/internal/service/refusals"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/agent"
 	"github.com/failbus/failbus/pkg/consumer"
+	"github.com/failbus/failbus/pkg/engine"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy/refusal"
 )
@@ -70,13 +72,13 @@ func setup(t *testing.T) *bench {
 
 // start runs one replica of the service, on its own connection, until the
 // test ends; it returns once the replica is healthy.
-func (b *bench) start(mw ...consumer.Middleware) *refusals.Server {
+func (b *bench) start(mw ...consumer.Middleware) *refusals.Service {
 	b.t.Helper()
 	js, err := jetstream.New(embedded.ConnectTest(b.t, b.srv))
 	if err != nil {
 		b.t.Fatal(err)
 	}
-	s, err := refusals.New(js, refusals.Options{
+	s, err := refusals.New(js, refusals.Config{
 		Policy: b.cfg,
 		Now:    b.clock.Now,
 		Runner: consumer.Config{
@@ -247,7 +249,11 @@ func TestConcurrentRefusalsOfOneKeyNeverLoseACount(t *testing.T) {
 	for _, n := range notes {
 		keys = append(keys, n.Severity+" "+n.DedupeKey)
 	}
-	want := []string{"normal provider-refusal:s#1:0:strict", "critical provider-refusal:s#1:3:strict"}
+	// Their order on the stream is the order their handlers published, not
+	// the order of the refusals: the first refusal's handler may publish
+	// after the freezing one's.
+	slices.Sort(keys)
+	want := []string{"critical provider-refusal:s#1:3:strict", "normal provider-refusal:s#1:0:strict"}
 	if !slices.Equal(keys, want) {
 		t.Errorf("notifications %q, want %q", keys, want)
 	}
@@ -517,7 +523,7 @@ func TestLegacyValueIsFrozenAndJunkIsDeadLettered(t *testing.T) {
 	}
 	b.publishRefusal(refusalOf("o-ok", "agent-0", "fine", "s", 1, 1, t0))
 	b.waitIdle(topology.StreamClassified, topology.ConsumerRefusals)
-	dl := read[*events.DeadLetter](b, topology.StreamDLQ, events.DLQSubject(refusals.Service))
+	dl := read[*events.DeadLetter](b, topology.StreamDLQ, events.DLQSubject(refusals.Name))
 	if len(dl) != 2 {
 		t.Fatalf("%d dead letters, want 2: %+v", len(dl), dl)
 	}
@@ -592,9 +598,9 @@ func TestRouteServiceIsDiscoverableAndRejectsBadRequests(t *testing.T) {
 	}
 }
 
-// A provider whose latest health record says outage is skipped by route
-// (as in simulate) without claiming its due re-probe; once its health says
-// recovered, the segment's refusal state decides again.
+// A provider whose fault scope (FAILBUS_SCOPE, written by the scheduler)
+// says outage is skipped by route, as in simulate, without claiming its due
+// re-probe; once it recovered, the segment's refusal state decides again.
 func TestRouteSkipsAProviderInAnOutageWithoutClaiming(t *testing.T) {
 	b := setup(t)
 	b.cfg = refusal.Config{ReprobeDelays: []time.Duration{time.Minute}, MaxRerenders: 2, StateTTL: time.Hour}
@@ -603,7 +609,7 @@ func TestRouteSkipsAProviderInAnOutageWithoutClaiming(t *testing.T) {
 	b.waitIdle(topology.StreamClassified, topology.ConsumerRefusals)
 	b.clock.Set(t0.Add(2 * time.Minute)) // the re-probe is due
 
-	b.publish(events.HealthSubject("strict"), &events.Health{At: events.At(t0), Provider: "strict", State: events.HealthOutage, Reason: "every profile fails at the network layer"}, "health-1")
+	b.setOutage("strict", true, "every profile fails at the network layer")
 	r := b.route("agent-0", "s", 1, "strict", "spare")
 	if !slices.Equal(r.Allowed, []string{"spare"}) || len(r.Skipped) != 1 || !strings.Contains(r.Skipped[0].Reason, "provider outage: every profile fails") {
 		t.Fatalf("during the outage: %+v; want strict skipped for the outage", r)
@@ -612,12 +618,34 @@ func TestRouteSkipsAProviderInAnOutageWithoutClaiming(t *testing.T) {
 		t.Errorf("the outage skip claimed the re-probe for %q", rec.Claim.Agent)
 	}
 
-	b.publish(events.HealthSubject("strict"), &events.Health{At: events.At(t0), Provider: "strict", State: events.HealthRecovered}, "health-2")
+	b.setOutage("strict", false, "")
 	r = b.route("agent-1", "s", 1, "strict", "spare")
 	if !slices.Equal(r.Allowed, []string{"strict", "spare"}) {
 		t.Fatalf("after recovery: %+v; want the due re-probe of strict allowed", r)
 	}
 	if rec, _ := b.state("s#1", "strict"); rec.Claim.Agent != "agent-1" {
 		t.Errorf("re-probe claimed by %q, want agent-1", rec.Claim.Agent)
+	}
+}
+
+// setOutage writes provider's fault scope as the scheduler would: in an
+// outage for reason, or recovered.
+func (b *bench) setOutage(provider string, down bool, reason string) {
+	b.t.Helper()
+	st, err := scopestore.Open(b.ctx, b.js, scopestore.Options{})
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	err = st.Update(b.ctx, provider, func(rec *engine.ProviderRecord) (bool, error) {
+		rec.State.Outage, rec.State.OutageReason = down, reason
+		if down {
+			rec.State.OutageSince = events.At(t0)
+		} else {
+			rec.State.OutageSince = events.Time{}
+		}
+		return true, nil
+	})
+	if err != nil {
+		b.t.Fatal(err)
 	}
 }

@@ -7,9 +7,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/failbus/failbus/pkg/engine"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy/refusal"
 )
@@ -32,7 +32,7 @@ func routeSubject() string { return events.RefusalRouteSubject }
 // the endpoint subscription's goroutine, so stopping the service (which
 // drains the subscription) answers every request already received;
 // replicas share the load through the micro queue group.
-func (s *Server) startMicro(ctx context.Context) (micro.Service, error) {
+func (s *Service) startMicro(ctx context.Context) (micro.Service, error) {
 	nc := s.js.Conn()
 	base := context.WithoutCancel(ctx) // in-flight requests finish on shutdown
 	svc, err := micro.AddService(nc, micro.Config{
@@ -65,7 +65,7 @@ func (s *Server) startMicro(ctx context.Context) (micro.Service, error) {
 
 // serveRoute answers one request: 400 for a request that cannot be used,
 // 500 when the state cannot be read or written.
-func (s *Server) serveRoute(base context.Context, req micro.Request) {
+func (s *Service) serveRoute(base context.Context, req micro.Request) {
 	var rq RouteRequest
 	if err := json.Unmarshal(req.Data(), &rq); err != nil {
 		_ = req.Error("400", "route: request is not JSON {agent, session, segment, providers}: "+err.Error(), nil)
@@ -89,136 +89,36 @@ func (s *Server) serveRoute(base context.Context, req micro.Request) {
 }
 
 // Route answers which of r.Providers, in order, may receive the segment
-// `<r.Session>#<r.Segment>` now (the service's clock; r.At is ignored). It
-// reads each provider's state and, for a due re-probe, claims it for r.Agent
-// with compare-and-set: of agents racing for one re-probe exactly one is
-// allowed. peek answers without claiming. It never moves a refusal clock;
-// besides claims, its only write is the TTL refresh of a state older than
-// half the TTL (refusal.TouchDue).
-func (s *Server) Route(ctx context.Context, r events.RouteRequest, peek bool) (events.RouteRecord, error) {
-	store := s.Store()
-	if store == nil {
+// `<r.Session>#<r.Segment>` now (the service's clock; r.At is ignored), with
+// the engine's route stage: a provider in an outage (its fault scope in
+// FAILBUS_SCOPE, recovering included) is skipped without claiming a
+// re-probe; a due re-probe is claimed for r.Agent with compare-and-set, so
+// of agents racing for one re-probe exactly one is allowed. peek answers
+// without claiming. It never moves a refusal clock; besides claims, its
+// only write is the TTL refresh of a state older than half the TTL
+// (refusal.TouchDue).
+func (s *Service) Route(ctx context.Context, r events.RouteRequest, peek bool) (events.RouteRecord, error) {
+	if s.Store() == nil {
 		return events.RouteRecord{}, errNotStarted
 	}
-	now := s.now()
-	segment := events.SegmentKey(r.Session, r.Segment)
-	res := events.RouteResult{Allowed: []string{}, Skipped: []events.RouteSkip{}}
-	var down []events.RouteSkip
-	for _, p := range r.Providers {
-		if reason, out, err := s.outage(ctx, p); err != nil {
-			return events.RouteRecord{}, fmt.Errorf("route %s: health of %s: %w", segment, p, err)
-		} else if out {
-			// Nothing reaches it now; skipped without claiming a re-probe.
-			down = append(down, refusal.OutageSkip(p, reason))
-			continue
-		}
-		ok, skip, err := s.routeOne(ctx, store, now, r.Agent, segment, p, peek)
-		if err != nil {
-			return events.RouteRecord{}, fmt.Errorf("route %s for %s: %w", segment, p, err)
-		}
-		if ok {
-			res.Allowed = append(res.Allowed, p)
-		} else {
-			res.Skipped = append(res.Skipped, skip)
-		}
-	}
-	res.Skipped = append(res.Skipped, down...)
-	return events.RouteRecord{
-		At: events.At(now), Agent: r.Agent, Session: r.Session, Segment: r.Segment, RouteResult: res,
-	}, nil
-}
-
-// outage reads the provider's latest health record (the scheduler writes
-// one on every change): a provider whose last word is "outage" cannot
-// receive the segment now, as in simulate.
-func (s *Server) outage(ctx context.Context, provider string) (reason string, down bool, err error) {
-	s.mu.Lock()
-	health := s.health
-	s.mu.Unlock()
-	if health == nil {
-		return "", false, nil
-	}
-	m, err := health.GetLastMsgForSubject(ctx, events.HealthSubject(provider))
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return "", false, nil
-	}
+	res, err := s.eng.Route(ctx, r, s.now(), engine.RouteOptions{Peek: peek, Lease: s.lease})
 	if err != nil {
-		return "", false, err
+		return events.RouteRecord{}, err
 	}
-	h, err := events.DecodeAs[*events.Health](m.Subject, m.Header, m.Data)
-	if err != nil {
-		// An unreadable record says nothing about the provider.
-		return "", false, nil
+	for _, v := range res.Verdicts {
+		s.m.routes.WithLabelValues(v.String()).Inc()
 	}
-	return h.Reason, h.State == events.HealthOutage, nil
-}
-
-// routeOne decides one provider, claiming a due re-probe for agent.
-func (s *Server) routeOne(ctx context.Context, store *Store, now time.Time, agent, segment, provider string, peek bool) (bool, events.RouteSkip, error) {
-	key := Key(segment, provider)
-	conflicts := 0
-	defer func() {
-		if conflicts > 0 {
-			s.m.conflicts.WithLabelValues("claim").Add(float64(conflicts))
-		}
-	}()
-	for range MaxAttempts {
-		cur, found, err := store.Get(ctx, key)
-		if err != nil {
-			return false, events.RouteSkip{}, err
-		}
-		if !found {
-			s.m.routes.WithLabelValues(refusal.ProbeFree.String()).Inc()
-			return true, events.RouteSkip{}, nil
-		}
-		if cur.DecodeErr != nil {
-			s.m.unreadable.Inc()
-			s.log.Warn().Err(cur.DecodeErr).Str("key", key).Msg("unreadable refusal state: read conservatively")
-		}
-		rec := cur.Record
-		if rec.State.Provider == "" {
-			rec.State.Provider = provider
-		}
-		if rec.State.Segment == "" {
-			rec.State.Segment = segment
-		}
-		next, verdict := rec.Probe(now, s.cfg, agent, s.lease)
-		if verdict == refusal.ProbeClaimed && peek {
-			verdict = refusal.ProbeFree
-		}
-		switch verdict {
-		case refusal.ProbeClaimed:
-			_, ok, err := store.Put(ctx, key, next, cur.Revision)
-			if err != nil {
-				return false, events.RouteSkip{}, err
-			}
-			if !ok {
-				conflicts++
-				continue // someone else wrote first: decide again on what they wrote
-			}
-			s.m.routes.WithLabelValues(verdict.String()).Inc()
-			return true, events.RouteSkip{}, nil
-		case refusal.ProbeFree:
-			s.touch(ctx, store, cur)
-			s.m.routes.WithLabelValues(verdict.String()).Inc()
-			return true, events.RouteSkip{}, nil
-		default:
-			s.touch(ctx, store, cur)
-			s.m.routes.WithLabelValues(verdict.String()).Inc()
-			return false, rec.Skip(now, s.cfg, provider), nil
-		}
-	}
-	return false, events.RouteSkip{}, fmt.Errorf("%w: key %s, %d attempts", ErrTooManyConflicts, key, MaxAttempts)
+	return res.RouteRecord, nil
 }
 
 // touch rewrites a state unchanged once half the TTL has passed since its
 // last write (refusal.TouchDue), so a segment that is still routed
 // keeps its state: otherwise a frozen provider would get the refused history
 // again a TTL after freezing. The TTL runs on the server's clock, so this
-// uses the wall clock, not Options.Now. A lost race means someone else just
+// uses the wall clock, not Config.Now. A lost race means someone else just
 // wrote the key, which refreshes it too; other errors are logged, not
 // returned, because the answer does not depend on them.
-func (s *Server) touch(ctx context.Context, store *Store, cur Entry) {
+func (s *Service) touch(ctx context.Context, store *Store, cur Entry) {
 	s.mu.Lock()
 	cfg := s.touchAt
 	s.mu.Unlock()

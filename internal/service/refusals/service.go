@@ -31,7 +31,7 @@
 // refusal of it is recorded both reach the provider (nothing was known yet);
 // each of those refusals counts, so the provider only freezes sooner. A
 // claimed probe that is not refused keeps other agents off that provider for
-// the rest of its lease (Options.ProbeLease).
+// the rest of its lease (Config.ProbeLease).
 package refusals
 
 import (
@@ -47,18 +47,21 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/failbus/failbus/internal/scopestore"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
+	"github.com/failbus/failbus/pkg/engine"
+	"github.com/failbus/failbus/pkg/policy"
 	"github.com/failbus/failbus/pkg/policy/refusal"
 )
 
-// Names of the service. Service labels metrics and logs, names the
+// Names of the service. Name labels metrics and logs, names the
 // dead-letter subject failbus.dlq.refusals and prefixes the Nats-Msg-Id of
-// the decisions and notifications it publishes; BoundaryService does the same
+// the decisions and notifications it publishes; BoundaryName does the same
 // for boundaries (it publishes nothing but dead letters).
 const (
-	Service         = "refusals"
-	BoundaryService = "refusals-boundaries"
+	Name         = "refusals"
+	BoundaryName = "refusals-boundaries"
 	// ServiceName is the micro service name `nats micro ls` shows.
 	ServiceName = "failbus-refusals"
 	// ServiceVersion is the micro service's SemVer.
@@ -68,7 +71,7 @@ const (
 	RouteEndpoint = "route"
 )
 
-// Defaults of Options.
+// Defaults of Config.
 const (
 	// DefaultConcurrency is how many refusals are handled at once.
 	// Compare-and-set makes concurrent updates of one key safe, and the
@@ -82,9 +85,9 @@ const (
 	DefaultRouteTimeout = 5 * time.Second
 )
 
-// Options configure the refusal service. The zero value runs the seed's
+// Config configure the refusal service. The zero value runs the seed's
 // policy (15m, 1h, 6h) with the defaults below.
-type Options struct {
+type Config struct {
 	// Policy is the policy's `refusal:` section. Defaults to
 	// refusal.DefaultConfig() when it has no delays, no re-render
 	// bound and no TTL (the zero value); otherwise it must Validate.
@@ -113,11 +116,11 @@ type Options struct {
 	Runner consumer.Config
 }
 
-// Server is the refusal service: two consumer runners (refusals,
+// Service is the refusal service: two consumer runners (refusals,
 // boundaries) and the micro route service, sharing one Store. Create it with
 // New and start it with Run; it satisfies the in-process service interface
 // of `failbus dev` (Run, Healthy).
-type Server struct {
+type Service struct {
 	js    jetstream.JetStream
 	cfg   refusal.Config
 	lease time.Duration
@@ -130,9 +133,14 @@ type Server struct {
 	refusals   *consumer.Runner
 	boundaries *consumer.Runner
 
+	// eng runs the refusal, boundary and route stages on the bucket
+	// (engineStore) and reads the fault scope (FAILBUS_SCOPE) to skip
+	// providers in an outage.
+	eng   *engine.Engine
+	scope lateScope
+
 	mu      sync.Mutex
 	store   *Store
-	health  jetstream.Stream // FAILBUS_HEALTH: route skips providers in an outage
 	micro   micro.Service
 	touchAt refusal.Config // cfg with StateTTL = min(policy TTL, bucket TTL)
 	state   error
@@ -143,7 +151,7 @@ var errNotStarted = errors.New("refusals: not running")
 
 // New checks opts and builds the service; it does no I/O. Errors for bad
 // options wrap consumer.ErrInvalidConfig.
-func New(js jetstream.JetStream, opts Options) (*Server, error) {
+func New(js jetstream.JetStream, opts Config) (*Service, error) {
 	if js == nil {
 		return nil, fmt.Errorf("%w: refusals: nil JetStream", consumer.ErrInvalidConfig)
 	}
@@ -168,9 +176,9 @@ func New(js jetstream.JetStream, opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{
+	s := &Service{
 		js: js, cfg: cfg, lease: opts.ProbeLease, now: opts.Now, rtout: opts.RouteTimeout,
-		log: rc.Logger.With().Str("service", Service).Logger(), reg: rc.Registerer, m: m,
+		log: rc.Logger.With().Str("service", Name).Logger(), reg: rc.Registerer, m: m,
 		state: errNotStarted, touchAt: cfg,
 	}
 	if s.lease == 0 {
@@ -182,9 +190,14 @@ func New(js jetstream.JetStream, opts Options) (*Server, error) {
 	if s.rtout == 0 {
 		s.rtout = DefaultRouteTimeout
 	}
+	pol := policy.Default()
+	pol.Refusal = cfg
+	if s.eng, err = engine.New(engine.Config{Policy: pol, Stores: engine.Stores{Refusals: engineStore{s}, Providers: &s.scope}}); err != nil {
+		return nil, fmt.Errorf("refusals: %w", err)
+	}
 
 	refCfg := rc
-	refCfg.Service, refCfg.Stream, refCfg.Consumer = Service, topology.StreamClassified, topology.ConsumerRefusals
+	refCfg.Service, refCfg.Stream, refCfg.Consumer = Name, topology.StreamClassified, topology.ConsumerRefusals
 	if refCfg.Concurrency == 0 {
 		refCfg.Concurrency = DefaultConcurrency
 	}
@@ -192,7 +205,7 @@ func New(js jetstream.JetStream, opts Options) (*Server, error) {
 		return nil, fmt.Errorf("refusals: %w", err)
 	}
 	bdCfg := rc
-	bdCfg.Service, bdCfg.Stream, bdCfg.Consumer = BoundaryService, topology.StreamOutcomes, topology.ConsumerRefusalBoundaries
+	bdCfg.Service, bdCfg.Stream, bdCfg.Consumer = BoundaryName, topology.StreamOutcomes, topology.ConsumerRefusalBoundaries
 	bdCfg.Concurrency, bdCfg.FetchBatch = 1, 0
 	if s.boundaries, err = consumer.New(js, bdCfg, s.handleBoundary); err != nil {
 		return nil, fmt.Errorf("refusals: %w", err)
@@ -201,17 +214,17 @@ func New(js jetstream.JetStream, opts Options) (*Server, error) {
 }
 
 // Config is the refusal policy the service runs.
-func (s *Server) Config() refusal.Config { return s.cfg }
+func (s *Service) Config() refusal.Config { return s.cfg }
 
 // Gatherer returns the registry of the service's metrics when it is a
 // prometheus.Gatherer (the default one is), for consumer.ServeOps.
-func (s *Server) Gatherer() prometheus.Gatherer {
+func (s *Service) Gatherer() prometheus.Gatherer {
 	g, _ := s.reg.(prometheus.Gatherer)
 	return g
 }
 
 // Store is the KV store once Run has opened it, else nil.
-func (s *Server) Store() *Store {
+func (s *Service) Store() *Store {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.store
@@ -221,8 +234,8 @@ func (s *Server) Store() *Store {
 // serves until ctx ends; then it stops the route service (in-flight requests
 // are answered) and drains the consumers, and returns nil. It returns an
 // error when something cannot start or a consumer stops on its own. Apply
-// the topology first. A Server runs once.
-func (s *Server) Run(ctx context.Context) (err error) {
+// the topology first. A Service runs once.
+func (s *Service) Run(ctx context.Context) (err error) {
 	defer func() {
 		s.mu.Lock()
 		s.state = consumer.ErrStopped
@@ -238,13 +251,11 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	} else if ttl > 0 && (touch.StateTTL <= 0 || ttl < touch.StateTTL) {
 		touch.StateTTL = ttl
 	}
-	health, err := s.js.Stream(ctx, topology.StreamHealth)
+	scope, err := scopestore.Open(ctx, s.js, scopestore.Options{Log: s.log})
 	if err != nil {
-		return fmt.Errorf("refusals: stream %s: %w", topology.StreamHealth, err)
+		return fmt.Errorf("refusals: %w", err)
 	}
-	s.mu.Lock()
-	s.health = health
-	s.mu.Unlock()
+	s.scope.Store = scope
 	svc, err := s.startMicro(ctx)
 	if err != nil {
 		return err
@@ -264,16 +275,16 @@ func (s *Server) Run(ctx context.Context) (err error) {
 
 // Healthy reports nil while both consumers run and the route service
 // serves; otherwise what is wrong. It is the /healthz check.
-func (s *Server) Healthy() error {
+func (s *Service) Healthy() error {
 	s.mu.Lock()
 	state, svc := s.state, s.micro
 	s.mu.Unlock()
 	if state != nil {
-		return fmt.Errorf("%s: %w", Service, state)
+		return fmt.Errorf("%s: %w", Name, state)
 	}
 	var errs []error
 	if svc == nil || svc.Stopped() {
-		errs = append(errs, fmt.Errorf("%s: route service %s stopped", Service, ServiceName))
+		errs = append(errs, fmt.Errorf("%s: route service %s stopped", Name, ServiceName))
 	}
 	errs = append(errs, s.refusals.Healthy(), s.boundaries.Healthy())
 	return errors.Join(errs...)
@@ -281,8 +292,8 @@ func (s *Server) Healthy() error {
 
 // Run runs the refusal service on nc until ctx ends: the entry point of a
 // process that runs it alone (apply the topology first). It is New and
-// Server.Run.
-func Run(ctx context.Context, nc *nats.Conn, opts Options) error {
+// Service.Run.
+func Run(ctx context.Context, nc *nats.Conn, opts Config) error {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return fmt.Errorf("refusals: jetstream: %w", err)
@@ -357,3 +368,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	return &m, nil
 }
+
+// lateScope is the fault-scope store the route stage reads, bound by Run
+// (New does no I/O); the engine holds a pointer to it.
+type lateScope struct{ *scopestore.Store }

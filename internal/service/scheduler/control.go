@@ -23,7 +23,7 @@ const (
 // handleControl is the handler of the `scheduler-control` consumer: an
 // agent's started or cancel record (agent.RetryMark) marks the budget's
 // latest retry in the ledger, and a cancel purges its schedule.
-func (s *Scheduler) handleControl(ctx context.Context, m *consumer.Msg, _ *consumer.Outputs) error {
+func (s *Service) handleControl(ctx context.Context, m *consumer.Msg, _ *consumer.Outputs) error {
 	var kind, schema string
 	switch {
 	case strings.HasPrefix(m.Subject, events.RetryPrefix+".cancel."):
@@ -60,7 +60,7 @@ func (s *Scheduler) handleControl(ctx context.Context, m *consumer.Msg, _ *consu
 
 // mark applies one started or cancel record; it returns "marked" or
 // "ignored".
-func (s *Scheduler) mark(ctx context.Context, kind string, mark agent.RetryMark, token string, at events.Time) (string, error) {
+func (s *Service) mark(ctx context.Context, kind string, mark agent.RetryMark, token string, at events.Time) (string, error) {
 	for range maxLedgerAttempts {
 		last, err := s.ledgerLast(ctx, token)
 		if err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy/retry"
 )
@@ -106,7 +107,7 @@ func decodeRaw(m *jetstream.RawStreamMsg) (*ledgerRead, error) {
 
 // ledgerLast reads the budget's last entry; nil when the budget is
 // untouched.
-func (s *Scheduler) ledgerLast(ctx context.Context, token string) (*ledgerRead, error) {
+func (s *Service) ledgerLast(ctx context.Context, token string) (*ledgerRead, error) {
 	subj := events.RetryLedgerSubject(token)
 	m, err := s.retries.GetLastMsgForSubject(ctx, subj)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -124,7 +125,7 @@ func (s *Scheduler) ledgerLast(ctx context.Context, token string) (*ledgerRead, 
 // later retry must still see that the agent cancelled it, or it would
 // restore a purged schedule. A budget holds at most max_retries records
 // plus their marks, so this walks a handful of messages.
-func (s *Scheduler) ledgerFind(ctx context.Context, token, outcomeID string) (*ledgerRead, error) {
+func (s *Service) ledgerFind(ctx context.Context, token, outcomeID string) (*ledgerRead, error) {
 	subj := events.RetryLedgerSubject(token)
 	var found *ledgerRead
 	seq := uint64(1)
@@ -151,9 +152,9 @@ func (s *Scheduler) ledgerFind(ctx context.Context, token, outcomeID string) (*l
 // sequence is still expect (0: untouched); otherwise errLedgerConflict. The
 // Nats-Msg-Id is "scheduler:<retry id>:<kind>". A duplicate acknowledgement
 // counts as success only when the stored message is this very entry.
-func (s *Scheduler) ledgerAppend(ctx context.Context, e *LedgerEntry, expect uint64, kind string) (uint64, error) {
+func (s *Service) ledgerAppend(ctx context.Context, e *LedgerEntry, expect uint64, kind string) (uint64, error) {
 	subj := events.RetryLedgerSubject(e.Budget().Token())
-	msgID := Service + ":" + e.RetryID + ":" + kind
+	msgID := Name + ":" + e.RetryID + ":" + kind
 	ack, err := s.publish(ctx, subj, e, msgID, nil, jetstream.WithExpectLastSequencePerSubject(expect))
 	if isWrongLastSeq(err) {
 		return 0, errLedgerConflict
@@ -189,20 +190,8 @@ func isWrongLastSeq(err error) bool {
 		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
 }
 
-// publish encodes v with the failbus codec, adds msgID and extra headers,
-// and waits for the stream's acknowledgement.
-func (s *Scheduler) publish(ctx context.Context, subject string, v events.Message, msgID string, extra nats.Header, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
-	data, hdr, err := events.Encode(v)
-	if err != nil {
-		return nil, fmt.Errorf("%s to %s: %w", v.SchemaName(), subject, err)
-	}
-	hdr.Set(events.HeaderMsgID, msgID)
-	for k, vs := range extra {
-		hdr[k] = vs
-	}
-	ack, err := s.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: hdr, Data: data}, opts...)
-	if err != nil {
-		return nil, fmt.Errorf("publish %s to %s (%s): %w", v.SchemaName(), subject, msgID, err)
-	}
-	return ack, nil
+// publish stores v on subject with Nats-Msg-Id msgID and extra headers
+// (consumer.Publish) and waits for the stream's acknowledgement.
+func (s *Service) publish(ctx context.Context, subject string, v events.Message, msgID string, extra nats.Header, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+	return consumer.Publish(ctx, s.js, subject, v, msgID, extra, opts...)
 }

@@ -23,7 +23,7 @@ type activePolicy struct {
 // policyLayers are the two sources of the policy, in precedence order: kv
 // (the last valid policy under PolicyKVKey; nil while the key is absent or
 // has held no valid policy since start) over base (the policy file's last
-// good content, or Options.Policy).
+// good content, or Config.Policy).
 type policyLayers struct {
 	base *activePolicy
 	kv   *activePolicy
@@ -47,7 +47,7 @@ const (
 	// key) and the file's applies once the key is deleted.
 	PolicyShadowed = "shadowed"
 	// PolicyRemoved: the KV key was deleted; the base policy (the policy
-	// file's current content, or Options.Policy) is in force.
+	// file's current content, or Config.Policy) is in force.
 	PolicyRemoved = "removed"
 	// PolicyRejected: the KV value or the policy file is not a valid policy
 	// (or the file cannot be read); the previous one stays in force.
@@ -103,14 +103,14 @@ func (a *PolicyAudit) Validate() error {
 }
 
 // PolicyAuditSubject is where the scheduler records policy changes.
-func PolicyAuditSubject() string { return events.AuditSubject(Service, PolicyAuditKind) }
+func PolicyAuditSubject() string { return events.AuditSubject(Name, PolicyAuditKind) }
 
 // kvSource names the KV entry the policy is watched at.
 var kvSource = "kv " + topology.BucketPolicy + "/" + PolicyKVKey
 
 // startPolicyWatch opens the watch on the KV policy and applies its current
 // value before returning, so the first message is decided with it.
-func (s *Scheduler) startPolicyWatch(ctx context.Context) (jetstream.KeyWatcher, error) {
+func (s *Service) startPolicyWatch(ctx context.Context) (jetstream.KeyWatcher, error) {
 	kv, err := topology.KeyValue(ctx, s.js, topology.BucketPolicy)
 	if err != nil {
 		return nil, fmt.Errorf("scheduler: open KV %s (apply the topology first): %w", topology.BucketPolicy, err)
@@ -137,7 +137,7 @@ func (s *Scheduler) startPolicyWatch(ctx context.Context) (jetstream.KeyWatcher,
 }
 
 // followPolicy applies every later change until ctx ends.
-func (s *Scheduler) followPolicy(ctx context.Context, w jetstream.KeyWatcher) {
+func (s *Service) followPolicy(ctx context.Context, w jetstream.KeyWatcher) {
 	defer func() { _ = w.Stop() }()
 	for {
 		select {
@@ -161,7 +161,7 @@ func (s *Scheduler) followPolicy(ctx context.Context, w jetstream.KeyWatcher) {
 }
 
 // applyKV puts a KV change of the policy into force and records it.
-func (s *Scheduler) applyKV(ctx context.Context, e jetstream.KeyValueEntry) {
+func (s *Service) applyKV(ctx context.Context, e jetstream.KeyValueEntry) {
 	a := &PolicyAudit{At: events.At(s.now()), Source: kvSource, Revision: e.Revision()}
 	switch e.Operation() {
 	case jetstream.KeyValuePut:
@@ -187,24 +187,29 @@ func (s *Scheduler) applyKV(ctx context.Context, e jetstream.KeyValueEntry) {
 		s.log.Info().Str("policy", kvSource).Uint64("revision", e.Revision()).Str("now", base.source).Str("policy_key", a.PolicyKey).
 			Msg("policy removed from KV; back to the configured one")
 	}
-	msgID := Service + ":policy:" + strconv.FormatUint(e.Revision(), 10)
+	msgID := Name + ":policy:" + strconv.FormatUint(e.Revision(), 10)
 	s.recordPolicy(ctx, reloadKV, a, msgID)
 }
 
 // setLayer changes the layers with change and puts the winning one into
 // force, atomically with respect to the other source, and returns it.
-func (s *Scheduler) setLayer(change func(*policyLayers)) *activePolicy {
+func (s *Service) setLayer(change func(*policyLayers)) *activePolicy {
 	s.layersMu.Lock()
 	defer s.layersMu.Unlock()
 	change(&s.layers)
 	p := s.layers.inForce()
+	if err := s.eng.SetPolicy(p.p); err != nil {
+		// Cannot happen for a policy that passed Validate; the engine keeps
+		// the previous one.
+		s.log.Error().Err(err).Str("policy", p.source).Msg("engine refused the policy")
+	}
 	s.active.Store(p)
 	return p
 }
 
 // recordPolicy counts a policy change of source and records it on
 // failbus.audit.scheduler.policy.
-func (s *Scheduler) recordPolicy(ctx context.Context, source string, a *PolicyAudit, msgID string) {
+func (s *Service) recordPolicy(ctx context.Context, source string, a *PolicyAudit, msgID string) {
 	s.m.reloads.WithLabelValues(source, a.Kind).Inc()
 	if _, err := s.publish(ctx, PolicyAuditSubject(), a, msgID, nil); err != nil {
 		s.log.Warn().Err(err).Msg("record policy change")

@@ -21,7 +21,7 @@ import (
 // modification time (git's "racily clean" rule).
 const mtimeGranularity = 2 * time.Second
 
-// policyFile is the state of following Options.PolicyFile. Run's start
+// policyFile is the state of following Config.PolicyFile. Run's start
 // touches it, then only the poll goroutine: it needs no lock.
 //
 // A change is acted on only once two consecutive looks agree (the
@@ -38,7 +38,7 @@ const mtimeGranularity = 2 * time.Second
 type policyFile struct {
 	path     string
 	interval time.Duration
-	// fallback: Options.Policy was set, so a file unusable at start keeps
+	// fallback: Config.Policy was set, so a file unusable at start keeps
 	// it instead of failing Run.
 	fallback bool
 
@@ -91,14 +91,14 @@ func (f *policyFile) source(sum *[sha256.Size]byte) string {
 
 // startPolicyFile reads the policy file before anything is decided: its
 // valid content becomes the base policy. An unusable file keeps
-// Options.Policy when one was given (logged and counted, not audited: it is
+// Config.Policy when one was given (logged and counted, not audited: it is
 // not a change), else it fails Run.
-func (s *Scheduler) startPolicyFile(ctx context.Context) error {
+func (s *Service) startPolicyFile(ctx context.Context) error {
 	return s.checkPolicyFile(ctx, true)
 }
 
 // pollPolicyFile checks the policy file every interval until ctx ends.
-func (s *Scheduler) pollPolicyFile(ctx context.Context) {
+func (s *Service) pollPolicyFile(ctx context.Context) {
 	t := time.NewTicker(s.file.interval)
 	defer t.Stop()
 	for {
@@ -115,8 +115,8 @@ func (s *Scheduler) pollPolicyFile(ctx context.Context) {
 // hash only when the file may have changed. A new content, once settled
 // (see policyFile), is parsed and applied, or rejected with the last good
 // policy kept. Only the first look (initial) returns an error, when the
-// file is unusable and there is no Options.Policy to fall back on.
-func (s *Scheduler) checkPolicyFile(ctx context.Context, initial bool) error {
+// file is unusable and there is no Config.Policy to fall back on.
+func (s *Service) checkPolicyFile(ctx context.Context, initial bool) error {
 	f := s.file
 	at := time.Now() // the file system's clock, not the decisions'
 	fi, err := os.Stat(f.path)
@@ -178,15 +178,15 @@ func (f *policyFile) read(fi os.FileInfo, statErr error, at time.Time) *fileLook
 // applyPolicyFile makes p, the file's new content, the base policy. It is
 // in force unless the KV key overrides it (then it is recorded as
 // shadowed).
-func (s *Scheduler) applyPolicyFile(ctx context.Context, initial bool, p *policy.Policy, sum *[sha256.Size]byte, at time.Time) {
+func (s *Service) applyPolicyFile(ctx context.Context, initial bool, p *policy.Policy, sum *[sha256.Size]byte, at time.Time) {
 	f := s.file
 	src := f.source(sum)
 	var kv *activePolicy
+	s.m.fileValid.Set(1) // before it is in force: whoever sees the policy sees the gauge
 	s.setLayer(func(l *policyLayers) {
 		l.base = &activePolicy{p: p, source: src}
 		kv = l.kv
 	})
-	s.m.fileValid.Set(1)
 	key := p.RetryFor("").Key()
 	if initial {
 		s.log.Info().Str("policy", src).Str("policy_key", key).Msg("policy file loaded")
@@ -205,7 +205,7 @@ func (s *Scheduler) applyPolicyFile(ctx context.Context, initial bool, p *policy
 
 // rejectPolicyFile reports a policy file that cannot be read or is not a
 // valid policy: the last good policy stays in force.
-func (s *Scheduler) rejectPolicyFile(ctx context.Context, initial bool, sum *[sha256.Size]byte, at time.Time, err error) error {
+func (s *Service) rejectPolicyFile(ctx context.Context, initial bool, sum *[sha256.Size]byte, at time.Time, err error) error {
 	f := s.file
 	if initial && !f.fallback {
 		return fmt.Errorf("scheduler: %w", err)
@@ -234,5 +234,5 @@ func fileAuditID(kind string, sum *[sha256.Size]byte, at time.Time) string {
 	if sum != nil {
 		h = hex.EncodeToString(sum[:8])
 	}
-	return Service + ":policy:file:" + kind + ":" + h + ":" + strconv.FormatInt(at.UnixNano(), 10)
+	return Name + ":policy:file:" + kind + ":" + h + ":" + strconv.FormatInt(at.UnixNano(), 10)
 }

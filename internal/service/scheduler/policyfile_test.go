@@ -40,7 +40,7 @@ func TestPolicyFileChangesSettleBeforeTheyCount(t *testing.T) {
 	}
 	write("retry:\n  max_retries: 1\n")()
 	reg := prometheus.NewRegistry()
-	opts := Options{PolicyFile: path}
+	opts := Config{PolicyFile: path}
 	opts.Runner.Registerer = reg
 	s, err := New(js, opts)
 	if err != nil {

@@ -45,18 +45,18 @@ func ScheduleHeader(t time.Time) string { return "@at " + t.UTC().Format(time.RF
 
 // schedule publishes the due message of e on its schedule subject. A
 // re-publish within the duplicate window is dropped by its Nats-Msg-Id.
-func (s *Scheduler) schedule(ctx context.Context, e *LedgerEntry) error {
+func (s *Service) schedule(ctx context.Context, e *LedgerEntry) error {
 	due := e.Due()
 	extra := nats.Header{}
 	extra.Set(HeaderSchedule, ScheduleHeader(e.DueAt.Time))
 	extra.Set(HeaderScheduleTarget, events.RetryDueSubject(e.Agent))
 	extra.Set(HeaderTTL, "never")
-	_, err := s.publish(ctx, events.RetryScheduleSubject(e.Agent, e.RetryID), &due, Service+":"+e.RetryID+":schedule", extra)
+	_, err := s.publish(ctx, events.RetryScheduleSubject(e.Agent, e.RetryID), &due, Name+":"+e.RetryID+":schedule", extra)
 	return err
 }
 
 // schedulePending reports whether e's schedule is stored and has not fired.
-func (s *Scheduler) schedulePending(ctx context.Context, e *LedgerEntry) (bool, error) {
+func (s *Service) schedulePending(ctx context.Context, e *LedgerEntry) (bool, error) {
 	subj := events.RetryScheduleSubject(e.Agent, e.RetryID)
 	_, err := s.retries.GetLastMsgForSubject(ctx, subj)
 	switch {
@@ -71,7 +71,7 @@ func (s *Scheduler) schedulePending(ctx context.Context, e *LedgerEntry) (bool, 
 // fired reports whether e's schedule has fired: a message on the agent's
 // due subject, stored since e was written, carries Nats-Scheduler with e's
 // schedule subject. It reads headers only.
-func (s *Scheduler) fired(ctx context.Context, e *LedgerEntry) (bool, error) {
+func (s *Service) fired(ctx context.Context, e *LedgerEntry) (bool, error) {
 	sched := events.RetryScheduleSubject(e.Agent, e.RetryID)
 	start := e.At.Add(-time.Second)
 	err := readStream(ctx, s.js, topology.StreamRetries, events.RetryDueSubject(e.Agent), &start, true, func(m jetstream.Msg) error {
@@ -93,7 +93,7 @@ func (s *Scheduler) fired(ctx context.Context, e *LedgerEntry) (bool, error) {
 var errFound = errors.New("found")
 
 // purge removes a pending schedule, so it never fires.
-func (s *Scheduler) purge(ctx context.Context, agent, retryID string) error {
+func (s *Service) purge(ctx context.Context, agent, retryID string) error {
 	subj := events.RetryScheduleSubject(agent, retryID)
 	if err := s.retries.Purge(ctx, jetstream.WithPurgeSubject(subj)); err != nil {
 		return fmt.Errorf("purge schedule %s: %w", subj, err)
@@ -106,7 +106,7 @@ func (s *Scheduler) purge(ctx context.Context, agent, retryID string) error {
 // pending or has fired; otherwise (the previous delivery stopped between
 // the ledger and the schedule) it is scheduled now, at its recorded due
 // time. A cancel that raced the restore is honoured by purging again.
-func (s *Scheduler) restore(ctx context.Context, r *ledgerRead) error {
+func (s *Service) restore(ctx context.Context, r *ledgerRead) error {
 	e := &r.entry
 	if e.Cancelled() || e.Started() {
 		return nil

@@ -1,21 +1,31 @@
-// Package scheduler is the durable retry scheduler (seed 003, issue 4): the
-// pure decision core of pkg/policy (scope.ProviderState.Observe, retry.Decide, the
-// same functions `failbus simulate` composes) with its state kept where a
-// crash cannot lose it.
+// Package scheduler is the durable retry scheduler (seed 003, issue 4): an
+// adapter around two stages of the decision engine (pkg/engine: Observe,
+// the fault scope; Decide, the retry chain — the very stages `failbus
+// simulate` chains) whose state it keeps where a crash cannot lose it, and
+// whose effects it performs on JetStream.
 //
 // Classifications in (the topology's `scheduler` consumer on
-// failbus.classified.>). For each one, in this order:
+// failbus.classified.>), each observed and decided at the replica's clock,
+// the latest outcome `at` it has seen (as far as the bus believes it:
+// events.EventTime), as simulate does on its virtual clock. For each one, in this order:
 //
-//  1. Fault scope: the classification is observed by the provider's
-//     scope.ProviderState. Health changes go out on failbus.health.<provider>
-//     and notification requests on failbus.notify.<severity>. Successes (class
-//     ok) and content refusals stop here: refusals are decided by the refusal
-//     tiers (internal/service/refusals), never twice.
-//  2. The budget's ledger is read back: the last message on
+//  1. Fault scope: engine.Observe folds the classification into the
+//     provider's record in KV bucket FAILBUS_SCOPE, with compare-and-set, so
+//     every replica shares one view of each provider; the health changes
+//     and notification requests it caused are stored in the same record (an
+//     outbox with a message id per transition) and then published on
+//     failbus.health.<provider> and failbus.notify.<severity>, and the outbox
+//     is cleared (engine.Settle). A process that dies between the write and
+//     the publish loses nothing: the provider's next writer publishes them
+//     again under the same ids. Observing is idempotent per outcome, so a
+//     redelivery counts nothing twice. Successes (class ok) and content
+//     refusals stop here: refusals are decided by the refusal tiers
+//     (internal/service/refusals), never twice.
+//  2. engine.Decide reads the budget's ledger back (the last message on
 //     events.RetryLedgerSubject(budget token) in FAILBUS_RETRIES, a
-//     LedgerEntry. retry.Decide decides with it.
-//  3. A retry is persisted BEFORE it is scheduled: the LedgerEntry is
-//     appended with compare-and-set on the subject's last sequence
+//     LedgerEntry) and decides with retry.Decide.
+//  3. A retry is persisted BEFORE it is scheduled: Decide appends the
+//     LedgerEntry with compare-and-set on the subject's last sequence
 //     (Nats-Expected-Last-Subject-Sequence), so two deliveries or replicas
 //     racing on one budget never both spend the same retry.
 //  4. The due message is scheduled with JetStream's own message scheduler: a
@@ -47,12 +57,12 @@
 // ignored. A cancelled retry still counts against its budget: its record was
 // written before the wait began (seed 003), so cancelling cannot refund it.
 //
-// Policy: two layers. The base is the policy file Options.PolicyFile (the
+// Policy: two layers. The base is the policy file Config.PolicyFile (the
 // --policy file), read at start and polled every PolicyPollInterval for
 // changes (mtime, size and identity first, then a content hash, so a touch
 // or an identical rewrite reloads nothing; a change counts once two
 // consecutive looks agree, so a half-written file is never applied; rename
-// a finished file over it to change it), or Options.Policy (the default
+// a finished file over it to change it), or Config.Policy (the default
 // policy when nil) when there is no file. The YAML under key PolicyKVKey of
 // KV bucket FAILBUS_POLICY overrides the base while that key exists,
 // reloaded whenever it changes (a KV watch); when the key is deleted, the
@@ -63,22 +73,25 @@
 // scheduler. A change of any behavioural retry field is a new policy key,
 // hence new budgets.
 //
-// Fault-scope state lives in this process's memory, rebuilt at start:
-// outages still open are read from the FAILBUS_HEALTH records this service
-// wrote, then the classifications stored within the last scope.window are
-// replayed through the same Observe. The scope's clock is the
-// classifications' `at` (the outcome's time, as in simulate), never running
-// backwards and never ahead of the time the stream stored the classification
-// by more than MaxFutureSkew.
+// Fault-scope state lives in FAILBUS_SCOPE, one key per provider, shared by
+// every replica and kept across restarts. At start, outages that
+// FAILBUS_HEALTH left open for providers the bucket does not know are seeded
+// into it. The clock is the classifications' `at` (the outcome's time, as in
+// simulate): the latest seen by the replica, so a late classification is
+// handled at it as simulate handles a late line; never running backwards
+// per provider (the record keeps its own); never ahead of the time the
+// stream stored the classification (events.EventTime).
 //
 // What is not guaranteed: a decision that is not a retry, a health record
 // and a notification request are deduplicated by the streams' duplicate
-// window (10 minutes) only, as for every service. Several scheduler
-// replicas are safe for the ledger and the schedules (compare-and-set, and
-// the checks above), but each replica keeps its own fault scope, so run one
-// replica per deployment unless providers' outages may be detected by
-// whichever replica sees the evidence. A cancel that races the due time may
-// come too late: the due message may already be stored.
+// window (10 minutes) only, as for every service; in particular a process
+// that dies after publishing a transition's records and before clearing its
+// outbox has them published again by the provider's next writer, stored a
+// second time if that comes more than the window later. Several scheduler
+// replicas are safe for the ledger, the schedules (compare-and-set, and the
+// checks above) and the fault scope (compare-and-set on each provider's
+// record). A cancel that races the due time may come too late: the due
+// message may already be stored.
 package scheduler
 
 import (
@@ -95,28 +108,31 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/failbus/failbus/internal/scopestore"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
+	"github.com/failbus/failbus/pkg/engine"
 	"github.com/failbus/failbus/pkg/policy"
 )
 
-// Names of the service. Service labels metrics and logs, names the
+// Names of the service. Name labels metrics and logs, names the
 // dead-letter subject failbus.dlq.scheduler and prefixes the Nats-Msg-Id of
-// what it publishes; ControlService does the same for started and cancel
+// what it publishes; ControlName does the same for started and cancel
 // records.
 const (
-	Service        = "scheduler"
-	ControlService = "scheduler-control"
+	Name        = "scheduler"
+	ControlName = "scheduler-control"
 )
 
-// Defaults of Options and of cmd/scheduler.
+// Defaults of Config and of cmd/scheduler.
 const (
 	// DefaultOpsAddr is where cmd/scheduler serves /metrics and /healthz
 	// (the classifier uses 9401).
 	DefaultOpsAddr = "127.0.0.1:9402"
 	// DefaultConcurrency is how many classifications are handled at once.
-	// Compare-and-set on the ledger makes concurrent handling of one budget
-	// safe. Each failure waits on four JetStream round trips (ledger read,
+	// Compare-and-set on the ledger and on the provider's fault scope makes
+	// concurrent handling of one budget or one provider safe. Each failure
+	// waits on JetStream round trips (scope read and write, ledger read,
 	// ledger write, schedule, decision), so the scheduler is bound by
 	// latency, not CPU: `failbus bench` on 2 cores measured the whole bus
 	// caught up at 2.0k outcomes/s with 4, 2.3k with 8 and 2.9k with 16.
@@ -124,29 +140,24 @@ const (
 	// PolicyKVKey is the key of the active policy (YAML, the --policy file
 	// format) in KV bucket FAILBUS_POLICY.
 	PolicyKVKey = "active"
-	// DefaultMaxProviders is Options.MaxProviders' default: far more
+	// DefaultMaxProviders is Config.MaxProviders' default: far more
 	// providers than a deployment uses, far fewer than a buggy or hostile
 	// agent can name.
 	DefaultMaxProviders = consumer.DefaultMaxLabelValues
-	// DefaultMaxFutureSkew bounds how far an outcome's `at` may lie ahead of
-	// the time the bus stored its classification before the fault scope
-	// distrusts the agent's clock.
-	DefaultMaxFutureSkew = time.Minute
-	// DefaultPolicyPollInterval is how often Options.PolicyFile is checked
+	// DefaultPolicyPollInterval is how often Config.PolicyFile is checked
 	// for changes: a stat each time, a read only when the stat changed (or
 	// the file was written so recently that a same-size rewrite could share
 	// its modification time). A change is acted on when two consecutive
 	// looks agree, so it is in force within two intervals (4s).
 	DefaultPolicyPollInterval = 2 * time.Second
-	// DefaultSeenTTL is how long the fault-scope observation of an outcome
-	// is remembered, so a redelivered classification is not observed twice.
-	// It exceeds the longest redelivery chain of the topology's consumers.
-	DefaultSeenTTL = time.Hour
 )
 
-// Crash points: where Options.CrashAt is called, between the durable steps
+// Crash points: where Config.CrashAt is called, between the durable steps
 // of a retry (tests kill the process there).
 const (
+	// CrashAfterScope: the provider's fault scope is stored with the
+	// records its change produced in its outbox; none is published.
+	CrashAfterScope = "after-scope"
 	// CrashAfterLedger: the ledger entry is stored, the schedule is not.
 	CrashAfterLedger = "after-ledger"
 	// CrashAfterSchedule: the schedule is stored, the decision is not.
@@ -163,9 +174,9 @@ const (
 // delivery; beyond it the input is redelivered with the runner's backoff.
 const maxLedgerAttempts = 32
 
-// Options configure the scheduler. The zero value runs the default policy,
+// Config configure the scheduler. The zero value runs the default policy,
 // without watching KV or a file.
-type Options struct {
+type Config struct {
 	// Policy is the policy used while KV holds none and there is no
 	// PolicyFile (or, with one, until the file is first read: see
 	// PolicyFile). Defaults to policy.Default().
@@ -192,28 +203,24 @@ type Options struct {
 	// Defaults to false.
 	WatchPolicy bool
 
-	// Now is the clock of decisions and due times. Defaults to time.Now.
+	// Now is the clock of policy audit records and of agents' started and
+	// cancel marks that carry no time. Decisions and due times are at the
+	// outcome's time (events.EventTime), as in simulate. Defaults to
+	// time.Now.
 	Now func() time.Time
 
 	// Rand supplies uniform [0, 1) numbers for the backoff jitter; it is
 	// called under a lock. Defaults to math/rand/v2's Float64.
 	Rand func() float64
 
-	// MaxFutureSkew: see DefaultMaxFutureSkew (the default).
-	MaxFutureSkew time.Duration
-
-	// MaxProviders bounds the providers whose fault scope is held in
-	// memory and whose failbus_scheduler_provider_outage series is on
-	// /metrics: agents name providers, so past it the least recently seen
-	// provider not in an outage is forgotten (and its series deleted),
-	// counted in failbus_scheduler_scope_evictions_total and
-	// failbus_metric_label_values_evicted_total. A forgotten provider
-	// starts healthy when seen again. Defaults to DefaultMaxProviders.
+	// MaxProviders bounds the providers whose
+	// failbus_scheduler_provider_outage series is on /metrics: agents name
+	// providers, so past it the least recently seen provider's series is
+	// deleted, counted in failbus_metric_label_values_evicted_total. (The
+	// fault scope itself is in FAILBUS_SCOPE, not in memory: a provider's
+	// record expires with the bucket's TTL, 30 days after its last
+	// outcome.) Defaults to DefaultMaxProviders.
 	MaxProviders int
-
-	// SkipRebuild starts with an empty fault scope instead of rebuilding it
-	// from the streams. Defaults to false.
-	SkipRebuild bool
 
 	// CrashAt, when set, is called with a Crash* point between the durable
 	// steps of a retry. It is a fault-injection hook for tests (which kill
@@ -229,19 +236,18 @@ type Options struct {
 	Runner consumer.Config
 }
 
-// Scheduler is the scheduler service: two consumer runners (classifications;
+// Service is the scheduler service: two consumer runners (classifications;
 // started and cancel records), the policy watch and the fault scope. Create
 // it with New and start it with Run; it satisfies the in-process service
 // interface of `failbus dev` (Run, Healthy).
-type Scheduler struct {
+type Service struct {
 	js      jetstream.JetStream
 	watch   bool
-	file    *policyFile // nil without Options.PolicyFile
+	file    *policyFile // nil without Config.PolicyFile
 	now     func() time.Time
 	randMu  sync.Mutex
 	rand    func() float64
 	crashAt func(string)
-	rebuild bool
 	log     zerolog.Logger
 	reg     prometheus.Registerer
 	m       *metrics
@@ -253,7 +259,15 @@ type Scheduler struct {
 	active   atomic.Pointer[activePolicy]
 	layersMu sync.Mutex
 	layers   policyLayers
-	scope    *scopeBook
+
+	// eng runs the fault-scope and retry stages on providers (KV
+	// FAILBUS_SCOPE, shared by replicas) and the ledger (FAILBUS_RETRIES).
+	eng       *engine.Engine
+	providers lateProviders
+	lanes     lanes // one per provider: see lanes.go
+
+	clockMu sync.Mutex
+	clock   time.Time // the latest classification time seen (clockAt)
 
 	classified *consumer.Runner
 	control    *consumer.Runner
@@ -270,7 +284,7 @@ var errNotStarted = errors.New("not running")
 
 // New checks opts and prepares the scheduler; it does no I/O. Apply the
 // topology before Run.
-func New(js jetstream.JetStream, opts Options) (*Scheduler, error) {
+func New(js jetstream.JetStream, opts Config) (*Service, error) {
 	if js == nil {
 		return nil, fmt.Errorf("%w: scheduler: nil JetStream", consumer.ErrInvalidConfig)
 	}
@@ -297,14 +311,13 @@ func New(js jetstream.JetStream, opts Options) (*Scheduler, error) {
 	if rc.Registerer == nil {
 		rc.Registerer = prometheus.NewRegistry()
 	}
-	s := &Scheduler{
+	s := &Service{
 		js:      js,
 		watch:   opts.WatchPolicy,
 		now:     opts.Now,
 		rand:    opts.Rand,
 		crashAt: opts.CrashAt,
-		rebuild: !opts.SkipRebuild,
-		log:     rc.Logger.With().Str("service", Service).Logger(),
+		log:     rc.Logger.With().Str("service", Name).Logger(),
 		reg:     rc.Registerer,
 		state:   errNotStarted,
 	}
@@ -314,14 +327,6 @@ func New(js jetstream.JetStream, opts Options) (*Scheduler, error) {
 	if s.rand == nil {
 		s.rand = rand.Float64
 	}
-	skew := opts.MaxFutureSkew
-	if skew <= 0 {
-		skew = DefaultMaxFutureSkew
-	}
-	s.scope = newScopeBook(skew, DefaultSeenTTL, maxProviders, func(providers, entries int) {
-		s.m.evictions.WithLabelValues("provider").Add(float64(providers))
-		s.m.evictions.WithLabelValues("entry").Add(float64(entries))
-	})
 	if opts.PolicyFile != "" {
 		interval := opts.PolicyPollInterval
 		if interval == 0 {
@@ -336,9 +341,18 @@ func New(js jetstream.JetStream, opts Options) (*Scheduler, error) {
 		return nil, err
 	}
 	s.m = m
+	s.eng, err = engine.New(engine.Config{
+		Policy: base,
+		Stores: engine.Stores{Providers: &s.providers, Ledger: ledgerStore{s}},
+		Rand:   s.random,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("scheduler: %w", err)
+	}
+	s.lanes.s = s
 
 	cc := rc
-	cc.Service, cc.Consumer = Service, topology.ConsumerScheduler
+	cc.Service, cc.Consumer = Name, topology.ConsumerScheduler
 	if cc.Concurrency == 0 {
 		cc.Concurrency = DefaultConcurrency
 	}
@@ -346,7 +360,7 @@ func New(js jetstream.JetStream, opts Options) (*Scheduler, error) {
 		return nil, fmt.Errorf("scheduler: %w", err)
 	}
 	ctl := rc
-	ctl.Service, ctl.Consumer = ControlService, topology.ConsumerSchedulerControl
+	ctl.Service, ctl.Consumer = ControlName, topology.ConsumerSchedulerControl
 	ctl.Concurrency, ctl.FetchBatch = 1, 0
 	if s.control, err = consumer.New(js, ctl, s.handleControl); err != nil {
 		return nil, fmt.Errorf("scheduler: %w", err)
@@ -355,11 +369,11 @@ func New(js jetstream.JetStream, opts Options) (*Scheduler, error) {
 }
 
 // Policy is the policy the scheduler decides with now.
-func (s *Scheduler) Policy() *policy.Policy { return s.active.Load().p }
+func (s *Service) Policy() *policy.Policy { return s.active.Load().p }
 
 // Gatherer returns the registry of the service's metrics when it is a
 // prometheus.Gatherer (the default one is), for consumer.ServeOps.
-func (s *Scheduler) Gatherer() prometheus.Gatherer {
+func (s *Service) Gatherer() prometheus.Gatherer {
 	g, _ := s.reg.(prometheus.Gatherer)
 	return g
 }
@@ -369,9 +383,9 @@ func (s *Scheduler) Gatherer() prometheus.Gatherer {
 // classifications and started/cancel records until ctx ends, following
 // policy changes meanwhile; then it drains both consumers (in-flight
 // messages finish) and returns nil. It returns an error when something
-// cannot start (the policy file included, when unusable and Options.Policy
-// is nil) or a consumer stops on its own. A Scheduler runs once.
-func (s *Scheduler) Run(ctx context.Context) (err error) {
+// cannot start (the policy file included, when unusable and Config.Policy
+// is nil) or a consumer stops on its own. A Service runs once.
+func (s *Service) Run(ctx context.Context) (err error) {
 	defer func() {
 		s.mu.Lock()
 		s.state = consumer.ErrStopped
@@ -382,6 +396,11 @@ func (s *Scheduler) Run(ctx context.Context) (err error) {
 		return fmt.Errorf("scheduler: open %s (apply the topology first): %w", topology.StreamRetries, err)
 	}
 	s.retries = retries
+	scope, err := scopestore.Open(ctx, s.js, scopestore.Options{Conflicts: s.m.scopeConflicts, Unreadable: s.m.scopeUnreadable, Log: s.log})
+	if err != nil {
+		return fmt.Errorf("scheduler: %w", err)
+	}
+	s.providers.Store = scope
 
 	var wg sync.WaitGroup
 	defer wg.Wait() // after cancel, below: the policy watch ends with rctx
@@ -400,14 +419,11 @@ func (s *Scheduler) Run(ctx context.Context) (err error) {
 		}
 		wg.Go(func() { s.followPolicy(rctx, updates) })
 	}
-	if s.rebuild {
-		start := time.Now()
-		n, err := s.rebuildScope(ctx)
-		if err != nil {
-			return err
-		}
-		s.log.Info().Int("replayed", n).Int64("took_ms", time.Since(start).Milliseconds()).Msg("fault scope rebuilt")
+	n, err := s.seedOutages(ctx)
+	if err != nil {
+		return err
 	}
+	s.m.seeded.Add(float64(n))
 	p := s.active.Load()
 	s.log.Info().Str("policy", p.source).Str("policy_key", p.p.RetryFor("").Key()).Msg("scheduler started")
 	s.mu.Lock()
@@ -421,24 +437,24 @@ func (s *Scheduler) Run(ctx context.Context) (err error) {
 
 // Healthy reports nil while both consumers run and the policy watch (when
 // on) works; otherwise what is wrong. It is the /healthz check.
-func (s *Scheduler) Healthy() error {
+func (s *Service) Healthy() error {
 	s.mu.Lock()
 	state, werr := s.state, s.watchErr
 	s.mu.Unlock()
 	if state != nil {
-		return fmt.Errorf("%s: %w", Service, state)
+		return fmt.Errorf("%s: %w", Name, state)
 	}
 	errs := []error{s.classified.Healthy(), s.control.Healthy()}
 	if werr != nil {
-		errs = append(errs, fmt.Errorf("%s: policy watch: %w", Service, werr))
+		errs = append(errs, fmt.Errorf("%s: policy watch: %w", Name, werr))
 	}
 	return errors.Join(errs...)
 }
 
 // Run runs the scheduler on nc until ctx ends: the entry point of a process
 // that runs it alone (apply the topology first). It is New and
-// Scheduler.Run.
-func Run(ctx context.Context, nc *nats.Conn, opts Options) error {
+// Service.Run.
+func Run(ctx context.Context, nc *nats.Conn, opts Config) error {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return fmt.Errorf("scheduler: jetstream: %w", err)
@@ -451,14 +467,14 @@ func Run(ctx context.Context, nc *nats.Conn, opts Options) error {
 }
 
 // random is one jitter draw.
-func (s *Scheduler) random() float64 {
+func (s *Service) random() float64 {
 	s.randMu.Lock()
 	defer s.randMu.Unlock()
 	return s.rand()
 }
 
 // crash calls the fault-injection hook.
-func (s *Scheduler) crash(point string) {
+func (s *Service) crash(point string) {
 	if s.crashAt != nil {
 		s.crashAt(point)
 	}
@@ -473,11 +489,14 @@ type metrics struct {
 	controls  *prometheus.CounterVec
 	reloads   *prometheus.CounterVec
 	fileValid prometheus.Gauge
-	replayed  prometheus.Counter
+	seeded    prometheus.Counter
 	outage    *prometheus.GaugeVec
 	// providers caps the provider label of outage.
 	providers *consumer.LabelCap
 	evictions *prometheus.CounterVec
+
+	scopeConflicts  prometheus.Counter
+	scopeUnreadable prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, maxProviders int) (*metrics, error) {
@@ -507,8 +526,10 @@ func newMetrics(reg prometheus.Registerer, maxProviders int) (*metrics, error) {
 	m.restored = counter("failbus_scheduler_schedules_restored_total", "Replays that found the schedule neither pending, fired nor cancelled and published it.")
 	m.controls = counterVec("failbus_scheduler_controls_total", "Started and cancel records, by kind and result (marked, ignored).", "kind", "result")
 	m.reloads = counterVec("failbus_scheduler_policy_reloads_total", "Policy changes seen, by source (kv, file) and result (applied, shadowed, removed, rejected).", "source", "result")
-	m.replayed = counter("failbus_scheduler_scope_replayed_total", "Classifications replayed into the fault scope at start.")
-	m.evictions = counterVec("failbus_scheduler_scope_evictions_total", "Fault-scope state forgotten to stay within its caps, by kind: provider (Options.MaxProviders), entry (a profile or model past scope.max_profiles / max_models).", "kind")
+	m.seeded = counter("failbus_scheduler_scope_seeded_total", "Outages left open in FAILBUS_HEALTH carried into FAILBUS_SCOPE at start, for providers it did not know.")
+	m.scopeConflicts = counter("failbus_scheduler_scope_conflicts_total", "Fault-scope writes that lost a compare-and-set race (another replica or delivery changed the provider) and were observed again.")
+	m.scopeUnreadable = counter("failbus_scheduler_scope_unreadable_total", "Fault-scope records that could not be decoded; the provider started over.")
+	m.evictions = counterVec("failbus_scheduler_scope_evictions_total", "Fault-scope entries forgotten to stay within their caps, by kind: entry (a profile or model past scope.max_profiles / max_models).", "kind")
 	if err == nil {
 		m.fileValid, err = consumer.Register(reg, prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "failbus_scheduler_policy_file_valid",
@@ -519,7 +540,7 @@ func newMetrics(reg prometheus.Registerer, maxProviders int) (*metrics, error) {
 		m.fileValid.Set(1)
 		m.outage, err = consumer.Register(reg, prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "failbus_scheduler_provider_outage",
-			Help: "1 while the fault scope holds the provider in an outage, else 0. At most Options.MaxProviders providers have a series (least recently seen evicted).",
+			Help: "1 while the fault scope holds the provider in an outage (as this replica last saw it), else 0. At most Config.MaxProviders providers have a series (least recently seen evicted).",
 		}, []string{"provider"}))
 	}
 	if err == nil {

@@ -45,7 +45,7 @@ func setup(t *testing.T) *bench {
 }
 
 // start runs a scheduler until the test ends (or stop is called).
-func (b *bench) start(opts scheduler.Options) (*scheduler.Scheduler, func()) {
+func (b *bench) start(opts scheduler.Config) (*scheduler.Service, func()) {
 	b.t.Helper()
 	if opts.Runner.Registerer == nil {
 		opts.Runner.Registerer = prometheus.NewRegistry()
@@ -313,7 +313,7 @@ func (b *bench) checkDueOnce(agentName, retryID string) due {
 func TestRetryIsLedgeredScheduledAndComesDueOnceWithTheHintExactly(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.start(scheduler.Options{})
+	b.start(scheduler.Config{})
 	c := cls("o-1", "ag", "openai", "key-a", events.ClassRateLimit, 1, 1, 1500)
 	b.publish(c, "")
 	d := b.decisionOf("ag", "o-1")
@@ -342,7 +342,7 @@ func TestBudgetIsExactWhenOneStepFailsConcurrently(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	rev := b.putPolicy("retry:\n  max_retries: 3\n  initial_delay: 100ms\n  max_delay: 1s\n")
-	b.start(scheduler.Options{WatchPolicy: true, Runner: consumer.Config{Concurrency: 8, FetchBatch: 16}})
+	b.start(scheduler.Config{WatchPolicy: true, Runner: consumer.Config{Concurrency: 8, FetchBatch: 16}})
 	b.waitPolicy(rev)
 	const fails = 7
 	for i := range fails {
@@ -409,7 +409,7 @@ func TestRedeliveredClassificationReplaysItsRetry(t *testing.T) {
 		}
 	}
 	reg := prometheus.NewRegistry()
-	b.start(scheduler.Options{CrashAt: hook, Runner: consumer.Config{Registerer: reg, Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel)}})
+	b.start(scheduler.Config{CrashAt: hook, Runner: consumer.Config{Registerer: reg, Logger: zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.InfoLevel)}})
 	cases := []struct {
 		name, id, point string
 		afterMS         int64
@@ -433,7 +433,7 @@ func TestRedeliveredClassificationReplaysItsRetry(t *testing.T) {
 			c := cls(tc.id, "ag-"+tc.id, "openai", "k", events.ClassServerError, 1, 1, tc.afterMS)
 			b.publish(c, "")
 			b.poll("the crash", func() bool {
-				for _, m := range b.read(topology.StreamDLQ, events.DLQSubject(scheduler.Service)) {
+				for _, m := range b.read(topology.StreamDLQ, events.DLQSubject(scheduler.Name)) {
 					if strings.Contains(string(m.Data()), tc.id) {
 						return true
 					}
@@ -478,7 +478,7 @@ func TestCancelPurgesTheScheduleAndAStartedAfterItIsIgnored(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	reg := prometheus.NewRegistry()
-	b.start(scheduler.Options{Runner: consumer.Config{Registerer: reg}})
+	b.start(scheduler.Config{Runner: consumer.Config{Registerer: reg}})
 	ag, err := agent.New(b.nc, "canceller")
 	if err != nil {
 		t.Fatal(err)
@@ -537,7 +537,7 @@ func TestCancelPurgesTheScheduleAndAStartedAfterItIsIgnored(t *testing.T) {
 func TestStartedIsMarkedAndACancelAfterItIsIgnored(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.start(scheduler.Options{})
+	b.start(scheduler.Config{})
 	ag, err := agent.New(b.nc, "starter")
 	if err != nil {
 		t.Fatal(err)
@@ -562,7 +562,7 @@ func TestStartedIsMarkedAndACancelAfterItIsIgnored(t *testing.T) {
 func TestJunkControlRecordsAreDeadLettered(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.start(scheduler.Options{})
+	b.start(scheduler.Config{})
 	mark := func(v any) []byte {
 		data, err := msgpack.Marshal(v)
 		if err != nil {
@@ -586,7 +586,7 @@ func TestJunkControlRecordsAreDeadLettered(t *testing.T) {
 		}
 	}
 	b.waitIdle()
-	dead := b.read(topology.StreamDLQ, events.DLQSubject(scheduler.ControlService))
+	dead := b.read(topology.StreamDLQ, events.DLQSubject(scheduler.ControlName))
 	if len(dead) != len(junk) {
 		t.Fatalf("%d dead letters, want %d", len(dead), len(junk))
 	}
@@ -622,9 +622,11 @@ func TestOutageDecidesWaitProviderSpendsNoBudgetAndSurvivesARestart(t *testing.T
 	t.Parallel()
 	b := setup(t)
 	rev := b.putPolicy(outagePolicy)
-	_, stop := b.start(scheduler.Options{WatchPolicy: true})
+	_, stop := b.start(scheduler.Config{WatchPolicy: true})
 	b.waitPolicy(rev)
-	t0 := time.Now()
+	// The outcomes' times lie in the past: the scheduler believes no `at`
+	// later than when the bus stored it (events.EventTime).
+	t0 := time.Now().Add(-time.Minute)
 	at := func(d time.Duration) events.Time { return events.At(t0.Add(d)) }
 	fail := func(id, profile string, d time.Duration) *events.Classification {
 		c := cls(id, "ag", "deepseek", profile, events.ClassTransport, 1, 1, 0)
@@ -656,7 +658,7 @@ func TestOutageDecidesWaitProviderSpendsNoBudgetAndSurvivesARestart(t *testing.T
 	// A restarted scheduler still holds the provider: the outage is read
 	// back from FAILBUS_HEALTH, not forgotten.
 	stop()
-	b.start(scheduler.Options{WatchPolicy: true})
+	b.start(scheduler.Config{WatchPolicy: true})
 	b.publish(fail("n-3", "key-1", 200*time.Millisecond), "")
 	if d := b.decisionOf("ag", "n-3"); d.Action != events.ActionWaitProvider {
 		t.Fatalf("after a restart: %s, want wait_provider", d.Action)
@@ -694,11 +696,62 @@ func TestOutageDecidesWaitProviderSpendsNoBudgetAndSurvivesARestart(t *testing.T
 	}
 }
 
+// A scheduler that dies after storing an outage in FAILBUS_SCOPE and before
+// publishing its health record and notification loses neither: the
+// redelivered classification (or any next one of the provider) publishes
+// them, under the transition's ids, once.
+func TestADeathBetweenTheScopeWriteAndThePublishLosesNoRecord(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	rev := b.putPolicy(outagePolicy)
+	var once sync.Once
+	hook := func(point string) {
+		if point == scheduler.CrashAfterScope {
+			once.Do(func() { panic("crash at " + point) })
+		}
+	}
+	b.start(scheduler.Config{WatchPolicy: true, CrashAt: hook})
+	b.waitPolicy(rev)
+	t0 := time.Now().Add(-time.Minute) // believed: not after the stored time
+	fail := func(id, profile string, d time.Duration) *events.Classification {
+		c := cls(id, "ag", "deepseek", profile, events.ClassTransport, 1, 1, 0)
+		c.At = events.At(t0.Add(d))
+		return c
+	}
+	b.publish(fail("n-1", "key-1", 0), "")
+	b.decisionOf("ag", "n-1")
+	b.publish(fail("n-2", "key-2", 100*time.Millisecond), "") // the outage: stored, then the crash
+	b.poll("the crash", func() bool {
+		for _, m := range b.read(topology.StreamDLQ, events.DLQSubject(scheduler.Name)) {
+			if strings.Contains(string(m.Data()), "n-2") {
+				return true
+			}
+		}
+		return false
+	})
+	if hs := b.health("deepseek"); len(hs) != 0 {
+		t.Fatalf("health %+v published before the crash point", hs)
+	}
+	b.publish(fail("n-2", "key-2", 100*time.Millisecond), "redelivery:n-2")
+	if d := b.decisionOf("ag", "n-2"); d.Action != events.ActionWaitProvider {
+		t.Fatalf("redelivered: %s, want wait_provider", d.Action)
+	}
+	b.publish(fail("n-3", "key-1", 200*time.Millisecond), "")
+	b.decisionOf("ag", "n-3")
+	b.waitIdle()
+	if hs := b.health("deepseek"); len(hs) != 1 || hs[0].State != events.HealthOutage {
+		t.Fatalf("health %+v, want the outage once", hs)
+	}
+	if notes := b.read(topology.StreamNotify, events.NotifySubject(events.SeverityCritical)); len(notes) != 1 {
+		t.Fatalf("%d critical notification requests, want the outage's once", len(notes))
+	}
+}
+
 func TestANewPolicyKeyStartsANewBudget(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	rev := b.putPolicy("retry:\n  max_retries: 1\n")
-	b.start(scheduler.Options{WatchPolicy: true})
+	b.start(scheduler.Config{WatchPolicy: true})
 	a := b.waitPolicy(rev)
 	if a.Kind != scheduler.PolicyApplied {
 		t.Fatalf("audit %+v, want applied", a)
@@ -744,7 +797,7 @@ func TestANewPolicyKeyStartsANewBudget(t *testing.T) {
 func TestUndecodableClassificationIsDeadLetteredAndConsumingGoesOn(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.start(scheduler.Options{})
+	b.start(scheduler.Config{})
 	if _, err := b.js.Publish(b.ctx, events.ClassifiedSubject("openai", "server_error"), []byte("junk")); err != nil {
 		t.Fatal(err)
 	}
@@ -754,7 +807,7 @@ func TestUndecodableClassificationIsDeadLetteredAndConsumingGoesOn(t *testing.T)
 	b.publish(cls("after", "ag", "openai", "k", events.ClassServerError, 1, 1, 0), "")
 	b.decisionOf("ag", "after")
 	b.waitIdle()
-	if n := len(b.read(topology.StreamDLQ, events.DLQSubject(scheduler.Service))); n != 2 {
+	if n := len(b.read(topology.StreamDLQ, events.DLQSubject(scheduler.Name))); n != 2 {
 		t.Errorf("%d dead letters, want 2", n)
 	}
 }
@@ -762,7 +815,7 @@ func TestUndecodableClassificationIsDeadLetteredAndConsumingGoesOn(t *testing.T)
 func TestContentRefusalsAndSuccessesGetNoDecision(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	b.start(scheduler.Options{})
+	b.start(scheduler.Config{})
 	b.publish(cls("ref", "ag", "openai", "k", events.ClassContentRefusal, 1, 1, 0), "")
 	b.publish(cls("fine", "ag", "openai", "k", events.ClassOK, 1, 2, 0), "")
 	b.publish(cls("last", "ag", "openai", "k", events.ClassAuth, 1, 3, 0), "")
@@ -907,7 +960,7 @@ func TestPolicyFileIsReloadedAndTheKVKeyOverridesIt(t *testing.T) {
 	writeFile(t, path, one)
 	logs := &syncBuffer{}
 	reg := prometheus.NewRegistry()
-	s, _ := b.start(scheduler.Options{
+	s, _ := b.start(scheduler.Config{
 		PolicyFile: path, PolicyPollInterval: 10 * time.Millisecond, WatchPolicy: true,
 		Runner: consumer.Config{Registerer: reg, Logger: zerolog.New(logs).Level(zerolog.DebugLevel)},
 	})
@@ -1059,8 +1112,8 @@ func TestPolicyFileUnusableAtStart(t *testing.T) {
 			}
 			reg := prometheus.NewRegistry()
 			logs := &syncBuffer{}
-			opts := scheduler.Options{
-				PolicyFile: path, PolicyPollInterval: 10 * time.Millisecond, SkipRebuild: true,
+			opts := scheduler.Config{
+				PolicyFile: path, PolicyPollInterval: 10 * time.Millisecond,
 				Runner: consumer.Config{Registerer: reg, Logger: zerolog.New(logs), FetchWait: 100 * time.Millisecond},
 			}
 			fallback, err := policy.Parse([]byte("retry:\n  max_retries: 7\n"))

@@ -204,7 +204,7 @@ func ClaimReason(cfg Config, provider string, s State, c Claim) string {
 // Decision is the decision for the agent whose content_refusal c
 // produced ev at at, worded by t (Notice): rerender with the 1-based
 // attempt in retry, or skip_provider with due_at the next probe time (absent
-// when frozen). It is what Book.OnClassified sends, for the bus.
+// when frozen). It is what the engine's Refuse stage decides.
 func Decision(c events.Classification, ev Event, t Text, at time.Time) events.Decision {
 	d := events.Decision{
 		OutcomeID: c.OutcomeID,

@@ -108,25 +108,3 @@ func TestRefusalRecordRemembersBoundedApplications(t *testing.T) {
 		t.Error("an empty outcome id matched")
 	}
 }
-
-// The bus service's decision is the book's decision for the same refusal.
-func TestRefusalDecisionMatchesTheBook(t *testing.T) {
-	cfg := DefaultConfig()
-	book := NewBook(cfg)
-	c := events.Classification{
-		OutcomeID: "o-1", Agent: "a", Provider: "p", Model: "m", Profile: "k",
-		Class: events.ClassContentRefusal, Session: "s", Segment: 1, Turn: 3, RefusalScope: ScopeHistory,
-	}
-	want, notes := book.OnClassified(c, refusalT0)
-
-	rec := Record{State: State{Segment: "s#1", Provider: "p"}}
-	_, ev := rec.Refused(c.Agent, c.RefusalScope, Increment(c.Turn, c.Step), refusalT0, cfg)
-	t0 := Notice(cfg, ev, Peers(cfg, ev, nil))
-	got := Decision(c, ev, t0, refusalT0)
-	if !reflect.DeepEqual(got, want) {
-		t.Errorf("Decision = %+v\nbook gives %+v", got, want)
-	}
-	if n := t0.Notification(ev, refusalT0); len(notes) != 1 || !reflect.DeepEqual(n, notes[0]) {
-		t.Errorf("notification = %+v\nbook gives %+v", n, notes)
-	}
-}

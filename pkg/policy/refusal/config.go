@@ -1,6 +1,5 @@
-package refusal
-
-// Refusal tiers (seed 000, DESIGN.md §4 "Refusal tiers").
+// Package refusal is the refusal tiers (seed 000, DESIGN.md §4 "Refusal
+// tiers"), as pure state and words.
 //
 // A content refusal is judged on the request's bytes, and inside a context
 // segment (`<session>#<segment>`) history only grows: the refused bytes are in
@@ -13,9 +12,13 @@ package refusal
 //
 // where refusals counts real refusals in the segment and refused_at is the
 // latest of them. Only a real refusal advances the state; a skipped turn reads
-// it and never moves the clock. This file holds the policy section; the state
-// machine is in refusal_state.go, its stored form in refusal_codec.go, its
-// words in refusal_notice.go and the in-memory book in refusal_book.go.
+// it and never moves the clock. config.go holds the policy section; the
+// state machine is in state.go, the shared-bus additions (probe claims,
+// applied refusals) in claim.go, the words in notice.go and the route rule
+// in route.go. The engine (pkg/engine: Refuse, Route, Boundary) runs them
+// on a store: in memory for simulate, the KV bucket on the bus, whose
+// codec is next to the service that writes it (internal/service/refusals).
+package refusal
 
 import (
 	"errors"

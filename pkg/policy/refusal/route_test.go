@@ -79,31 +79,3 @@ func TestRouteProviders(t *testing.T) {
 		t.Fatalf("frozen entries must not carry next_probe_at: %s", b)
 	}
 }
-
-// TestRouteNeverMovesTheClock: asking again and again changes no state, so a
-// busy thread cannot keep renewing its own cooldown (seed 000 §3 ①).
-func TestRouteNeverMovesTheClock(t *testing.T) {
-	cfg := DefaultConfig()
-	b := NewBook(cfg)
-	b.OnClassified(events.Classification{OutcomeID: "o", Agent: "a", Provider: "p", Class: events.ClassContentRefusal,
-		Session: "s", RefusalScope: ScopeHistory}, refusalT0)
-	before := b.States(refusalT0)
-	for m := 1; m < 15; m++ {
-		r := b.Route(refusalT0.Add(time.Duration(m)*time.Minute), "a", "s", 0, []string{"p"})
-		if len(r.Allowed) != 0 || !r.Skipped[0].NextProbeAt.Equal(refusalT0.Add(15*time.Minute)) {
-			t.Fatalf("minute %d: %+v", m, r)
-		}
-	}
-	if after := b.States(refusalT0); !reflect.DeepEqual(before, after) {
-		t.Fatalf("route changed state: %+v -> %+v", before, after)
-	}
-	// An allowed probe that is not refused moves nothing either.
-	for i := 0; i < 3; i++ {
-		if r := b.Route(refusalT0.Add(15*time.Minute+time.Duration(i)*time.Hour), "a", "s", 0, []string{"p"}); len(r.Allowed) != 1 {
-			t.Fatalf("probe %d not allowed: %+v", i, r)
-		}
-	}
-	if after := b.States(refusalT0); !reflect.DeepEqual(before, after) {
-		t.Fatalf("allowed probes changed state: %+v -> %+v", before, after)
-	}
-}

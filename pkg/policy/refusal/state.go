@@ -10,7 +10,7 @@ import (
 
 // State is one provider's refusal record in one context segment: the
 // count of real refusals and the time of the latest one (seed 000 §5). It is
-// the value stored per (segment, provider) in KV and in the Book. All
+// the value stored per (segment, provider), in KV or in memory. All
 // transitions are pure methods that return a new value, so the bus service
 // can apply them under compare-and-set and the simulator in memory, with the
 // same result.
@@ -252,4 +252,14 @@ func Peers(cfg Config, ev Event, states []State) []string {
 	}
 	slices.Sort(ids)
 	return slices.Compact(ids)
+}
+
+// TouchDue reports whether a stored state last written at written
+// should be rewritten unchanged at now, when a route read finds it: once half
+// of StateTTL has passed. The TTL is a backstop for segments nobody uses any
+// more; a segment still being routed must keep its state, or a frozen
+// provider would receive the refused history again a TTL after freezing.
+// Rewriting the same value moves no refusal clock (RefusedAt is unchanged).
+func TouchDue(written, now time.Time, cfg Config) bool {
+	return cfg.StateTTL > 0 && now.Sub(written) >= cfg.StateTTL/2
 }

@@ -49,9 +49,11 @@
 //	model-fault:<provider>:<model>:<episode start, epoch ms>
 //	model-fault-escalated:<provider>:<first episode start, epoch ms>:<sorted models>
 //
-// ProviderState is exported, with msgpack and JSON keys, so a service can
-// keep one per provider in a KV bucket and update it with compare-and-set;
-// Tracker holds many in memory for `failbus simulate` and tests.
+// ProviderState is the stored value, with msgpack and JSON keys: the engine
+// (pkg/engine) keeps one per provider in its Providers store — one KV key
+// per provider, updated with compare-and-set, shared by every scheduler
+// replica (FAILBUS_SCOPE), or memory in simulate — and Observe is
+// idempotent per outcome, so redelivery and replicas never count twice.
 package scope
 
 import (

@@ -3,7 +3,9 @@ package scope
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -28,17 +30,21 @@ func (o scopeObs) classification() events.Classification {
 		p = "openai"
 	}
 	info, _ := events.LookupClass(o.class)
-	c := events.Classification{OutcomeID: "x", Agent: "a1", Provider: p, Profile: o.profile, Model: o.model, Class: o.class, Scope: info.Scope}
+	c := events.Classification{OutcomeID: "o" + strconv.FormatInt(obsSeq.Add(1), 10), Agent: "a1", Provider: p, Profile: o.profile, Model: o.model, Class: o.class, Scope: info.Scope}
 	if o.hintMS > 0 {
 		c.Hints = &events.RetryHints{AfterMS: o.hintMS, Source: classify.HintRetryAfter}
 	}
 	return c
 }
 
+// obsSeq numbers the outcomes the tests make up: each is a distinct
+// outcome, as on the bus.
+var obsSeq atomic.Int64
+
 // run feeds every observation to a fresh Scope and returns what the last
 // one produced, plus every health record and notification on the way.
-func scopeRun(cfg Config, seq []scopeObs) (last Observation, health []events.Health, notes []events.Notification, sc *Tracker) {
-	sc = NewTracker(cfg)
+func scopeRun(cfg Config, seq []scopeObs) (last Observation, health []events.Health, notes []events.Notification, sc *tracker) {
+	sc = newTracker(cfg)
 	for _, o := range seq {
 		last = sc.Observe(o.classification(), coreT0.Add(o.after))
 		health = append(health, last.Health...)
@@ -201,7 +207,7 @@ func TestScopeRecovery(t *testing.T) {
 	}
 	// During the outage every failure's verdict is an outage, whatever its
 	// class, also while recovering.
-	sc := NewTracker(cfg)
+	sc := newTracker(cfg)
 	for _, o := range down {
 		sc.Observe(o.classification(), coreT0.Add(o.after))
 	}

@@ -1,6 +1,7 @@
 package scope
 
 import (
+	"slices"
 	"sort"
 	"time"
 
@@ -9,6 +10,12 @@ import (
 
 // Entry is the latest result of one profile or model of a provider.
 type Entry struct {
+	// LastID is the outcome id of the latest result: seeing it again is a
+	// redelivery, which changes nothing.
+	LastID string `msgpack:"last_id,omitempty" json:"last_id,omitempty"`
+	// LastSeen is the latest result's own time (its `at`); an outcome older
+	// than it does not replace it.
+	LastSeen    events.Time `msgpack:"last_seen,omitempty" json:"last_seen,omitzero"`
 	LastAt      events.Time `msgpack:"last_at" json:"last_at"`
 	LastOK      bool        `msgpack:"last_ok" json:"last_ok"`
 	LastClass   string      `msgpack:"last_class" json:"last_class"`
@@ -23,25 +30,44 @@ type Entry struct {
 	CooldownUntil events.Time `msgpack:"cooldown_until,omitempty" json:"cooldown_until,omitzero"`
 }
 
+// Mark is one outcome counted by a rule: its id, so that a redelivered or
+// replayed classification is not counted twice, and when it was counted.
+type Mark struct {
+	ID string      `msgpack:"id" json:"id"`
+	At events.Time `msgpack:"at" json:"at"`
+}
+
 // ProviderState is the fault-scope state of one provider. Its zero value
 // (with Provider set) is a healthy provider nobody has called yet.
+//
+// Observe is idempotent per outcome, so the state can be shared by several
+// scheduler replicas and survive redelivery: an outcome already applied
+// (the latest result of its profile, or one counted among NetFailures or
+// the recovery Streak) changes nothing, and one older than what the state
+// already knows neither replaces a newer result nor resets a newer count.
 type ProviderState struct {
 	Provider string `msgpack:"provider" json:"provider"`
+	// Clock is the latest time observed: the provider's clock, which never
+	// runs backwards (a late outcome is observed at the clock).
+	Clock events.Time `msgpack:"clock,omitempty" json:"clock,omitzero"`
 	// Outage is true from outage detection until recovery.
 	Outage       bool        `msgpack:"outage,omitempty" json:"outage,omitempty"`
 	OutageSince  events.Time `msgpack:"outage_since,omitempty" json:"outage_since,omitzero"`
 	OutageReason string      `msgpack:"outage_reason,omitempty" json:"outage_reason,omitempty"`
 	// RecoveringSince is the first success of the current recovery streak
-	// and RecoverySuccesses its length; zero when no streak runs.
+	// and RecoverySuccesses its length; zero when no streak runs. Streak
+	// holds the outcome ids of the streak's successes (at most
+	// RecoveryMinSuccesses of them, the latest).
 	RecoveringSince   events.Time `msgpack:"recovering_since,omitempty" json:"recovering_since,omitzero"`
 	RecoverySuccesses int         `msgpack:"recovery_successes,omitempty" json:"recovery_successes,omitempty"`
+	Streak            []string    `msgpack:"streak,omitempty" json:"streak,omitempty"`
 	// RateLimited is true while every profile is rate-limited.
 	RateLimited bool `msgpack:"rate_limited,omitempty" json:"rate_limited,omitempty"`
 	// LastSuccess is the provider's latest success, any profile or model.
 	LastSuccess events.Time `msgpack:"last_success,omitempty" json:"last_success,omitzero"`
-	// NetFailures are the times of network failures since LastSuccess,
-	// oldest first, at most OutageMinFailures of them (all the rule needs).
-	NetFailures []events.Time     `msgpack:"net_failures,omitempty" json:"net_failures,omitempty"`
+	// NetFailures are the network failures since LastSuccess, oldest
+	// first, at most OutageMinFailures of them (all the rule needs).
+	NetFailures []Mark            `msgpack:"net_failures,omitempty" json:"net_failures,omitempty"`
 	Profiles    map[string]*Entry `msgpack:"profiles,omitempty" json:"profiles,omitempty"`
 	Models      map[string]*Entry `msgpack:"models,omitempty" json:"models,omitempty"`
 }
@@ -75,8 +101,15 @@ func isNetwork(c events.Classification) bool {
 
 // Observe folds one classified outcome at now into the state and returns the
 // verdict for it (when it is a failure), the health changes and the
-// notification requests. It mutates s; a KV-backed caller writes s back
-// with compare-and-set and retries on conflict from a fresh read.
+// notification requests. It mutates s. now is the caller's clock (the
+// virtual clock in simulate, the outcome's time on the bus); the state's
+// own Clock keeps it from running backwards.
+//
+// It is idempotent per outcome: observing an outcome that was already
+// applied returns its verdict and changes nothing, so a KV-backed caller
+// can write s back with compare-and-set, retry on conflict from a fresh
+// read, and let several replicas and redeliveries observe the same
+// classification.
 func (s *ProviderState) Observe(cfg Config, c events.Classification, now time.Time) Observation {
 	var obs Observation
 	if s.Provider == "" {
@@ -88,30 +121,49 @@ func (s *ProviderState) Observe(cfg Config, c events.Classification, now time.Ti
 	if s.Models == nil {
 		s.Models = map[string]*Entry{}
 	}
+	if now.Before(s.Clock.Time) {
+		now = s.Clock.Time
+	}
+	s.Clock = events.At(now)
+	// t is the outcome's own time, which the replay guards compare: an
+	// outcome older than what the state knows is history, not news.
+	t := c.At.Time
+	if t.IsZero() || t.After(now) {
+		t = now
+	}
+	if s.applied(c) {
+		s.verdict(c, &obs.Verdict)
+		return obs
+	}
 	obs.Evicted = s.forget(cfg, now, c.Profile, c.Model)
 
 	ok := c.Class == events.ClassOK
 	net := isNetwork(c)
 	at := events.At(now)
 
-	// Profile and model entries.
+	// Profile and model entries: the latest result, unless this outcome is
+	// older than the one they hold.
 	pe := s.Profiles[c.Profile]
 	if pe == nil {
 		pe = &Entry{}
 		s.Profiles[c.Profile] = pe
 	}
-	pe.LastAt, pe.LastOK, pe.LastClass, pe.LastNetwork = at, ok, c.Class, net
+	fresh := !t.Before(pe.LastSeen.Time)
 	profileFaultStarted := false
-	switch {
-	case ok:
-		pe.FaultSince, pe.FaultClass, pe.CooldownUntil = events.Time{}, "", events.Time{}
-	case c.Class == events.ClassAuth || c.Class == events.ClassQuotaExhausted:
-		if pe.FaultSince.IsZero() || pe.FaultClass != c.Class {
-			pe.FaultSince, pe.FaultClass = at, c.Class
-			profileFaultStarted = true
+	if fresh {
+		pe.LastID, pe.LastSeen = c.OutcomeID, events.At(t)
+		pe.LastAt, pe.LastOK, pe.LastClass, pe.LastNetwork = at, ok, c.Class, net
+		switch {
+		case ok:
+			pe.FaultSince, pe.FaultClass, pe.CooldownUntil = events.Time{}, "", events.Time{}
+		case c.Class == events.ClassAuth || c.Class == events.ClassQuotaExhausted:
+			if pe.FaultSince.IsZero() || pe.FaultClass != c.Class {
+				pe.FaultSince, pe.FaultClass = at, c.Class
+				profileFaultStarted = true
+			}
+		case c.Class == events.ClassRateLimit && c.Hints != nil && c.Hints.AfterMS > 0:
+			pe.CooldownUntil = events.At(now.Add(time.Duration(c.Hints.AfterMS) * time.Millisecond))
 		}
-	case c.Class == events.ClassRateLimit && c.Hints != nil && c.Hints.AfterMS > 0:
-		pe.CooldownUntil = events.At(now.Add(time.Duration(c.Hints.AfterMS) * time.Millisecond))
 	}
 	var me *Entry
 	modelFaultStarted := false
@@ -121,37 +173,82 @@ func (s *ProviderState) Observe(cfg Config, c events.Classification, now time.Ti
 			me = &Entry{}
 			s.Models[c.Model] = me
 		}
-		me.LastAt, me.LastOK, me.LastClass, me.LastNetwork = at, ok, c.Class, net
-		switch {
-		case ok:
-			me.FaultSince, me.FaultClass = events.Time{}, ""
-		case ModelFault(c.Class):
-			if me.FaultSince.IsZero() {
-				me.FaultSince, me.FaultClass = at, c.Class
-				modelFaultStarted = true
+		if !t.Before(me.LastSeen.Time) {
+			me.LastID, me.LastSeen = c.OutcomeID, events.At(t)
+			me.LastAt, me.LastOK, me.LastClass, me.LastNetwork = at, ok, c.Class, net
+			switch {
+			case ok:
+				me.FaultSince, me.FaultClass = events.Time{}, ""
+			case ModelFault(c.Class):
+				if me.FaultSince.IsZero() {
+					me.FaultSince, me.FaultClass = at, c.Class
+					modelFaultStarted = true
+				}
 			}
 		}
 	}
 
-	// Provider-wide counters.
-	if ok {
+	// Provider-wide counters: a success clears the network failures that
+	// came before it, a network failure counts unless a later success is
+	// already known.
+	if ok && !t.Before(s.newestNetFailure()) {
 		s.LastSuccess = at
 		s.NetFailures = nil
 	}
-	if net {
-		s.NetFailures = append(s.NetFailures, at)
+	if net && !t.Before(s.LastSuccess.Time) {
+		s.NetFailures = append(s.NetFailures, Mark{ID: c.OutcomeID, At: at})
 		if n := cfg.OutageMinFailures; n > 0 && len(s.NetFailures) > n {
-			s.NetFailures = append([]events.Time(nil), s.NetFailures[len(s.NetFailures)-n:]...)
+			s.NetFailures = append([]Mark(nil), s.NetFailures[len(s.NetFailures)-n:]...)
 		}
 	}
 
-	s.outageTransitions(cfg, c, now, ok, net, &obs)
-	s.rateLimitTransitions(cfg, c, now, ok, &obs)
+	s.outageTransitions(cfg, c, now, t, ok, net, &obs)
+	if fresh {
+		s.rateLimitTransitions(cfg, c, now, ok, &obs)
+	}
 
 	if ok {
 		return obs
 	}
 	v := &obs.Verdict
+	s.verdict(c, v)
+	if profileFaultStarted {
+		obs.Notify = append(obs.Notify, s.profileFaultNotice(c, pe, v.SwitchProfile, now))
+	}
+	if modelFaultStarted {
+		obs.Notify = append(obs.Notify, s.modelFaultNotice(c, me, v.SwitchModel, now))
+		if n, ok := s.modelEscalation(c, now); ok {
+			obs.Notify = append(obs.Notify, n)
+		}
+	}
+	return obs
+}
+
+// applied reports whether c's outcome was applied already: it is the
+// latest result of its profile, or counted among the network failures or
+// the recovery streak.
+func (s *ProviderState) applied(c events.Classification) bool {
+	id := c.OutcomeID
+	if id == "" {
+		return false
+	}
+	if e := s.Profiles[c.Profile]; e != nil && e.LastID == id {
+		return true
+	}
+	for _, m := range s.NetFailures {
+		if m.ID == id {
+			return true
+		}
+	}
+	return slices.Contains(s.Streak, id)
+}
+
+// verdict fills v for failure c from the current state (nothing for a
+// success).
+func (s *ProviderState) verdict(c events.Classification, v *Verdict) {
+	if c.Class == events.ClassOK {
+		return
+	}
 	if s.Outage {
 		v.Outage = true
 		v.OutageSince = s.OutageSince.Time
@@ -172,16 +269,15 @@ func (s *ProviderState) Observe(cfg Config, c events.Classification, now time.Ti
 			}
 		}
 	}
-	if profileFaultStarted {
-		obs.Notify = append(obs.Notify, s.profileFaultNotice(c, pe, v.SwitchProfile, now))
+}
+
+// newestNetFailure is when the latest counted network failure was
+// observed (zero when none).
+func (s *ProviderState) newestNetFailure() time.Time {
+	if n := len(s.NetFailures); n > 0 {
+		return s.NetFailures[n-1].At.Time
 	}
-	if modelFaultStarted {
-		obs.Notify = append(obs.Notify, s.modelFaultNotice(c, me, v.SwitchModel, now))
-		if n, ok := s.modelEscalation(c, now); ok {
-			obs.Notify = append(obs.Notify, n)
-		}
-	}
-	return obs
+	return time.Time{}
 }
 
 // forget drops profiles and models without a result for ForgetAfter, then

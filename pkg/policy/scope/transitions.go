@@ -11,7 +11,11 @@ import (
 	"github.com/failbus/failbus/pkg/events"
 )
 
-func (s *ProviderState) outageTransitions(cfg Config, c events.Classification, now time.Time, ok, net bool, obs *Observation) {
+// outageTransitions moves the provider in and out of an outage. t is the
+// outcome's own time: a success older than the outage or the current
+// recovery streak does not count toward recovery, and a network failure
+// older than the streak does not break it.
+func (s *ProviderState) outageTransitions(cfg Config, c events.Classification, now, t time.Time, ok, net bool, obs *Observation) {
 	if !s.Outage {
 		if !net {
 			return
@@ -21,7 +25,7 @@ func (s *ProviderState) outageTransitions(cfg Config, c events.Classification, n
 			return
 		}
 		s.Outage, s.OutageSince, s.OutageReason = true, events.At(now), reason
-		s.RecoveringSince, s.RecoverySuccesses = events.Time{}, 0
+		s.RecoveringSince, s.RecoverySuccesses, s.Streak = events.Time{}, 0, nil
 		s.RateLimited = false
 		obs.Health = append(obs.Health, s.health(now, events.HealthOutage, reason))
 		obs.Notify = append(obs.Notify, events.Notification{
@@ -37,17 +41,24 @@ func (s *ProviderState) outageTransitions(cfg Config, c events.Classification, n
 	}
 	switch {
 	case ok:
+		if t.Before(s.OutageSince.Time) || s.RecoverySuccesses > 0 && t.Before(s.RecoveringSince.Time) {
+			return // a success from before the outage or before this streak
+		}
 		if s.RecoverySuccesses == 0 {
 			s.RecoveringSince = events.At(now)
 		}
 		s.RecoverySuccesses++
+		s.Streak = append(s.Streak, c.OutcomeID)
+		if n := cfg.RecoveryMinSuccesses; n > 0 && len(s.Streak) > n {
+			s.Streak = append([]string(nil), s.Streak[len(s.Streak)-n:]...)
+		}
 		span := now.Sub(s.RecoveringSince.Time)
 		if s.RecoverySuccesses >= cfg.RecoveryMinSuccesses && span >= cfg.RecoveryMinTime {
 			since := s.OutageSince
 			reason := fmt.Sprintf("%d successes over %s since %s; the outage began %s and lasted %s",
 				s.RecoverySuccesses, span.Round(time.Millisecond), clock(s.RecoveringSince.Time), clock(since.Time), now.Sub(since.Time).Round(time.Millisecond))
 			s.Outage, s.OutageSince, s.OutageReason = false, events.Time{}, ""
-			s.RecoveringSince, s.RecoverySuccesses = events.Time{}, 0
+			s.RecoveringSince, s.RecoverySuccesses, s.Streak = events.Time{}, 0, nil
 			obs.Health = append(obs.Health, s.health(now, events.HealthRecovered, reason))
 			obs.Notify = append(obs.Notify, events.Notification{
 				DedupeKey: "provider-recovered:" + s.Provider + ":" + millis(since),
@@ -65,8 +76,8 @@ func (s *ProviderState) outageTransitions(cfg Config, c events.Classification, n
 					clock(s.OutageSince.Time), displayName(c.Profile), cfg.RecoveryMinSuccesses, cfg.RecoveryMinTime)))
 		}
 	case net:
-		if s.RecoverySuccesses > 0 {
-			s.RecoveringSince, s.RecoverySuccesses = events.Time{}, 0
+		if s.RecoverySuccesses > 0 && !t.Before(s.RecoveringSince.Time) {
+			s.RecoveringSince, s.RecoverySuccesses, s.Streak = events.Time{}, 0, nil
 			obs.Health = append(obs.Health, s.health(now, events.HealthOutage,
 				fmt.Sprintf("recovery interrupted: %s on profile %s", c.Class, displayName(c.Profile))))
 		}
@@ -89,8 +100,8 @@ func (s *ProviderState) outageCondition(cfg Config, now time.Time) (string, bool
 	}
 	cutoff := now.Add(-cfg.Window)
 	n := 0
-	for _, t := range s.NetFailures {
-		if !t.Before(cutoff) {
+	for _, m := range s.NetFailures {
+		if !m.At.Before(cutoff) {
 			n++
 		}
 	}

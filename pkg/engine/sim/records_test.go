@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/failbus/failbus/pkg/policy"
+	"github.com/failbus/failbus/pkg/policy/notification"
 )
 
 func TestSimNotificationBudget(t *testing.T) {
@@ -22,8 +23,8 @@ func TestSimNotificationBudget(t *testing.T) {
 	}
 	steps := []struct{ line, want string }{
 		{auth("a1", 0, "p1"), "class:auth decision:give_up notify:normal"},
-		{auth("a2", time.Second, "p1"), "class:auth decision:give_up"},   // same episode: deduplicated
-		{auth("a3", 2*time.Second, "p2"), "class:auth decision:give_up"}, // budget of 1 spent today
+		{auth("a2", time.Second, "p1"), "class:auth decision:give_up"},                 // same episode: deduplicated
+		{auth("a3", 2*time.Second, "p2"), "class:auth decision:give_up notify:normal"}, // budget of 1 spent today: held, and the day's digest says so
 		{net("n1", 3*time.Second), "class:transport decision:retry"},
 		{net("n2", 4*time.Second), "class:transport decision:retry"},
 		{net("n3", 5*time.Second), "class:transport health:outage decision:wait_provider notify:critical"}, // critical despite the budget
@@ -31,9 +32,18 @@ func TestSimNotificationBudget(t *testing.T) {
 	}
 	dueOrDelay := regexp.MustCompile(`due#\S+ |#\d+/\d+ms`)
 	for i, s := range steps {
-		got := dueOrDelay.ReplaceAllString(simSummary(h.feed(s.line)), "")
+		recs := h.feed(s.line)
+		got := dueOrDelay.ReplaceAllString(simSummary(recs), "")
 		if got != s.want {
 			t.Errorf("step %d:\n got %s\nwant %s", i+1, got, s.want)
+		}
+		if i == 2 {
+			// The held request itself is not sent; the notifier's digest
+			// for the day is, once, saying one was held back.
+			n := recs[len(recs)-1]
+			if !strings.HasPrefix(n.str("dedupe_key"), notification.DigestKeyPrefix+"2025-03-01") || !strings.Contains(n.str("text"), "1 non-critical notification has been held back") {
+				t.Errorf("step 3 sent %v, want the day's digest counting one held request", n)
+			}
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package refusal
+package engine_test
 
 import (
 	"fmt"
@@ -7,7 +7,12 @@ import (
 	"time"
 
 	"github.com/failbus/failbus/pkg/events"
+	"github.com/failbus/failbus/pkg/policy/refusal"
 )
+
+// Seed 000 on the virtual clock: the refusal tiers run by the engine's
+// stages (Route, Refuse, Boundary) on in-memory stores, as simulate runs
+// them and as the refusal service runs them on KV.
 
 // refusalSim drives a Book the way an agent does: each turn it asks
 // Route, sends to the first allowed provider, and the refusing provider
@@ -15,7 +20,7 @@ import (
 // the segment reach the refusing provider. No sleeps: time is a variable.
 type refusalSim struct {
 	t        *testing.T
-	book     *Book
+	book     *book
 	now      time.Time
 	session  string
 	segment  int
@@ -29,10 +34,10 @@ type refusalSim struct {
 	boundary int
 }
 
-func newRefusalSim(t *testing.T, cfg Config) *refusalSim {
+func newRefusalSim(t *testing.T, cfg refusal.Config) *refusalSim {
 	return &refusalSim{
-		t: t, book: NewBook(cfg), now: refusalT0, session: "sess-1",
-		refuser: "refuser", scope: ScopeHistory, sends: map[int][]time.Time{},
+		t: t, book: newBook(t, cfg), now: refusalT0, session: "sess-1",
+		refuser: "refuser", scope: refusal.ScopeHistory, sends: map[int][]time.Time{},
 		agents: []string{"agent-1"},
 	}
 }
@@ -96,7 +101,7 @@ func (s *refusalSim) boundaryAt(now time.Time, reason string) {
 // expectedSends is the seed's schedule measured from the latest refusal, for
 // turns at refusalT0 + k·every: each probe is the first turn at or after the
 // previous send plus the next delay.
-func expectedSends(cfg Config, first time.Time, every time.Duration) []time.Time {
+func expectedSends(cfg refusal.Config, first time.Time, every time.Duration) []time.Time {
 	out := []time.Time{first}
 	for _, d := range cfg.ReprobeDelays {
 		due := out[len(out)-1].Add(d)
@@ -123,7 +128,7 @@ func TestRefusalSeedIntegration(t *testing.T) {
 		{"two agents alternating on one segment, a turn every 3 minutes", 3 * time.Minute, []string{"agent-1", "agent-2"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			cfg := DefaultConfig()
+			cfg := refusal.DefaultConfig()
 			s := newRefusalSim(t, cfg)
 			s.agents = tt.agents
 			s.turnAt(refusalT0)
@@ -201,9 +206,9 @@ func TestRefusalSeedIntegration(t *testing.T) {
 // (same turn, same provider), then the provider is skipped and the history
 // path takes over with the same schedule and notifications.
 func TestRefusalIncrementPath(t *testing.T) {
-	cfg := DefaultConfig()
+	cfg := refusal.DefaultConfig()
 	s := newRefusalSim(t, cfg)
-	s.scope = ScopeIncrement
+	s.scope = refusal.ScopeIncrement
 	s.turnAt(refusalT0)
 	if got := len(s.sends[0]); got != 1+cfg.MaxRerenders {
 		t.Fatalf("first turn: %d sends, want the request plus %d re-renders", got, cfg.MaxRerenders)
@@ -232,11 +237,11 @@ func TestRefusalIncrementPath(t *testing.T) {
 }
 
 func TestRefusalBookBoundaryRetiresEarlierSegmentsOfTheSession(t *testing.T) {
-	cfg := DefaultConfig()
-	b := NewBook(cfg)
+	cfg := refusal.DefaultConfig()
+	b := newBook(t, cfg)
 	refuse := func(session string, segment int, agent string) {
 		b.OnClassified(events.Classification{OutcomeID: "o", Agent: agent, Provider: "p", Class: events.ClassContentRefusal,
-			Session: session, Segment: segment, RefusalScope: ScopeHistory}, refusalT0)
+			Session: session, Segment: segment, RefusalScope: refusal.ScopeHistory}, refusalT0)
 	}
 	refuse("s", 0, "a1")
 	refuse("s", 1, "a2") // another agent on the same session
@@ -254,7 +259,7 @@ func TestRefusalBookBoundaryRetiresEarlierSegmentsOfTheSession(t *testing.T) {
 }
 
 func TestRefusalBookIgnoresOtherClasses(t *testing.T) {
-	b := NewBook(DefaultConfig())
+	b := newBook(t, refusal.DefaultConfig())
 	d, ns := b.OnClassified(events.Classification{OutcomeID: "o", Class: events.ClassRateLimit, Provider: "p"}, refusalT0)
 	if d.Action != "" || ns != nil || len(b.States(refusalT0)) != 0 {
 		t.Fatalf("a rate limit touched refusal state: %+v %+v", d, ns)
@@ -265,7 +270,7 @@ func TestRefusalBookIgnoresOtherClasses(t *testing.T) {
 // but a segment that is still routed keeps its frozen state however long
 // the clock runs.
 func TestRefusalBookTTL(t *testing.T) {
-	cfg := DefaultConfig()
+	cfg := refusal.DefaultConfig()
 	cfg.StateTTL = 24 * time.Hour
 
 	s := newRefusalSim(t, cfg)
@@ -286,36 +291,36 @@ func TestRefusalBookTTL(t *testing.T) {
 }
 
 func TestRefusalBookDecision(t *testing.T) {
-	cfg := DefaultConfig()
-	b := NewBook(cfg)
+	cfg := refusal.DefaultConfig()
+	b := newBook(t, cfg)
 	c := events.Classification{OutcomeID: "o-1", Agent: "a", Provider: "p", Model: "m", Profile: "k",
-		Class: events.ClassContentRefusal, Session: "s", Segment: 2, Turn: 4, Step: 1, RefusalScope: ScopeIncrement}
+		Class: events.ClassContentRefusal, Session: "s", Segment: 2, Turn: 4, Step: 1, RefusalScope: refusal.ScopeIncrement}
 	d, ns := b.OnClassified(c, refusalT0)
 	if d.Action != events.ActionRerender || d.Retry != 1 || !d.DueAt.IsZero() || ns != nil ||
 		d.Model != "m" || d.Profile != "k" || d.Class != events.ClassContentRefusal || !d.At.Equal(refusalT0) {
 		t.Fatalf("first increment refusal: %+v %+v", d, ns)
 	}
-	c.RefusalScope = ScopeHistory
+	c.RefusalScope, c.OutcomeID = refusal.ScopeHistory, "o-2"
 	d, ns = b.OnClassified(c, refusalT0.Add(time.Second))
 	if d.Action != events.ActionSkipProvider || !d.DueAt.Equal(refusalT0.Add(time.Second+15*time.Minute)) || len(ns) != 1 {
 		t.Fatalf("history refusal: %+v %+v", d, ns)
 	}
-	if n := ns[0]; n.Labels["segment"] != "s#2" || n.Labels["provider"] != "p" || n.Labels["rule"] != RuleSkip || n.Labels["reprobes"] != "0" {
+	if n := ns[0]; n.Labels["segment"] != "s#2" || n.Labels["provider"] != "p" || n.Labels["rule"] != refusal.RuleSkip || n.Labels["reprobes"] != "0" {
 		t.Fatalf("labels %+v", n.Labels)
 	}
 }
 
 // TestRefusalBookRouteClaimsADueReprobe: the book answers route as the bus's
-// route service does (Record.Probe), so a recorded run with two
+// route service does (refusal.Record.Probe), so a recorded run with two
 // agents asking for one due re-probe before its refusal comes back sends it
 // once, not twice.
 func TestRefusalBookRouteClaimsADueReprobe(t *testing.T) {
-	cfg := DefaultConfig()
-	b := NewBook(cfg)
+	cfg := refusal.DefaultConfig()
+	b := newBook(t, cfg)
 	refuse := func(agent string, at time.Time) {
 		t.Helper()
 		if d, _ := b.OnClassified(events.Classification{OutcomeID: agent + at.String(), Agent: agent, Provider: "p",
-			Class: events.ClassContentRefusal, Session: "s", RefusalScope: ScopeHistory}, at); d.Action != events.ActionSkipProvider {
+			Class: events.ClassContentRefusal, Session: "s", RefusalScope: refusal.ScopeHistory}, at); d.Action != events.ActionSkipProvider {
 			t.Fatalf("decision %+v", d)
 		}
 	}
@@ -343,11 +348,11 @@ func TestRefusalBookRouteClaimsADueReprobe(t *testing.T) {
 	}{
 		{"before the delay nobody", "b", due.Add(-time.Second), false, due, false},
 		{"the first asker at the due time claims it", "a", due, true, time.Time{}, false},
-		{"the other agent is held until the lease ends", "b", due, false, due.Add(DefaultProbeLease), true},
+		{"the other agent is held until the lease ends", "b", due, false, due.Add(refusal.DefaultProbeLease), true},
 		{"the claimant may ask again", "a", due.Add(time.Minute), true, time.Time{}, false},
-		{"the other is still held within the lease", "b", due.Add(DefaultProbeLease - time.Second), false, due.Add(DefaultProbeLease), true},
-		{"a probe that was not refused frees it after the lease", "b", due.Add(DefaultProbeLease), true, time.Time{}, false},
-		{"and now b holds it", "a", due.Add(DefaultProbeLease + time.Second), false, due.Add(2 * DefaultProbeLease), true},
+		{"the other is still held within the lease", "b", due.Add(refusal.DefaultProbeLease - time.Second), false, due.Add(refusal.DefaultProbeLease), true},
+		{"a probe that was not refused frees it after the lease", "b", due.Add(refusal.DefaultProbeLease), true, time.Time{}, false},
+		{"and now b holds it", "a", due.Add(refusal.DefaultProbeLease + time.Second), false, due.Add(2 * refusal.DefaultProbeLease), true},
 	}
 	for _, tt := range tests {
 		ok, skip := allowed(tt.agent, tt.at)
@@ -363,7 +368,7 @@ func TestRefusalBookRouteClaimsADueReprobe(t *testing.T) {
 	}
 	// b's probe is refused: the claim ends with it and the next tier is
 	// measured from that refusal, for everyone.
-	refused := due.Add(DefaultProbeLease + 2*time.Second)
+	refused := due.Add(refusal.DefaultProbeLease + 2*time.Second)
 	refuse("b", refused)
 	for _, agent := range []string{"a", "b"} {
 		if ok, skip := allowed(agent, refused.Add(time.Second)); ok || !skip.NextProbeAt.Equal(refused.Add(time.Hour)) || strings.Contains(skip.Reason, "in flight") {

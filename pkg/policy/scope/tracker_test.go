@@ -6,24 +6,23 @@ import (
 	"github.com/failbus/failbus/pkg/events"
 )
 
-// Tracker holds the fault-scope state of every provider in memory, for
-// `failbus simulate` and tests; services keep ProviderState per provider in
-// KV and call the same Observe. Not safe for concurrent use.
-type Tracker struct {
+// tracker holds the fault-scope state of every provider in memory for the
+// tests, as the engine's stores do (pkg/engine: Observe and its failover).
+type tracker struct {
 	cfg       Config
 	providers map[string]*ProviderState
 }
 
-// NewTracker returns an empty scope running cfg (which should have passed
+// newTracker returns an empty scope running cfg (which should have passed
 // Validate).
-func NewTracker(cfg Config) *Tracker {
-	return &Tracker{cfg: cfg, providers: map[string]*ProviderState{}}
+func newTracker(cfg Config) *tracker {
+	return &tracker{cfg: cfg, providers: map[string]*ProviderState{}}
 }
 
 // Observe folds one classified outcome into its provider's state, and picks
 // a failover provider for an outage verdict when one is configured and not
 // itself down.
-func (sc *Tracker) Observe(c events.Classification, now time.Time) Observation {
+func (sc *tracker) Observe(c events.Classification, now time.Time) Observation {
 	s := sc.providers[c.Provider]
 	if s == nil {
 		s = &ProviderState{Provider: c.Provider}
@@ -37,11 +36,11 @@ func (sc *Tracker) Observe(c events.Classification, now time.Time) Observation {
 }
 
 // Down reports whether provider is in an outage (recovering included).
-func (sc *Tracker) Down(provider string) bool {
+func (sc *tracker) Down(provider string) bool {
 	s := sc.providers[provider]
 	return s != nil && s.Outage
 }
 
 // State returns the provider's state (nil when never observed). The caller
 // must not modify it.
-func (sc *Tracker) State(provider string) *ProviderState { return sc.providers[provider] }
+func (sc *tracker) State(provider string) *ProviderState { return sc.providers[provider] }

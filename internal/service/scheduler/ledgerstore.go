@@ -1,0 +1,48 @@
+package scheduler
+
+import (
+	"context"
+	"errors"
+
+	"github.com/failbus/failbus/internal/scopestore"
+	"github.com/failbus/failbus/pkg/engine"
+	"github.com/failbus/failbus/pkg/policy/retry"
+)
+
+// ledgerStore is engine.Ledger on the scheduler's ledger subjects in
+// FAILBUS_RETRIES: a budget's revision is its last message's stream
+// sequence, and Append is the publish with the expected last subject
+// sequence.
+type ledgerStore struct{ s *Service }
+
+// Latest implements engine.Ledger.
+func (l ledgerStore) Latest(ctx context.Context, budget string) (*retry.Record, uint64, error) {
+	r, err := l.s.ledgerLast(ctx, budget)
+	if err != nil || r == nil {
+		return nil, 0, err
+	}
+	return &r.entry.Record, r.seq, nil
+}
+
+// Find implements engine.Ledger.
+func (l ledgerStore) Find(ctx context.Context, budget, outcomeID string) (*retry.Record, error) {
+	r, err := l.s.ledgerFind(ctx, budget, outcomeID)
+	if err != nil || r == nil {
+		return nil, err
+	}
+	return &r.entry.Record, nil
+}
+
+// Append implements engine.Ledger.
+func (l ledgerStore) Append(ctx context.Context, rec *retry.Record, rev uint64) error {
+	_, err := l.s.ledgerAppend(ctx, &LedgerEntry{Record: *rec}, rev, "ledger")
+	if errors.Is(err, errLedgerConflict) {
+		l.s.m.conflicts.Inc()
+		return engine.ErrConflict
+	}
+	return err
+}
+
+// lateProviders is the engine's provider store, bound to FAILBUS_SCOPE by
+// Run (New does no I/O); the engine holds a pointer to it.
+type lateProviders struct{ *scopestore.Store }

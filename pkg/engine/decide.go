@@ -1,0 +1,88 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/failbus/failbus/pkg/events"
+	"github.com/failbus/failbus/pkg/policy/retry"
+	"github.com/failbus/failbus/pkg/policy/scope"
+)
+
+// MaxConflicts bounds the compare-and-set rounds of one stage: losing this
+// many races in a row on one key means heavy contention, and the stage
+// fails so its input is redelivered later.
+const MaxConflicts = 32
+
+// Decided is what the retry stage decided for one failure.
+type Decided struct {
+	retry.Verdict
+}
+
+// Decide is the retry stage (seed 003, retry.Decide): the decision for
+// failure c, given the fault scope's verdict, against its budget's ledger.
+// A retry's record is appended to the Ledger BEFORE Decide returns (persist
+// before waiting), with compare-and-set on the budget, so racing deliveries
+// or replicas never both spend one retry; the caller then schedules it and
+// publishes the decision. A classification whose outcome already has a
+// record in its budget is a redelivery: the verdict is that record again
+// (Replayed), whatever the scope says now, and nothing is spent.
+//
+// Successes and content refusals are not this stage's: for them it returns
+// a zero Decided (the refusal tiers decide refusals, Refuse).
+func (e *Engine) Decide(ctx context.Context, c events.Classification, verdict scope.Verdict, now time.Time) (Decided, error) {
+	if c.Class == events.ClassOK || c.Class == events.ClassContentRefusal {
+		return Decided{}, nil
+	}
+	rp := e.Policy().RetryFor(c.Provider)
+	u := e.rand()
+	for range MaxConflicts {
+		var (
+			prior *retry.Record
+			rev   uint64
+			sv    = verdict
+		)
+		if rp != nil {
+			if e.stores.Ledger == nil {
+				return Decided{}, fmt.Errorf("engine: decide %s: no retry ledger", c.OutcomeID)
+			}
+			budget := retry.BudgetFor(c, rp).Token()
+			latest, r, err := e.stores.Ledger.Latest(ctx, budget)
+			if err != nil {
+				return Decided{}, fmt.Errorf("engine: decide %s: %w", c.OutcomeID, err)
+			}
+			prior, rev = latest, r
+			if latest == nil || latest.OutcomeID != c.OutcomeID {
+				// A later outcome of the budget may have been decided
+				// while this one waited for redelivery: look it up.
+				own, err := e.stores.Ledger.Find(ctx, budget, c.OutcomeID)
+				if err != nil {
+					return Decided{}, fmt.Errorf("engine: decide %s: %w", c.OutcomeID, err)
+				}
+				if own != nil {
+					prior = own
+				}
+			}
+			if prior != nil && prior.OutcomeID == c.OutcomeID {
+				// Persisted before: the retry stands whatever the scope
+				// says now; retry.Decide rebuilds it from the record.
+				sv = scope.Verdict{}
+			}
+		}
+		v := retry.Decide(retry.Input{Classification: c, Policy: rp, Scope: sv, Prior: prior, Now: now, U: u})
+		if v.Record == nil || v.Replayed {
+			return Decided{Verdict: v}, nil
+		}
+		err := e.stores.Ledger.Append(ctx, v.Record, rev)
+		if errors.Is(err, ErrConflict) {
+			continue
+		}
+		if err != nil {
+			return Decided{}, fmt.Errorf("engine: decide %s: %w", c.OutcomeID, err)
+		}
+		return Decided{Verdict: v}, nil
+	}
+	return Decided{}, fmt.Errorf("engine: decide %s: %w %d times in a row", c.OutcomeID, ErrConflict, MaxConflicts)
+}

@@ -1,0 +1,116 @@
+// Package engine is failbus's one decision pipeline: the stages that turn
+// an agent's outcome into a classification, provider health, a decision, a
+// retry to schedule, a refusal-state change and notifications, each written
+// once and run by every consumer of the rules:
+//
+//   - the services are adapters: each feeds the stages it owns and performs
+//     their effects on JetStream (classifier: Classify; scheduler: Observe,
+//     Settle, Decide; refusal tiers: Refuse, Boundary, Route; the notifier
+//     admits with the same rules, notification.Admit);
+//   - `failbus simulate` (pkg/engine/sim) is the same Engine with in-memory
+//     stores (Memory) and a virtual clock, chaining the stages with Step;
+//   - shadow replays (issue #13) run Step twice over history, once per
+//     policy, each on its own Memory.
+//
+// The stages are pure functions of the input, `now` and the state behind
+// the store interfaces (Stores): they read no clock, start no goroutines
+// and do no I/O of their own, so a stage decides the same on the bus and
+// offline. `now` is the record's time: the outcome's `at` on the bus, the
+// virtual clock in simulate.
+//
+// # Extension points
+//
+//   - A new input record type: a field in Input, a case in Step, and the
+//     stage method it calls (recovery's heartbeats, cron runs, writes and
+//     tasks, issue #10).
+//   - A new kind of state: an interface in Stores, its in-memory
+//     implementation in Memory, the bus implementation in its service.
+//   - A new output: a field in Effects, filled by the stage that makes it;
+//     simulate writes it as a record, the service publishes it.
+//   - Throughput (issue #11): Providers.Update folds a batch of one
+//     provider's classifications in one compare-and-set (ObserveBatch), so
+//     a runner can keep one lane per provider.
+package engine
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+
+	"github.com/failbus/failbus/pkg/policy"
+	"github.com/failbus/failbus/pkg/policy/classify"
+)
+
+// Config configures an Engine.
+type Config struct {
+	// Policy is the policy to run. Defaults to policy.Default(). Swap it
+	// later with SetPolicy.
+	Policy *policy.Policy
+	// Stores hold the state. A nil store disables the stages that need
+	// it; use NewMemory for simulate and tests.
+	Stores Stores
+	// Rand supplies uniform numbers in [0, 1) for the backoff jitter; it
+	// must be safe for concurrent use when the engine is. Defaults to a
+	// PCG generator seeded with Seed, behind a mutex.
+	Rand func() float64
+	// Seed seeds the default Rand; the same seed and input give the same
+	// jitter.
+	Seed uint64
+}
+
+// Engine runs the stages. It is safe for concurrent use when its stores
+// and Rand are.
+type Engine struct {
+	cur    atomic.Pointer[compiled]
+	stores Stores
+	rand   func() float64
+}
+
+// compiled is a policy with its classifier built once.
+type compiled struct {
+	pol *policy.Policy
+	cl  *classify.Classifier
+}
+
+// New builds an engine running cfg.Policy on cfg.Stores.
+func New(cfg Config) (*Engine, error) {
+	e := &Engine{stores: cfg.Stores, rand: cfg.Rand}
+	p := cfg.Policy
+	if p == nil {
+		p = policy.Default()
+	}
+	if err := e.SetPolicy(p); err != nil {
+		return nil, err
+	}
+	if e.rand == nil {
+		var mu sync.Mutex
+		r := rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15))
+		e.rand = func() float64 {
+			mu.Lock()
+			defer mu.Unlock()
+			return r.Float64()
+		}
+	}
+	return e, nil
+}
+
+// SetPolicy makes p the policy of every stage that starts from now on,
+// compiling its classification rules first; on an error the old policy
+// stays. The state in the stores is kept: a reload neither forgets an
+// outage nor a budget (budgets are per policy key, so a changed retry
+// policy starts new ones).
+func (e *Engine) SetPolicy(p *policy.Policy) error {
+	cl, err := classify.New(p.Classify)
+	if err != nil {
+		return fmt.Errorf("engine: %w", err)
+	}
+	e.cur.Store(&compiled{pol: p, cl: cl})
+	return nil
+}
+
+// Policy is the policy in force.
+func (e *Engine) Policy() *policy.Policy { return e.cur.Load().pol }
+
+// Stores returns the engine's stores.
+func (e *Engine) Stores() Stores { return e.stores }
