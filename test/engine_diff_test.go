@@ -30,6 +30,7 @@ import (
 	"github.com/failbus/failbus/internal/cli/simulate"
 	"github.com/failbus/failbus/internal/devbus"
 	"github.com/failbus/failbus/internal/embedded"
+	recoverysvc "github.com/failbus/failbus/internal/service/recovery"
 	"github.com/failbus/failbus/internal/servicemain"
 	"github.com/failbus/failbus/internal/services"
 	topology "github.com/failbus/failbus/jetstream"
@@ -54,8 +55,10 @@ const (
 )
 
 // diffPolicy runs the scenario: no jitter (the scheduler's randomness is
-// not simulate's), short scope and refusal windows, a budget of 2, and a
-// webhook that records what is sent (%s is its URL).
+// not simulate's), short scope and refusal windows, a budget of 2, no
+// outage probes within the scenario's minute (simulate's clock is the
+// records', the bus's is real), and a webhook that records what is sent
+// (%s is its URL).
 const diffPolicy = `
 retry:
   jitter_ratio: 0
@@ -69,6 +72,8 @@ scope:
 refusal:
   reprobe_delays: [10s, 20s]
   state_ttl: 1h
+recovery:
+  probe_interval: 1h
 notify:
   daily_budget: 2
   sinks:
@@ -108,9 +113,8 @@ func TestEngineSimulateAndDevDecideTheSame(t *testing.T) {
 	}
 
 	// The same lines, published one at a time to a bus running the
-	// classifier, the scheduler with the refusal tiers, and the notifier
-	// (the recovery service is left out: simulate does not run the
-	// post-outage checklist yet, issue #10).
+	// classifier, the scheduler with the refusal tiers, the notifier and
+	// recovery.
 	pol, err := policy.Load(polFile)
 	if err != nil {
 		t.Fatal(err)
@@ -118,7 +122,7 @@ func TestEngineSimulateAndDevDecideTheSame(t *testing.T) {
 	bus, err := devbus.Start(devbus.Options{
 		Server: embedded.Options{ServerName: "failbus-differential"},
 		Policy: pol, PolicyFile: polFile,
-		Specs: []servicemain.Spec{services.Classifier(), services.Scheduler(), services.Notifier()},
+		Specs: []servicemain.Spec{services.Classifier(), services.Scheduler(), services.Notifier(), services.Recovery()},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -141,8 +145,16 @@ func TestEngineSimulateAndDevDecideTheSame(t *testing.T) {
 		"decision":       diffRead[*events.Decision](ctx, t, bus.JS, topology.StreamDecisions, events.DecisionPrefix+".>"),
 		"health":         diffRead[*events.Health](ctx, t, bus.JS, topology.StreamHealth, events.HealthPrefix+".>"),
 		"notification":   hook.sent(t),
+		"recovery":       diffRead[*events.Recovery](ctx, t, bus.JS, topology.StreamRecoveries, events.RecoveryPrefix+".>"),
+		"dispatch":       diffRead[*events.Dispatch](ctx, t, bus.JS, topology.StreamDispatch, events.DispatchPrefix+".>"),
+		"control":        diffRead[*events.Control](ctx, t, bus.JS, topology.StreamControl, events.ControlPrefix+".>"),
 	}
-	for _, typ := range []string{"classification", "decision", "health", "notification"} {
+	// A checklist step's `at` is when it ran: the records' time in
+	// simulate, the clock on the bus. The rest must be identical.
+	for _, side := range []map[string][]string{sim, dev} {
+		side["recovery"] = diffWithout(t, side["recovery"], "at")
+	}
+	for _, typ := range []string{"classification", "decision", "health", "notification", "recovery", "dispatch", "control"} {
 		s, d := slices.Sorted(slices.Values(sim[typ])), slices.Sorted(slices.Values(dev[typ]))
 		if !slices.Equal(s, d) {
 			t.Errorf("%s records differ:\n%s", typ, diffLinesReport(s, d))
@@ -154,6 +166,7 @@ func TestEngineSimulateAndDevDecideTheSame(t *testing.T) {
 		"health":       {`"state":"outage"`, `"state":"degraded"`, `"state":"recovered"`},
 		"decision":     {`"action":"wait_provider"`, `"delay_ms":3000`, `"delay_ms":1500`, `"action":"switch_profile"`, `"action":"switch_model"`, `"action":"compact"`, `"action":"skip_provider"`, `"retry":2`},
 		"notification": {`"dedupe_key":"provider-outage:openai:`, `"dedupe_key":"` + notification.DigestKeyPrefix, `"dedupe_key":"provider-refusal:s3#1:2:anthropic"`},
+		"recovery":     {`"step":"confirm"`, `"done":true`},
 	}
 	for typ, needles := range want {
 		for _, n := range needles {
@@ -171,8 +184,8 @@ func TestEngineSimulateAndDevDecideTheSame(t *testing.T) {
 	if budgeted != 2 {
 		t.Errorf("%d non-critical notifications sent besides the digest, want the budget's 2", budgeted)
 	}
-	t.Logf("identical: %d classifications, %d decisions, %d health records, %d notifications sent",
-		len(sim["classification"]), len(sim["decision"]), len(sim["health"]), len(sim["notification"]))
+	t.Logf("identical: %d classifications, %d decisions, %d health records, %d notifications sent, %d recovery step records",
+		len(sim["classification"]), len(sim["decision"]), len(sim["health"]), len(sim["notification"]), len(sim["recovery"]))
 }
 
 // diffLines reads the scenario.
@@ -244,9 +257,11 @@ func diffSettle(ctx context.Context, t *testing.T, js jetstream.JetStream) {
 		{topology.StreamClassified, topology.ConsumerRefusals},
 		{topology.StreamOutcomes, topology.ConsumerRefusalBoundaries},
 		{topology.StreamNotify, topology.ConsumerNotifier},
+		{topology.StreamHealth, topology.ConsumerRecovery},
+		{topology.StreamDecisions, topology.ConsumerRecoveryDecisions},
 	}
 	for {
-		all := true
+		all := recoverySettled(ctx, t, js)
 		for _, c := range consumers {
 			ok, err := embedded.CaughtUp(ctx, js, c[0], c[1])
 			if err != nil {
@@ -266,6 +281,45 @@ func diffSettle(ctx context.Context, t *testing.T, js jetstream.JetStream) {
 		case <-time.After(5 * time.Millisecond): // poll interval, bounded by ctx
 		}
 	}
+}
+
+// recoverySettled reports whether no recovery checklist is under way: as
+// simulate runs a provider's checklist within the step that recovered it.
+func recoverySettled(ctx context.Context, t *testing.T, js jetstream.JetStream) bool {
+	t.Helper()
+	st, err := recoverysvc.OpenStore(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, err := st.ListProviders(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range names {
+		r, _, err := st.LoadProvider(ctx, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r != nil && len(r.Episodes) > 0 && !r.Episodes[0].RecoveredAt.IsZero() {
+			return false
+		}
+	}
+	return true
+}
+
+// diffWithout drops key from each canonical record.
+func diffWithout(t *testing.T, recs []string, key string) []string {
+	t.Helper()
+	out := make([]string, len(recs))
+	for i, r := range recs {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(r), &m); err != nil {
+			t.Fatal(err)
+		}
+		delete(m, key)
+		out[i] = canonical(t, m)
+	}
+	return out
 }
 
 // diffRead returns every record of stream on filter, canonical.

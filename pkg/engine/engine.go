@@ -6,7 +6,9 @@
 //   - the services are adapters: each feeds the stages it owns and performs
 //     their effects on JetStream (classifier: Classify; scheduler: Observe,
 //     Settle, Decide; refusal tiers: Refuse, Boundary, Route; the notifier
-//     admits with the same rules, notification.Admit);
+//     admits with the same rules, notification.Admit; recovery runs the
+//     core of pkg/policy/recovery, which is the Recover stage here, on its
+//     own bus stores);
 //   - `failbus simulate` (pkg/engine/sim) is the same Engine with in-memory
 //     stores (Memory) and a virtual clock, chaining the stages with Step;
 //   - shadow replays (issue #13) run Step twice over history, once per
@@ -21,8 +23,8 @@
 // # Extension points
 //
 //   - A new input record type: a field in Input, a case in Step, and the
-//     stage method it calls (recovery's heartbeats, cron runs, writes and
-//     tasks, issue #10).
+//     stage method it calls (as recovery's heartbeats, cron specs and runs,
+//     writes and tasks call Recover).
 //   - A new kind of state: an interface in Stores, its in-memory
 //     implementation in Memory, the bus implementation in its service.
 //   - A new output: a field in Effects, filled by the stage that makes it;
@@ -40,6 +42,7 @@ import (
 
 	"github.com/failbus/failbus/pkg/policy"
 	"github.com/failbus/failbus/pkg/policy/classify"
+	"github.com/failbus/failbus/pkg/policy/recovery"
 )
 
 // Config configures an Engine.
@@ -65,12 +68,18 @@ type Engine struct {
 	cur    atomic.Pointer[compiled]
 	stores Stores
 	rand   func() float64
+
+	// clock is the recovery stage's virtual clock (RecoverDue).
+	clockMu sync.Mutex
+	clock   recovery.VirtualClock
 }
 
 // compiled is a policy with its classifier built once.
 type compiled struct {
 	pol *policy.Policy
 	cl  *classify.Classifier
+	// rec is the recovery stage's core; nil without a Recovery store.
+	rec *recovery.Core
 }
 
 // New builds an engine running cfg.Policy on cfg.Stores.
@@ -105,7 +114,13 @@ func (e *Engine) SetPolicy(p *policy.Policy) error {
 	if err != nil {
 		return fmt.Errorf("engine: %w", err)
 	}
-	e.cur.Store(&compiled{pol: p, cl: cl})
+	c := &compiled{pol: p, cl: cl}
+	if e.stores.Recovery != nil {
+		if c.rec, err = recovery.New(p.Recovery, e.stores.Recovery, recovery.Collector{}, recovery.Options{}); err != nil {
+			return fmt.Errorf("engine: %w", err)
+		}
+	}
+	e.cur.Store(c)
 	return nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/failbus/failbus/pkg/policy/notification"
+	"github.com/failbus/failbus/pkg/policy/recovery"
 	"github.com/failbus/failbus/pkg/policy/refusal"
 	"github.com/failbus/failbus/pkg/policy/retry"
 )
@@ -23,6 +24,7 @@ import (
 //	Timers      due queue, one entry per retry id            JetStream message schedules
 //	Refusals    refusal.Record per (segment, provider), TTL  KV FAILBUS_REFUSALS (refusal tiers)
 //	Admissions  dedupe keys and each UTC day's budget        KV FAILBUS_NOTIFY_DEDUPE, _BUDGET (notifier)
+//	Recovery    episodes, held tasks, heartbeats, crons …     KV FAILBUS_RECOVERY and friends (recovery)
 //
 // It is not safe for concurrent use: one engine, one goroutine, which is
 // also what keeps a run reproducible. Updates hand fn the stored value
@@ -34,6 +36,7 @@ type Memory struct {
 	refusals   memRefusals
 	admissions memAdmissions
 	timers     memTimers
+	recovery   *recovery.MemStore
 }
 
 type memProviders map[string]*ProviderRecord
@@ -76,13 +79,17 @@ func NewMemory(refusalTTL time.Duration) *Memory {
 		refusals:   memRefusals{ttl: refusalTTL, m: map[refusalKey]*refusalEntry{}},
 		admissions: memAdmissions{keys: map[string]notification.KeyState{}, days: map[string]notification.Day{}},
 		timers:     memTimers{scheduled: map[string]bool{}},
+		recovery:   recovery.NewMemStore(),
 	}
 }
 
 // Stores returns m as every store.
 func (m *Memory) Stores() Stores {
-	return Stores{Providers: m.providers, Ledger: m.ledger, Refusals: &m.refusals, Admissions: &m.admissions, Timers: &m.timers}
+	return Stores{Providers: m.providers, Ledger: m.ledger, Refusals: &m.refusals, Admissions: &m.admissions, Timers: &m.timers, Recovery: m.recovery}
 }
+
+// Recovery is the recovery stage's state, for inspection and tests.
+func (m *Memory) Recovery() *recovery.MemStore { return m.recovery }
 
 // Provider returns provider's record (nil when none), for inspection.
 func (m *Memory) Provider(provider string) *ProviderRecord { return m.providers[provider] }

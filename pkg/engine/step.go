@@ -8,6 +8,7 @@ import (
 
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy/notification"
+	"github.com/failbus/failbus/pkg/policy/recovery"
 	"github.com/failbus/failbus/pkg/policy/refusal"
 	"github.com/failbus/failbus/pkg/policy/retry"
 )
@@ -15,13 +16,19 @@ import (
 // Input is one record for Step. Exactly one field is set; none is a tick
 // (time passes, whatever fell due comes due).
 //
-// To add an input type (recovery's heartbeats, cron specs and runs, writes
-// and tasks): add its field here, a case to Step that calls its stage, and
-// its JSON form to the simulate records (pkg/engine/sim).
+// To add an input type: add its field here, a case to Step that calls its
+// stage, and its JSON form to the simulate records (pkg/engine/sim), as
+// recovery's heartbeats, cron specs and runs, writes and tasks did.
 type Input struct {
 	Outcome  *events.Outcome
 	Boundary *events.Boundary
 	Route    *events.RouteRequest
+	// Recovery's inputs (the recovery stage).
+	Heartbeat *events.Heartbeat
+	CronSpec  *events.CronSpec
+	CronRun   *events.CronRun
+	Write     *events.Write
+	Task      *events.Task
 }
 
 // Effects is everything one Step caused, in the order it happened.
@@ -52,6 +59,13 @@ type Effects struct {
 	Route *events.RouteRecord
 	// Retired are the refusal-state keys a boundary retired.
 	Retired []string
+	// RecoveryDue are what the recovery stage did before the input, as it
+	// fell due (probes, checklist steps, releases), in time order.
+	RecoveryDue []recovery.Output
+	// Recovery are what the recovery stage did because of the input
+	// (dispatches, control commands, step records); its notifications are
+	// among Requests.
+	Recovery []recovery.Output
 }
 
 // InputError is an input Step cannot use: it names what is wrong; the
@@ -85,29 +99,62 @@ func (e *Engine) Step(ctx context.Context, in Input, now time.Time, opts StepOpt
 		}
 		fx.Due = due
 	}
+	due, err := e.RecoverDue(ctx, now)
+	fx.RecoveryDue = splitRecovery(due, &fx)
+	if err == nil {
+		err = e.stepInput(ctx, in, now, &fx)
+	}
+	// Every notification request of the step — the outcome's, the
+	// recovery stage's — goes through admission, as on the bus.
+	if aerr := e.admitRequests(ctx, now, opts, &fx); aerr != nil && err == nil {
+		err = aerr
+	}
+	return fx, err
+}
+
+// stepInput runs the stages of one input.
+func (e *Engine) stepInput(ctx context.Context, in Input, now time.Time, fx *Effects) error {
+	if rin, ok := in.recoveryInput(); ok {
+		out, err := e.Recover(ctx, rin, now)
+		fx.Recovery = splitRecovery(out, fx)
+		return err
+	}
 	switch {
 	case in.Outcome != nil:
-		return fx, e.stepOutcome(ctx, in.Outcome, now, opts, &fx)
+		if err := e.stepOutcome(ctx, in.Outcome, now, fx); err != nil {
+			return err
+		}
+		return e.recoverFromOutcome(ctx, fx, now)
 	case in.Boundary != nil:
 		if err := in.Boundary.Validate(); err != nil {
-			return fx, &InputError{Problem: "boundary: " + err.Error()}
+			return &InputError{Problem: "boundary: " + err.Error()}
 		}
 		bd := *in.Boundary
 		bd.At = events.At(now)
 		retired, err := e.Boundary(ctx, bd, now)
 		fx.Retired = retired
-		return fx, err
+		return err
 	case in.Route != nil:
 		r, err := e.Route(ctx, *in.Route, now, RouteOptions{})
 		if err != nil {
-			return fx, err
+			return err
 		}
 		fx.Route = &r.RouteRecord
 	}
-	return fx, nil
+	return nil
 }
 
-func (e *Engine) stepOutcome(ctx context.Context, o *events.Outcome, now time.Time, opts StepOptions, fx *Effects) error {
+// admitRequests admits every request of the step, in order.
+func (e *Engine) admitRequests(ctx context.Context, now time.Time, opts StepOptions, fx *Effects) error {
+	for _, n := range fx.Requests {
+		if err := e.admitStep(ctx, n, now, opts, fx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (e *Engine) stepOutcome(ctx context.Context, o *events.Outcome, now time.Time, fx *Effects) error {
 	if err := o.Validate(); err != nil {
 		return &InputError{Problem: "outcome: " + err.Error()}
 	}
@@ -153,11 +200,6 @@ func (e *Engine) stepOutcome(ctx context.Context, o *events.Outcome, now time.Ti
 					return err
 				}
 			}
-		}
-	}
-	for _, n := range fx.Requests {
-		if err := e.admitStep(ctx, n, now, opts, fx); err != nil {
-			return err
 		}
 	}
 	return nil

@@ -7,6 +7,7 @@ import (
 
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy/notification"
+	"github.com/failbus/failbus/pkg/policy/recovery"
 	"github.com/failbus/failbus/pkg/policy/refusal"
 	"github.com/failbus/failbus/pkg/policy/retry"
 	"github.com/failbus/failbus/pkg/policy/scope"
@@ -24,17 +25,23 @@ var ErrConflict = errors.New("engine: state changed concurrently")
 // Providers (KV, FAILBUS_SCOPE) and the Ledger (the FAILBUS_RETRIES
 // stream), the refusal tiers the Refusals (KV, FAILBUS_REFUSALS); the
 // notifier runs the same admission rules (notification.Admit) inside its
-// own delivery protocol. A nil store disables the stages that need it.
+// own delivery protocol; the recovery service implements Recovery on KV
+// and streams (internal/service/recovery). A nil store disables the stages
+// that need it.
 //
-// Adding state for a new stage (recovery, issue #10, adds heartbeats,
-// crons, tasks): add its interface here, a field to Stores, its in-memory
-// implementation to Memory, and the stage method that uses it.
+// Adding state for a new stage: add its interface here, a field to Stores,
+// its in-memory implementation to Memory, and the stage method that uses
+// it (as Recovery did).
 type Stores struct {
 	Providers  Providers
 	Ledger     Ledger
 	Refusals   Refusals
 	Admissions Admissions
 	Timers     Timers
+	// Recovery is the recovery stage's state (pkg/policy/recovery.Store):
+	// provider episodes and held-task ranges, heartbeats, crons, writes,
+	// tasks, the command ledger. Nil disables the stage.
+	Recovery recovery.Store
 }
 
 // ProviderRecord is what Providers keeps per provider: the fault-scope state

@@ -7,8 +7,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/failbus/failbus/pkg/events"
+	"github.com/failbus/failbus/pkg/policy/recovery"
 )
 
 // Input record types (CONTRACT.md). A line without a type is an outcome, so
@@ -31,6 +33,11 @@ const (
 	OutputHealth         = "health"
 	OutputError          = "error"
 	OutputSync           = "sync"
+	// Recovery's outputs (CONTRACT.md § "Recovery"): recovery.OutputDispatch,
+	// OutputControl, OutputRecovery.
+	OutputDispatch = recovery.OutputDispatch
+	OutputControl  = recovery.OutputControl
+	OutputRecovery = recovery.OutputRecovery
 )
 
 // Input is one parsed input record. Exactly the field of its Type is set
@@ -44,6 +51,9 @@ type Input struct {
 	Outcome  *events.Outcome
 	Boundary *events.Boundary
 	Route    *events.RouteRequest
+	// Recovery is a recovery input (heartbeat, cron_spec, cron_run, write,
+	// task; recovery.InputTypes).
+	Recovery *recovery.Input
 	// SyncID is the sync record's id, echoed verbatim.
 	SyncID json.RawMessage
 }
@@ -74,6 +84,8 @@ type Output struct {
 	Notification   *events.Notification
 	Health         *events.Health
 	Error          *ErrorRecord
+	// Recovery is a dispatch, control or recovery record.
+	Recovery *recovery.Output
 	// SyncID echoes the sync input's id.
 	SyncID json.RawMessage
 }
@@ -83,6 +95,11 @@ type Output struct {
 func (o Output) MarshalJSON() ([]byte, error) {
 	var payload any
 	switch o.Type {
+	case OutputDispatch, OutputControl, OutputRecovery:
+		if o.Recovery == nil || o.Recovery.Type != o.Type {
+			return nil, fmt.Errorf("output %s: missing", o.Type)
+		}
+		return o.Recovery.MarshalJSON()
 	case OutputClassification:
 		payload = o.Classification
 	case OutputDecision:
@@ -185,7 +202,17 @@ func ParseInput(data []byte, lineNo int) (Input, error) {
 		}
 		in.SyncID = s.ID
 	default:
-		return in, fmt.Errorf("unknown type %q (want outcome, boundary, route, tick or sync)", in.Type)
+		if !recovery.IsInputType(in.Type) {
+			return in, fmt.Errorf("unknown type %q (want %s)", in.Type, inputTypeWords)
+		}
+		r, at, err := recovery.ParseRecord(in.Type, data)
+		if err != nil {
+			return in, err
+		}
+		in.Recovery, in.At = &r, at
 	}
 	return in, nil
 }
+
+// inputTypeWords names every input type, for the error of an unknown one.
+var inputTypeWords = "outcome, boundary, route, tick, sync, " + strings.Join(recovery.InputTypes, ", ")

@@ -88,8 +88,8 @@ func TestSimRefusalsAndRoutes(t *testing.T) {
 		t.Errorf("route identity %v", r)
 	}
 	// A boundary starts a new segment: anthropic is allowed again there.
-	if out := h.feed(`{"type":"boundary","at":"` + simAt(2*time.Minute) + `","agent":"a1","session":"s1","segment":2,"reason":"compaction"}`); len(out) != 0 {
-		t.Errorf("boundary output %v", out)
+	if out := h.feed(`{"type":"boundary","at":"` + simAt(2*time.Minute) + `","agent":"a1","session":"s1","segment":2,"reason":"compaction"}`); simSummary(out) != "" {
+		t.Errorf("boundary output %v", out) // (probes of the openai outage aside)
 	}
 	route = h.feed(`{"type":"route","at":"` + simAt(2*time.Minute) + `","agent":"a1","session":"s1","segment":2,"providers":["anthropic"]}`)
 	if b, _ := json.Marshal(route[0]["allowed"]); string(b) != `["anthropic"]` {
@@ -129,7 +129,7 @@ func TestSimErrorsAndSync(t *testing.T) {
 		want string // substring of the error; "" = no error
 	}{
 		{"not JSON", "{oops", "not a JSON object"},
-		{"unknown type", `{"type":"heartbeat","at":"2025-03-01T12:00:00Z"}`, `unknown type "heartbeat"`},
+		{"unknown type", `{"type":"nap","at":"2025-03-01T12:00:00Z"}`, `unknown type "nap"`},
 		{"tick without at", `{"type":"tick"}`, `tick: "at" is required`},
 		{"outcome before any time", `{"id":"x","agent":"a","provider":"p","status":500}`, `"at" is required`},
 		{"outcome without agent", `{"id":"x","at":"2025-03-01T12:00:00Z","provider":"p","status":500}`, `field "agent"`},

@@ -37,6 +37,7 @@ import (
 
 	"github.com/failbus/failbus/pkg/engine"
 	"github.com/failbus/failbus/pkg/policy"
+	"github.com/failbus/failbus/pkg/policy/recovery"
 	"github.com/failbus/failbus/pkg/policy/retry"
 )
 
@@ -107,10 +108,10 @@ func (s *Sim) Step(in Input) []Output {
 	if in.Type == InputSync {
 		return []Output{{Type: OutputSync, SyncID: in.SyncID}}
 	}
-	switch in.Type {
-	case InputOutcome, InputBoundary, InputRoute, InputTick:
+	switch {
+	case in.Type == InputOutcome, in.Type == InputBoundary, in.Type == InputRoute, in.Type == InputTick, in.Recovery != nil:
 	default:
-		return []Output{ErrorOutput(in.Line, fmt.Errorf("unknown type %q (want outcome, boundary, route, tick or sync)", in.Type))}
+		return []Output{ErrorOutput(in.Line, fmt.Errorf("unknown type %q (want %s)", in.Type, inputTypeWords))}
 	}
 	if in.At.IsZero() && s.clock.IsZero() {
 		return []Output{ErrorOutput(in.Line, fmt.Errorf(`%s: "at" is required (no time has been seen yet)`, in.Type))}
@@ -121,6 +122,9 @@ func (s *Sim) Step(in Input) []Output {
 	}
 	s.clock = now
 	ein := engine.Input{Outcome: in.Outcome, Boundary: in.Boundary, Route: in.Route}
+	if r := in.Recovery; r != nil {
+		ein.Heartbeat, ein.CronSpec, ein.CronRun, ein.Write, ein.Task = r.Heartbeat, r.CronSpec, r.CronRun, r.Write, r.Task
+	}
 	var reject error // the line is not handled; what is due still comes due
 	switch {
 	case in.Type == InputOutcome && in.Outcome == nil:
@@ -150,12 +154,18 @@ func (s *Sim) Step(in Input) []Output {
 // happened.
 func (s *Sim) outputs(fx engine.Effects, err error, line int) []Output {
 	var out []Output
+	recovered := func(rs []recovery.Output) {
+		for i := range rs {
+			out = append(out, Output{Type: rs[i].Type, Recovery: &rs[i]})
+		}
+	}
 	for i := range fx.Due {
 		r := fx.Due[i]
 		out = append(out, Output{Type: OutputRetryDue, RetryDue: &DueRecord{
 			RetryID: r.RetryID, OutcomeID: r.OutcomeID, Agent: r.Agent, Retry: r.Retry, At: r.DueAt,
 		}})
 	}
+	recovered(fx.RecoveryDue)
 	if fx.Classification != nil {
 		out = append(out, Output{Type: OutputClassification, Classification: fx.Classification})
 	}
@@ -165,6 +175,7 @@ func (s *Sim) outputs(fx engine.Effects, err error, line int) []Output {
 	if fx.Decision != nil {
 		out = append(out, Output{Type: OutputDecision, Decision: fx.Decision})
 	}
+	recovered(fx.Recovery)
 	for i := range fx.Sent {
 		out = append(out, Output{Type: OutputNotification, Notification: &fx.Sent[i]})
 	}
