@@ -28,6 +28,7 @@ import (
 	"github.com/failbus/failbus/internal/cli/lag"
 	"github.com/failbus/failbus/internal/cli/publish"
 	"github.com/failbus/failbus/internal/cli/report"
+	"github.com/failbus/failbus/internal/cli/shadow"
 	"github.com/failbus/failbus/internal/cli/simulate"
 	"github.com/failbus/failbus/internal/cli/tail"
 	"github.com/failbus/failbus/internal/cli/version"
@@ -46,6 +47,7 @@ var commands = []cli.Command{
 	dlq.Command,
 	decode.Command,
 	report.Command,
+	shadow.Command,
 	classify.Command,
 	simulate.Command,
 	bench.Command,
