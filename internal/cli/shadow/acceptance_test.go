@@ -161,6 +161,31 @@ func TestShadowOfHistoryRecordedOnARealBus(t *testing.T) {
 			t.Fatalf("the bus decided %+v for %s, want retry %d (max_retries 10)", d, id, retry)
 		}
 	}
+	// Every retry was due before now (the outcomes are an hour old), but
+	// JetStream fires a schedule on its own timer: wait until each has
+	// written its due message, or one firing during shadow would count as
+	// shadow changing the bus.
+	retries := 0
+	for _, d := range recorded {
+		if d.Action == events.ActionRetry {
+			retries++
+		}
+	}
+	clitest.WaitFor(t, "every scheduled retry fired", func() bool {
+		s, err := js.Stream(ctx, topology.StreamRetries)
+		if err != nil {
+			return false
+		}
+		info, err := s.Info(ctx, jetstream.WithSubjectFilter(events.RetryPrefix+".due.>"))
+		if err != nil {
+			return false
+		}
+		fired := uint64(0)
+		for _, n := range info.State.Subjects {
+			fired += n
+		}
+		return fired == uint64(retries)
+	})
 
 	before, callsBefore := busState(t, ctx, js), sinkCalls.Load()
 	shadow := func(policyPath string) ([]Diff, Summary) {
