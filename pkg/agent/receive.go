@@ -17,8 +17,10 @@ import (
 // (failbus.decision.<agent> on FAILBUS_DECISIONS), in order, from the moment
 // New was called (or, with WithDurable, from where this agent name last
 // stopped reading). The channel is unbuffered and a decision counts as
-// delivered when it is received from it. The channel closes when ctx ends or
-// the connection closes.
+// delivered (acknowledged) when it is received from it, so a process that
+// dies between receiving and acting loses it: an agent that must act on
+// every decision across crashes uses HandleDecisions, which acknowledges
+// after acting. The channel closes when ctx ends or the connection closes.
 func (a *Agent) Decisions(ctx context.Context) (<-chan events.Decision, error) {
 	it, err := a.open(ctx, topology.StreamDecisions, events.DecisionSubject(a.name), "decisions")
 	if err != nil {

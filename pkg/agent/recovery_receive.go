@@ -79,36 +79,31 @@ var ErrNoHandler = errors.New("agent: no handler for control command")
 // HandleControls reads this agent's control commands and runs the matching
 // handler for each, one at a time, until ctx ends (then it returns nil) or
 // the consumer cannot be opened. A handler's error goes to the error
-// handler (WithErrorHandler); the command is not redelivered.
+// handler (WithErrorHandler); the command is not redelivered. As with
+// HandleDecisions, a command is acknowledged once its handler returned, so
+// in durable mode a process that dies inside a handler gets it again.
 func (a *Agent) HandleControls(ctx context.Context, h ControlHandlers) error {
-	cs, err := a.Controls(ctx)
-	if err != nil {
-		return err
-	}
-	for c := range cs {
-		var fn func(context.Context, events.Control) error
-		switch c.Action {
-		case events.ControlKill:
-			fn = h.Kill
-			if fn == nil {
-				fn = a.killLocal
+	return handle(ctx, a, topology.StreamControl, events.ControlSubject(a.name), "control", decodeValue[events.Control],
+		func(ctx context.Context, c events.Control) error {
+			var fn func(context.Context, events.Control) error
+			switch c.Action {
+			case events.ControlKill:
+				fn = h.Kill
+				if fn == nil {
+					fn = a.killLocal
+				}
+			case events.ControlRunCron:
+				fn = h.RunCron
+			case events.ControlCheckWrite:
+				fn = h.CheckWrite
+			case events.ControlProbe:
+				fn = h.Probe
 			}
-		case events.ControlRunCron:
-			fn = h.RunCron
-		case events.ControlCheckWrite:
-			fn = h.CheckWrite
-		case events.ControlProbe:
-			fn = h.Probe
-		}
-		if fn == nil {
-			a.opts.onError(fmt.Errorf("%w %s (%s)", ErrNoHandler, c.Action, c.Reason))
-			continue
-		}
-		if err := fn(ctx, c); err != nil {
-			a.opts.onError(fmt.Errorf("agent %s: %s: %w", a.name, c.Action, err))
-		}
-	}
-	return nil
+			if fn == nil {
+				return fmt.Errorf("%w %s (%s)", ErrNoHandler, c.Action, c.Reason)
+			}
+			return fn(ctx, c)
+		})
 }
 
 // killLocal is the default Kill: stop a subagent this process runs.
