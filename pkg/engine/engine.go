@@ -43,6 +43,7 @@ import (
 	"github.com/failbus/failbus/pkg/policy"
 	"github.com/failbus/failbus/pkg/policy/classify"
 	"github.com/failbus/failbus/pkg/policy/recovery"
+	"github.com/failbus/failbus/pkg/policy/recovery/simulate"
 )
 
 // Config configures an Engine.
@@ -71,7 +72,7 @@ type Engine struct {
 
 	// clock is the recovery stage's virtual clock (RecoverDue).
 	clockMu sync.Mutex
-	clock   recovery.VirtualClock
+	clock   simulate.Clock
 }
 
 // compiled is a policy with its classifier built once.
@@ -116,7 +117,7 @@ func (e *Engine) SetPolicy(p *policy.Policy) error {
 	}
 	c := &compiled{pol: p, cl: cl}
 	if e.stores.Recovery != nil {
-		if c.rec, err = recovery.New(p.Recovery, e.stores.Recovery, recovery.Collector{}, recovery.Options{}); err != nil {
+		if c.rec, err = recovery.New(p.Recovery, e.stores.Recovery, simulate.Collector{}, recovery.Options{}); err != nil {
 			return fmt.Errorf("engine: %w", err)
 		}
 	}

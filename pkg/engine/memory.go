@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/failbus/failbus/pkg/policy/notification"
-	"github.com/failbus/failbus/pkg/policy/recovery"
+	"github.com/failbus/failbus/pkg/policy/recovery/memstore"
 	"github.com/failbus/failbus/pkg/policy/refusal"
 	"github.com/failbus/failbus/pkg/policy/retry"
 )
@@ -36,7 +36,7 @@ type Memory struct {
 	refusals   memRefusals
 	admissions memAdmissions
 	timers     memTimers
-	recovery   *recovery.MemStore
+	recovery   *memstore.Store
 }
 
 type memProviders map[string]*ProviderRecord
@@ -79,7 +79,7 @@ func NewMemory(refusalTTL time.Duration) *Memory {
 		refusals:   memRefusals{ttl: refusalTTL, m: map[refusalKey]*refusalEntry{}},
 		admissions: memAdmissions{keys: map[string]notification.KeyState{}, days: map[string]notification.Day{}},
 		timers:     memTimers{scheduled: map[string]bool{}},
-		recovery:   recovery.NewMemStore(),
+		recovery:   memstore.New(),
 	}
 }
 
@@ -89,7 +89,7 @@ func (m *Memory) Stores() Stores {
 }
 
 // Recovery is the recovery stage's state, for inspection and tests.
-func (m *Memory) Recovery() *recovery.MemStore { return m.recovery }
+func (m *Memory) Recovery() *memstore.Store { return m.recovery }
 
 // Provider returns provider's record (nil when none), for inspection.
 func (m *Memory) Provider(provider string) *ProviderRecord { return m.providers[provider] }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy/recovery"
+	"github.com/failbus/failbus/pkg/policy/recovery/simulate"
 )
 
 // The recovery stage (seed 002's checklist, issue #10): the core of
@@ -26,27 +27,27 @@ func (e *Engine) recoveryCore() *recovery.Core { return e.cur.Load().rec }
 
 // RecoverDue does what fell due by now in the recovery stage and returns
 // what it sent, in time order.
-func (e *Engine) RecoverDue(ctx context.Context, now time.Time) ([]recovery.Output, error) {
+func (e *Engine) RecoverDue(ctx context.Context, now time.Time) ([]simulate.Output, error) {
 	c := e.recoveryCore()
 	if c == nil {
 		return nil, nil
 	}
-	var out []recovery.Output
+	var out []simulate.Output
 	e.clockMu.Lock()
 	defer e.clockMu.Unlock()
-	err := e.clock.AdvanceTo(recovery.Collect(ctx, &out), c, now)
+	err := e.clock.AdvanceTo(simulate.Collect(ctx, &out), c, now)
 	return out, err
 }
 
 // Recover folds one input into the recovery stage at now and does what it
 // made due at once. An input it cannot use is an *InputError.
-func (e *Engine) Recover(ctx context.Context, in recovery.Input, now time.Time) ([]recovery.Output, error) {
+func (e *Engine) Recover(ctx context.Context, in recovery.Input, now time.Time) ([]simulate.Output, error) {
 	c := e.recoveryCore()
 	if c == nil {
 		return nil, nil
 	}
-	var out []recovery.Output
-	cctx := recovery.Collect(ctx, &out)
+	var out []simulate.Output
+	cctx := simulate.Collect(ctx, &out)
 	if err := c.Step(cctx, in, now); err != nil {
 		if errors.Is(err, recovery.ErrInvalid) {
 			return out, &InputError{Problem: err.Error()}
@@ -103,7 +104,7 @@ func (in Input) recoveryInput() (recovery.Input, bool) {
 
 // splitRecovery moves the recovery stage's notifications to the requests
 // (admitted like every other) and keeps its other outputs.
-func splitRecovery(out []recovery.Output, fx *Effects) []recovery.Output {
+func splitRecovery(out []simulate.Output, fx *Effects) []simulate.Output {
 	kept := out[:0:0]
 	for _, o := range out {
 		if n, ok := o.Msg.(*events.Notification); ok {

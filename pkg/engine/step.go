@@ -8,7 +8,7 @@ import (
 
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy/notification"
-	"github.com/failbus/failbus/pkg/policy/recovery"
+	"github.com/failbus/failbus/pkg/policy/recovery/simulate"
 	"github.com/failbus/failbus/pkg/policy/refusal"
 	"github.com/failbus/failbus/pkg/policy/retry"
 )
@@ -61,11 +61,11 @@ type Effects struct {
 	Retired []string
 	// RecoveryDue are what the recovery stage did before the input, as it
 	// fell due (probes, checklist steps, releases), in time order.
-	RecoveryDue []recovery.Output
+	RecoveryDue []simulate.Output
 	// Recovery are what the recovery stage did because of the input
 	// (dispatches, control commands, step records); its notifications are
 	// among Requests.
-	Recovery []recovery.Output
+	Recovery []simulate.Output
 }
 
 // InputError is an input Step cannot use: it names what is wrong; the

@@ -18,6 +18,7 @@ import (
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy/recovery"
+	"github.com/failbus/failbus/pkg/policy/recovery/checklist"
 )
 
 // Store is recovery.Store on the bus: provider records, the command ledger
@@ -34,7 +35,7 @@ import (
 //	                  sent.<sha-256 of id>       ledger entry: when the command was sent
 //	                  task.<task id>             recovery.TaskIndex
 //	FAILBUS_HEARTBEATS hb.<agent>.<subagent>     latest events.Heartbeat
-//	FAILBUS_CRONS     cron.<agent>.<cron>        recovery.CronState
+//	FAILBUS_CRONS     cron.<agent>.<cron>        checklist.CronState
 //
 // where names are base64url (no padding; "=" for the empty name), so any
 // name is a valid key and distinct names never share one.
@@ -295,10 +296,10 @@ func snapshot(ctx context.Context, kv jetstream.KeyValue, filter string, fn func
 
 func cronKey(agent, cron string) string { return cronPrefix + part(agent) + "." + part(cron) }
 
-func (s *Store) updateCron(ctx context.Context, agent, cron string, fn func(*recovery.CronState) bool) error {
+func (s *Store) updateCron(ctx context.Context, agent, cron string, fn func(*checklist.CronState) bool) error {
 	key := cronKey(agent, cron)
 	for range 64 {
-		var st recovery.CronState
+		var st checklist.CronState
 		rev, _, err := getKV(ctx, s.crons, key, &st)
 		if err != nil {
 			return err
@@ -318,7 +319,7 @@ func (s *Store) updateCron(ctx context.Context, agent, cron string, fn func(*rec
 
 // PutCronSpec implements recovery.Crons.
 func (s *Store) PutCronSpec(ctx context.Context, c events.CronSpec) error {
-	return s.updateCron(ctx, c.Agent, c.Cron, func(st *recovery.CronState) bool {
+	return s.updateCron(ctx, c.Agent, c.Cron, func(st *checklist.CronState) bool {
 		if !st.Spec.At.IsZero() && st.Spec.At.After(c.At.Time) {
 			return false // an older spec arriving late
 		}
@@ -331,14 +332,14 @@ func (s *Store) PutCronSpec(ctx context.Context, c events.CronSpec) error {
 // anchor of an @every schedule); the runs themselves are read back from
 // FAILBUS_REPORTS.
 func (s *Store) NoteCronRun(ctx context.Context, r events.CronRun) error {
-	var st recovery.CronState
+	var st checklist.CronState
 	if _, _, err := getKV(ctx, s.crons, cronKey(r.Agent, r.Cron), &st); err != nil {
 		return err
 	}
 	if !st.FirstRunAt.IsZero() && !r.ScheduledAt.Before(st.FirstRunAt.Time) {
 		return nil
 	}
-	return s.updateCron(ctx, r.Agent, r.Cron, func(st *recovery.CronState) bool {
+	return s.updateCron(ctx, r.Agent, r.Cron, func(st *checklist.CronState) bool {
 		if !st.FirstRunAt.IsZero() && !r.ScheduledAt.Before(st.FirstRunAt.Time) {
 			return false
 		}
@@ -348,10 +349,10 @@ func (s *Store) NoteCronRun(ctx context.Context, r events.CronRun) error {
 }
 
 // CronStates implements recovery.Crons.
-func (s *Store) CronStates(ctx context.Context) ([]recovery.CronState, error) {
-	var out []recovery.CronState
+func (s *Store) CronStates(ctx context.Context) ([]checklist.CronState, error) {
+	var out []checklist.CronState
 	err := snapshot(ctx, s.crons, cronPrefix+">", func(v []byte) {
-		var st recovery.CronState
+		var st checklist.CronState
 		if msgpack.Unmarshal(v, &st) == nil && st.Spec.Schedule != "" {
 			out = append(out, st)
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy/recovery"
+	"github.com/failbus/failbus/pkg/policy/recovery/simulate"
 )
 
 // Input record types (CONTRACT.md). A line without a type is an outcome, so
@@ -33,11 +34,11 @@ const (
 	OutputHealth         = "health"
 	OutputError          = "error"
 	OutputSync           = "sync"
-	// Recovery's outputs (CONTRACT.md § "Recovery"): recovery.OutputDispatch,
+	// Recovery's outputs (CONTRACT.md § "Recovery"): simulate.OutputDispatch,
 	// OutputControl, OutputRecovery.
-	OutputDispatch = recovery.OutputDispatch
-	OutputControl  = recovery.OutputControl
-	OutputRecovery = recovery.OutputRecovery
+	OutputDispatch = simulate.OutputDispatch
+	OutputControl  = simulate.OutputControl
+	OutputRecovery = simulate.OutputRecovery
 )
 
 // Input is one parsed input record. Exactly the field of its Type is set
@@ -52,7 +53,7 @@ type Input struct {
 	Boundary *events.Boundary
 	Route    *events.RouteRequest
 	// Recovery is a recovery input (heartbeat, cron_spec, cron_run, write,
-	// task; recovery.InputTypes).
+	// task; simulate.InputTypes).
 	Recovery *recovery.Input
 	// SyncID is the sync record's id, echoed verbatim.
 	SyncID json.RawMessage
@@ -85,7 +86,7 @@ type Output struct {
 	Health         *events.Health
 	Error          *ErrorRecord
 	// Recovery is a dispatch, control or recovery record.
-	Recovery *recovery.Output
+	Recovery *simulate.Output
 	// SyncID echoes the sync input's id.
 	SyncID json.RawMessage
 }
@@ -202,10 +203,10 @@ func ParseInput(data []byte, lineNo int) (Input, error) {
 		}
 		in.SyncID = s.ID
 	default:
-		if !recovery.IsInputType(in.Type) {
+		if !simulate.IsInputType(in.Type) {
 			return in, fmt.Errorf("unknown type %q (want %s)", in.Type, inputTypeWords)
 		}
-		r, at, err := recovery.ParseRecord(in.Type, data)
+		r, at, err := simulate.ParseRecord(in.Type, data)
 		if err != nil {
 			return in, err
 		}
@@ -215,4 +216,4 @@ func ParseInput(data []byte, lineNo int) (Input, error) {
 }
 
 // inputTypeWords names every input type, for the error of an unknown one.
-var inputTypeWords = "outcome, boundary, route, tick, sync, " + strings.Join(recovery.InputTypes, ", ")
+var inputTypeWords = "outcome, boundary, route, tick, sync, " + strings.Join(simulate.InputTypes, ", ")

@@ -37,7 +37,7 @@ import (
 
 	"github.com/failbus/failbus/pkg/engine"
 	"github.com/failbus/failbus/pkg/policy"
-	"github.com/failbus/failbus/pkg/policy/recovery"
+	"github.com/failbus/failbus/pkg/policy/recovery/simulate"
 	"github.com/failbus/failbus/pkg/policy/retry"
 )
 
@@ -154,7 +154,7 @@ func (s *Sim) Step(in Input) []Output {
 // happened.
 func (s *Sim) outputs(fx engine.Effects, err error, line int) []Output {
 	var out []Output
-	recovered := func(rs []recovery.Output) {
+	recovered := func(rs []simulate.Output) {
 		for i := range rs {
 			out = append(out, Output{Type: rs[i].Type, Recovery: &rs[i]})
 		}

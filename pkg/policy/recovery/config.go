@@ -7,6 +7,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/failbus/failbus/pkg/policy/recovery/checklist"
 )
 
 // Defaults of the `recovery:` policy section (CONTRACT.md § "Recovery").
@@ -16,7 +18,7 @@ const (
 	DefaultStaleAfter time.Duration = 0
 	// StaleIntervals is how many missed heartbeat intervals make a
 	// subagent stale when StaleAfter is 0.
-	StaleIntervals = 3
+	StaleIntervals = checklist.StaleIntervals
 	// DefaultCatchupWindow is how far before recovery a missed cron time
 	// is still re-run.
 	DefaultCatchupWindow = 6 * time.Hour
@@ -201,11 +203,7 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// staleLimit is how old a heartbeat with interval iv may be before its
-// subagent is stale.
-func (c Config) staleLimit(iv time.Duration) time.Duration {
-	if c.StaleAfter > 0 {
-		return c.StaleAfter
-	}
-	return StaleIntervals * iv
+// Limits are the section's numbers the checklist's selections use.
+func (c Config) Limits() checklist.Limits {
+	return checklist.Limits{StaleAfter: c.StaleAfter, CatchupWindow: c.CatchupWindow, MaxCatchupRuns: c.MaxCatchupRuns}
 }

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -55,27 +53,9 @@ const (
 // maxCAS bounds compare-and-set retries of one change.
 const maxCAS = 64
 
-// ErrInvalid is wrapped by every error about a record the core cannot use
-// (a missing field, an unparseable schedule): a service dead-letters it,
-// simulate writes an error record.
-var ErrInvalid = errors.New("invalid input")
-
-// Input is one record for the core: exactly one field is set. TaskSeq is
-// the task's sequence in FAILBUS_TASKS (0: the store appends it).
-type Input struct {
-	Health    *events.Health
-	Heartbeat *events.Heartbeat
-	CronSpec  *events.CronSpec
-	CronRun   *events.CronRun
-	Write     *events.Write
-	Task      *events.Task
-	TaskSeq   uint64
-	Decision  *events.Decision
-}
-
 // Core is the recovery checklist, the held-task queue and the outage probes
 // (CONTRACT.md § "Recovery"; see the package doc). Its decisions depend only
-// on its inputs, `now` and the store, so `failbus simulate` (MemStore) and
+// on its inputs, `now` and the store, so `failbus simulate` (memstore) and
 // the recovery service (KV and streams) run the same code. It keeps no
 // state of its own and is safe for concurrent use when its store and
 // publisher are.
@@ -126,157 +106,9 @@ func New(cfg Config, st Store, pub Publisher, opts Options) (*Core, error) {
 // Config is the policy section the core runs.
 func (c *Core) Config() Config { return c.cfg }
 
-// invalid wraps a validation error.
-func invalid(kind string, err error) error {
-	return fmt.Errorf("%w: %s: %w", ErrInvalid, kind, err)
-}
-
-// Step folds one input in at now. Errors wrapping ErrInvalid are about the
-// input; others about the store or publisher (retry later). Step never runs
-// the checklist itself: Advance does.
-func (c *Core) Step(ctx context.Context, in Input, now time.Time) error {
-	switch {
-	case in.Health != nil:
-		h := *in.Health
-		if err := h.Validate(); err != nil {
-			return invalid("health", err)
-		}
-		if h.At.IsZero() {
-			h.At = events.At(now)
-		}
-		_, err := c.update(ctx, h.Provider, func(r *ProviderRecord) (bool, error) { return c.applyHealth(r, h), nil })
-		return err
-	case in.Heartbeat != nil:
-		h := *in.Heartbeat
-		if err := h.Validate(); err != nil {
-			return invalid("heartbeat", err)
-		}
-		if h.At.IsZero() {
-			h.At = events.At(now)
-		}
-		if err := c.st.PutHeartbeat(ctx, h); err != nil {
-			return err
-		}
-		return c.noteUser(ctx, h.Provider, h.Agent, h.At.Time, nil)
-	case in.CronSpec != nil:
-		s := *in.CronSpec
-		if err := s.Validate(); err != nil {
-			return invalid("cron_spec", err)
-		}
-		if s.At.IsZero() {
-			s.At = events.At(now)
-		}
-		if err := c.st.PutCronSpec(ctx, s); err != nil {
-			return err
-		}
-		return c.noteUser(ctx, s.Provider, s.Agent, s.At.Time, nil)
-	case in.CronRun != nil:
-		r := *in.CronRun
-		if err := r.Validate(); err != nil {
-			return invalid("cron_run", err)
-		}
-		if r.At.IsZero() {
-			r.At = events.At(now)
-		}
-		if err := c.st.NoteCronRun(ctx, r); err != nil {
-			return err
-		}
-		return c.noteUser(ctx, r.Provider, r.Agent, r.At.Time, nil)
-	case in.Write != nil:
-		w := *in.Write
-		if err := w.Validate(); err != nil {
-			return invalid("write", err)
-		}
-		if w.At.IsZero() {
-			w.At = events.At(now)
-		}
-		if err := c.st.NoteWrite(ctx, w); err != nil {
-			return err
-		}
-		return c.noteUser(ctx, w.Provider, w.Agent, w.At.Time, nil)
-	case in.Decision != nil:
-		d := in.Decision
-		if d.Provider == "" || d.Agent == "" {
-			return nil
-		}
-		holding := d.Action == events.ActionWaitProvider
-		at := d.At.Time
-		if at.IsZero() {
-			at = now
-		}
-		return c.noteUser(ctx, d.Provider, d.Agent, at, &holding)
-	case in.Task != nil:
-		t := *in.Task
-		if err := t.Validate(); err != nil {
-			return invalid("task", err)
-		}
-		if t.At.IsZero() {
-			t.At = events.At(now)
-		}
-		seq := in.TaskSeq
-		if seq == 0 {
-			app, ok := c.st.(TaskAppender)
-			if !ok {
-				return errors.New("recovery: a task without its stream sequence")
-			}
-			var err error
-			if seq, err = app.AppendTask(ctx, t, now); err != nil {
-				return err
-			}
-		}
-		return c.task(ctx, t, seq, now)
-	}
-	return invalid("input", errors.New("empty"))
-}
-
-// applyHealth folds a health record into the provider's record (rules 1 and
-// "flapping" of the package doc). It reports whether r changed.
-func (c *Core) applyHealth(r *ProviderRecord, h events.Health) bool {
-	if !r.HealthAt.IsZero() && h.At.Before(r.HealthAt.Time) {
-		return false // older than what was applied: a late redelivery
-	}
-	changed := r.Health != h.State || !r.HealthAt.Equal(h.At.Time)
-	r.Health, r.HealthAt = h.State, h.At
-	switch h.State {
-	case events.HealthOutage:
-		if r.Down {
-			return changed // recovery interrupted: the same outage goes on
-		}
-		r.Down = true
-		if r.open() == nil {
-			r.Episodes = append(r.Episodes, Episode{
-				RecoveryID:      RecoveryID(r.Provider, h.At.Time),
-				OutageStartedAt: h.At,
-			})
-		}
-		if !r.Queue.Holding {
-			r.Queue.Holding, r.Queue.Released = true, 0
-		}
-		r.Queue.NextAt = events.Time{} // a release under way stops; it restarts after recovery
-		r.Probe = ProbeState{NextAt: events.At(h.At.Add(c.cfg.ProbeInterval))}
-		return true
-	case events.HealthRecovered, events.HealthHealthy:
-		if !r.Down {
-			return changed
-		}
-		r.Down = false
-		if e := r.open(); e != nil {
-			at := h.At
-			if at.Before(e.OutageStartedAt.Time) {
-				at = e.OutageStartedAt
-			}
-			e.RecoveredAt = at
-		}
-		r.Probe.NextAt, r.Probe.Pending = events.Time{}, nil // no probing a provider that is back
-		return true
-	}
-	return changed // degraded: recovering (while Down) or rate-limited
-}
-
-// RecoveryID is "<provider>:<outage start, epoch ms>" (CONTRACT.md).
-func RecoveryID(provider string, outageStart time.Time) string {
-	return provider + ":" + strconv.FormatInt(outageStart.UnixMilli(), 10)
-}
+// Store is the store the core runs on: a driver reads the records from it
+// to know when Advance is next due (ProviderRecord.NextDue).
+func (c *Core) Store() Store { return c.st }
 
 // update applies fn to the provider's record and saves it by revision,
 // retrying on conflict from a fresh read. fn reports whether it changed
@@ -364,28 +196,6 @@ func (c *Core) noteUser(ctx context.Context, provider, agent string, at time.Tim
 func (c *Core) isProbeAgent(provider, agent string) bool {
 	p, ok := c.cfg.Probes[provider]
 	return ok && p.Agent == agent
-}
-
-// msgID builds a command id from its parts: printable, ':'-separated.
-func msgID(parts ...string) string {
-	s := strings.Join(parts, ":")
-	return strings.Map(func(r rune) rune {
-		if r < 0x20 || r == 0x7f {
-			return '_'
-		}
-		return r
-	}, s)
-}
-
-// DispatchID is the Nats-Msg-Id (and ledger id) of dispatch attempt n of a
-// task: one per (task id, attempt), whoever sends it.
-func DispatchID(taskID string, attempt int) string {
-	return msgID("recovery", "dispatch", taskID, strconv.Itoa(attempt))
-}
-
-// CronRerunID is the id of the one re-run of (agent, cron, scheduled_at).
-func CronRerunID(agent, cron string, scheduled time.Time) string {
-	return msgID("recovery", "cron", agent, cron, strconv.FormatInt(scheduled.UnixMilli(), 10))
 }
 
 // send publishes one command unless the ledger has it, then records it.

@@ -13,6 +13,8 @@ import (
 
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy/recovery"
+	"github.com/failbus/failbus/pkg/policy/recovery/memstore"
+	"github.com/failbus/failbus/pkg/policy/recovery/simulate"
 )
 
 var errCrash = errors.New("crash")
@@ -22,8 +24,8 @@ var errCrash = errors.New("crash")
 // mark — before or after performing it, the way SIGKILL at that point would
 // leave things. Nothing of the core's survives a crash but the store.
 type faulty struct {
-	*recovery.MemStore
-	rec   *recovery.Recorder
+	*memstore.Store
+	rec   *simulate.Recorder
 	mu    sync.Mutex
 	n     int
 	at    int
@@ -42,21 +44,21 @@ func (f *faulty) hit() (crash bool) {
 func (f *faulty) SaveProvider(ctx context.Context, r *recovery.ProviderRecord, rev uint64) (uint64, error) {
 	if f.hit() {
 		if f.after {
-			f.MemStore.SaveProvider(ctx, r, rev)
+			f.Store.SaveProvider(ctx, r, rev)
 		}
 		return 0, errCrash
 	}
-	return f.MemStore.SaveProvider(ctx, r, rev)
+	return f.Store.SaveProvider(ctx, r, rev)
 }
 
 func (f *faulty) MarkSent(ctx context.Context, id string, at time.Time) error {
 	if f.hit() {
 		if f.after {
-			f.MemStore.MarkSent(ctx, id, at)
+			f.Store.MarkSent(ctx, id, at)
 		}
 		return errCrash
 	}
-	return f.MemStore.MarkSent(ctx, id, at)
+	return f.Store.MarkSent(ctx, id, at)
 }
 
 func (f *faulty) Publish(ctx context.Context, id, subject string, msg events.Message, verify time.Time) error {
@@ -77,7 +79,7 @@ func (f *faulty) Publish(ctx context.Context, id, subject string, msg events.Mes
 // crashLines is the eight-hour story with 30 tasks, its tasks stored once
 // up front (as the stream holds them), split at the recovery: before it
 // the outage (holds, probes), from it the checklist and the release.
-func crashLines(t *testing.T, mem *recovery.MemStore) (outage, checklist []storyLine) {
+func crashLines(t *testing.T, mem *memstore.Store) (outage, checklist []storyLine) {
 	t.Helper()
 	lines := eightHourStory(30)
 	for i, l := range lines {
@@ -99,7 +101,7 @@ func crashLines(t *testing.T, mem *recovery.MemStore) (outage, checklist []story
 // step is retried, as a redelivery or the next tick of a restarted service
 // does. It returns the outputs (one per id, as a stream keeps them) and
 // whether the crash point was reached.
-func crashRun(t *testing.T, sim *recovery.Sim, lines []storyLine, end time.Time) ([]recovery.Output, bool) {
+func crashRun(t *testing.T, sim *simulate.Sim, lines []storyLine, end time.Time) ([]simulate.Output, bool) {
 	t.Helper()
 	ctx := context.Background()
 	crashed := false
@@ -116,7 +118,7 @@ func crashRun(t *testing.T, sim *recovery.Sim, lines []storyLine, end time.Time)
 		}
 		t.Fatalf("%s: still failing after a restart", what)
 	}
-	var out []recovery.Output
+	var out []simulate.Output
 	for _, l := range lines {
 		retry("step", func() error {
 			o, err := sim.Step(ctx, l.in, l.at)
@@ -139,11 +141,11 @@ func crashConfig() recovery.Config {
 }
 
 // crashWhole runs the whole story with a crash at operation at.
-func crashWhole(t *testing.T, at int, after bool) ([]recovery.Output, *faulty, bool) {
-	mem, rec := recovery.NewMemStore(), &recovery.Recorder{}
+func crashWhole(t *testing.T, at int, after bool) ([]simulate.Output, *faulty, bool) {
+	mem, rec := memstore.New(), &simulate.Recorder{}
 	outage, checklist := crashLines(t, mem)
-	f := &faulty{MemStore: mem, rec: rec, at: at, after: after, published: map[string]int{}}
-	sim, err := recovery.NewSimOn(crashConfig(), f, f, mem, rec)
+	f := &faulty{Store: mem, rec: rec, at: at, after: after, published: map[string]int{}}
+	sim, err := simulate.NewOn(crashConfig(), f, f, mem, rec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +156,7 @@ func crashWhole(t *testing.T, at int, after bool) ([]recovery.Output, *faulty, b
 // ids lists the outputs as "id content", sorted: the same commands with
 // the same content compare equal. The time a message was sent is left out:
 // a restart sends what is left later than an uninterrupted run would.
-func ids(out []recovery.Output) []string {
+func ids(out []simulate.Output) []string {
 	var s []string
 	for _, o := range out {
 		b, err := json.Marshal(o)
@@ -188,16 +190,16 @@ func TestCrashAnywhereRepeatsNothingSkipsNothing(t *testing.T) {
 	}
 
 	// The outage, run once; the checklist forked from its end.
-	mem, rec := recovery.NewMemStore(), &recovery.Recorder{}
+	mem, rec := memstore.New(), &simulate.Recorder{}
 	outage, checklist := crashLines(t, mem)
-	base, err := recovery.NewSimOn(crashConfig(), mem, rec, mem, rec)
+	base, err := simulate.NewOn(crashConfig(), mem, rec, mem, rec)
 	if err != nil {
 		t.Fatal(err)
 	}
 	before, _ := crashRun(t, base, outage, outage[len(outage)-1].at)
-	fork := func(at int, after bool) ([]recovery.Output, *faulty, bool) {
-		m, r := mem.Clone(), &recovery.Recorder{}
-		f := &faulty{MemStore: m, rec: r, at: at, after: after, published: map[string]int{}}
+	fork := func(at int, after bool) ([]simulate.Output, *faulty, bool) {
+		m, r := mem.Clone(), &simulate.Recorder{}
+		f := &faulty{Store: m, rec: r, at: at, after: after, published: map[string]int{}}
 		sim, err := base.Fork(f, f, m, r)
 		if err != nil {
 			t.Fatal(err)
@@ -216,7 +218,7 @@ func TestCrashAnywhereRepeatsNothingSkipsNothing(t *testing.T) {
 	}
 	long := os.Getenv("FAILBUS_LONG_TESTS") != ""
 	crashes := 0
-	check := func(label string, out []recovery.Output, crashed bool) {
+	check := func(label string, out []simulate.Output, crashed bool) {
 		if !crashed {
 			t.Fatalf("%s: crash point not reached", label)
 		}

@@ -4,7 +4,7 @@
 // provider's health says recovered. "This checklist looks simple, but if it
 // is not defined in advance a step gets missed" — so it is defined here,
 // once, and runs the same in the recovery service (internal/service/recovery,
-// on KV buckets and streams) and in `failbus simulate` (MemStore, virtual
+// on KV buckets and streams) and in `failbus simulate` (memstore, virtual
 // clock).
 //
 // The rules, numbered as the code repeats them:

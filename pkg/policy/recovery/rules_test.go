@@ -10,6 +10,8 @@ import (
 
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy/recovery"
+	"github.com/failbus/failbus/pkg/policy/recovery/memstore"
+	"github.com/failbus/failbus/pkg/policy/recovery/simulate"
 )
 
 func health(at time.Time, state string) recovery.Input {
@@ -22,12 +24,12 @@ func taskIn(at time.Time, id, agent string) recovery.Input {
 
 type feed struct {
 	t   *testing.T
-	sim *recovery.Sim
-	out []recovery.Output
+	sim *simulate.Sim
+	out []simulate.Output
 }
 
 func newFeed(t *testing.T, cfg recovery.Config) *feed {
-	sim, err := recovery.NewSim(cfg)
+	sim, err := simulate.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +80,7 @@ func TestFlappingStartsNoDrainUntilRecovered(t *testing.T) {
 		f.step(t0.Add(time.Duration(s)*time.Second), health(t0.Add(time.Duration(s)*time.Second), state))
 	}
 	f.tick(t0.Add(40 * time.Second))
-	if n := f.count(recovery.OutputDispatch) + f.count(recovery.OutputRecovery); n != 0 {
+	if n := f.count(simulate.OutputDispatch) + f.count(simulate.OutputRecovery); n != 0 {
 		t.Fatalf("%d dispatches or records while flapping", n)
 	}
 	r, _, _ := f.sim.Store.LoadProvider(context.Background(), down)
@@ -87,13 +89,13 @@ func TestFlappingStartsNoDrainUntilRecovered(t *testing.T) {
 	}
 	f.step(t0.Add(45*time.Second), health(t0.Add(45*time.Second), events.HealthRecovered))
 	f.tick(t0.Add(50 * time.Second))
-	if n := f.count(recovery.OutputDispatch); n != 10 {
+	if n := f.count(simulate.OutputDispatch); n != 10 {
 		t.Fatalf("%d dispatches after recovery, want 10", n)
 	}
-	if n := f.count(recovery.OutputNotification); n != 1 {
+	if n := f.count(simulate.OutputNotification); n != 1 {
 		t.Fatalf("%d notifications, want 1", n)
 	}
-	if n := f.count(recovery.OutputRecovery); n != len(events.Steps) {
+	if n := f.count(simulate.OutputRecovery); n != len(events.Steps) {
 		t.Fatalf("%d records, want %d", n, len(events.Steps))
 	}
 }
@@ -114,7 +116,7 @@ func TestOutageDuringReleasePausesIt(t *testing.T) {
 	t2 := r1.Add(5500 * time.Millisecond) // 6 released (1/s from r1)
 	f.step(t2, health(t2, events.HealthOutage))
 	f.tick(t2.Add(time.Hour))
-	if n := f.count(recovery.OutputDispatch); n != 6 {
+	if n := f.count(simulate.OutputDispatch); n != 6 {
 		t.Fatalf("%d dispatches before the second outage ended, want 6", n)
 	}
 	r2 := t2.Add(time.Hour)
@@ -137,7 +139,7 @@ func TestOutageDuringReleasePausesIt(t *testing.T) {
 	if len(order) != 20 {
 		t.Fatalf("%d dispatches, want 20", len(order))
 	}
-	if n := f.count(recovery.OutputNotification); n != 2 {
+	if n := f.count(simulate.OutputNotification); n != 2 {
 		t.Fatalf("%d notifications, want one per outage (2)", n)
 	}
 	var finals []string
@@ -161,7 +163,7 @@ func TestHealthyTaskDispatchedAtOnceOncePerID(t *testing.T) {
 	f := newFeed(t, recovery.DefaultConfig())
 	f.step(t0, taskIn(t0, "x", "a"))
 	f.step(t0.Add(time.Hour), taskIn(t0.Add(time.Hour), "x", "a"))
-	if n := f.count(recovery.OutputDispatch); n != 1 {
+	if n := f.count(simulate.OutputDispatch); n != 1 {
 		t.Fatalf("%d dispatches, want 1", n)
 	}
 	d := f.out[0].Msg.(*events.Dispatch)
@@ -177,12 +179,12 @@ func TestTaskWithoutProviderWaitsForEveryProvider(t *testing.T) {
 	f.step(t0, health(t0, events.HealthOutage))
 	f.step(t0.Add(time.Second), recovery.Input{Task: &events.Task{ID: "anywhere", Agent: "a"}})
 	f.tick(t0.Add(time.Hour))
-	if n := f.count(recovery.OutputDispatch); n != 0 {
+	if n := f.count(simulate.OutputDispatch); n != 0 {
 		t.Fatalf("dispatched during an outage")
 	}
 	f.step(t0.Add(time.Hour), health(t0.Add(time.Hour), events.HealthRecovered))
 	f.tick(t0.Add(time.Hour + time.Minute))
-	if n := f.count(recovery.OutputDispatch); n != 1 {
+	if n := f.count(simulate.OutputDispatch); n != 1 {
 		t.Fatalf("%d dispatches after recovery, want 1", n)
 	}
 }
@@ -190,7 +192,7 @@ func TestTaskWithoutProviderWaitsForEveryProvider(t *testing.T) {
 // Input the core cannot use is an error naming the field, wrapping
 // ErrInvalid; the core goes on.
 func TestBadInputNamesTheField(t *testing.T) {
-	sim, _ := recovery.NewSim(recovery.DefaultConfig())
+	sim, _ := simulate.New(recovery.DefaultConfig())
 	for _, c := range []struct {
 		in    recovery.Input
 		field string
@@ -208,7 +210,7 @@ func TestBadInputNamesTheField(t *testing.T) {
 	}
 	f := &feed{t: t, sim: sim}
 	f.step(t0, taskIn(t0, "ok", "a"))
-	if f.count(recovery.OutputDispatch) != 1 {
+	if f.count(simulate.OutputDispatch) != 1 {
 		t.Fatal("the core stopped after bad input")
 	}
 }
@@ -220,7 +222,7 @@ func TestRacingCoresSendEachCommandOnce(t *testing.T) {
 	ctx := context.Background()
 	cfg := recovery.DefaultConfig()
 	cfg.DrainRate = 1000
-	mem, rec := recovery.NewMemStore(), &recovery.Recorder{}
+	mem, rec := memstore.New(), &simulate.Recorder{}
 	var cores []*recovery.Core
 	for range 4 {
 		c, err := recovery.New(cfg, mem, rec, recovery.Options{})
@@ -261,7 +263,7 @@ func TestRacingCoresSendEachCommandOnce(t *testing.T) {
 	dispatches := 0
 	for _, o := range out {
 		seen[o.ID]++
-		if o.Type == recovery.OutputDispatch {
+		if o.Type == simulate.OutputDispatch {
 			dispatches++
 		}
 	}
@@ -303,7 +305,7 @@ func TestTwoOutagesKillASubagentWithoutProviderOnce(t *testing.T) {
 	if count[events.ControlKill] != 1 || count[events.ControlCheckWrite] != 1 || count["dispatch#2"] != 1 || count["dispatch#3"] != 0 {
 		t.Fatalf("commands %v, want one kill, one check_write, one redispatch (attempt 2)", count)
 	}
-	if n := f.count(recovery.OutputNotification); n != 2 {
+	if n := f.count(simulate.OutputNotification); n != 2 {
 		t.Fatalf("%d notifications, want one per provider", n)
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy/recovery"
+	"github.com/failbus/failbus/pkg/policy/recovery/simulate"
 )
 
 // The virtual-clock story of issue 10, built as input records so the same
@@ -126,14 +127,14 @@ func mustPayload(id string) events.Raw {
 }
 
 // runStory feeds the story and ticks a minute past recovery.
-func runStory(t *testing.T, cfg recovery.Config) []recovery.Output {
+func runStory(t *testing.T, cfg recovery.Config) []simulate.Output {
 	t.Helper()
 	ctx := context.Background()
-	sim, err := recovery.NewSim(cfg)
+	sim, err := simulate.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out []recovery.Output
+	var out []simulate.Output
 	for _, l := range eightHourStory(200) {
 		o, err := sim.Step(ctx, l.in, l.at)
 		if err != nil {

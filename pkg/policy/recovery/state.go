@@ -183,13 +183,6 @@ type TaskIndex struct {
 	Attempt  int    `msgpack:"attempt" json:"attempt"`
 }
 
-// CronState is a cron's latest spec and its first recorded run (the anchor
-// of an "@every" schedule).
-type CronState struct {
-	Spec       events.CronSpec `msgpack:"spec" json:"spec"`
-	FirstRunAt events.Time     `msgpack:"first_run_at,omitempty" json:"first_run_at,omitzero"`
-}
-
 // open is the episode of the outage still going on, or nil.
 func (r *ProviderRecord) open() *Episode {
 	if n := len(r.Episodes); n > 0 && r.Episodes[n-1].RecoveredAt.IsZero() {

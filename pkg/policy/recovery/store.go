@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/failbus/failbus/pkg/events"
+	"github.com/failbus/failbus/pkg/policy/recovery/checklist"
 )
 
 // ErrConflict is what SaveProvider returns when the record changed since it
@@ -13,8 +14,9 @@ import (
 var ErrConflict = errors.New("recovery: record changed concurrently")
 
 // Store is everything the checklist reads and writes. Each role is a small
-// interface; MemStore implements all of them in memory for `failbus
-// simulate` and tests, internal/service/recovery on KV buckets and streams.
+// interface; memstore.Store implements all of them in memory for
+// `failbus simulate` and tests, internal/service/recovery on KV buckets and
+// streams.
 // Implementations must be safe for concurrent use when the Core is.
 type Store interface {
 	Providers
@@ -71,7 +73,7 @@ type Crons interface {
 	// where they are stored anyway (a stream) keeps nothing else.
 	NoteCronRun(ctx context.Context, r events.CronRun) error
 	// CronStates returns every cron, in any order.
-	CronStates(ctx context.Context) ([]CronState, error)
+	CronStates(ctx context.Context) ([]checklist.CronState, error)
 	// CronRuns returns the runs reported at or after since.
 	CronRuns(ctx context.Context, since time.Time) ([]events.CronRun, error)
 }

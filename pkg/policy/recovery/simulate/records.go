@@ -1,9 +1,10 @@
-package recovery
+package simulate
 
 import (
 	"fmt"
 
 	"github.com/failbus/failbus/pkg/events"
+	"github.com/failbus/failbus/pkg/policy/recovery"
 )
 
 // Input record types of `failbus simulate` (CONTRACT.md § "Recovery"): the
@@ -29,10 +30,10 @@ func IsInputType(typ string) bool {
 }
 
 // ParseRecord reads one JSON Lines record of a recovery input type and
-// returns it as an Input with its `at` (zero when absent). The record is
-// not validated here: Core.Step does, naming the field.
-func ParseRecord(typ string, data []byte) (Input, events.Time, error) {
-	var in Input
+// returns it as a recovery.Input with its `at` (zero when absent). The record is
+// not validated here: recovery.Core.Step does, naming the field.
+func ParseRecord(typ string, data []byte) (recovery.Input, events.Time, error) {
+	var in recovery.Input
 	var m events.Message
 	switch typ {
 	case InputHeartbeat:
@@ -57,25 +58,4 @@ func ParseRecord(typ string, data []byte) (Input, events.Time, error) {
 		return in, events.Time{}, fmt.Errorf("%s: %w", typ, err)
 	}
 	return in, in.At(), nil
-}
-
-// At is the input's own time (zero when it has none).
-func (in Input) At() events.Time {
-	switch {
-	case in.Health != nil:
-		return in.Health.At
-	case in.Heartbeat != nil:
-		return in.Heartbeat.At
-	case in.CronSpec != nil:
-		return in.CronSpec.At
-	case in.CronRun != nil:
-		return in.CronRun.At
-	case in.Write != nil:
-		return in.Write.At
-	case in.Task != nil:
-		return in.Task.At
-	case in.Decision != nil:
-		return in.Decision.At
-	}
-	return events.Time{}
 }

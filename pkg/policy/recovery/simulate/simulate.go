@@ -1,4 +1,10 @@
-package recovery
+// Package simulate runs the recovery checklist (package recovery) the way
+// `failbus simulate` does: on a virtual clock (Clock) that does what fell
+// due in time order, nothing waiting for real time; the simulate input
+// records read as the core's inputs (ParseRecord) and what the core sends
+// written as output records (Output, Recorder, Collector). Sim puts them
+// together over the in-memory store for the checklist's tests.
+package simulate
 
 import (
 	"context"
@@ -9,6 +15,8 @@ import (
 	"time"
 
 	"github.com/failbus/failbus/pkg/events"
+	"github.com/failbus/failbus/pkg/policy/recovery"
+	"github.com/failbus/failbus/pkg/policy/recovery/memstore"
 )
 
 // Output record types of `failbus simulate` (CONTRACT.md § "Recovery").
@@ -58,10 +66,10 @@ func (o Output) MarshalJSON() ([]byte, error) {
 	return append(out, '}'), nil
 }
 
-// Recorder is a Publisher that keeps what it is given, in order. Like a
-// stream it keeps one message per id (Nats-Msg-Id), however often it is
-// published: Attempts counts the publishes.
-// It is safe for concurrent use.
+// Recorder is a recovery.Publisher that keeps what it is given, in order.
+// Like a stream it keeps one message per id (Nats-Msg-Id), however often it
+// is published: Attempts counts the publishes. It is safe for concurrent
+// use.
 type Recorder struct {
 	mu       sync.Mutex
 	out      []Output
@@ -85,7 +93,7 @@ func (r *Recorder) Take() []Output {
 	return out
 }
 
-// Publish implements Publisher.
+// Publish implements recovery.Publisher.
 func (r *Recorder) Publish(_ context.Context, id, subject string, msg events.Message, _ time.Time) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -105,10 +113,10 @@ func (r *Recorder) Publish(_ context.Context, id, subject string, msg events.Mes
 	return nil
 }
 
-// Collector is a Publisher for engines that run one Core for many callers
-// (the decision engine's Step): each caller collects what it caused in the
-// collection its context carries (Collect). Publishing with a context
-// without one is an error.
+// Collector is a recovery.Publisher for engines that run one recovery.Core
+// for many callers (the decision engine's Step): each caller collects what
+// it caused in the collection its context carries (Collect). Publishing
+// with a context without one is an error.
 type Collector struct{}
 
 type collectionKey struct{}
@@ -119,11 +127,11 @@ func Collect(ctx context.Context, out *[]Output) context.Context {
 	return context.WithValue(ctx, collectionKey{}, out)
 }
 
-// Publish implements Publisher.
+// Publish implements recovery.Publisher.
 func (Collector) Publish(ctx context.Context, id, subject string, msg events.Message, _ time.Time) error {
 	out, ok := ctx.Value(collectionKey{}).(*[]Output)
 	if !ok {
-		return errors.New("recovery: publish without a collection (recovery.Collect)")
+		return errors.New("recovery: publish without a collection (simulate.Collect)")
 	}
 	typ, err := outputType(msg)
 	if err != nil {
@@ -147,39 +155,39 @@ func outputType(msg events.Message) (string, error) {
 	return "", fmt.Errorf("recovery: unexpected output %T", msg)
 }
 
-// Sim runs the core on a virtual clock over MemStore, the way `failbus
+// Sim runs the core on a virtual clock over a memstore, the way `failbus
 // simulate` does: before an input at time t is handled, everything that
 // fell due by t (probes, checklist steps, releases) is done at its own due
 // time, in time order; nothing waits for real time. It is not safe for
 // concurrent use.
 type Sim struct {
-	Core  *Core
-	Store *MemStore
+	Core  *recovery.Core
+	Store *memstore.Store
 	rec   *Recorder
-	vc    *VirtualClock
+	vc    *Clock
 	clock time.Time
 }
 
-// NewSim returns a Sim running cfg.
-func NewSim(cfg Config) (*Sim, error) {
-	st, rec := NewMemStore(), &Recorder{}
-	return NewSimOn(cfg, st, rec, st, rec)
+// New returns a Sim running cfg.
+func New(cfg recovery.Config) (*Sim, error) {
+	st, rec := memstore.New(), &Recorder{}
+	return NewOn(cfg, st, rec, st, rec)
 }
 
-// NewSimOn returns a Sim whose core uses st and pub, which wrap mem and rec
+// NewOn returns a Sim whose core uses st and pub, which wrap mem and rec
 // (tests wrap them to inject faults); the Sim reads mem and rec directly.
-func NewSimOn(cfg Config, st Store, pub Publisher, mem *MemStore, rec *Recorder) (*Sim, error) {
-	c, err := New(cfg, st, pub, Options{})
+func NewOn(cfg recovery.Config, st recovery.Store, pub recovery.Publisher, mem *memstore.Store, rec *Recorder) (*Sim, error) {
+	c, err := recovery.New(cfg, st, pub, recovery.Options{})
 	if err != nil {
 		return nil, err
 	}
-	return &Sim{Core: c, Store: mem, rec: rec, vc: &VirtualClock{}}, nil
+	return &Sim{Core: c, Store: mem, rec: rec, vc: &Clock{}}, nil
 }
 
 // Fork returns a Sim on another store and recorder (a copy of this one's
 // store, wrapped) at this Sim's clock: a test runs what follows twice.
-func (s *Sim) Fork(st Store, pub Publisher, mem *MemStore, rec *Recorder) (*Sim, error) {
-	f, err := NewSimOn(s.Core.cfg, st, pub, mem, rec)
+func (s *Sim) Fork(st recovery.Store, pub recovery.Publisher, mem *memstore.Store, rec *Recorder) (*Sim, error) {
+	f, err := NewOn(s.Core.Config(), st, pub, mem, rec)
 	if err != nil {
 		return nil, err
 	}
@@ -192,9 +200,9 @@ func (s *Sim) Now() time.Time { return s.clock }
 
 // Step advances the clock to at (never backwards), does what fell due, folds
 // in the input and does what that made due at once. It returns the outputs
-// in order; an invalid input yields an error wrapping ErrInvalid and the
-// outputs due before it.
-func (s *Sim) Step(ctx context.Context, in Input, at time.Time) ([]Output, error) {
+// in order; an invalid input yields an error wrapping recovery.ErrInvalid
+// and the outputs due before it.
+func (s *Sim) Step(ctx context.Context, in recovery.Input, at time.Time) ([]Output, error) {
 	if at.After(s.clock) {
 		s.clock = at
 	}
@@ -224,32 +232,32 @@ func (s *Sim) AdvanceTo(ctx context.Context, t time.Time) error {
 	return s.vc.AdvanceTo(ctx, s.Core, t)
 }
 
-// VirtualClock drives a Core on a virtual clock, as `failbus simulate`
-// does: AdvanceTo(c, t) calls c.Advance for each provider at each time something
-// of it falls due (a probe, a step, the next release), in time order, up to
-// t — so releases carry their drain-rate times and probes their interval,
-// however coarse the input's times. Its clock never runs backwards. Not
-// safe for concurrent use.
-// The zero value starts at the zero time.
-type VirtualClock struct {
+// Clock drives a recovery.Core on a virtual clock, as `failbus simulate`
+// does: AdvanceTo(c, t) calls c.Advance for each provider at each time
+// something of it falls due (a probe, a step, the next release), in time
+// order, up to t — so releases carry their drain-rate times and probes
+// their interval, however coarse the input's times. Its clock never runs
+// backwards. Not safe for concurrent use. The zero value starts at the zero
+// time.
+type Clock struct {
 	advanced time.Time
 }
 
 // revisionPeeker is implemented by stores that can show a provider's
-// record and revision without copying it (MemStore).
+// record and revision without copying it (memstore.Store).
 type revisionPeeker interface {
-	peekProvider(provider string) (*ProviderRecord, uint64, error)
+	PeekProvider(provider string) (*recovery.ProviderRecord, uint64, error)
 }
 
-func peek(ctx context.Context, c *Core, p string) (*ProviderRecord, uint64, error) {
-	if pk, ok := c.st.(revisionPeeker); ok {
-		return pk.peekProvider(p)
+func peek(ctx context.Context, c *recovery.Core, p string) (*recovery.ProviderRecord, uint64, error) {
+	if pk, ok := c.Store().(revisionPeeker); ok {
+		return pk.PeekProvider(p)
 	}
-	return c.st.LoadProvider(ctx, p)
+	return c.Store().LoadProvider(ctx, p)
 }
 
 // AdvanceTo does, in time order, everything of c due at or before t.
-func (v *VirtualClock) AdvanceTo(ctx context.Context, c *Core, t time.Time) error {
+func (v *Clock) AdvanceTo(ctx context.Context, c *recovery.Core, t time.Time) error {
 	// stuck holds providers that were due but could not move (tasks without
 	// a provider wait for every provider), until another one moves.
 	stuck := map[string]bool{}
@@ -280,8 +288,8 @@ func (v *VirtualClock) AdvanceTo(ctx context.Context, c *Core, t time.Time) erro
 
 // nextDue is the provider with the earliest due time (ties by name),
 // leaving out the stuck ones, and its record's revision.
-func nextDue(ctx context.Context, c *Core, t time.Time, stuck map[string]bool) (string, time.Time, uint64, error) {
-	names, err := c.st.ListProviders(ctx)
+func nextDue(ctx context.Context, c *recovery.Core, t time.Time, stuck map[string]bool) (string, time.Time, uint64, error) {
+	names, err := c.Store().ListProviders(ctx)
 	if err != nil {
 		return "", time.Time{}, 0, err
 	}

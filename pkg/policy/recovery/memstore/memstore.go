@@ -1,4 +1,8 @@
-package recovery
+// Package memstore is the recovery checklist's Store in memory: what
+// `failbus simulate` and the checklist's tests run the core on. Like KV it
+// keeps records encoded, so a loaded record is a copy and a save checks the
+// revision.
+package memstore
 
 import (
 	"context"
@@ -10,19 +14,21 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/failbus/failbus/pkg/events"
+	"github.com/failbus/failbus/pkg/policy/recovery"
+	"github.com/failbus/failbus/pkg/policy/recovery/checklist"
 )
 
-// MemStore is the Store in memory, for `failbus simulate` and tests. Like
+// Store is recovery.Store in memory, for `failbus simulate` and tests. Like
 // KV, it keeps records encoded, so a loaded record is a copy and a save
 // checks the revision. It is safe for concurrent use.
-type MemStore struct {
+type Store struct {
 	mu         sync.Mutex
 	providers  map[string]memEntry
 	heartbeats map[[2]string]events.Heartbeat
-	crons      map[[2]string]CronState
+	crons      map[[2]string]checklist.CronState
 	runs       []events.CronRun
 	writes     []events.Write
-	tasks      []StoredTask // seq i+1 at index i
+	tasks      []recovery.StoredTask // seq i+1 at index i
 	index      map[string]memEntry
 	ledger     map[string]time.Time
 }
@@ -31,25 +37,25 @@ type memEntry struct {
 	data []byte
 	rev  uint64
 	// peek is the decoded value for reads that do not modify it
-	// (ProviderRecord only), filled on first use.
-	peek *ProviderRecord
+	// (recovery.ProviderRecord only), filled on first use.
+	peek *recovery.ProviderRecord
 }
 
-// NewMemStore returns an empty store.
-func NewMemStore() *MemStore {
-	return &MemStore{
+// New returns an empty store.
+func New() *Store {
+	return &Store{
 		providers:  map[string]memEntry{},
 		heartbeats: map[[2]string]events.Heartbeat{},
-		crons:      map[[2]string]CronState{},
+		crons:      map[[2]string]checklist.CronState{},
 		index:      map[string]memEntry{},
 		ledger:     map[string]time.Time{},
 	}
 }
 
 var _ interface {
-	Store
-	TaskAppender
-} = (*MemStore)(nil)
+	recovery.Store
+	recovery.TaskAppender
+} = (*Store)(nil)
 
 func load[T any](e memEntry, ok bool) (*T, uint64, error) {
 	if !ok {
@@ -65,7 +71,7 @@ func load[T any](e memEntry, ok bool) (*T, uint64, error) {
 func save(m map[string]memEntry, key string, v any, rev uint64) (uint64, error) {
 	cur, ok := m[key]
 	if (!ok && rev != 0) || (ok && cur.rev != rev) {
-		return 0, ErrConflict
+		return 0, recovery.ErrConflict
 	}
 	data, err := msgpack.Marshal(v)
 	if err != nil {
@@ -76,22 +82,22 @@ func save(m map[string]memEntry, key string, v any, rev uint64) (uint64, error) 
 }
 
 // LoadProvider implements Providers.
-func (s *MemStore) LoadProvider(_ context.Context, provider string) (*ProviderRecord, uint64, error) {
+func (s *Store) LoadProvider(_ context.Context, provider string) (*recovery.ProviderRecord, uint64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.providers[provider]
-	return load[ProviderRecord](e, ok)
+	return load[recovery.ProviderRecord](e, ok)
 }
 
 // SaveProvider implements Providers.
-func (s *MemStore) SaveProvider(_ context.Context, rec *ProviderRecord, rev uint64) (uint64, error) {
+func (s *Store) SaveProvider(_ context.Context, rec *recovery.ProviderRecord, rev uint64) (uint64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return save(s.providers, rec.Provider, rec, rev)
 }
 
 // ListProviders implements Providers.
-func (s *MemStore) ListProviders(context.Context) ([]string, error) {
+func (s *Store) ListProviders(context.Context) ([]string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]string, 0, len(s.providers))
@@ -104,13 +110,13 @@ func (s *MemStore) ListProviders(context.Context) ([]string, error) {
 
 // LatestHealth implements Providers: in memory every health record is
 // applied as it comes, so there is no gap to close.
-func (s *MemStore) LatestHealth(context.Context, string) (*events.Health, error) { return nil, nil }
+func (s *Store) LatestHealth(context.Context, string) (*events.Health, error) { return nil, nil }
 
 // CaughtUp implements Store: reports are applied as they come.
-func (s *MemStore) CaughtUp(context.Context) (bool, error) { return true, nil }
+func (s *Store) CaughtUp(context.Context) (bool, error) { return true, nil }
 
 // PutHeartbeat implements Heartbeats.
-func (s *MemStore) PutHeartbeat(_ context.Context, h events.Heartbeat) error {
+func (s *Store) PutHeartbeat(_ context.Context, h events.Heartbeat) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	k := [2]string{h.Agent, h.Subagent}
@@ -122,7 +128,7 @@ func (s *MemStore) PutHeartbeat(_ context.Context, h events.Heartbeat) error {
 }
 
 // LatestHeartbeats implements Heartbeats.
-func (s *MemStore) LatestHeartbeats(context.Context) ([]events.Heartbeat, error) {
+func (s *Store) LatestHeartbeats(context.Context) ([]events.Heartbeat, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]events.Heartbeat, 0, len(s.heartbeats))
@@ -133,7 +139,7 @@ func (s *MemStore) LatestHeartbeats(context.Context) ([]events.Heartbeat, error)
 }
 
 // PutCronSpec implements Crons.
-func (s *MemStore) PutCronSpec(_ context.Context, c events.CronSpec) error {
+func (s *Store) PutCronSpec(_ context.Context, c events.CronSpec) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	k := [2]string{c.Agent, c.Cron}
@@ -144,7 +150,7 @@ func (s *MemStore) PutCronSpec(_ context.Context, c events.CronSpec) error {
 }
 
 // NoteCronRun implements Crons.
-func (s *MemStore) NoteCronRun(_ context.Context, r events.CronRun) error {
+func (s *Store) NoteCronRun(_ context.Context, r events.CronRun) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.runs = append(s.runs, r)
@@ -157,10 +163,10 @@ func (s *MemStore) NoteCronRun(_ context.Context, r events.CronRun) error {
 }
 
 // CronStates implements Crons.
-func (s *MemStore) CronStates(context.Context) ([]CronState, error) {
+func (s *Store) CronStates(context.Context) ([]checklist.CronState, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]CronState, 0, len(s.crons))
+	out := make([]checklist.CronState, 0, len(s.crons))
 	for _, c := range s.crons {
 		out = append(out, c)
 	}
@@ -168,7 +174,7 @@ func (s *MemStore) CronStates(context.Context) ([]CronState, error) {
 }
 
 // CronRuns implements Crons.
-func (s *MemStore) CronRuns(_ context.Context, since time.Time) ([]events.CronRun, error) {
+func (s *Store) CronRuns(_ context.Context, since time.Time) ([]events.CronRun, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []events.CronRun
@@ -181,7 +187,7 @@ func (s *MemStore) CronRuns(_ context.Context, since time.Time) ([]events.CronRu
 }
 
 // NoteWrite implements Writes.
-func (s *MemStore) NoteWrite(_ context.Context, w events.Write) error {
+func (s *Store) NoteWrite(_ context.Context, w events.Write) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.writes = append(s.writes, w)
@@ -189,7 +195,7 @@ func (s *MemStore) NoteWrite(_ context.Context, w events.Write) error {
 }
 
 // WritesSince implements Writes.
-func (s *MemStore) WritesSince(_ context.Context, since time.Time) ([]events.Write, error) {
+func (s *Store) WritesSince(_ context.Context, since time.Time) ([]events.Write, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []events.Write
@@ -201,21 +207,21 @@ func (s *MemStore) WritesSince(_ context.Context, since time.Time) ([]events.Wri
 	return out, nil
 }
 
-// AppendTask implements TaskAppender: the task gets the next sequence, as
+// AppendTask implements recovery.TaskAppender: the task gets the next sequence, as
 // a stream would give it.
-func (s *MemStore) AppendTask(_ context.Context, t events.Task, at time.Time) (uint64, error) {
+func (s *Store) AppendTask(_ context.Context, t events.Task, at time.Time) (uint64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	seq := uint64(len(s.tasks) + 1)
-	s.tasks = append(s.tasks, StoredTask{Seq: seq, Task: t, StoredAt: at})
+	s.tasks = append(s.tasks, recovery.StoredTask{Seq: seq, Task: t, StoredAt: at})
 	return seq, nil
 }
 
 // TasksAfter implements Tasks.
-func (s *MemStore) TasksAfter(_ context.Context, provider string, after, upto uint64, max int) ([]StoredTask, error) {
+func (s *Store) TasksAfter(_ context.Context, provider string, after, upto uint64, max int) ([]recovery.StoredTask, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out []StoredTask
+	var out []recovery.StoredTask
 	for i := after; i < upto && i < uint64(len(s.tasks)) && len(out) < max; i++ {
 		if t := s.tasks[i]; t.Task.Provider == provider {
 			out = append(out, t)
@@ -225,7 +231,7 @@ func (s *MemStore) TasksAfter(_ context.Context, provider string, after, upto ui
 }
 
 // TaskAt implements Tasks.
-func (s *MemStore) TaskAt(_ context.Context, seq uint64) (*StoredTask, error) {
+func (s *Store) TaskAt(_ context.Context, seq uint64) (*recovery.StoredTask, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if seq == 0 || seq > uint64(len(s.tasks)) {
@@ -236,15 +242,15 @@ func (s *MemStore) TaskAt(_ context.Context, seq uint64) (*StoredTask, error) {
 }
 
 // LoadTaskIndex implements Tasks.
-func (s *MemStore) LoadTaskIndex(_ context.Context, id string) (*TaskIndex, uint64, error) {
+func (s *Store) LoadTaskIndex(_ context.Context, id string) (*recovery.TaskIndex, uint64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.index[id]
-	return load[TaskIndex](e, ok)
+	return load[recovery.TaskIndex](e, ok)
 }
 
 // SaveTaskIndex implements Tasks.
-func (s *MemStore) SaveTaskIndex(_ context.Context, idx *TaskIndex, rev uint64) error {
+func (s *Store) SaveTaskIndex(_ context.Context, idx *recovery.TaskIndex, rev uint64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	_, err := save(s.index, idx.ID, idx, rev)
@@ -252,7 +258,7 @@ func (s *MemStore) SaveTaskIndex(_ context.Context, idx *TaskIndex, rev uint64) 
 }
 
 // Sent implements Ledger.
-func (s *MemStore) Sent(_ context.Context, id string) (bool, error) {
+func (s *Store) Sent(_ context.Context, id string) (bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	_, ok := s.ledger[id]
@@ -260,7 +266,7 @@ func (s *MemStore) Sent(_ context.Context, id string) (bool, error) {
 }
 
 // MarkSent implements Ledger.
-func (s *MemStore) MarkSent(_ context.Context, id string, at time.Time) error {
+func (s *Store) MarkSent(_ context.Context, id string, at time.Time) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.ledger[id]; !ok {
@@ -269,9 +275,10 @@ func (s *MemStore) MarkSent(_ context.Context, id string, at time.Time) error {
 	return nil
 }
 
-// peekProvider returns the provider's record and revision without
-// copying the record: the caller must not modify it.
-func (s *MemStore) peekProvider(provider string) (*ProviderRecord, uint64, error) {
+// PeekProvider returns the provider's record and revision without
+// copying the record (a virtual clock reads every record after every
+// step): the caller must not modify it.
+func (s *Store) PeekProvider(provider string) (*recovery.ProviderRecord, uint64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.providers[provider]
@@ -279,7 +286,7 @@ func (s *MemStore) peekProvider(provider string) (*ProviderRecord, uint64, error
 		return nil, 0, nil
 	}
 	if e.peek == nil {
-		r, _, err := load[ProviderRecord](e, true)
+		r, _, err := load[recovery.ProviderRecord](e, true)
 		if err != nil {
 			return nil, 0, err
 		}
@@ -290,10 +297,10 @@ func (s *MemStore) peekProvider(provider string) (*ProviderRecord, uint64, error
 }
 
 // Clone returns a copy of the store: what a test forks a run from.
-func (s *MemStore) Clone() *MemStore {
+func (s *Store) Clone() *Store {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	c := NewMemStore()
+	c := New()
 	for k, v := range s.providers {
 		c.providers[k] = v
 	}

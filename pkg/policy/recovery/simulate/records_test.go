@@ -1,4 +1,4 @@
-package recovery_test
+package simulate_test
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/failbus/failbus/pkg/policy/recovery"
+	"github.com/failbus/failbus/pkg/policy/recovery/simulate"
 )
 
 // The simulate records of recovery read as their wire types, and the
@@ -21,16 +22,16 @@ func TestRecordsReadAndWrite(t *testing.T) {
 		{"write", `{"type":"write","at":"2026-03-02T01:00:00Z","agent":"a","key":"m.md","ok":false,"error":"fetch failed"}`},
 		{"task", `{"type":"task","id":"t","at":"2026-03-02T00:00:00Z","agent":"a","provider":"openai","payload":{"x":[1,2]}}`},
 	}
-	sim, err := recovery.NewSim(recovery.DefaultConfig())
+	sim, err := simulate.New(recovery.DefaultConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out []recovery.Output
+	var out []simulate.Output
 	for _, l := range lines {
-		if !recovery.IsInputType(l.typ) {
+		if !simulate.IsInputType(l.typ) {
 			t.Fatalf("%s is not an input type", l.typ)
 		}
-		in, at, err := recovery.ParseRecord(l.typ, []byte(l.line))
+		in, at, err := simulate.ParseRecord(l.typ, []byte(l.line))
 		if err != nil {
 			t.Fatalf("%s: %v", l.typ, err)
 		}
@@ -43,7 +44,7 @@ func TestRecordsReadAndWrite(t *testing.T) {
 		}
 		out = append(out, o...)
 	}
-	if len(out) != 1 || out[0].Type != recovery.OutputDispatch {
+	if len(out) != 1 || out[0].Type != simulate.OutputDispatch {
 		t.Fatalf("outputs %+v, want the task's dispatch", out)
 	}
 	b, err := json.Marshal(out[0])
@@ -55,17 +56,17 @@ func TestRecordsReadAndWrite(t *testing.T) {
 		t.Fatalf("dispatch record\n%s\nwant\n%s", b, want)
 	}
 	// A bad record is an error naming the field, from Step.
-	in, at, err := recovery.ParseRecord("cron_spec", []byte(`{"agent":"a","cron":"c","schedule":"sometimes"}`))
+	in, at, err := simulate.ParseRecord("cron_spec", []byte(`{"agent":"a","cron":"c","schedule":"sometimes"}`))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := sim.Step(context.Background(), in, at.Add(time.Hour)); !errors.Is(err, recovery.ErrInvalid) || !strings.Contains(err.Error(), `"schedule"`) {
 		t.Fatalf("bad schedule: %v", err)
 	}
-	if _, _, err := recovery.ParseRecord("cron_spec", []byte(`{"catchup_window":"soon"}`)); err == nil || !strings.Contains(err.Error(), "catchup_window") {
+	if _, _, err := simulate.ParseRecord("cron_spec", []byte(`{"catchup_window":"soon"}`)); err == nil || !strings.Contains(err.Error(), "catchup_window") {
 		t.Fatalf("bad duration: %v", err)
 	}
-	if _, _, err := recovery.ParseRecord("nap", []byte(`{}`)); err == nil {
+	if _, _, err := simulate.ParseRecord("nap", []byte(`{}`)); err == nil {
 		t.Fatal("unknown type accepted")
 	}
 }
