@@ -59,13 +59,13 @@ type pipeline struct {
 	errs    chan error
 }
 
-// pipelinePolicy: retries due within seconds (a retry-after up to 30 s is
+// pipelinePolicy: retries due within seconds (a retry-after up to 60 s is
 // taken as is), every notification sent (no daily budget in the way) to
 // the test's webhook.
 const pipelinePolicy = `
 retry:
   initial_delay: 1s
-  max_delay: 30s
+  max_delay: 60s
 notify:
   daily_budget: 1000000
   sinks:
@@ -204,7 +204,10 @@ func (s *sink) delivered() map[string]int {
 // errors, each its own turn, so each is retried), terminal failures (1%%)
 // and content refusals of accepted history (2%%, two per segment: the
 // first of each segment is notified). With retryAfter, every outcome is a
-// rate limit whose retry-after (15-24 s) sets when it comes due.
+// rate limit whose retry-after (45-54 s) sets when it comes due: counted
+// from the outcome's time (the scheduler decides at the outcome's time, as
+// simulate does), so it must outlast the pipeline catching up on the
+// cluster for the retries to be pending after it.
 type workload struct {
 	n, agents  int
 	retryAfter bool
@@ -215,7 +218,7 @@ func (w workload) outcome(i int) *events.Outcome {
 	o := &events.Outcome{ID: fmt.Sprintf("o-%06d", i), Agent: a, Provider: "openai", Model: "gpt", Turn: i, Step: 1, Session: "s-" + a, Segment: 1}
 	if w.retryAfter {
 		o.Status = 429
-		o.Headers = map[string]string{"retry-after": strconv.Itoa(15 + i%10)}
+		o.Headers = map[string]string{"retry-after": strconv.Itoa(45 + i%10)}
 		return o
 	}
 	switch i % 100 {

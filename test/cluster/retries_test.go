@@ -13,7 +13,7 @@ import (
 )
 
 // Retries are JetStream schedules in FAILBUS_RETRIES. With a thousand of
-// them pending (due in 15-24 s), the stream's leader is SIGKILLed: the new
+// them pending (due 45-54 s after their outcomes), the stream's leader is SIGKILLed: the new
 // leader fires each schedule once, none is lost, and none fires again when
 // the old leader comes back.
 func TestClusterRetriesLeaderKilledWithSchedulesPending(t *testing.T) {
@@ -21,6 +21,7 @@ func TestClusterRetriesLeaderKilledWithSchedulesPending(t *testing.T) {
 	start := time.Now()
 	w := workload{n: 1000, agents: 10, retryAfter: true}
 	p := startPipeline(t, 8*time.Minute)
+	published := time.Now() // the first outcome's time: its retry is due 45 s after it
 	failed := p.publish(w, 8, nil)
 
 	// Every retry decided (the scheduler caught up), so every schedule is
@@ -52,6 +53,7 @@ func TestClusterRetriesLeaderKilledWithSchedulesPending(t *testing.T) {
 	el := p.watchElections(leader)
 	p.c.Node(leader).Kill()
 	killedAt := time.Since(start)
+	killedAfter := time.Since(published)
 
 	// Back after a new leader was elected.
 	for {
@@ -78,8 +80,8 @@ func TestClusterRetriesLeaderKilledWithSchedulesPending(t *testing.T) {
 	p.settle()
 	r := p.check(w, p.count())
 	r.publishRetries = failed
-	t.Logf("retries leader: %d schedules pending when %s (leader of %s) was SIGKILLed at %s; new leader %s; restarted at %s; settled at %s",
-		pending, leader, topology.StreamRetries, killedAt.Round(time.Millisecond), newLeader,
+	t.Logf("retries leader: %d schedules pending when %s (leader of %s) was SIGKILLed at %s (%s after publishing began); new leader %s; restarted at %s; settled at %s",
+		pending, leader, topology.StreamRetries, killedAt.Round(time.Millisecond), killedAfter.Round(time.Millisecond), newLeader,
 		restartedAt.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
 	t.Logf("retries leader: %s", r)
 	t.Logf("retries leader: leader elections seen: %s", el)
