@@ -52,6 +52,30 @@ func TestScopeProfilesAndRateLimits(t *testing.T) {
 			switchTo: "p2", health: "openai:degraded openai:healthy",
 		},
 		{
+			name: "two 429s, then hours later a 503 on a never-seen profile: the rate limit is over (issue 15)",
+			seq: []scopeObs{{0, "p1", "gpt", events.ClassRateLimit, 0, ""}, {scopeSec, "p2", "gpt", events.ClassRateLimit, 0, ""},
+				{26 * time.Hour, "p3", "gpt", events.ClassServerError, 0, ""}},
+			health: "openai:degraded openai:healthy",
+		},
+		{
+			name: "a profile within the window whose latest result is no 429 ends the rate limit",
+			seq: []scopeObs{{0, "p1", "gpt", events.ClassRateLimit, 0, ""}, {scopeSec, "p2", "gpt", events.ClassRateLimit, 0, ""},
+				{2 * scopeSec, "p3", "gpt", events.ClassServerError, 0, ""}},
+			health: "openai:degraded openai:healthy",
+		},
+		{
+			name: "the profiles it counted left scope.window: a 429 on one of them alone is no provider-wide rate limit",
+			seq: []scopeObs{{0, "p1", "gpt", events.ClassRateLimit, 0, ""}, {scopeSec, "p2", "gpt", events.ClassRateLimit, 0, ""},
+				{10 * time.Minute, "p1", "gpt", events.ClassRateLimit, 0, ""}},
+			health: "openai:degraded openai:healthy",
+		},
+		{
+			name: "429s on every profile within the window keep it",
+			seq: []scopeObs{{0, "p1", "gpt", events.ClassRateLimit, 0, ""}, {scopeSec, "p2", "gpt", events.ClassRateLimit, 0, ""},
+				{2 * time.Minute, "p1", "gpt", events.ClassRateLimit, 0, ""}},
+			providerRL: true, health: "openai:degraded",
+		},
+		{
 			name:     "auth on one profile while another works: switch, and tell a human once",
 			seq:      []scopeObs{{0, "p2", "gpt", events.ClassOK, 0, ""}, {scopeSec, "p1", "gpt", events.ClassAuth, 0, ""}},
 			switchTo: "p2", notes: "normal profile-fault:openai:p1:auth:" + scopeItoa(coreT0.Add(scopeSec).UnixMilli()),
@@ -220,3 +244,32 @@ func TestProviderStateRoundTrip(t *testing.T) {
 
 // coreT0 is the virtual clock's origin in the fault-scope tests.
 var coreT0 = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+
+// A provider-wide rate limit whose every profile was given a cooldown ends
+// when the cooldowns have passed without a new 429: an outcome that comes
+// later (here a late one, older than what its profile knows) finds it over.
+func TestScopeRateLimitEndsWithItsCooldown(t *testing.T) {
+	t.Parallel()
+	cfg := DefaultConfig()
+	_, health, _, sc := scopeRun(cfg, []scopeObs{
+		{0, "p1", "gpt", events.ClassRateLimit, 2000, ""}, {scopeSec, "p2", "gpt", events.ClassRateLimit, 2000, ""},
+	})
+	if got := scopeStates(health); got != "openai:degraded" {
+		t.Fatalf("health %q, want degraded", got)
+	}
+	still := scopeObs{2 * scopeSec, "p1", "gpt", events.ClassServerError, 0, ""}.classification()
+	still.At = events.At(coreT0.Add(-time.Minute)) // older than p1's latest result: it does not replace it
+	obs := sc.Observe(still, coreT0.Add(2*scopeSec))
+	if len(obs.Health) != 0 || !obs.Verdict.ProviderRateLimited {
+		t.Fatalf("within the cooldown: health %v, verdict %+v; want still rate-limited", obs.Health, obs.Verdict)
+	}
+	late := scopeObs{10 * scopeSec, "p1", "gpt", events.ClassServerError, 0, ""}.classification()
+	late.At = events.At(coreT0.Add(-time.Minute))
+	obs = sc.Observe(late, coreT0.Add(10*scopeSec))
+	if got := scopeStates(obs.Health); got != "openai:healthy" || obs.Verdict.ProviderRateLimited {
+		t.Fatalf("after the cooldown: health %q, verdict %+v; want healthy, not rate-limited", got, obs.Verdict)
+	}
+	if !strings.Contains(obs.Health[0].Reason, "cooldown") {
+		t.Errorf("reason %q does not name the cooldown", obs.Health[0].Reason)
+	}
+}

@@ -32,8 +32,13 @@
 //   - Provider-wide rate limit: at least two profiles seen within the
 //     window, every one's latest result a 429 → health degraded, and
 //     retries wait for the cooldown (the hint, or the longest cooldown a
-//     profile was given), never switch_profile. A success clears it (health
-//     healthy).
+//     profile was given), never switch_profile. It ends (health healthy)
+//     at a success, when a profile seen within the window has a latest
+//     result other than a 429, when fewer than two profiles are left
+//     within the window (the ones it counted fell out of scope.window), or
+//     when every counted profile's cooldown (the hint of its latest 429)
+//     has passed without a new 429 — checked at each outcome of the
+//     provider, so it never stays degraded on stale evidence.
 //   - Model scope: unsupported_param or model_not_found on one model while
 //     another model of the provider has a success as its latest result →
 //     switch_model to it, with a normal notification per fault episode; when

@@ -203,8 +203,9 @@ func (s *ProviderState) Observe(cfg Config, c events.Classification, now time.Ti
 	}
 
 	s.outageTransitions(cfg, c, now, t, ok, net, &obs)
+	s.rateLimitEnd(cfg, c, now, ok && fresh, &obs)
 	if fresh {
-		s.rateLimitTransitions(cfg, c, now, ok, &obs)
+		s.rateLimitStart(cfg, c, now, &obs)
 	}
 
 	if ok {

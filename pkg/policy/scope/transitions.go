@@ -116,19 +116,63 @@ func (s *ProviderState) outageCondition(cfg Config, now time.Time) (string, bool
 		strings.Join(names, ", "), strings.Join(sortedKeys(classes), ", "), cfg.Window, n), true
 }
 
-func (s *ProviderState) rateLimitTransitions(cfg Config, c events.Classification, now time.Time, ok bool, obs *Observation) {
-	if s.Outage {
+// rateLimitEnd ends a provider-wide rate limit that is over: a success
+// (on any profile), a profile seen within the window whose latest result
+// is not a 429, fewer than two profiles left within the window (the ones
+// it counted fell out of scope.window), or every counted profile's
+// cooldown (the hint its latest 429 came with) passed without a new 429.
+// A 429 without a hint has no cooldown of its own here (its wait is the
+// retry policy's backoff): its profile ends the episode by leaving the
+// window. It runs for every outcome, also one older than what its profile
+// knows: time passing is news even when the outcome is not.
+func (s *ProviderState) rateLimitEnd(cfg Config, c events.Classification, now time.Time, ok bool, obs *Observation) {
+	if s.Outage || !s.RateLimited {
 		return
 	}
-	if s.RateLimited {
-		if ok {
-			s.RateLimited = false
-			obs.Health = append(obs.Health, s.health(now, events.HealthHealthy,
-				fmt.Sprintf("rate limit cleared: success on profile %s", displayName(c.Profile))))
+	why := ""
+	if ok {
+		why = fmt.Sprintf("rate limit cleared: success on profile %s", displayName(c.Profile))
+	} else {
+		why = s.rateLimitOver(cfg, now)
+	}
+	if why == "" {
+		return
+	}
+	s.RateLimited = false
+	obs.Health = append(obs.Health, s.health(now, events.HealthHealthy, why))
+}
+
+// rateLimitOver says why the provider-wide rate limit is over at now
+// (see rateLimitEnd), "" while it holds.
+func (s *ProviderState) rateLimitOver(cfg Config, now time.Time) string {
+	profiles := s.active(cfg, now)
+	if len(profiles) < 2 {
+		return fmt.Sprintf("rate limit over: no 429 on two profiles within scope.window %s", cfg.Window)
+	}
+	var until time.Time
+	known := true
+	for _, p := range profiles {
+		e := s.Profiles[p]
+		if e.LastOK || e.LastClass != events.ClassRateLimit {
+			return fmt.Sprintf("rate limit over: profile %s's latest result is %s", displayName(p), e.LastClass)
 		}
-		return
+		if e.CooldownUntil.Before(e.LastAt.Time) {
+			known = false // a 429 after its cooldown, without a hint
+		}
+		if e.CooldownUntil.After(until) {
+			until = e.CooldownUntil.Time
+		}
 	}
-	if c.Class != events.ClassRateLimit {
+	if known && !now.Before(until) {
+		return fmt.Sprintf("rate limit over: every profile's cooldown ended by %s without a new 429", clock(until))
+	}
+	return ""
+}
+
+// rateLimitStart begins a provider-wide rate limit: a 429 that makes every
+// profile seen within the window (at least two) rate-limited.
+func (s *ProviderState) rateLimitStart(cfg Config, c events.Classification, now time.Time, obs *Observation) {
+	if s.Outage || s.RateLimited || c.Class != events.ClassRateLimit {
 		return
 	}
 	profiles := s.active(cfg, now)
@@ -140,6 +184,9 @@ func (s *ProviderState) rateLimitTransitions(cfg Config, c events.Classification
 		if e.LastOK || e.LastClass != events.ClassRateLimit {
 			return
 		}
+	}
+	if s.rateLimitOver(cfg, now) != "" {
+		return // every cooldown already over: nothing to wait for
 	}
 	s.RateLimited = true
 	names := make([]string, len(profiles))
