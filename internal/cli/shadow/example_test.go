@@ -19,6 +19,7 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
+	defer s.Close()
 	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	for i := range 3 { // one step of one turn failing three times
 		at := events.At(t0.Add(time.Duration(i) * time.Minute))

@@ -64,6 +64,7 @@ func replay(t testing.TB, o Options, in []sim.Input) ([]*Diff, Summary) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer s.Close()
 	var diffs []*Diff
 	for _, x := range in {
 		if d := s.Step(x); d != nil {
@@ -174,6 +175,7 @@ func BenchmarkShadow(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	defer s.Close()
 	b.ResetTimer()
 	for _, x := range in {
 		s.Step(x)
