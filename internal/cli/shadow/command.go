@@ -19,7 +19,7 @@ import (
 // Command is `failbus shadow`.
 var Command = cli.Command{Name: "shadow", Summary: "audit a policy change: replay recorded history under the base and the new policy, list every decision that differs", Run: run}
 
-const usage = `--policy NEW [--base FILE] [--server URL] [--since D | --start-time T | --start-seq N] [--until T] [--input FILE|-] [--seed N]
+const usage = `--policy NEW [--base FILE] [--server URL] [--since D | --start-time T | --start-seq N] [--until T] [--end-seq N] [--input FILE|-] [--seed N]
 
 Replays the recorded history through the whole decision engine twice, on
 in-memory stores at the recorded times — under --base (default: the
@@ -33,9 +33,10 @@ retry number):
 then {"type":"summary","outcomes":N,"differ":M,"changes":{"retry→give_up":k}}.
 
 History: the outcomes and boundaries in FAILBUS_OUTCOMES (default: all of
-them; --since, --start-time or --start-seq, and --until, select a range by
-when they were stored), read with an ordered consumer that is deleted when
-done; or, with --input, simulate-format JSON Lines (a file, or - for
+them; --since, --start-time or --start-seq, and --until or --end-seq,
+select a range by when they were stored or by stream sequence; the
+summary's first_seq and last_seq say what was read), read with an
+ordered consumer that is deleted when done; or, with --input, simulate-format JSON Lines (a file, or - for
 stdin). It only reads: nothing is published and no sink is called.
 Progress goes to stderr when it is a terminal.`
 
@@ -49,6 +50,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	startTime := fs.String("start-time", "", "replay from this store time (RFC 3339)")
 	startSeq := fs.Uint64("start-seq", 0, "replay from this sequence of FAILBUS_OUTCOMES")
 	until := fs.String("until", "", "stop before this store time (RFC 3339)")
+	endSeq := fs.Uint64("end-seq", 0, "stop after this sequence of FAILBUS_OUTCOMES")
 	input := fs.String("input", "", "replay simulate-format JSON Lines from FILE (- for stdin) instead of the bus")
 	seed := fs.Uint64("seed", 1, "seed of the jitter (the same seed and history give the same output)")
 	if rest, code, done := cli.Parse(fs, args); done {
@@ -71,8 +73,10 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return cli.UsageError(fs, stderr, "--since, --start-time and --start-seq exclude each other")
 	case *since < 0:
 		return cli.UsageError(fs, stderr, "--since must be positive")
-	case *input != "" && (starts > 0 || *until != ""):
-		return cli.UsageError(fs, stderr, "--input replays a file: --since, --start-time, --start-seq and --until select bus history")
+	case *input != "" && (starts > 0 || *until != "" || *endSeq != 0):
+		return cli.UsageError(fs, stderr, "--input replays a file: --since, --start-time, --start-seq, --until and --end-seq select bus history")
+	case *endSeq != 0 && *endSeq < *startSeq:
+		return cli.UsageError(fs, stderr, "--end-seq %d is before --start-seq %d: the range is empty", *endSeq, *startSeq)
 	}
 	if *startTime != "" {
 		t, err := time.Parse(time.RFC3339Nano, *startTime)
@@ -91,7 +95,10 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if *since > 0 {
 		rng.StartTime = time.Now().Add(-*since)
 	}
-	rng.StartSeq = *startSeq
+	if !rng.Until.IsZero() && !rng.StartTime.IsZero() && !rng.StartTime.Before(rng.Until) {
+		return cli.UsageError(fs, stderr, "the range is empty: %s is not before --until %s", rng.StartTime.Format(time.RFC3339Nano), rng.Until.Format(time.RFC3339Nano))
+	}
+	rng.StartSeq, rng.EndSeq = *startSeq, *endSeq
 
 	o := Options{Seed: *seed}
 	var err error
