@@ -81,8 +81,8 @@ func TestShadowOfARangeOfBusHistory(t *testing.T) {
 
 	type want struct {
 		outcomes, differ, skipped int
-		first, last              uint64
-		ids                      []string
+		first, last               uint64
+		ids                       []string
 	}
 	seq := func(n uint64) string { return strconv.FormatUint(n, 10) }
 	ts := func(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
