@@ -7,10 +7,10 @@ package classify
 import (
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/failbus/failbus/pkg/events"
+	"github.com/failbus/failbus/pkg/policy/classify/internal/digest"
 	"github.com/failbus/failbus/pkg/policy/classify/internal/pattern"
 	"github.com/failbus/failbus/pkg/redact"
 )
@@ -209,54 +209,54 @@ func New(cfg Config) (*Classifier, error) {
 
 // textHits returns which body patterns occur in v's error text, scanning
 // it once per outcome, on first use.
-func (c *Classifier) textHits(v *view) []uint64 {
-	if !v.scanned {
+func (c *Classifier) textHits(v *digest.View) []uint64 {
+	if !v.Scanned {
 		n := c.pats.Words()
-		if cap(v.hits) < n {
-			v.hits = make([]uint64, n)
+		if cap(v.Hits) < n {
+			v.Hits = make([]uint64, n)
 		}
-		v.hits = v.hits[:n]
-		clear(v.hits)
-		c.pats.Scan(v.text, v.hits)
-		v.scanned = true
+		v.Hits = v.Hits[:n]
+		clear(v.Hits)
+		c.pats.Scan(v.Text, v.Hits)
+		v.Scanned = true
 	}
-	return v.hits
+	return v.Hits
 }
 
 // codeHits returns which rule codes v's structured codes are, looked up
 // once per outcome, on first use.
-func (c *Classifier) codeHits(v *view) []uint64 {
-	if !v.cscanned {
+func (c *Classifier) codeHits(v *digest.View) []uint64 {
+	if !v.CScanned {
 		n := (len(c.codeIDs) + 63) / 64
-		if cap(v.chits) < n {
-			v.chits = make([]uint64, n)
+		if cap(v.CHits) < n {
+			v.CHits = make([]uint64, n)
 		}
-		v.chits = v.chits[:n]
-		clear(v.chits)
-		for i := 0; i < v.ncodes; i++ {
-			sp := v.codes[i]
-			if id, ok := c.codeIDs[string(v.codeBuf[sp.lo:sp.hi])]; ok {
-				v.chits[id>>6] |= 1 << (id & 63)
+		v.CHits = v.CHits[:n]
+		clear(v.CHits)
+		for i := 0; i < v.NCodes; i++ {
+			sp := v.Codes[i]
+			if id, ok := c.codeIDs[string(v.CodeBuf[sp.Lo:sp.Hi])]; ok {
+				v.CHits[id>>6] |= 1 << (id & 63)
 			}
 		}
-		v.cscanned = true
+		v.CScanned = true
 	}
-	return v.chits
+	return v.CHits
 }
 
 // transHits is textHits for the transport error.
-func (c *Classifier) transHits(v *view) []uint64 {
-	if !v.tscanned {
+func (c *Classifier) transHits(v *digest.View) []uint64 {
+	if !v.TScanned {
 		n := c.tpats.Words()
-		if cap(v.thits) < n {
-			v.thits = make([]uint64, n)
+		if cap(v.THits) < n {
+			v.THits = make([]uint64, n)
 		}
-		v.thits = v.thits[:n]
-		clear(v.thits)
-		c.tpats.Scan(v.trans, v.thits)
-		v.tscanned = true
+		v.THits = v.THits[:n]
+		clear(v.THits)
+		c.tpats.Scan(v.Trans, v.THits)
+		v.TScanned = true
 	}
-	return v.thits
+	return v.THits
 }
 
 var defaultClassifier = func() *Classifier {
@@ -299,13 +299,13 @@ func (c *Classifier) Classify(o *events.Outcome) events.Classification {
 		c.finish(&out, events.ClassOK, RuleOK, []string{"ok"})
 		return out
 	}
-	v := getView()
-	defer putView(v)
-	v.reset(o)
+	v := digest.Get()
+	defer digest.Put(v)
+	v.Reset(o)
 
 	var ev evidence
 	ev.add(statusEvidence(v, o))
-	if v.placeholder {
+	if v.Placeholder {
 		ev.add(placeholderNote)
 	}
 	var (
@@ -314,8 +314,8 @@ func (c *Classifier) Classify(o *events.Outcome) events.Classification {
 		skipClaims bool
 	)
 	candidates := c.anyStatus
-	if v.status >= 0 && v.status < len(c.byStatus) {
-		candidates = c.byStatus[v.status]
+	if v.Status >= 0 && v.Status < len(c.byStatus) {
+		candidates = c.byStatus[v.Status]
 	}
 	have := features(o, v)
 	for _, ri := range candidates {
@@ -379,39 +379,4 @@ func (c *Classifier) finish(out *events.Classification, class, rule string, ev [
 	}
 	info, _ := events.LookupClass(class)
 	out.Class, out.Retryable, out.Scope, out.Rule, out.Evidence = class, info.Retryable, info.Scope, rule, ev
-}
-
-// checkOverflow applies the overflow evidence check to a claim by r. It
-// returns whether to reject the claim and the evidence either way.
-//
-// The request counts what the provider counts: the input and the output
-// budget it asked for (max_output_tokens). vLLM, TGI and Anthropic reject
-// input + max_tokens > window ("you requested 6616 tokens (568 in the
-// messages, 6048 in the completion)"), so a 568-token prompt is an overflow
-// the evidence confirms. A stop reason that says the window filled up is
-// the provider's count of what it generated: evidence, not a claim.
-func (c *Classifier) checkOverflow(o *events.Outcome, v *view, r *rule) (bool, string) {
-	if o.RequestTokens > 0 && o.ContextWindow > 0 {
-		need := o.RequestTokens + o.MaxOutputTokens
-		ratio := float64(need) / float64(o.ContextWindow)
-		var tokens string
-		if o.MaxOutputTokens > 0 {
-			tokens = strconv.Itoa(o.RequestTokens) + " input + " + strconv.Itoa(o.MaxOutputTokens) + " output of " +
-				strconv.Itoa(o.ContextWindow) + " tokens (" + pct(ratio) + ")"
-		} else {
-			tokens = strconv.Itoa(o.RequestTokens) + " of " + strconv.Itoa(o.ContextWindow) + " tokens (" + pct(ratio) + ")"
-		}
-		if r.stated {
-			return false, tokens
-		}
-		if ratio < c.ratio {
-			return true, tokens + ", below the overflow evidence ratio " + pct(c.ratio)
-		}
-		return false, tokens
-	}
-	if r.heuristic && len(r.upstream) > 0 && v.emptyBody && !c.emptyOverflowProvider(o.Provider) {
-		return true, "empty body from " + strconv.Quote(o.Provider) +
-			", which is not configured to report overflow that way; the upstream code can only be a guess"
-	}
-	return false, ""
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/failbus/failbus/pkg/events"
+	"github.com/failbus/failbus/pkg/policy/classify/internal/digest"
 	"github.com/failbus/failbus/pkg/policy/classify/internal/excerpt"
 	"github.com/failbus/failbus/pkg/policy/classify/internal/pattern"
 )
@@ -34,12 +35,12 @@ var statusNote = func() (t [1000]string) {
 	return t
 }()
 
-func statusEvidence(v *view, o *events.Outcome) string {
-	if v.statusFromBody && v.status < 600 {
+func statusEvidence(v *digest.View, o *events.Outcome) string {
+	if v.StatusFromBody && v.Status < 600 {
 		if o.Status == 0 {
-			return "streamed error with code " + statusNote[v.status][len("status "):]
+			return "streamed error with code " + statusNote[v.Status][len("status "):]
 		}
-		return statusNote[o.Status] + ", error code " + statusNote[v.status][len("status "):] + " in the body"
+		return statusNote[o.Status] + ", error code " + statusNote[v.Status][len("status "):] + " in the body"
 	}
 	if o.Status >= 0 && o.Status < len(statusNote) {
 		return statusNote[o.Status]
@@ -54,16 +55,16 @@ const placeholderNote = `body is a client's "status code (no body)" placeholder:
 // messageEvidence quotes what the provider (or the transport) said, short
 // and redacted: the error message of a JSON body, the <title> of an HTML
 // page, the start of a text body, or the transport error.
-func (c *Classifier) messageEvidence(o *events.Outcome, v *view, r *rule) string {
+func (c *Classifier) messageEvidence(o *events.Outcome, v *digest.View, r *rule) string {
 	transportRule := r != nil && len(r.transport) > 0 || r != nil && r.class == events.ClassTransport && o.TransportError != ""
 	switch {
 	case transportRule && o.TransportError != "":
 		return excerpt.Make("transport: ", o.TransportError, false, c.transportMayHoldSecret(o, v))
-	case v.msg.ok():
-		return excerpt.Make("message: ", v.str(v.msg), true, c.textMayHoldSecret(v))
-	case v.html && v.titleHi > v.titleLo && v.titleHi <= len(o.Body):
-		return excerpt.Make("page title: ", o.Body[v.titleLo:v.titleHi], false, c.textMayHoldSecret(v))
-	case !v.emptyBody && !v.json && !v.html:
+	case v.Msg.OK():
+		return excerpt.Make("message: ", v.Str(v.Msg), true, c.textMayHoldSecret(v))
+	case v.HTML && v.TitleHi > v.TitleLo && v.TitleHi <= len(o.Body):
+		return excerpt.Make("page title: ", o.Body[v.TitleLo:v.TitleHi], false, c.textMayHoldSecret(v))
+	case !v.EmptyBody && !v.JSON && !v.HTML:
 		return excerpt.Make("body: ", o.Body, false, c.textMayHoldSecret(v))
 	case o.TransportError != "":
 		return excerpt.Make("transport: ", o.TransportError, false, c.transportMayHoldSecret(o, v))
@@ -76,24 +77,24 @@ func (c *Classifier) messageEvidence(o *events.Outcome, v *view, r *rule) string
 // redaction trigger contains), a substring of v.text; so when the text was
 // already scanned whole and holds no trigger, Redact has nothing to do. In
 // any other case it answers true and Redact looks for itself.
-func (c *Classifier) textMayHoldSecret(v *view) bool {
-	if !v.scanned || v.textFull {
+func (c *Classifier) textMayHoldSecret(v *digest.View) bool {
+	if !v.Scanned || v.TextFull {
 		return true
 	}
 	for _, id := range c.redactIDs {
-		if pattern.Hit(v.hits, id) {
+		if pattern.Hit(v.Hits, id) {
 			return true
 		}
 	}
 	return false
 }
 
-func (c *Classifier) transportMayHoldSecret(o *events.Outcome, v *view) bool {
-	if !v.tscanned || len(o.TransportError) > maxTransport {
+func (c *Classifier) transportMayHoldSecret(o *events.Outcome, v *digest.View) bool {
+	if !v.TScanned || len(o.TransportError) > digest.MaxTransport {
 		return true
 	}
 	for _, id := range c.tredactIDs {
-		if pattern.Hit(v.thits, id) {
+		if pattern.Hit(v.THits, id) {
 			return true
 		}
 	}

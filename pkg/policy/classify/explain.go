@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/failbus/failbus/pkg/events"
+	"github.com/failbus/failbus/pkg/policy/classify/internal/digest"
 	"github.com/failbus/failbus/pkg/redact"
 )
 
@@ -41,9 +42,9 @@ func Signature(o *events.Outcome) string {
 	if o == nil {
 		return ""
 	}
-	v := getView()
-	defer putView(v)
-	v.reset(o)
+	v := digest.Get()
+	defer digest.Put(v)
+	v.Reset(o)
 	var b strings.Builder
 	switch {
 	case o.Status == 0:
@@ -52,9 +53,9 @@ func Signature(o *events.Outcome) string {
 		b.WriteString("status ")
 		b.WriteString(strconv.Itoa(o.Status))
 	}
-	if v.statusFromBody {
+	if v.StatusFromBody {
 		b.WriteString(" (code ")
-		b.WriteString(strconv.Itoa(v.status))
+		b.WriteString(strconv.Itoa(v.Status))
 		b.WriteString(" in body)")
 	}
 	if o.StopReason != "" {
@@ -66,9 +67,9 @@ func Signature(o *events.Outcome) string {
 		b.WriteString(shape(o.UpstreamCode, 32))
 	}
 	var codes []string
-	for i := 0; i < v.ncodes && len(codes) < 3; i++ {
-		c := string(v.codeBuf[v.codes[i].lo:v.codes[i].hi])
-		if _, num := status3(c); num || slices.Contains(codes, c) {
+	for i := 0; i < v.NCodes && len(codes) < 3; i++ {
+		c := string(v.CodeBuf[v.Codes[i].Lo:v.Codes[i].Hi])
+		if _, num := digest.Status3(c); num || slices.Contains(codes, c) {
 			continue
 		}
 		codes = append(codes, c)
@@ -79,15 +80,15 @@ func Signature(o *events.Outcome) string {
 	}
 	msg := ""
 	switch {
-	case v.msg.ok():
-		msg = string(appendUnescaped(nil, v.str(v.msg)))
-	case v.html && v.titleHi > v.titleLo && v.titleHi <= len(o.Body):
-		msg = "page: " + o.Body[v.titleLo:v.titleHi]
-	case !v.emptyBody && !v.json:
+	case v.Msg.OK():
+		msg = string(digest.AppendUnescaped(nil, v.Str(v.Msg)))
+	case v.HTML && v.TitleHi > v.TitleLo && v.TitleHi <= len(o.Body):
+		msg = "page: " + o.Body[v.TitleLo:v.TitleHi]
+	case !v.EmptyBody && !v.JSON:
 		msg = o.Body
 	case o.TransportError != "":
 		msg = o.TransportError
-	case v.emptyBody && o.Status != 0:
+	case v.EmptyBody && o.Status != 0:
 		msg = "(empty body)"
 	}
 	if msg != "" {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy/classify/internal/delay"
+	"github.com/failbus/failbus/pkg/policy/classify/internal/digest"
 	"github.com/failbus/failbus/pkg/policy/classify/internal/pattern"
 )
 
@@ -49,7 +50,7 @@ var hintPhrases = [...]string{
 // when there are none. Headers and structured fields are always read; the
 // body's prose only for the classes a delay applies to (rate_limit,
 // quota_exhausted, overloaded, server_error), and never in an HTML page.
-func (c *Classifier) retryHints(o *events.Outcome, v *view, class string) *events.RetryHints {
+func (c *Classifier) retryHints(o *events.Outcome, v *digest.View, class string) *events.RetryHints {
 	var (
 		should    *bool
 		afterMS   int64
@@ -80,22 +81,22 @@ func (c *Classifier) retryHints(o *events.Outcome, v *view, class string) *event
 			}
 		}
 	}
-	if !haveDelay && v.retryDelay.ok() {
-		if ms, ok := delay.Text(v.str(v.retryDelay)); ok {
+	if !haveDelay && v.RetryDelay.OK() {
+		if ms, ok := delay.Text(v.Str(v.RetryDelay)); ok {
 			afterMS, source, haveDelay = ms, HintRetryDelay, true
 		}
 	}
-	if !haveDelay && v.retryAfterSec > 0 {
-		afterMS, source, haveDelay = delay.Clamp(v.retryAfterSec*1000), HintBody, true
+	if !haveDelay && v.RetryAfterSec > 0 {
+		afterMS, source, haveDelay = delay.Clamp(v.RetryAfterSec*1000), HintBody, true
 	}
-	if !haveDelay && len(v.text) > 0 && !v.html && proseHintClass(class) {
+	if !haveDelay && len(v.Text) > 0 && !v.HTML && proseHintClass(class) {
 		hits := c.textHits(v)
 		for k, p := range hintPhrases {
 			if !pattern.Hit(hits, c.hintIDs[k]) {
 				continue
 			}
-			if i := bytes.Index(v.text, []byte(p)); i >= 0 {
-				if ms, ok := delay.Text(v.text[i+len(p):]); ok {
+			if i := bytes.Index(v.Text, []byte(p)); i >= 0 {
+				if ms, ok := delay.Text(v.Text[i+len(p):]); ok {
 					afterMS, source, haveDelay = ms, HintBody, true
 					break
 				}

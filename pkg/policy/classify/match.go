@@ -7,6 +7,7 @@ import (
 
 	"github.com/failbus/failbus/internal/ascii"
 	"github.com/failbus/failbus/pkg/events"
+	"github.com/failbus/failbus/pkg/policy/classify/internal/digest"
 	"github.com/failbus/failbus/pkg/policy/classify/internal/pattern"
 )
 
@@ -67,7 +68,7 @@ type rule struct {
 	// the evidence ratio does not overrule it.
 	stated bool
 	// when is an extra condition of a built-in rule, with note as evidence.
-	when func(o *events.Outcome, v *view) bool
+	when func(o *events.Outcome, v *digest.View) bool
 	note string
 	// need and forbid are the outcome features (feat*) the rule requires
 	// and excludes: a rule fails when need&^have != 0 or forbid&have != 0,
@@ -89,15 +90,15 @@ const (
 )
 
 // features returns the feature bits of an outcome and its view.
-func features(o *events.Outcome, v *view) uint16 {
+func features(o *events.Outcome, v *digest.View) uint16 {
 	var f uint16
 	if o.OK {
 		f |= featOK
 	}
-	if v.ncodes > 0 {
+	if v.NCodes > 0 {
 		f |= featCodes
 	}
-	if len(v.trans) > 0 {
+	if len(v.Trans) > 0 {
 		f |= featTransport
 	}
 	if o.UpstreamCode != "" {
@@ -109,13 +110,13 @@ func features(o *events.Outcome, v *view) uint16 {
 	if len(o.Headers) > 0 {
 		f |= featHeaders
 	}
-	if v.emptyBody {
+	if v.EmptyBody {
 		f |= featEmpty
 	}
-	if v.html {
+	if v.HTML {
 		f |= featHTML
 	}
-	if v.bodyError {
+	if v.BodyError {
 		f |= featBodyError
 	}
 	return f
@@ -252,7 +253,7 @@ func compileRule(r Rule) *rule {
 
 // match reports whether r fires for o, adding what it saw to ev. Cheap
 // integer checks run first, substring scans last.
-func (r *rule) match(c *Classifier, o *events.Outcome, v *view, ev *evidence) bool {
+func (r *rule) match(c *Classifier, o *events.Outcome, v *digest.View, ev *evidence) bool {
 	if o.OK && len(r.stop) == 0 {
 		return false
 	}
@@ -264,17 +265,17 @@ func (r *rule) match(c *Classifier, o *events.Outcome, v *view, ev *evidence) bo
 		return false
 	}
 	if !r.anyStatus {
-		if !r.status.has(v.status) {
+		if !r.status.has(v.Status) {
 			return false
 		}
 	}
-	if r.transportStage && v.bodyError {
+	if r.transportStage && v.BodyError {
 		return false
 	}
-	if r.empty == 1 && !v.emptyBody || r.empty == -1 && v.emptyBody {
+	if r.empty == 1 && !v.EmptyBody || r.empty == -1 && v.EmptyBody {
 		return false
 	}
-	if r.html == 1 && !v.html || r.html == -1 && v.html {
+	if r.html == 1 && !v.HTML || r.html == -1 && v.HTML {
 		return false
 	}
 	mark := ev.n
@@ -293,7 +294,7 @@ func (r *rule) match(c *Classifier, o *events.Outcome, v *view, ev *evidence) bo
 		ev.add(r.stopEv[i])
 	}
 	if len(r.codeIDs) > 0 {
-		if v.ncodes == 0 {
+		if v.NCodes == 0 {
 			return false
 		}
 		hits := c.codeHits(v)

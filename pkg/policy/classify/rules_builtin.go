@@ -2,60 +2,8 @@ package classify
 
 import (
 	"github.com/failbus/failbus/pkg/events"
+	"github.com/failbus/failbus/pkg/policy/classify/internal/digest"
 )
-
-// builtin is a built-in rule: a Rule plus the few conditions the policy
-// file cannot express.
-type builtin struct {
-	Rule
-	html          int8
-	transport     bool // transport stage: yields to an error object in the body
-	heuristic     bool
-	emptyOverflow bool
-	stated        bool // a provider's own overflow statement: no evidence ratio
-	when          func(o *events.Outcome, v *view) bool
-	note          string
-}
-
-func rl(s ...string) []string { return s }
-
-func ptrTrue() *bool { b := true; return &b }
-
-const (
-	cOK          = events.ClassOK
-	cTransport   = events.ClassTransport
-	cTimeout     = events.ClassTimeout
-	cTLS         = events.ClassTLS
-	cDNS         = events.ClassDNS
-	cRate        = events.ClassRateLimit
-	cQuota       = events.ClassQuotaExhausted
-	cOverloaded  = events.ClassOverloaded
-	cServer      = events.ClassServerError
-	cEmpty       = events.ClassEmptyResponse
-	cAuth        = events.ClassAuth
-	cBadRequest  = events.ClassBadRequest
-	cParam       = events.ClassUnsupportedParam
-	cModel       = events.ClassModelNotFound
-	cOverflow    = events.ClassContextOverflow
-	cRefusal     = events.ClassContentRefusal
-	cInvariant   = events.ClassInvariant
-	noResponse   = "0"
-	success      = "2xx"
-	anyHTTPError = "4xx"
-)
-
-// The statuses of "an unexplained 4xx": every 4xx that does not carry a
-// meaning of its own (401/402/403/407 credentials and money, 408 timeout,
-// 429 rate limit).
-// 422 is not among them: it says the request was understood and its content
-// rejected (status.422), and a client that drops the body leaves only the
-// status (Mistral's empty 422, "Error: 422 status code (no body)").
-var unexplained4xx = rl("400", "404-406", "409-413", "414-421", "423-428", "431", "451", "499")
-
-var rateLimitCodes = rl("rate_limit_exceeded", "rate_limit_error", "rate_limited", "ratelimitexceeded", "rate_limit",
-	"too_many_requests", "throttlingexception", "throttled")
-
-var overloadWords = rl("overloaded", "high demand", "over capacity", "at capacity")
 
 // builtinRules is the built-in rule table, in precedence order (see the
 // Classifier doc comment). Rule ids are public: the classifier service
@@ -144,7 +92,7 @@ var builtinRules = []builtin{
 			"peer closed connection", "server disconnected", "remoteprotocolerror", "goaway", "stream error",
 			"use of closed network connection", "no route to host", "network is unreachable", "eof", "aborted")},
 		transport: true},
-	{Rule: Rule{ID: "transport.other", Class: cTransport, Status: rl(noResponse)}, when: func(o *events.Outcome, _ *view) bool { return o.TransportError != "" },
+	{Rule: Rule{ID: "transport.other", Class: cTransport, Status: rl(noResponse)}, when: func(o *events.Outcome, _ *digest.View) bool { return o.TransportError != "" },
 		note: "transport error without a response", transport: true},
 
 	// ── 3. Structured error codes, most specific first. ──
@@ -339,7 +287,7 @@ var builtinRules = []builtin{
 	{Rule: Rule{ID: "gateway.request_too_large", Class: cBadRequest, Status: rl("413"),
 		Body: rl("request entity too large", "payload too large", "content too large")}},
 	{Rule: Rule{ID: "gateway.html_4xx", Class: cServer, Status: unexplained4xx}, html: 1,
-		when: func(_ *events.Outcome, v *view) bool { return !v.json }, note: "HTML page without an API error"},
+		when: func(_ *events.Outcome, v *digest.View) bool { return !v.JSON }, note: "HTML page without an API error"},
 
 	// ── 8. upstream_code: another library's verdict, a hint only. ──
 	{Rule: Rule{ID: "upstream.context_overflow", Class: cOverflow, UpstreamCodes: rl("CONTEXT_WINDOW_EXCEEDED",
@@ -359,7 +307,7 @@ var builtinRules = []builtin{
 
 	// ── 9. Hard evidence: the request is larger than the window. ──
 	{Rule: Rule{ID: "evidence.tokens_exceed_window", Class: cOverflow, Status: rl("400", "413", "422")},
-		when: func(o *events.Outcome, _ *view) bool {
+		when: func(o *events.Outcome, _ *digest.View) bool {
 			return o.ContextWindow > 0 && o.RequestTokens >= o.ContextWindow
 		}},
 
@@ -378,38 +326,17 @@ var builtinRules = []builtin{
 	{Rule: Rule{ID: "status.5xx", Class: cServer, Status: rl("5xx")}},
 	// An error object in a success status that nothing above explains: a
 	// stream that ended on an error event (TGI "data:{\"error\":…}").
-	{Rule: Rule{ID: "status.2xx_error", Class: cServer, Status: rl(success)}, when: func(_ *events.Outcome, v *view) bool { return v.bodyError },
+	{Rule: Rule{ID: "status.2xx_error", Class: cServer, Status: rl(success)}, when: func(_ *events.Outcome, v *digest.View) bool { return v.BodyError },
 		note: "error object in a success response"},
 	{Rule: Rule{ID: "status.4xx", Class: cBadRequest, Status: rl("4xx")}, note: "the provider stated a reason"},
-	{Rule: Rule{ID: "status.2xx_empty", Class: cEmpty, Status: rl(success)}, when: func(o *events.Outcome, v *view) bool { return v.emptyBody && o.TransportError == "" },
+	{Rule: Rule{ID: "status.2xx_empty", Class: cEmpty, Status: rl(success)}, when: func(o *events.Outcome, v *digest.View) bool { return v.EmptyBody && o.TransportError == "" },
 		note: "success status without content"},
 	// A complete JSON response without an error and without any content:
 	// Gemini candidates without parts (finishReason OTHER, or MAX_TOKENS
 	// spent on thinking), an OpenAI-style choice whose content is null.
 	{Rule: Rule{ID: "status.2xx_no_content", Class: cEmpty, Status: rl(success)},
-		when: func(o *events.Outcome, v *view) bool {
-			return v.whole && !v.bodyError && !v.hasContent && o.TransportError == ""
+		when: func(o *events.Outcome, v *digest.View) bool {
+			return v.Whole && !v.BodyError && !v.HasContent && o.TransportError == ""
 		},
 		note: "success response without content"},
-}
-
-// litellmName is a rule on LiteLLM exception names in the error text, as
-// LiteLLM writes them: "litellm.RateLimitError: …" and
-// "litellm.exceptions.RateLimitError".
-func litellmName(id, class string, names ...string) builtin {
-	var body []string
-	for _, n := range names {
-		body = append(body, "litellm."+n, "litellm.exceptions."+n)
-		if distinctiveLiteLLMName[n] {
-			body = append(body, n) // also printed bare: "ContextWindowExceededError: …"
-		}
-	}
-	return builtin{Rule: Rule{ID: id, Class: class, Body: body}}
-}
-
-// distinctiveLiteLLMName: exception names no other library uses, matched
-// without the "litellm." prefix too. RateLimitError, NotFoundError and the
-// like are also openai-python's and need the prefix.
-var distinctiveLiteLLMName = map[string]bool{
-	"ContentPolicyViolationError": true, "ContextWindowExceededError": true, "BudgetExceededError": true,
 }

@@ -1,10 +1,8 @@
-package classify
+package digest
 
 import (
 	"strings"
-	"unicode/utf8"
 
-	"github.com/failbus/failbus/internal/ascii"
 	"github.com/failbus/failbus/pkg/policy/classify/internal/delay"
 )
 
@@ -43,7 +41,7 @@ func fieldRole(key string) int {
 type walker struct {
 	s      string
 	i      int
-	v      *view
+	v      *View
 	src    int8 // span source of s: 0 body, i+1 docs[i]
 	level  int  // JSON-in-string nesting level of s
 	fields int
@@ -124,7 +122,7 @@ func (w *walker) value(depth int, key string) bool {
 			w.i++
 			switch w.s[lo:hi] {
 			case "error", "errors", "__type", "error_code", "errorType", "errorMessage", "error_message":
-				w.v.bodyError = true
+				w.v.BodyError = true
 			}
 			if !w.value(depth+1, w.s[lo:hi]) {
 				return false
@@ -197,7 +195,7 @@ func (w *walker) value(depth int, key string) bool {
 func (w *walker) markContent(end byte) {
 	w.ws()
 	if w.i < len(w.s) && w.s[w.i] != end {
-		w.v.hasContent = true
+		w.v.HasContent = true
 	}
 }
 
@@ -228,10 +226,10 @@ func (w *walker) leafString(key string, lo, hi int) {
 	raw := w.s[lo:hi]
 	v := w.v
 	if hi > lo && contentKey(key) {
-		v.hasContent = true
+		v.HasContent = true
 	}
 	if key == "retryDelay" || key == "retry_delay" {
-		v.retryDelay = span{src: w.src, lo: int32(lo), hi: int32(hi)}
+		v.RetryDelay = Span{Src: w.src, Lo: int32(lo), Hi: int32(hi)}
 		w.fields++
 		return
 	}
@@ -242,7 +240,7 @@ func (w *walker) leafString(key string, lo, hi int) {
 	w.fields++
 	if role == roleCode || role == roleBoth {
 		if key == "code" || key == "status" || key == "error_code" {
-			if n, ok := status3(raw); ok && v.jsonCode == 0 {
+			if n, ok := Status3(raw); ok && v.jsonCode == 0 {
 				v.jsonCode = n
 			}
 		}
@@ -263,7 +261,7 @@ func (w *walker) leafString(key string, lo, hi int) {
 			at = embeddedStart(raw)
 		}
 		if at >= 0 {
-			v.tmp = appendUnescaped(v.tmp[:0], raw[at:])
+			v.tmp = AppendUnescaped(v.tmp[:0], raw[at:])
 			v.docs[v.ndocs] = string(v.tmp)
 			v.ndocs++
 			inner := walker{s: v.docs[v.ndocs-1], v: v, src: int8(v.ndocs), level: w.level + 1}
@@ -275,16 +273,16 @@ func (w *walker) leafString(key string, lo, hi int) {
 					// words around the object are the wrapper's (LiteLLM's
 					// exception names, a fallback's own error after it).
 					v.addText(raw)
-					if !v.msg.ok() && isMessageKey(key) {
-						v.msg = span{src: w.src, lo: int32(lo), hi: int32(hi)}
+					if !v.Msg.OK() && isMessageKey(key) {
+						v.Msg = Span{Src: w.src, Lo: int32(lo), Hi: int32(hi)}
 					}
 				}
 				return
 			}
 		}
 	}
-	if !v.msg.ok() && isMessageKey(key) {
-		v.msg = span{src: w.src, lo: int32(lo), hi: int32(hi)}
+	if !v.Msg.OK() && isMessageKey(key) {
+		v.Msg = Span{Src: w.src, Lo: int32(lo), Hi: int32(hi)}
 	}
 	v.addText(raw)
 }
@@ -292,29 +290,14 @@ func (w *walker) leafString(key string, lo, hi int) {
 func (w *walker) leafScalar(key, tok string) {
 	switch key {
 	case "code", "status", "error_code", "status_code", "raw_status_code":
-		if n, ok := status3(tok); ok && w.v.jsonCode == 0 {
+		if n, ok := Status3(tok); ok && w.v.jsonCode == 0 {
 			w.v.jsonCode = n
 		}
 	case "retry_after", "retryAfter":
 		if ms, ok := delay.Number(tok, 1); ok && ms > 0 {
-			w.v.retryAfterSec = ms
+			w.v.RetryAfterSec = ms
 		}
 	}
-}
-
-// status3 parses a three-digit HTTP status 100..599.
-func status3(s string) (int, bool) {
-	if len(s) != 3 {
-		return 0, false
-	}
-	n := 0
-	for i := 0; i < 3; i++ {
-		if s[i] < '0' || s[i] > '9' {
-			return 0, false
-		}
-		n = n*10 + int(s[i]-'0')
-	}
-	return n, n >= 100 && n <= 599
 }
 
 func isMessageKey(key string) bool {
@@ -352,101 +335,4 @@ func looksLikeJSON(raw string) bool {
 		t = strings.TrimLeft(t[2:], " ")
 	}
 	return len(t) > 1 && (t[0] == '{' || t[0] == '[')
-}
-
-// unescapeSimple returns raw when it has no escapes (the common case for
-// codes); otherwise the first escape cuts it, which is enough for a code.
-func unescapeSimple(raw string) string {
-	if i := strings.IndexByte(raw, '\\'); i >= 0 {
-		return raw[:i]
-	}
-	return raw
-}
-
-// appendLower appends s lower-cased (ASCII).
-func appendLower(dst []byte, s string) []byte {
-	n := len(dst)
-	dst = append(dst, s...)
-	for i := n; i < len(dst); i++ {
-		dst[i] = lowerTable[dst[i]]
-	}
-	return dst
-}
-
-// lowerTable lower-cases ASCII and makes tab, CR and LF a space: a message
-// wrapped across lines ("This organization has been\ndisabled.") still
-// matches a phrase.
-var lowerTable = func() (t [256]byte) {
-	for i := range t {
-		t[i] = ascii.Lower(byte(i))
-	}
-	t['\t'], t['\r'], t['\n'] = ' ', ' ', ' '
-	return t
-}()
-
-// appendLowerUnescaped appends a raw JSON string's contents, unescaped and
-// lower-cased.
-func appendLowerUnescaped(dst []byte, raw string) []byte {
-	if strings.IndexByte(raw, '\\') < 0 {
-		return appendLower(dst, raw)
-	}
-	start := len(dst)
-	dst = appendUnescaped(dst, raw)
-	for i := start; i < len(dst); i++ {
-		dst[i] = lowerTable[dst[i]]
-	}
-	return dst
-}
-
-// appendUnescaped appends the unescaped contents of a raw JSON string.
-// Invalid escapes are copied through; it never fails.
-func appendUnescaped(dst []byte, raw string) []byte {
-	for i := 0; i < len(raw); i++ {
-		c := raw[i]
-		if c != '\\' || i+1 >= len(raw) {
-			dst = append(dst, c)
-			continue
-		}
-		i++
-		switch raw[i] {
-		case 'n':
-			dst = append(dst, '\n')
-		case 't':
-			dst = append(dst, '\t')
-		case 'r':
-			dst = append(dst, '\r')
-		case 'b', 'f':
-			dst = append(dst, ' ')
-		case 'u':
-			if i+4 < len(raw) {
-				if r, ok := hex4(raw[i+1 : i+5]); ok {
-					dst = utf8.AppendRune(dst, r)
-					i += 4
-					continue
-				}
-			}
-			dst = append(dst, 'u')
-		default: // \" \\ \/ and anything else
-			dst = append(dst, raw[i])
-		}
-	}
-	return dst
-}
-
-func hex4(s string) (rune, bool) {
-	var r rune
-	for i := 0; i < 4; i++ {
-		c := s[i]
-		switch {
-		case c >= '0' && c <= '9':
-			r = r<<4 | rune(c-'0')
-		case c >= 'a' && c <= 'f':
-			r = r<<4 | rune(c-'a'+10)
-		case c >= 'A' && c <= 'F':
-			r = r<<4 | rune(c-'A'+10)
-		default:
-			return 0, false
-		}
-	}
-	return r, true
 }

@@ -1,4 +1,9 @@
-package classify
+// Package digest reads one outcome once for the classification rules: the
+// body's error text (lower-cased, error fields only for JSON), structured
+// codes, the provider's message, retry hints in the body and the transport
+// error, in pooled buffers. Nothing in it decides a class; the rules in
+// package classify read a View.
+package digest
 
 import (
 	"bytes"
@@ -8,57 +13,57 @@ import (
 	"github.com/failbus/failbus/pkg/events"
 )
 
-// view is what the rules look at: one outcome digested once, so that no rule
+// View is what the rules look at: one outcome digested once, so that no rule
 // re-reads or re-lowercases the body. Its buffers come from a pool and are
-// reused; nothing in a view outlives one Classify call.
+// reused; nothing in a View outlives one Classify call.
 //
 // For a JSON body (also one wrapped in SSE "data:" or behind a text prefix
-// such as "Error: 400 "), text holds the lower-cased error fields only —
+// such as "Error: 400 "), Text holds the lower-cased error fields only —
 // message, type, code, status, reason, detail, raw, quota ids, … — from any
 // depth, including JSON nested inside a string (OpenRouter's
 // metadata.raw, the Gemini CLI's message). Prompt content a provider echoes
-// elsewhere in the body is therefore not matched. For any other body, text is
+// elsewhere in the body is therefore not matched. For any other body, Text is
 // the lower-cased body itself (HTML pages, plain text). Structured codes
 // (error.type, error.code, error.status, __type, reason, x-amzn-errortype) are
 // also kept apart for exact matching. Python reprs of dicts, as SDK errors
 // print them ("Error code: 429 - {'error': {…}}"), are read like JSON, and so
 // is an object behind a short prefix inside a string. Tabs and line breaks
 // in the text are spaces, so a message wrapped across lines still matches.
-type view struct {
-	status         int  // effective status (see effectiveStatus)
-	statusFromBody bool // status came from the body's error.code on a 0/2xx response
-	emptyBody      bool
-	placeholder    bool // the body is a client's "NNN status code (no body)"
-	html           bool
-	json           bool
-	bodyError      bool // the body holds an error object (key error, errors, __type, …)
-	whole          bool // the body is one complete JSON document (no SSE, no prefix)
-	hasContent     bool // the JSON holds model output: text, content, tool calls
+type View struct {
+	Status         int  // effective status (see Reset)
+	StatusFromBody bool // status came from the body's error.code on a 0/2xx response
+	EmptyBody      bool
+	Placeholder    bool // the body is a client's "NNN status code (no body)"
+	HTML           bool
+	JSON           bool
+	BodyError      bool // the body holds an error object (key error, errors, __type, …)
+	Whole          bool // the body is one complete JSON document (no SSE, no prefix)
+	HasContent     bool // the JSON holds model output: text, content, tool calls
 	fromTransport  bool // the error object came from transport_error (see digestTransport)
 
-	text     []byte   // lower-cased error text, see above
-	hits     []uint64 // body patterns found in text (Classifier.textHits)
-	scanned  bool
-	textFull bool     // text hit its size cap: it may not hold all the body
-	thits    []uint64 // transport patterns found in trans
-	chits    []uint64 // rule codes among codes
-	cscanned bool
-	tscanned bool
-	trans    []byte // lower-cased transport_error
-	codeBuf  []byte // lower-cased codes, back to back
-	codes    [maxCodes]span
-	ncodes   int
+	Text     []byte   // lower-cased error text, see above
+	Hits     []uint64 // body patterns found in text (Classifier.textHits)
+	Scanned  bool
+	TextFull bool     // text hit its size cap: it may not hold all the body
+	THits    []uint64 // transport patterns found in trans
+	CHits    []uint64 // rule codes among codes
+	CScanned bool
+	TScanned bool
+	Trans    []byte // lower-cased transport_error
+	CodeBuf  []byte // lower-cased codes, back to back
+	Codes    [maxCodes]Span
+	NCodes   int
 	tmp      []byte          // unescape scratch
 	docs     [maxDocs]string // JSON documents found inside strings
 	ndocs    int
-	msg      span // the provider's own message, for evidence
-	titleLo  int  // <title> of an HTML body, offsets into body
-	titleHi  int
+	Msg      Span // the provider's own message, for evidence
+	TitleLo  int  // <title> of an HTML body, offsets into body
+	TitleHi  int
 	body     string
 	jsonCode int // first numeric error.code in 100..599
 
-	retryDelay    span  // Google RetryInfo.retryDelay
-	retryAfterSec int64 // numeric retry_after (seconds)
+	RetryDelay    Span  // Google RetryInfo.retryDelay
+	RetryAfterSec int64 // numeric retry_after (seconds)
 }
 
 const (
@@ -67,88 +72,92 @@ const (
 	maxDocs      = 4        // embedded documents kept per outcome
 	maxTextBytes = 16 << 10 // error text examined per outcome
 	maxPageBytes = 8 << 10  // of a non-JSON body (HTML pages, text)
-	maxTransport = 4 << 10
+	MaxTransport = 4 << 10  // transport_error bytes examined
 	maxJSONDepth = 24
 )
 
-// span locates bytes in the body (src 0) or in an embedded JSON document
+// Span locates bytes in the body (src 0) or in an embedded JSON document
 // (src i+1 for docs[i]); src -1 means unset.
-type span struct {
-	src    int8
-	lo, hi int32
+type Span struct {
+	Src    int8
+	Lo, Hi int32
 }
 
-func (s span) ok() bool { return s.src >= 0 && s.hi > s.lo }
+// OK reports whether the span points at something.
+func (s Span) OK() bool { return s.Src >= 0 && s.Hi > s.Lo }
 
-var noSpan = span{src: -1}
+// NoSpan is the unset span.
+var NoSpan = Span{Src: -1}
 
 var viewPool = sync.Pool{New: func() any {
-	return &view{text: make([]byte, 0, 1024), trans: make([]byte, 0, 256), codeBuf: make([]byte, 0, 256)}
+	return &View{Text: make([]byte, 0, 1024), Trans: make([]byte, 0, 256), CodeBuf: make([]byte, 0, 256)}
 }}
 
-func getView() *view { return viewPool.Get().(*view) }
+// Get takes a View from the pool; Put returns it.
+func Get() *View { return viewPool.Get().(*View) }
 
-func putView(v *view) {
-	if cap(v.text) > 4*maxTextBytes || cap(v.trans) > 4*maxTransport {
+// Put returns v to the pool unless its buffers grew outsized.
+func Put(v *View) {
+	if cap(v.Text) > 4*maxTextBytes || cap(v.Trans) > 4*MaxTransport {
 		return // let an outsized buffer go
 	}
 	v.body = ""
 	viewPool.Put(v)
 }
 
-// reset prepares v for o.
-func (v *view) reset(o *events.Outcome) {
-	v.text = v.text[:0]
-	v.scanned, v.tscanned, v.cscanned, v.textFull = false, false, false, false
-	v.trans = v.trans[:0]
-	v.codeBuf = v.codeBuf[:0]
-	v.ncodes = 0
+// Reset prepares v for o.
+func (v *View) Reset(o *events.Outcome) {
+	v.Text = v.Text[:0]
+	v.Scanned, v.TScanned, v.CScanned, v.TextFull = false, false, false, false
+	v.Trans = v.Trans[:0]
+	v.CodeBuf = v.CodeBuf[:0]
+	v.NCodes = 0
 	for i := 0; i < v.ndocs; i++ {
 		v.docs[i] = ""
 	}
 	v.ndocs = 0
-	v.msg = noSpan
-	v.retryDelay = noSpan
-	v.retryAfterSec = 0
-	v.titleLo, v.titleHi = 0, 0
+	v.Msg = NoSpan
+	v.RetryDelay = NoSpan
+	v.RetryAfterSec = 0
+	v.TitleLo, v.TitleHi = 0, 0
 	v.jsonCode = 0
-	v.json, v.html, v.statusFromBody, v.bodyError = false, false, false, false
-	v.whole, v.hasContent, v.fromTransport = false, false, false
+	v.JSON, v.HTML, v.StatusFromBody, v.BodyError = false, false, false, false
+	v.Whole, v.HasContent, v.fromTransport = false, false, false
 	v.body = o.Body
 
 	body := strings.TrimSpace(o.Body)
-	v.placeholder = false
+	v.Placeholder = false
 	switch body {
 	case "", "{}", "[]", "null", `""`:
-		v.emptyBody = true
+		v.EmptyBody = true
 	default:
-		v.placeholder = isNoBodyPlaceholder(body)
-		v.emptyBody = v.placeholder
+		v.Placeholder = IsNoBodyPlaceholder(body)
+		v.EmptyBody = v.Placeholder
 	}
-	if !v.emptyBody {
+	if !v.EmptyBody {
 		v.digestBody(o.Body)
 	}
 	if o.TransportError != "" {
 		t := o.TransportError
-		if len(t) > maxTransport {
-			t = t[:maxTransport]
+		if len(t) > MaxTransport {
+			t = t[:MaxTransport]
 		}
-		v.trans = appendLower(v.trans, t)
-		if v.emptyBody {
+		v.Trans = appendLower(v.Trans, t)
+		if v.EmptyBody {
 			v.digestTransport(o.TransportError)
 		}
 	}
 	if s, ok := o.Headers["x-amzn-errortype"]; ok {
 		v.addCode(s, 0)
 	}
-	v.status = o.Status
+	v.Status = o.Status
 	if (o.Status == 0 || o.Status >= 200 && o.Status < 300) && v.jsonCode >= 400 {
-		v.status = v.jsonCode
-		v.statusFromBody = true
+		v.Status = v.jsonCode
+		v.StatusFromBody = true
 	}
 }
 
-// isNoBodyPlaceholder reports whether body is the text a client library
+// IsNoBodyPlaceholder reports whether body is the text a client library
 // put where the response had no body: the Stainless SDKs (openai-node,
 // anthropic-sdk-typescript, …) raise `${status} status code (no body)`, and
 // `(no status code or body)` without a status; agents that publish the
@@ -156,7 +165,7 @@ func (v *view) reset(o *events.Outcome) {
 // code (no body)"). It carries no more than an empty body does, so it is
 // classified as one: otherwise a Cerebras overflow would look explained,
 // and a gateway's empty 400 would keep an upstream_code's overflow claim.
-func isNoBodyPlaceholder(body string) bool {
+func IsNoBodyPlaceholder(body string) bool {
 	const tail = " status code (no body)"
 	if len(body) > len("Error: 400")+len(tail) {
 		return false
@@ -168,72 +177,72 @@ func isNoBodyPlaceholder(body string) bool {
 	if len(body) != 3+len(tail) || body[3:] != tail {
 		return false
 	}
-	_, ok := status3(body[:3])
+	_, ok := Status3(body[:3])
 	return ok
 }
 
 // digestBody fills text, codes and msg from a non-empty body.
-func (v *view) digestBody(body string) {
+func (v *View) digestBody(body string) {
 	trim := strings.TrimLeft(body, " \t\r\n")
 	if trim != "" && trim[0] == '<' {
-		v.html = true
+		v.HTML = true
 	}
 	start := -1
 	if trim != "" && (trim[0] == '{' || trim[0] == '[') {
 		start = len(body) - len(trim)
-	} else if !v.html {
+	} else if !v.HTML {
 		// A JSON object behind a short prefix: "Error: 400 {…}", SSE
 		// "event: error\ndata: {…}", Python's "Error code: 503 - {'error': …}".
 		if i := objectStart(body, 512); i >= 0 {
 			start = i
-			v.text = appendLower(v.text, body[:i])
+			v.Text = appendLower(v.Text, body[:i])
 		}
 	}
 	if start >= 0 {
 		w := walker{s: body, i: start, v: v}
 		ok := w.value(0, "")
-		v.json = w.fields > 0
-		v.whole = ok && start == len(body)-len(trim) && strings.TrimSpace(body[w.i:]) == ""
-		if v.json || v.whole {
+		v.JSON = w.fields > 0
+		v.Whole = ok && start == len(body)-len(trim) && strings.TrimSpace(body[w.i:]) == ""
+		if v.JSON || v.Whole {
 			return
 		}
-		v.text = v.text[:0]
+		v.Text = v.Text[:0]
 	}
 	t := body
 	if len(t) > maxPageBytes {
 		t = t[:maxPageBytes]
-		v.textFull = true
+		v.TextFull = true
 	}
-	v.text = appendLower(v.text, t)
-	if v.html {
-		if i := bytes.Index(v.text, []byte("<title>")); i >= 0 {
-			if j := bytes.Index(v.text[i:], []byte("</title>")); j > 0 {
-				v.titleLo, v.titleHi = i+len("<title>"), i+j
+	v.Text = appendLower(v.Text, t)
+	if v.HTML {
+		if i := bytes.Index(v.Text, []byte("<title>")); i >= 0 {
+			if j := bytes.Index(v.Text[i:], []byte("</title>")); j > 0 {
+				v.TitleLo, v.TitleHi = i+len("<title>"), i+j
 			}
 		}
 	}
 }
 
-// str returns the raw (still JSON-escaped) text a span points at.
-func (v *view) str(s span) string {
-	if !s.ok() {
+// Str returns the raw (still JSON-escaped) text a span points at.
+func (v *View) Str(s Span) string {
+	if !s.OK() {
 		return ""
 	}
 	doc := v.body
-	if s.src > 0 {
-		doc = v.docs[s.src-1]
+	if s.Src > 0 {
+		doc = v.docs[s.Src-1]
 	}
-	if int(s.hi) > len(doc) {
+	if int(s.Hi) > len(doc) {
 		return ""
 	}
-	return doc[s.lo:s.hi]
+	return doc[s.Lo:s.Hi]
 }
 
 // addCode records a structured code, normalised: lower case, the part after
 // a '#' (com.amazon.coral.service#ThrottlingException) and before a ':'
 // (x-amzn-errortype: ThrottlingException:http://…).
-func (v *view) addCode(raw string, _ int) {
-	if v.ncodes == maxCodes || raw == "" || len(raw) > 128 {
+func (v *View) addCode(raw string, _ int) {
+	if v.NCodes == maxCodes || raw == "" || len(raw) > 128 {
 		return
 	}
 	if i := strings.LastIndexByte(raw, '#'); i >= 0 {
@@ -246,26 +255,26 @@ func (v *view) addCode(raw string, _ int) {
 	if raw == "" {
 		return
 	}
-	lo := len(v.codeBuf)
-	v.codeBuf = appendLower(v.codeBuf, raw)
-	v.codes[v.ncodes] = span{lo: int32(lo), hi: int32(len(v.codeBuf))}
-	v.ncodes++
+	lo := len(v.CodeBuf)
+	v.CodeBuf = appendLower(v.CodeBuf, raw)
+	v.Codes[v.NCodes] = Span{Lo: int32(lo), Hi: int32(len(v.CodeBuf))}
+	v.NCodes++
 }
 
 // addText appends one field's lower-cased, unescaped value to text.
-func (v *view) addText(raw string) {
-	if len(v.text) >= maxTextBytes {
-		v.textFull = true
+func (v *View) addText(raw string) {
+	if len(v.Text) >= maxTextBytes {
+		v.TextFull = true
 		return
 	}
-	if len(v.text) > 0 {
-		v.text = append(v.text, '\n')
+	if len(v.Text) > 0 {
+		v.Text = append(v.Text, '\n')
 	}
-	if len(raw) > maxTextBytes-len(v.text) {
-		raw = raw[:maxTextBytes-len(v.text)]
-		v.textFull = true
+	if len(raw) > maxTextBytes-len(v.Text) {
+		raw = raw[:maxTextBytes-len(v.Text)]
+		v.TextFull = true
 	}
-	v.text = appendLowerUnescaped(v.text, raw)
+	v.Text = appendLowerUnescaped(v.Text, raw)
 }
 
 // objectStart returns where a JSON object (or a Python dict's repr) starts
@@ -292,17 +301,17 @@ func objectStart(s string, lim int) int {
 // streaming: {…overloaded_error…}", "SSE Error: {…}". It is the provider's
 // own error event, so it counts as the body's: its codes and message decide,
 // and transport rules yield to it as they do to an error object in a body.
-func (v *view) digestTransport(t string) {
+func (v *View) digestTransport(t string) {
 	i := objectStart(t, 512)
 	if i < 0 {
 		return
 	}
 	w := walker{s: t, i: i, v: v}
 	w.value(0, "")
-	if w.fields == 0 || !v.bodyError {
+	if w.fields == 0 || !v.BodyError {
 		// Not an error object: forget what the walk collected.
-		v.text, v.codeBuf, v.ncodes, v.msg, v.jsonCode = v.text[:0], v.codeBuf[:0], 0, noSpan, 0
-		v.retryDelay, v.retryAfterSec, v.bodyError, v.hasContent = noSpan, 0, false, false
+		v.Text, v.CodeBuf, v.NCodes, v.Msg, v.jsonCode = v.Text[:0], v.CodeBuf[:0], 0, NoSpan, 0
+		v.RetryDelay, v.RetryAfterSec, v.BodyError, v.HasContent = NoSpan, 0, false, false
 		for k := 0; k < v.ndocs; k++ {
 			v.docs[k] = ""
 		}
@@ -310,5 +319,5 @@ func (v *view) digestTransport(t string) {
 		return
 	}
 	v.body = t // spans of src 0 point into t
-	v.json, v.emptyBody, v.placeholder, v.fromTransport = true, false, false, true
+	v.JSON, v.EmptyBody, v.Placeholder, v.fromTransport = true, false, false, true
 }
