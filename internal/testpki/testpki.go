@@ -63,7 +63,7 @@ func New(t testing.TB, dir string) PKI {
 	p := PKI{Pool: x509.NewCertPool(), CAFile: filepath.Join(dir, "ca.pem")}
 	p.Pool.AddCert(ca)
 	writePEM(t, p.CAFile, "CERTIFICATE", caDER)
-	leaf := func(serial int64, usage x509.ExtKeyUsage, certFile, keyFile string) tls.Certificate {
+	leaf := func(serial int64, usage []x509.ExtKeyUsage, certFile, keyFile string) tls.Certificate {
 		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 		if err != nil {
 			t.Fatal(err)
@@ -71,7 +71,7 @@ func New(t testing.TB, dir string) PKI {
 		tmpl := &x509.Certificate{
 			SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: "failbus"},
 			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-			ExtKeyUsage: []x509.ExtKeyUsage{usage}, KeyUsage: x509.KeyUsageDigitalSignature,
+			ExtKeyUsage: usage, KeyUsage: x509.KeyUsageDigitalSignature,
 			IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, DNSNames: []string{"localhost"},
 		}
 		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
@@ -87,9 +87,12 @@ func New(t testing.TB, dir string) PKI {
 		return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 	}
 	p.ServerCertFile, p.ServerKeyFile = filepath.Join(dir, "server.pem"), filepath.Join(dir, "server-key.pem")
-	p.Server = leaf(2, x509.ExtKeyUsageServerAuth, p.ServerCertFile, p.ServerKeyFile)
+	// serverAuth and clientAuth, as docs/DEPLOY.md's openssl recipe makes
+	// it: a node presents it to clients and, dialing a route, to the
+	// other nodes.
+	p.Server = leaf(2, []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}, p.ServerCertFile, p.ServerKeyFile)
 	p.ClientCertFile, p.ClientKeyFile = filepath.Join(dir, "client.pem"), filepath.Join(dir, "client-key.pem")
-	leaf(3, x509.ExtKeyUsageClientAuth, p.ClientCertFile, p.ClientKeyFile)
+	leaf(3, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, p.ClientCertFile, p.ClientKeyFile)
 	return p
 }
 

@@ -7,8 +7,10 @@
 package deploy
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
@@ -23,6 +25,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/failbus/failbus/internal/auth"
@@ -34,6 +37,7 @@ import (
 	"github.com/failbus/failbus/internal/servicemain"
 	"github.com/failbus/failbus/internal/services"
 	"github.com/failbus/failbus/internal/testpki"
+	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/agent"
 	"github.com/failbus/failbus/pkg/events"
 )
@@ -441,6 +445,16 @@ func TestComposeTLSAsDocumented(t *testing.T) {
 			t.Fatalf("nats.conf has no %q line to uncomment", off)
 		}
 		conf = bytes.Replace(conf, []byte(off), []byte(`include "tls.conf"`), 1)
+		// Routes too, as DEPLOY.md § "Routes" says: a tls block inside
+		// cluster { } with the same three files and verify: true.
+		const cluster = "cluster {\n  name: failbus\n"
+		if !bytes.Contains(conf, []byte(cluster)) {
+			t.Fatalf("nats.conf has no %q to add the routes' tls block to", cluster)
+		}
+		routeTLS := fmt.Sprintf("  tls {\n    cert_file: %q\n    key_file: %q\n    ca_file: %q\n    verify: true\n  }\n",
+			"/etc/nats/tls/server.pem", "/etc/nats/tls/server-key.pem", "/etc/nats/tls/ca.pem")
+		conf = bytes.Replace(conf, []byte(cluster), []byte(cluster+routeTLS), 1)
+		conf = bytes.ReplaceAll(conf, []byte("/etc/nats/"), []byte(etc+"/"))
 		tlsConf, err := os.ReadFile(filepath.Join(root, "deploy", "nats", "tls.conf"))
 		if err != nil {
 			t.Fatal(err)
@@ -474,6 +488,55 @@ func TestComposeTLSAsDocumented(t *testing.T) {
 		t.Fatal(err)
 	}
 	cc.Close()
+
+	// The routes: each node's cluster port speaks TLS at once and wants
+	// a certificate from the CA (verify: true), and the three nodes form a
+	// cluster over them (the topology applies at R3, which needs every
+	// node's JetStream in one meta group).
+	for i, s := range r.servers {
+		addr := s.ClusterAddr().String()
+		if err := routeHandshake(addr, pki, false); err == nil {
+			t.Errorf("%s's route port took a TLS client without a certificate", nodes[i])
+		}
+		if err := routeHandshake(addr, pki, true); err != nil {
+			t.Errorf("%s's route port, TLS with the CA's certificate: %v", nodes[i], err)
+		}
+	}
+	admin, err := connect.Connect(connect.Options{Servers: url, Nkey: filepath.Join(r.authDir, "admin.nk"), TLSCA: pki.CAFile}, "admin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	js, err := jetstream.New(admin.Conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	r.waitHealthy(ctx) // compose's topology waits for the nodes' health checks too
+	if err := topology.Apply(ctx, js, topology.Options{Replicas: 3}); err != nil {
+		t.Fatalf("the topology at R3 over TLS routes: %v", err)
+	}
+}
+
+// routeHandshake makes a TLS connection to a route port, trusting the
+// test CA and, with cert, presenting the server's certificate as a route
+// does; a server that wants a certificate closes the connection without
+// one, which the client sees on its first read.
+func routeHandshake(addr string, pki testpki.PKI, cert bool) error {
+	cfg := &tls.Config{RootCAs: pki.Pool, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12}
+	if cert {
+		cfg.Certificates = []tls.Certificate{pki.Server}
+	}
+	c, err := tls.DialWithDialer(&net.Dialer{Timeout: 10 * time.Second}, "tcp", addr, cfg)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	// The server speaks first on a route (its INFO), after the handshake.
+	_, err = bufio.NewReader(c).ReadString('\n')
+	return err
 }
 
 // specNamed returns a new spec of the service called name.
