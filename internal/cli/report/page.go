@@ -52,8 +52,14 @@ func WriteHTML(w io.Writer, r *Report) error {
 			legend = append(legend, c)
 		}
 	}
+	var steady []string // providers with outcomes and no health change
+	for _, n := range names {
+		if r.Health[n] == nil {
+			steady = append(steady, n)
+		}
+	}
 	d := pageData{
-		R: r, Names: names, HealthNames: healthNames, Legend: legend,
+		R: r, Names: names, HealthNames: healthNames, Steady: steady, Legend: legend,
 		Period: periodText(r), Bucket: bucketLabel(r.BucketMS), Summary: summary(r, names),
 	}
 	for _, n := range names {
@@ -85,6 +91,10 @@ type pageData struct {
 	R           *Report
 	Names       []string
 	HealthNames []string
+	// Steady are the providers with outcomes and no health record in or
+	// before the period: healthy throughout (the classifier publishes a
+	// state when it changes).
+	Steady      []string
 	Legend      []string
 	Period      string
 	Bucket      string
@@ -284,6 +294,7 @@ code { font-size: 12px; background: #eef1f4; padding: 0 3px; border-radius: 3px;
 {{range $name := .HealthNames}}{{$h := index $.R.Health $name}}<tr><td>{{$name}}</td><td class="n" data-k='{{k "health" $name "outages"}}'>{{num $h.Outages}}</td><td class="n">{{ms $h.OutageMS}}</td><td class="n">{{ms $h.DegradedMS}}</td></tr>{{end}}
 </table>
 {{else}}<div class="empty">Nothing in this period: no provider changed its health state.</div>{{end}}
+{{if .Steady}}<p class="sub steady">Healthy throughout (no health change published): {{join .Steady ", "}}.</p>{{end}}
 
 <h2 id="retries">Retries</h2>
 <p class="sub">Retries the scheduler decided (each a durable delayed message), those that came due, the agents' answers, and the failures it gave up on.</p>

@@ -431,6 +431,10 @@ func TestReportOfASeededDay(t *testing.T) {
 	if n < 100 {
 		t.Errorf("only %d numbers on the page carry their JSON path", n)
 	}
+	// Providers that never changed health are named, not left out.
+	if !strings.Contains(page.String(), "Healthy throughout (no health change published): my-gateway, openai.") {
+		t.Error("the page does not say that my-gateway and openai were healthy throughout")
+	}
 	for _, want := range []string{"anthropic", "outage", "context_overflow", "seed.bad_request", "held by the budget", "sink ops after 4 attempt(s)", "confirm → kill → crons → release", "kv FAILBUS_POLICY/active"} {
 		if !strings.Contains(page.String(), html.EscapeString(want)) {
 			t.Errorf("the page does not show %q", want)

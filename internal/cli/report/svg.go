@@ -13,9 +13,11 @@ import (
 )
 
 // Colours of the classes: one hue family per kind of cause (network blues,
-// rate and quota oranges, provider-side reds, request and model greens,
-// content magenta), distinct within a family, so a reader tells a rate
-// limit from an outage at a glance.
+// rate and quota oranges, provider-side reds, the request's own faults in
+// browns, indigo, teal and olive, content magenta), distinct within a
+// family, so a reader tells a rate limit from an outage at a glance. Green
+// is ok's alone: a failure drawn green reads as a success
+// (TestClassColoursSeparate).
 var classColors = map[string]string{
 	events.ClassOK:               "#b7dfb0",
 	events.ClassTransport:        "#1f77b4",
@@ -28,9 +30,9 @@ var classColors = map[string]string{
 	events.ClassServerError:      "#8c1d1d",
 	events.ClassEmptyResponse:    "#f4a6a6",
 	events.ClassAuth:             "#8c564b",
-	events.ClassBadRequest:       "#2ca02c",
+	events.ClassBadRequest:       "#5254a3",
 	events.ClassUnsupportedParam: "#17becf",
-	events.ClassModelNotFound:    "#006d2c",
+	events.ClassModelNotFound:    "#8c6d31",
 	events.ClassContextOverflow:  "#bcbd22",
 	events.ClassContentRefusal:   "#e377c2",
 	events.ClassInvariant:        "#9467bd",
