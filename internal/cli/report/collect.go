@@ -11,6 +11,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/failbus/failbus/internal/cli"
+	"github.com/failbus/failbus/internal/cli/shadow"
 	"github.com/failbus/failbus/internal/watch"
 	_ "github.com/failbus/failbus/internal/wiretypes" // the services' own records decode typed
 	topology "github.com/failbus/failbus/jetstream"
@@ -26,6 +27,9 @@ type Options struct {
 	Progress io.Writer
 	// Now stamps the report. Defaults to time.Now.
 	Now func() time.Time
+	// Shadow, when set, replays the period's outcomes and boundaries
+	// under Shadow.New as well (Report.Shadow).
+	Shadow *ShadowOptions
 }
 
 // source is one stream read for the report, in the order they are read:
@@ -61,6 +65,14 @@ func Collect(ctx context.Context, js jetstream.JetStream, o Options) (*Report, e
 		now = o.Now
 	}
 	a := newAggregator(o.From, o.To)
+	if o.Shadow != nil {
+		sh, err := newShadowing(*o.Shadow)
+		if err != nil {
+			return nil, err
+		}
+		a.shadow = sh
+		defer sh.s.Close()
+	}
 	// Open every reader first: the total for the progress line, and one
 	// moment from which on nothing counts.
 	readers := make([]*watch.Reader, len(sources))
@@ -103,7 +115,7 @@ func Collect(ctx context.Context, js jetstream.JetStream, o Options) (*Report, e
 			if !md.Timestamp.Before(o.To) {
 				return watch.ErrStop // stored after the period: so is the rest
 			}
-			if !a.add(m, md.Timestamp) {
+			if !a.add(m, md.Sequence.Stream, md.Timestamp) {
 				a.r.Undecodable[stream]++
 			}
 			return nil
@@ -115,12 +127,16 @@ func Collect(ctx context.Context, js jetstream.JetStream, o Options) (*Report, e
 		readers[i] = nil
 	}
 	progress.Done()
-	return a.finish(now()), nil
+	r := a.finish(now())
+	if a.shadow != nil {
+		r.Shadow = a.shadow.finish()
+	}
+	return r, nil
 }
 
 // add folds one message in; false when it is not a record its subject
 // carries.
-func (a *aggregator) add(m jetstream.Msg, stored time.Time) bool {
+func (a *aggregator) add(m jetstream.Msg, seq uint64, stored time.Time) bool {
 	subject, h, data := m.Subject(), m.Headers(), m.Data()
 	v, err := events.Decode(subject, h, data)
 	if err != nil {
@@ -129,8 +145,14 @@ func (a *aggregator) add(m jetstream.Msg, stored time.Time) bool {
 	switch x := v.(type) {
 	case *events.Outcome:
 		a.outcome(x, stored)
+		if a.shadow != nil {
+			a.shadow.step(shadow.Record{Outcome: x, Seq: seq, Stored: stored})
+		}
 	case *events.Boundary:
 		a.r.Totals.Boundaries++
+		if a.shadow != nil {
+			a.shadow.step(shadow.Record{Boundary: x, Seq: seq, Stored: stored})
+		}
 	case *events.Classification:
 		a.classification(x, stored)
 	case *events.Decision:

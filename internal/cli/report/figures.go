@@ -53,6 +53,9 @@ type Report struct {
 	Undecodable map[string]int `json:"undecodable"`
 	// Notes say what the report could not read (a stream missing).
 	Notes []string `json:"notes"`
+	// Shadow is what another policy would have decided (only with
+	// --shadow).
+	Shadow *Shadow `json:"shadow,omitempty"`
 }
 
 // Totals are the counts of the period's records.
@@ -278,6 +281,7 @@ func BucketFor(d time.Duration) time.Duration {
 // aggregator folds records into a Report.
 type aggregator struct {
 	r      *Report
+	shadow *shadowing // nil unless asked for
 	from   time.Time
 	to     time.Time
 	bucket time.Duration

@@ -111,6 +111,23 @@ func k(path ...any) string {
 	return string(b)
 }
 
+// decisionText is a decision in a few words: "retry 2 after 2.3s",
+// "give_up", "–" for none.
+func decisionText(d *events.Decision) string {
+	if d == nil {
+		return "–"
+	}
+	if d.Action == events.ActionRetry {
+		delay := time.Duration(d.DelayMS) * time.Millisecond
+		text := humanDuration(delay)
+		if delay < time.Minute {
+			text = delay.Round(100 * time.Millisecond).String()
+		}
+		return fmt.Sprintf("retry %d after %s", d.Retry, text)
+	}
+	return d.Action
+}
+
 // num formats a count for people: 12345 → "12,345".
 func num(n int) string {
 	s := strconv.Itoa(n)
@@ -193,6 +210,8 @@ var page = template.Must(template.New("report").Funcs(template.FuncMap{
 		slices.SortStableFunc(keys, func(a, b string) int { return m[b] - m[a] })
 		return keys
 	},
+	"shadowProviders": func(s *Shadow) []string { return slices.Sorted(maps.Keys(s.ByProvider)) },
+	"decision":        decisionText,
 	"nonHealthy": func(h *Health) []Span {
 		var out []Span
 		for _, s := range h.Spans {
@@ -251,7 +270,7 @@ code { font-size: 12px; background: #eef1f4; padding: 0 3px; border-radius: 3px;
 <main>
 <h1>failbus report</h1>
 <p class="sub">{{.Period}} · generated {{when .R.GeneratedAt}} UTC · one bar per {{.Bucket}}</p>
-<nav><a href="#outcomes">Outcomes</a><a href="#health">Health</a><a href="#retries">Retries</a><a href="#overruled">Overruled</a><a href="#refusals">Refusals</a><a href="#notifications">Notifications</a><a href="#deadletters">Dead letters</a><a href="#recoveries">Recoveries</a><a href="#policy">Policy</a></nav>
+<nav><a href="#outcomes">Outcomes</a><a href="#health">Health</a><a href="#retries">Retries</a><a href="#overruled">Overruled</a><a href="#refusals">Refusals</a><a href="#notifications">Notifications</a><a href="#deadletters">Dead letters</a><a href="#recoveries">Recoveries</a><a href="#policy">Policy</a>{{if .R.Shadow}}<a href="#shadow">Under another policy</a>{{end}}</nav>
 <ul class="summary">{{range .Summary}}<li>{{.}}</li>{{end}}</ul>
 {{with .R.Notes}}<p class="note">{{range .}}{{.}}. {{end}}</p>{{end}}
 {{with .R.Undecodable}}<p class="note">Left out: {{range $s, $n := .}}<span data-k='{{k "undecodable" $s}}'>{{num $n}}</span> message(s) on {{$s}} {{end}}that are not the records their subjects carry (junk the services dead-lettered, see Dead letters).</p>{{end}}
@@ -366,6 +385,21 @@ code { font-size: 12px; background: #eef1f4; padding: 0 3px; border-radius: 3px;
 {{range .R.PolicyChanges}}<tr><td>{{when .At}}</td><td>{{.Kind}}</td><td><code>{{.Source}}</code></td><td><code>{{.PolicyKey}}</code></td><td class="wrap">{{.Error}}</td></tr>{{end}}
 </table>
 {{else}}<div class="empty">Nothing in this period: the scheduler's policy did not change.</div>{{end}}
+{{with .R.Shadow}}{{$s := .}}
+<h2 id="shadow">Under another policy</h2>
+<p class="sub">The period's outcomes and boundaries replayed through the decision engine twice, at their recorded times on in-memory stores, under <code>{{.Base}}</code> (base) and <code>{{.Policy}}</code>, as <code>failbus shadow</code> does over the same range (retry budgets opened before the period start again from zero). Nothing was published.</p>
+<div class="cards"><div class="card"><div class="v" data-k='{{k "shadow" "outcomes"}}'>{{num .Outcomes}}</div><div class="l">outcomes replayed</div></div><div class="card"><div class="v" data-k='{{k "shadow" "differ"}}'>{{num .Differ}}</div><div class="l">decided differently</div></div></div>
+{{if .Differ}}
+<table><tr><th>provider</th>{{range $c := byCount .Changes}}<th class="n">{{$c}}</th>{{end}}</tr>
+{{range $p := shadowProviders .}}<tr><td>{{$p}}</td>{{range $c := byCount $s.Changes}}{{with index (index $s.ByProvider $p) $c}}<td class="n" data-k='{{k "shadow" "by_provider" $p $c}}'>{{num .}}</td>{{else}}<td class="n">0</td>{{end}}{{end}}</tr>{{end}}
+<tr><td><b>all</b></td>{{range $c := byCount .Changes}}<td class="n" data-k='{{k "shadow" "changes" $c}}'>{{num (index $s.Changes $c)}}</td>{{end}}</tr>
+</table>
+<p class="note">The first {{len .Examples}} of {{num .Differ}} (<code>failbus shadow</code> lists every one):</p>
+<table><tr><th>outcome</th><th>at (UTC)</th><th>provider</th><th>agent</th><th>class</th><th>{{.Base}}</th><th>{{.Policy}}</th></tr>
+{{range .Examples}}<tr><td><code>{{.OutcomeID}}</code></td><td>{{when .At}}</td><td>{{.Provider}}</td><td>{{.Agent}}</td><td>{{.Class}}{{if .NewClass}} → {{.NewClass}}{{end}}</td><td>{{decision .Base}}</td><td>{{decision .New}}</td></tr>{{end}}
+</table>
+{{else}}<div class="empty">Nothing in this period: {{.Policy}} decides every outcome as {{.Base}} does.</div>{{end}}
+{{end}}
 </main>
 </body>
 </html>
