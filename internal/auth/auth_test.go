@@ -314,6 +314,13 @@ func lastMsg(stream, subject string) op {
 	}}
 }
 
+func streamInfo(stream string) op {
+	return op{"read the info of " + stream, func(ctx context.Context, _ *connect.Conn, js jetstream.JetStream) error {
+		_, err := js.Stream(ctx, stream)
+		return err
+	}}
+}
+
 func purge(stream, subject string) op {
 	return op{"purge " + subject + " from " + stream, func(ctx context.Context, _ *connect.Conn, js jetstream.JetStream) error {
 		s, err := js.Stream(ctx, stream)
@@ -597,6 +604,7 @@ func TestRoles(t *testing.T) {
 		publish(events.RecoverySubject("openai")), publish(events.NotifySubject("critical")),
 		publish(events.AuditSubject("notifier", "sent")), publish(events.DLQSubject("classifier")),
 		read(sOut, "failbus.outcome.>"), read(sRet, "failbus.retry.>"),
+		streamInfo(sOut), streamInfo(topology.StreamHealth), lastMsg(sDec, events.DecisionSubject("a1")),
 		fetchAck(sRet, topology.ConsumerSchedulerControl), fetchAck(sDec, topology.ConsumerRecoveryDecisions),
 		durableFor(sRet, topology.ConsumerSchedulerControl, events.RetryDueSubject("a1")),
 		kvGet(topology.BucketRefusals), kvPut(topology.BucketHeartbeats),
@@ -613,6 +621,7 @@ func TestRoles(t *testing.T) {
 			read(sDec, events.DecisionSubject(a)), read(sRet, events.RetryDueSubject(a)),
 			read(topology.StreamControl, events.ControlSubject(a)), read(topology.StreamDispatch, events.DispatchSubject(a)),
 			ownDurable(sDec, "agent-"+a+"-decisions", events.DecisionSubject(a)),
+			streamInfo(sDec), streamInfo(sRet), streamInfo(topology.StreamDispatch), streamInfo(topology.StreamControl),
 			route(),
 		}
 	}

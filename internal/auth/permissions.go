@@ -105,6 +105,12 @@ func (r Role) Permissions(pub string) (Permissions, error) {
 			return Permissions{}, fmt.Errorf("auth: role %s: no stream %s in the topology", r.Name, s)
 		}
 	}
+	for _, s := range r.Info {
+		if _, ok := streamSubjects[s]; !ok {
+			return Permissions{}, fmt.Errorf("auth: role %s: no stream %s in the topology", r.Name, s)
+		}
+		p.pub(api + "STREAM.INFO." + s)
+	}
 	for _, s := range r.Lookup {
 		p.pub(api+"STREAM.INFO."+s, api+"DIRECT.GET."+s, api+"DIRECT.GET."+s+".>", api+"STREAM.MSG.GET."+s)
 	}

@@ -72,6 +72,10 @@ type Role struct {
 	// Lookup are streams the role reads single messages of, by subject or
 	// sequence (direct get).
 	Lookup []string
+	// Info are streams whose info (configuration and counts, no message)
+	// the role may read: nats.js (the TypeScript client) reads it before
+	// it opens an ordered consumer.
+	Info []string
 	// Buckets are KV buckets the role reads and writes.
 	Buckets []string
 	// BucketsRead are KV buckets the role only reads and watches.
@@ -221,6 +225,10 @@ func Agent(name string) Role {
 			events.ControlPrefix + "." + a,
 		},
 		Request: []string{events.RefusalRouteSubject},
+		// What it reads, for the TypeScript client's ordered readers. With
+		// a subjects filter the info also lists which agents' subjects
+		// hold messages (names and counts, not contents).
+		Info: []string{topology.StreamDecisions, topology.StreamRetries, topology.StreamDispatch, topology.StreamControl},
 	}
 	if name != "*" {
 		r.Name = RoleAgent + "-" + a

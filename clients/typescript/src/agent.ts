@@ -264,7 +264,10 @@ export class Agent {
 
   private async read<T>(stream: string, subject: string, kind: string,
     decode: (subject: string, schemaHeader: string | undefined, data: Uint8Array) => T): Promise<Reader<T>> {
-    this.jsm ??= jetstreamManager(this.nc);
+    // checkAPI false: no account-info request ($JS.API.INFO), which the
+    // agent user of `failbus auth init` may not make; the consumer calls
+    // below say clearly enough when JetStream is missing.
+    this.jsm ??= jetstreamManager(this.nc, { checkAPI: false });
     return openReader<T>({
       js: this.js, jsm: await this.jsm, nc: this.nc, stream, subject, kind, agent: this.name,
       durable: this.opts.durable ? Agent.durableName(this.name, kind) : undefined,

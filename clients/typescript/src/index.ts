@@ -4,6 +4,8 @@
 // provider's stream grammar. See README.md and docs/CONTRACT.md.
 
 export { connect } from "@nats-io/transport-node";
+export { connectAs, inboxPrefixFor } from "./connect.js";
+export type { ConnectAsOptions } from "./connect.js";
 export { Agent, DURABLE_INACTIVE_THRESHOLD_MS, validateOutcome } from "./agent.js";
 export type { AgentOptions, OutcomeInput, ReportedOutcome } from "./agent.js";
 export { DURABLE_ACK_WAIT_MS } from "./reader.js";

@@ -66,7 +66,11 @@ export async function openReader<T>(o: OpenReaderOptions<T>): Promise<Reader<T>>
   try {
     if (!o.durable) {
       const c = await o.js.consumers.get(o.stream, {
-        filter_subjects: [o.subject],
+        // One subject as a string, not an array: nats.js then creates the
+        // consumer on $JS.API.CONSUMER.CREATE.<stream>.<name>.<subject>,
+        // the only form the users of `failbus auth init` may use (the
+        // filter is in the subject, so a permission can bound it).
+        filter_subjects: o.subject,
         deliver_policy: DeliverPolicy.StartTime,
         opt_start_time: o.start.toISOString(),
       });
