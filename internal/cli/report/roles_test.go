@@ -2,6 +2,8 @@ package report_test
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -12,6 +14,7 @@ import (
 	"github.com/failbus/failbus/internal/cli/dlq"
 	"github.com/failbus/failbus/internal/cli/lag"
 	"github.com/failbus/failbus/internal/cli/report"
+	"github.com/failbus/failbus/internal/cli/shadow"
 	"github.com/failbus/failbus/internal/cli/tail"
 	"github.com/failbus/failbus/internal/devbus"
 	"github.com/failbus/failbus/internal/embedded"
@@ -21,9 +24,9 @@ import (
 )
 
 // TestOperatorCommandsUnderTheirRoles: on a bus that refuses connections
-// without credentials, the operator role runs lag, report, tail and dlq
-// ls/show; dlq requeue, which publishes, is refused to it, naming the
-// permission, and runs as admin.
+// without credentials, the operator role runs lag, report (also with
+// --shadow), shadow, tail and dlq ls/show; dlq requeue, which publishes,
+// is refused to it, naming the permission, and runs as admin.
 func TestOperatorCommandsUnderTheirRoles(t *testing.T) {
 	t.Parallel()
 	set, err := auth.Init(t.TempDir(), nil)
@@ -39,7 +42,11 @@ func TestOperatorCommandsUnderTheirRoles(t *testing.T) {
 	if _, err := bus.JS.Publish(t.Context(), events.OutcomeSubject("openai", "bot"), []byte("junk")); err != nil {
 		t.Fatal(err)
 	}
-	commands := []cli.Command{lag.Command, report.Command, tail.Command, dlq.Command, decode.Command}
+	commands := []cli.Command{lag.Command, report.Command, shadow.Command, tail.Command, dlq.Command, decode.Command}
+	newPolicy := filepath.Join(t.TempDir(), "new.yaml")
+	if err := os.WriteFile(newPolicy, []byte("retry:\n  max_retries: 1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	as := func(role string, args ...string) (int, string, string) {
 		var stdout, stderr bytes.Buffer
 		args = append(args, "--server", bus.Srv.ClientURL(), "--nkey", set.Seed(role))
@@ -55,6 +62,8 @@ func TestOperatorCommandsUnderTheirRoles(t *testing.T) {
 		{"lag", "--json", "classifier"},
 		{"report", "--json", "--since", "1h"},
 		{"report", "--since", "1h"},
+		{"report", "--json", "--since", "1h", "--shadow", newPolicy},
+		{"shadow", "--policy", newPolicy},
 		{"tail", "--no-follow", "failbus.dlq.>"},
 		{"dlq", "ls"},
 		{"dlq", "show", "1"},
