@@ -20,6 +20,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -32,6 +33,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/failbus/failbus/internal/auth"
 	"github.com/failbus/failbus/internal/bustest"
@@ -41,6 +43,8 @@ import (
 	"github.com/failbus/failbus/internal/service/classifier"
 	svc "github.com/failbus/failbus/internal/service/recovery"
 	"github.com/failbus/failbus/internal/service/scheduler"
+	"github.com/failbus/failbus/internal/servicemain"
+	"github.com/failbus/failbus/internal/services"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/agent"
 	"github.com/failbus/failbus/pkg/consumer"
@@ -1040,4 +1044,171 @@ func (b *recBench) probeCount() int {
 		}
 	}
 	return n
+}
+
+// Environment of the recovery service process TestRecoveryServiceChild runs.
+const recServiceArgs = "FAILBUS_TEST_RECOVERY_SERVICE_ARGS" // flags, one per line
+
+// TestRecoveryServiceChild is not a test: it is cmd/recovery (the same
+// servicemain.Run of services.Recovery with the flags in its environment)
+// for TestRecoveryServiceUnderItsRoleKilled.
+func TestRecoveryServiceChild(t *testing.T) {
+	args := os.Getenv(recServiceArgs)
+	if args == "" {
+		t.Skip("helper process of TestRecoveryServiceUnderItsRoleKilled")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(servicemain.Run(ctx, services.Recovery(), strings.Split(args, "\n"), os.Stderr))
+}
+
+// The recovery service as operators deploy it (compose.yaml): its own
+// processes, two replicas, each connecting with the recovery user's seed
+// of `failbus auth init` and --no-apply, while the admin applied the
+// topology and the other services run under their own roles. Both answer
+// /healthz; the replica driving the checklist is SIGKILLed once the first
+// step record is stored, and the other finishes the run: the whole story's
+// commands, each exactly once, the finished run on the survivor's
+// /metrics, and no permission denied anywhere.
+func TestRecoveryServiceUnderItsRoleKilled(t *testing.T) {
+	t.Parallel()
+	set, err := auth.Init(filepath.Join(t.TempDir(), "auth"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	polYAML := recScopeYAML + "recovery:\n  drain_rate: 50\n  probe_interval: 300ms\n"
+	polFile := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(polFile, []byte(polYAML), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pol, err := policy.Parse([]byte(polYAML))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var others []servicemain.Spec
+	for _, s := range services.All() {
+		if s.Name != svc.Name {
+			others = append(others, s)
+		}
+	}
+	bus, err := devbus.Start(devbus.Options{Server: embedded.Options{ServerName: "failbus-recovery-role"}, Policy: pol, PolicyFile: polFile, Specs: others, Auth: set})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = bus.Stop() })
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	// What a killed replica held is redelivered after 1 s, not 30 s.
+	for _, name := range []string{topology.ConsumerRecovery, topology.ConsumerRecoveryHeartbeats, topology.ConsumerRecoveryReports, topology.ConsumerRecoveryTasks, topology.ConsumerRecoveryDecisions} {
+		stream, cc, _ := topology.Consumer(name)
+		cc.AckWait, cc.BackOff = time.Second, nil
+		if _, err := bus.JS.UpdateConsumer(ctx, stream, cc); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	type replica struct {
+		name, ops string
+		cmd       *exec.Cmd
+		out       *lockedBuffer
+		exited    chan struct{} // closed once it exited, with err set
+		err       error
+	}
+	start := func(name string) *replica {
+		r := &replica{name: name, ops: fmt.Sprintf("127.0.0.1:%d", freePort(t)), out: &lockedBuffer{}, exited: make(chan struct{})}
+		args := []string{"--server", bus.Srv.ClientURL(), "--nkey", set.Seed(auth.RoleRecovery), "--no-apply",
+			"--policy", polFile, "--ops-addr", r.ops, "--replica", name, "--lease", "500ms"}
+		r.cmd = exec.Command(os.Args[0], "-test.run=^TestRecoveryServiceChild$")
+		r.cmd.Env = append(os.Environ(), recServiceArgs+"="+strings.Join(args, "\n"))
+		r.cmd.Stdout, r.cmd.Stderr = r.out, r.out
+		if err := r.cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			r.err = r.cmd.Wait()
+			close(r.exited)
+		}()
+		t.Cleanup(func() {
+			_ = r.cmd.Process.Kill()
+			<-r.exited
+			if strings.Contains(r.out.String(), "permission denied") {
+				t.Errorf("replica %s was denied something:\n%s", name, r.out.String())
+			}
+		})
+		return r
+	}
+	get := func(r *replica, path string) (int, string) {
+		resp, err := http.Get("http://" + r.ops + path)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		var body bytes.Buffer
+		_, _ = body.ReadFrom(resp.Body)
+		return resp.StatusCode, body.String()
+	}
+	replicas := map[string]*replica{"replica-a": start("replica-a"), "replica-b": start("replica-b")}
+
+	ac, err := connect.Connect(connect.Options{Servers: bus.Srv.ClientURL(), Nkey: set.Seed(auth.RoleAgent)}, "agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ac.Close)
+	b := &recBench{t: t, url: bus.Srv.ClientURL(), nc: ac.Conn, ctx: ctx, js: bus.JS} // reads as admin, acts as agent
+	b.up.Store(true)
+	for _, r := range replicas {
+		b.poll("/healthz of "+r.name, func() bool {
+			select {
+			case <-r.exited:
+				t.Fatalf("replica %s exited: %v\n%s", r.name, r.err, r.out.String())
+			default:
+			}
+			code, body := get(r, "/healthz")
+			return code == http.StatusOK && strings.TrimSpace(body) == "ok"
+		})
+	}
+
+	s := b.beforeOutage()
+	s.outage()
+	b.poll("the first step record", func() bool { return len(b.records()) > 0 })
+	e, err := b.kv(topology.BucketRecovery).Get(ctx, svc.ProviderKey(recProvider))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec recovery.ProviderRecord
+	if err := msgpack.Unmarshal(e.Value(), &rec); err != nil {
+		t.Fatal(err)
+	}
+	driver := replicas[rec.Lease.Owner]
+	if driver == nil {
+		t.Fatalf("lease held by %q, not a replica", rec.Lease.Owner)
+	}
+	if b.done() {
+		t.Fatal("the checklist finished before its driver could be killed")
+	}
+	stepsBefore := len(b.records())
+	if err := driver.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	delete(replicas, driver.name)
+	b.poll("the checklist done", b.done)
+	s.check(fmt.Sprintf("recovery processes under the recovery role, driver %s SIGKILLed after %d step record(s)", driver.name, stepsBefore))
+	for _, r := range replicas {
+		code, body := get(r, "/metrics")
+		if want := `failbus_recovery_runs_total{provider="openai"} 1`; code != http.StatusOK || !strings.Contains(body, want) {
+			t.Errorf("/metrics of %s (the survivor): %d, no %s", r.name, code, want)
+		}
+	}
+	if d := append(bus.Denials(), ac.Denials()...); len(d) > 0 {
+		t.Errorf("permissions denied: %v", d)
+	}
+}
+
+func (b *recBench) kv(bucket string) jetstream.KeyValue {
+	b.t.Helper()
+	kv, err := b.js.KeyValue(b.ctx, bucket)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	return kv
 }
