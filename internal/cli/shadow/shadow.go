@@ -73,10 +73,13 @@ type Summary struct {
 	// action>"; "none" stands for no decision. A change of delay or retry
 	// number only is counted under "retry→retry".
 	Changes map[string]int `json:"changes"`
-	// Boundaries, Ticks and Routes count the other inputs replayed.
+	// Boundaries, Ticks, Routes and Recovery (heartbeats, cron and write
+	// reports, tasks: JSON Lines input only) count the other inputs
+	// replayed.
 	Boundaries int `json:"boundaries,omitempty"`
 	Ticks      int `json:"ticks,omitempty"`
 	Routes     int `json:"routes,omitempty"`
+	Recovery   int `json:"recovery,omitempty"`
 	// Errors counts inputs the engine could not use (a duplicate outcome
 	// id, a missing field), identical under both policies.
 	Errors int `json:"errors,omitempty"`
@@ -154,6 +157,10 @@ func (s *Shadow) Step(in sim.Input) *Diff {
 		s.sum.Ticks++
 	case sim.InputRoute:
 		s.sum.Routes++
+	default:
+		if in.Recovery != nil {
+			s.sum.Recovery++
+		}
 	}
 	cb, db, errb := pick(ob)
 	cn, dn, _ := pick(on)

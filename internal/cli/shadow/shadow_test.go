@@ -255,3 +255,42 @@ func TestShadowSpeedFromTheBus(t *testing.T) {
 	t.Logf("shadow of %d outcomes from the bus: %s wall (%.0f outcomes/s), %s CPU of this process (server included: it is embedded); %d differ %v",
 		n, took.Round(time.Millisecond), float64(n)/took.Seconds(), cpu.Round(time.Millisecond), sum.Differ, sum.Changes)
 }
+
+// TestShadowReplaysRecoveryRecords: simulate-format history with the
+// recovery records agents report (heartbeats, crons, writes, tasks: the
+// eight-hour story of issue 10) replays without an error, and the
+// summary counts what it replayed.
+func TestShadowReplaysRecoveryRecords(t *testing.T) {
+	path := filepath.Join("..", "..", "..", "pkg", "engine", "sim", "testdata", "recovery-8h.jsonl")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int{}
+	for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		var head struct {
+			Type string `json:"type"`
+		}
+		if err := json.Unmarshal([]byte(line), &head); err != nil {
+			t.Fatal(err)
+		}
+		want[head.Type]++
+	}
+	next := filepath.Join(t.TempDir(), "new.yaml")
+	if err := os.WriteFile(next, []byte("retry:\n  max_retries: 1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"--policy", next, "--input", path}, nil, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
+	var sum Summary
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &sum); err != nil {
+		t.Fatal(err)
+	}
+	recovery := want["heartbeat"] + want["cron_spec"] + want["cron_run"] + want["write"] + want["task"]
+	if sum.Errors != 0 || sum.Outcomes != want["outcome"] || sum.Ticks != want["tick"] || sum.Recovery != recovery || recovery == 0 {
+		t.Errorf("summary %+v; want %d outcomes, %d tick(s), %d recovery records, no error", sum, want["outcome"], want["tick"], recovery)
+	}
+}

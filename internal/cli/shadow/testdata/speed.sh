@@ -41,14 +41,22 @@ awk -v n="$N" 'BEGIN {
 			turn[a]++
 	}
 }' >"$dir/history.jsonl"
+echo "load before: $(uptime)"
 rates=""
 r=1
 while [ "$r" -le "$RUNS" ]; do
-	"$dir/failbus" shadow --base "$dir/base.yaml" --policy "$dir/new.yaml" --input "$dir/history.jsonl" | tail -n 1 >"$dir/summary.json"
+	if [ -x /usr/bin/time ]; then
+		/usr/bin/time -f "%U %S %M" -o "$dir/cpu" "$dir/failbus" shadow --base "$dir/base.yaml" --policy "$dir/new.yaml" --input "$dir/history.jsonl" | tail -n 1 >"$dir/summary.json"
+		cpu=$(awk '{ printf "%.1f s CPU (user+sys), max RSS %d MiB", $1 + $2, $3 / 1024 }' "$dir/cpu")
+	else
+		"$dir/failbus" shadow --base "$dir/base.yaml" --policy "$dir/new.yaml" --input "$dir/history.jsonl" | tail -n 1 >"$dir/summary.json"
+		cpu="CPU not measured (no /usr/bin/time)"
+	fi
 	rate=$(awk -v n="$N" '{ match($0, /"took_ms":[0-9]+/); ms = substr($0, RSTART + 10, RLENGTH - 10); printf "%.0f", n / (ms / 1000) }' "$dir/summary.json")
 	echo "run $r: $(cat "$dir/summary.json")"
-	echo "run $r: $rate outcomes/s"
+	echo "run $r: $rate outcomes/s wall; $cpu"
 	rates="$rates $rate"
 	r=$((r + 1))
 done
 echo "$rates" | tr ' ' '\n' | grep . | sort -n | awk -v n="$N" '{ v[NR] = $1 } END { m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; printf "median of %d runs: %.0f outcomes/s (%d outcomes in %.1f s)\n", NR, m, n, n / m }'
+echo "load after: $(uptime)"
