@@ -168,7 +168,8 @@ func TestShadowCommandOnJSONLines(t *testing.T) {
 }
 
 // BenchmarkShadow measures the replay alone: one op is one outcome under
-// both policies.
+// both policies (go test ./internal/cli/shadow -run X -bench Shadow
+// -benchtime 100000x -count 5; the figure to quote is outcomes/s).
 func BenchmarkShadow(b *testing.B) {
 	in := history(time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC), b.N)
 	s, err := New(Options{Base: mustPolicy(b, "retry:\n  max_retries: 10\n"), New: mustPolicy(b, "retry:\n  max_retries: 1\n")})
@@ -176,10 +177,12 @@ func BenchmarkShadow(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer s.Close()
+	b.ReportAllocs()
 	b.ResetTimer()
 	for _, x := range in {
 		s.Step(x)
 	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "outcomes/s")
 }
 
 // TestKeyedJitterDependsOnTheInputAlone: the draws of an input do not
