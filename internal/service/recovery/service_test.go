@@ -376,3 +376,81 @@ func embeddedCaughtUp(b *bundle, consumer string) (bool, error) {
 	stream, _, _ := topology.Consumer(consumer)
 	return embedded.CaughtUp(b.ctx, b.bus.JS, stream, consumer)
 }
+
+// A replica stops dead between storing a released task's dispatch and
+// writing its ledger entry, and the next replica resumes only after the
+// dispatch stream's duplicate window has forgotten that message id: the
+// dispatch is found in the stream and not sent again. Every held task is
+// dispatched exactly once — the ledger and the look-up, not the window.
+func TestServiceReleaseResumedAfterTheDedupeWindowSendsNothingTwice(t *testing.T) {
+	b := setup(t)
+	const window = 500 * time.Millisecond
+	st, err := b.bus.JS.Stream(b.ctx, topology.StreamDispatch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := st.CachedInfo().Config
+	cfg.Duplicates = window
+	if _, err := b.bus.JS.UpdateStream(b.ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	stuck := recovery.DispatchID("held-1", 1)
+	reached, release := make(chan struct{}), make(chan struct{})
+	pol := recovery.Config{DrainRate: 20}
+	b.start(svc.Options{Owner: "a", LeaseTTL: 300 * time.Millisecond, Policy: pol, CrashAt: func(point, what string) {
+		if point == recovery.HookPublished && what == stuck {
+			close(reached)
+			<-release // dead, as far as the bus can tell: no ledger entry, no lease renewal
+		}
+	}})
+	t.Cleanup(func() { close(release) }) // runs before replica a is stopped
+
+	b.health("openai", events.HealthOutage, time.Now())
+	for i := range 5 {
+		id := fmt.Sprintf("held-%d", i)
+		b.publish(events.TaskSubject("openai", "a"), &events.Task{ID: id, Agent: "a", Provider: "openai"}, id)
+	}
+	b.poll("5 tasks held", func() bool {
+		r, _, err := svcStore(b).LoadProvider(b.ctx, "openai")
+		return err == nil && r != nil && r.Queue.Held == 5
+	})
+	b.health("openai", events.HealthRecovered, time.Now())
+	b.poll("replica a stuck after storing "+stuck, func() bool {
+		select {
+		case <-reached:
+			return true
+		default:
+			return false
+		}
+	})
+	forgotten := time.Now().Add(2 * window)
+	b.poll("the duplicate window to pass", func() bool { return time.Now().After(forgotten) })
+
+	b.start(svc.Options{Owner: "b", LeaseTTL: 300 * time.Millisecond, Policy: pol})
+	b.poll("the checklist done", func() bool {
+		rs := b.records()
+		return len(rs) == len(events.Steps) && rs[len(rs)-1].Done
+	})
+	count := map[string]int{}
+	for _, d := range b.dispatches() {
+		count[fmt.Sprintf("%s#%d", d.TaskID, d.Attempt)]++
+	}
+	for i := range 5 {
+		if k := fmt.Sprintf("held-%d#1", i); count[k] != 1 {
+			t.Errorf("%s stored %d times, want once (all: %v)", k, count[k], count)
+		}
+	}
+	if r := b.records()[len(events.Steps)-1]; r.Released != 5 {
+		t.Errorf("released %d, want 5", r.Released)
+	}
+}
+
+// svcStore opens the service's store on the test's bus.
+func svcStore(b *bundle) *svc.Store {
+	b.t.Helper()
+	s, err := svc.OpenStore(b.ctx, b.bus.JS)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	return s
+}

@@ -287,6 +287,6 @@ func (c *Core) sendRedispatch(ctx context.Context, d DispatchRef, now time.Time)
 		}
 	}
 	t.Seq = d.Seq
-	_, err := c.dispatch(ctx, t, d.Attempt, d.Reason, d.At.Time, now)
+	_, err := c.dispatch(ctx, t, d.Attempt, d.Reason, d.At.Time, d.At.Time, now)
 	return err
 }

@@ -55,6 +55,17 @@ type Queue struct {
 	NextAt events.Time `msgpack:"next_at,omitempty" json:"next_at,omitzero"`
 	// Released counts tasks released since the queue last started holding.
 	Released int `msgpack:"released,omitempty" json:"released,omitempty"`
+	// Sending is the task being released, claimed before it is sent.
+	Sending *Sending `msgpack:"sending,omitempty" json:"sending,omitempty"`
+}
+
+// Sending is the held task being released: claimed in the record before
+// its dispatch is sent, cleared when the cursor moves past it.
+type Sending struct {
+	Seq uint64 `msgpack:"seq" json:"seq"`
+	// Since is when it was claimed: its dispatch may be in the stream from
+	// then on (Publisher's verifySince after a crash).
+	Since events.Time `msgpack:"since" json:"since"`
 }
 
 // ProbeState schedules outage probes: one every probe interval, the

@@ -56,7 +56,7 @@ func (c *Core) task(ctx context.Context, t events.Task, seq uint64, now time.Tim
 	if err != nil || held {
 		return err
 	}
-	_, err = c.dispatch(ctx, &StoredTask{Seq: seq, Task: t}, 1, "submitted; "+providerWords(t.Provider)+" is up", now, now)
+	_, err = c.dispatch(ctx, &StoredTask{Seq: seq, Task: t}, 1, "submitted; "+providerWords(t.Provider)+" is up", now, now, now)
 	return err
 }
 
@@ -100,13 +100,15 @@ func (c *Core) anyProviderHolding(ctx context.Context) (bool, error) {
 }
 
 // dispatch sends attempt n of a stored task (once: the ledger) at `at`,
-// and moves the task's index to that attempt. It reports whether it sent.
-func (c *Core) dispatch(ctx context.Context, t *StoredTask, attempt int, reason string, at, now time.Time) (bool, error) {
+// and moves the task's index to that attempt. plannedAt is the earliest
+// time it may have been sent before (see Core.send). It reports whether it
+// sent.
+func (c *Core) dispatch(ctx context.Context, t *StoredTask, attempt int, reason string, at, plannedAt, now time.Time) (bool, error) {
 	d := &events.Dispatch{
 		TaskID: t.Task.ID, Attempt: attempt, At: events.At(at), Agent: t.Task.Agent,
 		Provider: t.Task.Provider, Kind: t.Task.Kind, Payload: t.Task.Payload, Reason: reason,
 	}
-	sent, err := c.send(ctx, DispatchID(d.TaskID, attempt), events.DispatchSubject(d.Agent), d, at, now)
+	sent, err := c.send(ctx, DispatchID(d.TaskID, attempt), events.DispatchSubject(d.Agent), d, plannedAt, now)
 	if err != nil || !sent {
 		return sent, err
 	}
@@ -177,11 +179,22 @@ func (c *Core) drain(ctx context.Context, provider string, reason string, now ti
 			return true, nil
 		}
 		t := tasks[0]
+		if q.Sending == nil || q.Sending.Seq != t.Seq {
+			// Claim the task before sending it: a driver that resumes
+			// after a crash between send and cursor update knows since
+			// when the dispatch may be in the stream (the dedupe-window
+			// check), however the queue's times moved meanwhile.
+			q.Sending = &Sending{Seq: t.Seq, Since: events.At(now)}
+			if _, err := c.st.SaveProvider(ctx, r, rev); err != nil && !errors.Is(err, ErrConflict) {
+				return false, err
+			}
+			continue
+		}
 		due := now
 		if q.NextAt.After(now) {
 			due = q.NextAt.Time
 		}
-		sent, err := c.dispatch(ctx, &t, 1, reason, due, now)
+		sent, err := c.dispatch(ctx, &t, 1, reason, due, q.Sending.Since.Time, now)
 		if err != nil {
 			return false, err
 		}
@@ -204,6 +217,7 @@ func (c *Core) drain(ctx context.Context, provider string, reason string, now ti
 				return false, nil
 			}
 			q.Cursor = t.Seq
+			q.Sending = nil
 			q.Held = max(q.Held-1, 0)
 			if mine {
 				q.Released++
