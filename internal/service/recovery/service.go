@@ -376,7 +376,7 @@ func (s *Service) handleTask(ctx context.Context, m *consumer.Msg, _ *consumer.O
 		return consumer.DeadLetter("decode: " + err.Error())
 	}
 	t.At = s.at(t.At, m.Timestamp)
-	if err := s.core.Step(ctx, recovery.Input{Task: t, TaskSeq: m.Seq}, s.opts.Now()); err != nil {
+	if err := s.core.Step(ctx, recovery.Input{Task: t, TaskSeq: m.Seq, TaskStoredAt: m.Timestamp}, s.opts.Now()); err != nil {
 		return invalidOrErr(err)
 	}
 	s.nudge()

@@ -454,3 +454,55 @@ func svcStore(b *bundle) *svc.Store {
 	}
 	return s
 }
+
+// A replica stops dead between storing a task's dispatch (its provider up)
+// and writing its ledger entry; the task is redelivered to the next replica
+// only after the dispatch stream's duplicate window forgot the message id:
+// the dispatch is found in the stream (looked for from when the task was
+// stored) and not sent again.
+func TestServiceTaskRedeliveredAfterTheDedupeWindowIsDispatchedOnce(t *testing.T) {
+	b := setup(t)
+	const window = 500 * time.Millisecond
+	st, err := b.bus.JS.Stream(b.ctx, topology.StreamDispatch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := st.CachedInfo().Config
+	cfg.Duplicates = window
+	if _, err := b.bus.JS.UpdateStream(b.ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	stream, cc, _ := topology.Consumer(topology.ConsumerRecoveryTasks)
+	cc.AckWait, cc.BackOff = time.Second, nil // the stuck delivery comes back after 1 s
+	if _, err := b.bus.JS.UpdateConsumer(b.ctx, stream, cc); err != nil {
+		t.Fatal(err)
+	}
+	stuck := recovery.DispatchID("t-up", 1)
+	reached, release := make(chan struct{}), make(chan struct{})
+	b.start(svc.Options{Owner: "a", CrashAt: func(point, what string) {
+		if point == recovery.HookPublished && what == stuck {
+			close(reached)
+			<-release
+		}
+	}})
+	t.Cleanup(func() { close(release) })
+	b.publish(events.TaskSubject("openai", "a"), &events.Task{ID: "t-up", Agent: "a", Provider: "openai"}, "t-up")
+	b.poll("replica a stuck after storing "+stuck, func() bool {
+		select {
+		case <-reached:
+			return true
+		default:
+			return false
+		}
+	})
+	forgotten := time.Now().Add(2 * window)
+	b.poll("the duplicate window to pass", func() bool { return time.Now().After(forgotten) })
+	b.start(svc.Options{Owner: "b"})
+	b.poll("replica b's ledger entry for "+stuck, func() bool {
+		sent, err := svcStore(b).Sent(b.ctx, stuck)
+		return err == nil && sent
+	})
+	if n := len(b.dispatches()); n != 1 {
+		t.Errorf("t-up dispatched %d times, want once", n)
+	}
+}

@@ -24,7 +24,12 @@ type Input struct {
 	Write     *events.Write
 	Task      *events.Task
 	TaskSeq   uint64
-	Decision  *events.Decision
+	// TaskStoredAt is when FAILBUS_TASKS stored the task (zero: now). Its
+	// dispatch cannot be older, so a redelivery after a crash between the
+	// dispatch and its ledger entry looks for it in the stream from then
+	// on, once the duplicate window may have forgotten it.
+	TaskStoredAt time.Time
+	Decision     *events.Decision
 }
 
 // invalid wraps a validation error.
@@ -146,7 +151,11 @@ func (c *Core) Step(ctx context.Context, in Input, now time.Time) error {
 				return err
 			}
 		}
-		return c.task(ctx, t, seq, now)
+		stored := in.TaskStoredAt
+		if stored.IsZero() || stored.After(now) {
+			stored = now
+		}
+		return c.task(ctx, t, seq, stored, now)
 	}
 	return invalid("input", errors.New("empty"))
 }

@@ -9,10 +9,11 @@ import (
 	"github.com/failbus/failbus/pkg/events"
 )
 
-// task dispatches t at once (attempt 1) when its provider is up and nothing
-// of it is held, else holds it: it stays in the task stream, and the
-// provider's queue range grows to include it (rule "tasks are held").
-func (c *Core) task(ctx context.Context, t events.Task, seq uint64, now time.Time) error {
+// task dispatches t (stored in the task stream at `stored`) at once
+// (attempt 1) when its provider is up and nothing of it is held, else
+// holds it: it stays in the task stream, and the provider's queue range
+// grows to include it (rule "tasks are held").
+func (c *Core) task(ctx context.Context, t events.Task, seq uint64, stored, now time.Time) error {
 	latest, err := c.latestHealth(ctx, t.Provider)
 	if err != nil {
 		return err
@@ -56,7 +57,7 @@ func (c *Core) task(ctx context.Context, t events.Task, seq uint64, now time.Tim
 	if err != nil || held {
 		return err
 	}
-	_, err = c.dispatch(ctx, &StoredTask{Seq: seq, Task: t}, 1, "submitted; "+providerWords(t.Provider)+" is up", now, now, now)
+	_, err = c.dispatch(ctx, &StoredTask{Seq: seq, Task: t}, 1, "submitted; "+providerWords(t.Provider)+" is up", now, stored, now)
 	return err
 }
 
