@@ -121,6 +121,8 @@ func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 				fmt.Fprintf(stderr, "failbus report: --shadow-base: %v\n", err)
 				return 2
 			}
+		} else {
+			fmt.Fprintln(stderr, "failbus report: no --shadow-base: --shadow compares with the default policy (give the policy the bus ran)")
 		}
 	}
 

@@ -111,6 +111,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "failbus shadow: --base: %v\n", err)
 			return 2
 		}
+	} else {
+		fmt.Fprintln(stderr, "failbus shadow: no --base: comparing with the default policy (give --base the policy the bus ran, or the base run decides otherwise than the bus did)")
 	}
 	s, err := New(o)
 	if err != nil {
