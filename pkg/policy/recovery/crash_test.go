@@ -212,7 +212,7 @@ func TestCrashAnywhereRepeatsNothingSkipsNothing(t *testing.T) {
 	// Releasing one held task is the same few operations each time: every
 	// 7th of them is a crash point (all of them with FAILBUS_LONG_TESTS).
 	releaseFrom := f.published["recovery:dispatch:q-000:1"]
-	releaseTo := f.published["recovery:"+recovery.RecoveryID(down, t0)+":"+events.StepRelease]
+	releaseTo := f.published["recovery:"+recovery.RunID(down, t0)+":"+events.StepRelease]
 	if releaseFrom == 0 || releaseTo == 0 {
 		t.Fatal("release not seen")
 	}

@@ -10,8 +10,10 @@ import (
 // never from when it is sent: it is the command's Nats-Msg-Id and its
 // ledger key (rule 6 of the package doc).
 
-// RecoveryID is "<provider>:<outage start, epoch ms>" (CONTRACT.md).
-func RecoveryID(provider string, outageStart time.Time) string {
+// RunID is the recovery_id of the run after an outage of provider that
+// started at outageStart: "<provider>:<outage start, epoch ms>"
+// (CONTRACT.md).
+func RunID(provider string, outageStart time.Time) string {
 	return provider + ":" + strconv.FormatInt(outageStart.UnixMilli(), 10)
 }
 

@@ -176,7 +176,7 @@ func (c *Core) applyHealth(r *ProviderRecord, h events.Health) bool {
 		r.Down = true
 		if r.open() == nil {
 			r.Episodes = append(r.Episodes, Episode{
-				RecoveryID:      RecoveryID(r.Provider, h.At.Time),
+				RecoveryID:      RunID(r.Provider, h.At.Time),
 				OutageStartedAt: h.At,
 			})
 		}

@@ -149,8 +149,8 @@ func TestOutageDuringReleasePausesIt(t *testing.T) {
 		}
 	}
 	want := []string{
-		fmt.Sprintf("%s released 20", recovery.RecoveryID(down, t0)),
-		fmt.Sprintf("%s released 0", recovery.RecoveryID(down, t2)),
+		fmt.Sprintf("%s released 20", recovery.RunID(down, t0)),
+		fmt.Sprintf("%s released 0", recovery.RunID(down, t2)),
 	}
 	if fmt.Sprint(finals) != fmt.Sprint(want) {
 		t.Fatalf("final records %v, want %v", finals, want)
