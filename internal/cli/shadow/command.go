@@ -36,8 +36,9 @@ History: the outcomes and boundaries in FAILBUS_OUTCOMES (default: all of
 them; --since, --start-time or --start-seq, and --until or --end-seq,
 select a range by when they were stored or by stream sequence; the
 summary's first_seq and last_seq say what was read), read with an
-ordered consumer that is deleted when done; or, with --input, simulate-format JSON Lines (a file, or - for
-stdin). It only reads: nothing is published and no sink is called.
+ordered consumer that is deleted when done; or, with --input,
+simulate-format JSON Lines (a file, or - for stdin; recovery's records
+too). It only reads: nothing is published and no sink is called.
 Progress goes to stderr when it is a terminal.`
 
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {

@@ -6,8 +6,9 @@
 // outcome whose decision differs (action, delay, retry number) and a
 // summary of the changes by action.
 //
-// The core is a library (Shadow, Run) so tests and the report use it as
-// the command does. It only reads: the bus history through an ordered
+// The core is a library (New, Step, Summary; ReadBus reads a range of
+// the bus) so tests and `failbus report --shadow` use it as the command
+// does. It only reads: the bus history through an ordered
 // consumer that is deleted when done; nothing is published, no sink is
 // called (notifications stay records in memory).
 //
