@@ -86,3 +86,39 @@ func (e *Engine) Decide(ctx context.Context, c events.Classification, verdict sc
 	}
 	return Decided{}, fmt.Errorf("engine: decide %s: %w %d times in a row", c.OutcomeID, ErrConflict, MaxConflicts)
 }
+
+// Succeeded is the retry stage's part in a success: for an outcome without
+// turn and step, it ends the agent's open retry episode on the provider
+// and model (retry.EndEpisode: a mark appended to the budget's ledger with
+// compare-and-set), so the agent's next failure begins a new one. A
+// success with a turn or step, of a provider without a retry policy, or
+// with no open episode changes nothing and costs no write.
+func (e *Engine) Succeeded(ctx context.Context, c events.Classification, now time.Time) error {
+	if c.Class != events.ClassOK || retry.Positioned(c) || e.stores.Ledger == nil {
+		return nil
+	}
+	rp := e.Policy().RetryFor(c.Provider)
+	if rp == nil {
+		return nil
+	}
+	budget := retry.BudgetFor(c, rp).Token()
+	for range MaxConflicts {
+		latest, rev, err := e.stores.Ledger.Latest(ctx, budget)
+		if err != nil {
+			return fmt.Errorf("engine: success %s: %w", c.OutcomeID, err)
+		}
+		end := retry.EndEpisode(c, latest, now)
+		if end == nil {
+			return nil
+		}
+		err = e.stores.Ledger.Append(ctx, end, rev)
+		if errors.Is(err, ErrConflict) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("engine: success %s: %w", c.OutcomeID, err)
+		}
+		return nil
+	}
+	return fmt.Errorf("engine: success %s: %w %d times in a row", c.OutcomeID, ErrConflict, MaxConflicts)
+}

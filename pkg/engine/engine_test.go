@@ -266,3 +266,40 @@ func TestAdmitFollowsTheNotifiersRules(t *testing.T) {
 		}
 	}
 }
+
+// Issue 15, through Step (what simulate and the services run): eleven
+// 503s of an agent without turn and step, each call going through on its
+// retry, are eleven retry episodes — each gets retry 1, none give_up; a
+// redelivered success ends nothing twice.
+func TestStepRetryEpisodesWithoutTurnAndStep(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	eng, _ := newEngine(t, "")
+	now := t0
+	step := func(o *events.Outcome) engine.Effects {
+		t.Helper()
+		o.At = events.At(now)
+		fx, err := eng.Step(ctx, engine.Input{Outcome: o}, now, engine.StepOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fx
+	}
+	ids := map[string]bool{}
+	for i := range 11 {
+		fx := step(&events.Outcome{ID: fmt.Sprint("f", i), Agent: "bot3", Provider: "openai", Model: "gpt", Status: 503})
+		d := fx.Decision
+		if d == nil || d.Action != events.ActionRetry || d.Retry != 1 {
+			t.Fatalf("503 #%d: %+v, want retry 1 of its own episode", i+1, d)
+		}
+		if ids[d.RetryID] {
+			t.Fatalf("retry id %s issued twice", d.RetryID)
+		}
+		ids[d.RetryID] = true
+		now = d.DueAt.Add(time.Second) // the retry came due; the agent retried and it went through
+		ok := &events.Outcome{ID: fmt.Sprint("ok", i), Agent: "bot3", Provider: "openai", Model: "gpt", OK: true, Status: 200}
+		step(ok)
+		step(ok) // redelivered
+		now = now.Add(time.Minute)
+	}
+}

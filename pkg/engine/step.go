@@ -175,6 +175,9 @@ func (e *Engine) stepOutcome(ctx context.Context, o *events.Outcome, now time.Ti
 	}
 	switch c.Class {
 	case events.ClassOK:
+		if err := e.Succeeded(ctx, c, obs.Now); err != nil {
+			return err
+		}
 	case events.ClassContentRefusal:
 		r, err := e.Refuse(ctx, c, now)
 		if err != nil {

@@ -130,10 +130,10 @@ func TestParseOverrides(t *testing.T) {
 		},
 		{
 			name:     "provider overrides every scalar",
-			doc:      "retry:\n  providers:\n    slow: {mode: always, max_retries: 2, initial_delay: 1500ms, max_delay: 5m, jitter_ratio: 0}",
+			doc:      "retry:\n  providers:\n    slow: {mode: always, max_retries: 2, initial_delay: 1500ms, max_delay: 5m, jitter_ratio: 0, episode_idle: 20m}",
 			provider: "slow",
 			check: func(t *testing.T, r *retry.Policy) {
-				want := retry.Policy{Provider: "slow", Mode: retry.ModeAlways, MaxRetries: 2, InitialDelay: 1500 * time.Millisecond, MaxDelay: 5 * time.Minute, JitterRatio: 0}
+				want := retry.Policy{Provider: "slow", Mode: retry.ModeAlways, MaxRetries: 2, InitialDelay: 1500 * time.Millisecond, MaxDelay: 5 * time.Minute, JitterRatio: 0, EpisodeIdle: 20 * time.Minute}
 				got := *r
 				got.Retryable = nil
 				if !reflect.DeepEqual(got, want) {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -176,5 +177,46 @@ func TestSimulateFlushesPerLine(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("did not exit at end of input")
+	}
+}
+
+// Issue 15 through failbus simulate: twelve 503s of an agent without turn
+// and step, spread over two days, were retries 1-10 and then "retry budget
+// exhausted". Each now begins its own retry episode (the idle gap), and a
+// 503 after a success of the same model does too.
+func TestSimulateRetryEpisodesWithoutTurnAndStep(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2025, 3, 1, 8, 0, 0, 0, time.UTC)
+	var in strings.Builder
+	for i := range 12 {
+		at := t0.Add(time.Duration(i) * 4 * time.Hour).Format(time.RFC3339)
+		in.WriteString(`{"type":"outcome","id":"o` + strconv.Itoa(i) + `","at":"` + at + `","agent":"bot3","provider":"openai","model":"gpt","status":503}` + "\n")
+	}
+	// Then a 503, its retry going through 5 s later, and another 503.
+	late := t0.Add(50 * time.Hour)
+	in.WriteString(`{"type":"outcome","id":"x1","at":"` + late.Format(time.RFC3339) + `","agent":"bot3","provider":"openai","model":"gpt","status":503}` + "\n")
+	in.WriteString(`{"type":"outcome","id":"x2","at":"` + late.Add(5*time.Second).Format(time.RFC3339) + `","agent":"bot3","provider":"openai","model":"gpt","ok":true,"status":200}` + "\n")
+	in.WriteString(`{"type":"outcome","id":"x3","at":"` + late.Add(6*time.Second).Format(time.RFC3339) + `","agent":"bot3","provider":"openai","model":"gpt","status":503}` + "\n")
+	code, lines, stderr := runSimulateLines(t, nil, in.String())
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var got []string
+	for _, l := range lines {
+		if l["type"] != "decision" {
+			continue
+		}
+		got = append(got, l["outcome_id"].(string)+":"+l["action"].(string)+":"+strconv.Itoa(int(l["retry"].(float64))))
+		if l["outcome_id"] != "o0" && l["outcome_id"] != "x1" && !strings.Contains(l["reason"].(string), "new retry episode") {
+			t.Errorf("%s: reason %q does not say a new retry episode began", l["outcome_id"], l["reason"])
+		}
+	}
+	var want []string
+	for i := range 12 {
+		want = append(want, "o"+strconv.Itoa(i)+":retry:1")
+	}
+	want = append(want, "x1:retry:1", "x3:retry:1")
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("decisions\n%s\nwant\n%s", strings.Join(got, " "), strings.Join(want, " "))
 	}
 }

@@ -172,7 +172,7 @@ func (s *Service) ledgerAppend(ctx context.Context, e *LedgerEntry, expect uint6
 			return 0, err
 		}
 		if r.entry.OutcomeID != e.OutcomeID || r.entry.RetryID != e.RetryID ||
-			r.entry.Cancelled() != e.Cancelled() || r.entry.Started() != e.Started() {
+			r.entry.Cancelled() != e.Cancelled() || r.entry.Started() != e.Started() || r.entry.EndedBy != e.EndedBy {
 			return 0, errLedgerConflict
 		}
 	}

@@ -35,7 +35,11 @@ func (l ledgerStore) Find(ctx context.Context, budget, outcomeID string) (*retry
 
 // Append implements engine.Ledger.
 func (l ledgerStore) Append(ctx context.Context, rec *retry.Record, rev uint64) error {
-	_, err := l.s.ledgerAppend(ctx, &LedgerEntry{Record: *rec}, rev, "ledger")
+	kind := "ledger"
+	if rec.EndedBy != "" {
+		kind = "ended" // the mark a success ends a retry episode with
+	}
+	_, err := l.s.ledgerAppend(ctx, &LedgerEntry{Record: *rec}, rev, kind)
 	if errors.Is(err, errLedgerConflict) {
 		l.s.m.conflicts.Inc()
 		return engine.ErrConflict

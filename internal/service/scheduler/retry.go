@@ -35,7 +35,9 @@ func (s *Service) handleClassified(ctx context.Context, m *consumer.Msg, _ *cons
 	}
 	switch c.Class {
 	case events.ClassOK:
-		return nil // successes feed the fault scope only
+		// A success feeds the fault scope, and ends the open retry
+		// episode of an outcome without turn and step.
+		return s.eng.Succeeded(ctx, *c, obs.Now)
 	case events.ClassContentRefusal:
 		return nil // the refusal tiers decide refusals
 	}

@@ -67,6 +67,12 @@ type Config struct {
 	// JitterRatio r spreads a backoff symmetrically: delay × (1 − r + 2r·u),
 	// mean 1. Must be within [0, 1]. Defaults to 0.2.
 	JitterRatio float64 `yaml:"jitter_ratio" json:"jitter_ratio"`
+	// EpisodeIdle ends the retry episode of an outcome without turn and
+	// step: a failure this long after the episode's latest retry came due
+	// begins a new one (episode.go). Must be >= MaxDelay. Defaults to
+	// 10m. Not part of the policy key: it says when a budget starts over,
+	// not how retries are counted within one.
+	EpisodeIdle time.Duration `yaml:"episode_idle" json:"episode_idle"`
 	// RetryableAdd are classes added to the contract's default retryable
 	// set.
 	RetryableAdd []string `yaml:"retryable_add" json:"retryable_add,omitempty"`
@@ -85,6 +91,7 @@ type Override struct {
 	InitialDelay    *time.Duration `yaml:"initial_delay" json:"initial_delay,omitempty"`
 	MaxDelay        *time.Duration `yaml:"max_delay" json:"max_delay,omitempty"`
 	JitterRatio     *float64       `yaml:"jitter_ratio" json:"jitter_ratio,omitempty"`
+	EpisodeIdle     *time.Duration `yaml:"episode_idle" json:"episode_idle,omitempty"`
 	RetryableAdd    []string       `yaml:"retryable_add" json:"retryable_add,omitempty"`
 	RetryableRemove []string       `yaml:"retryable_remove" json:"retryable_remove,omitempty"`
 }
@@ -101,6 +108,8 @@ type Policy struct {
 	InitialDelay time.Duration
 	MaxDelay     time.Duration
 	JitterRatio  float64
+	// EpisodeIdle: see Config.EpisodeIdle.
+	EpisodeIdle time.Duration
 	// Retryable is the effective retryable set, sorted.
 	Retryable []string
 }
@@ -116,6 +125,7 @@ func Default() Config {
 		InitialDelay: DefaultInitialDelay,
 		MaxDelay:     DefaultMaxDelay,
 		JitterRatio:  DefaultJitterRatio,
+		EpisodeIdle:  DefaultEpisodeIdle,
 	}
 }
 
@@ -140,6 +150,7 @@ func (g Config) Resolve(provider string) *Policy {
 		InitialDelay: g.InitialDelay,
 		MaxDelay:     g.MaxDelay,
 		JitterRatio:  g.JitterRatio,
+		EpisodeIdle:  g.EpisodeIdle,
 	}
 	set := map[string]bool{}
 	for _, c := range events.Classes {
@@ -163,6 +174,9 @@ func (g Config) Resolve(provider string) *Policy {
 		}
 		if o.JitterRatio != nil {
 			r.JitterRatio = *o.JitterRatio
+		}
+		if o.EpisodeIdle != nil {
+			r.EpisodeIdle = *o.EpisodeIdle
 		}
 		applySet(set, o.RetryableAdd, o.RetryableRemove)
 	}
@@ -233,6 +247,9 @@ func (r *Policy) validate(path string) []error {
 	}
 	if r.MaxDelay < r.InitialDelay {
 		errs = append(errs, fmt.Errorf("%s.max_delay: %s is below initial_delay %s", path, r.MaxDelay, r.InitialDelay))
+	}
+	if r.EpisodeIdle < r.MaxDelay {
+		errs = append(errs, fmt.Errorf("%s.episode_idle: %s is below max_delay %s", path, r.EpisodeIdle, r.MaxDelay))
 	}
 	if !(r.JitterRatio >= 0 && r.JitterRatio <= 1) {
 		errs = append(errs, fmt.Errorf("%s.jitter_ratio: must be within [0, 1], got %v", path, r.JitterRatio))

@@ -20,7 +20,8 @@ package retry
 //  6. Mode always and a specific recovery applies → that recovery.
 //  7. Mode normal and the class is not in the retryable set → terminal.
 //  8. Budget (agent, session, turn, step, provider, policy key) exhausted →
-//     terminal.
+//     terminal. Without turn and step, the budget is the retry episode's
+//     (episode.go).
 //  9. Delay: the provider's hint (retry-after-ms, retry-after seconds or
 //     date, body hints; for a provider-wide rate limit without its own hint,
 //     the cooldown another profile was given) taken exactly, no jitter, when
@@ -75,9 +76,19 @@ type Record struct {
 	Model     string `msgpack:"model,omitempty" json:"model,omitempty"`
 	Profile   string `msgpack:"profile,omitempty" json:"profile,omitempty"`
 	PolicyKey string `msgpack:"policy_key" json:"policy_key"`
-	// Retry is the 1-based number of this retry within its budget; it is the
+	// Retry is the 1-based number of this retry within its budget (its
+	// retry episode, for an outcome without turn and step); it is the
 	// budget's count after this record.
 	Retry int `msgpack:"retry" json:"retry"`
+	// Seq is the retry's number among every retry of its ledger, across
+	// retry episodes (episode.go): the number in RetryID. 0 means Retry
+	// (the first episode, and every budget of a turn and step).
+	Seq int `msgpack:"seq,omitempty" json:"seq,omitempty"`
+	// EndedAt and EndedBy are set on the mark that ends a retry episode
+	// of an outcome without turn and step: when the success EndedBy (an
+	// outcome id) was seen.
+	EndedAt events.Time `msgpack:"ended_at,omitempty" json:"ended_at,omitzero"`
+	EndedBy string      `msgpack:"ended_by,omitempty" json:"ended_by,omitempty"`
 	// Class is the failure that caused the retry.
 	Class   string      `msgpack:"class" json:"class"`
 	DelayMS int64       `msgpack:"delay_ms" json:"delay_ms"`
@@ -225,6 +236,7 @@ func Decide(in Input) Verdict {
 	// 4. Redelivery of the outcome that made the latest record.
 	if prior != nil && prior.OutcomeID == c.OutcomeID {
 		rec := *prior
+		rec.EndedAt, rec.EndedBy = events.Time{}, ""
 		d.Action = events.ActionRetry
 		d.DelayMS, d.DueAt, d.Retry, d.RetryID = rec.DelayMS, rec.DueAt, rec.Retry, rec.RetryID
 		d.At = rec.At
@@ -245,10 +257,15 @@ func Decide(in Input) Verdict {
 	if p.Mode == ModeNormal && !p.IsRetryable(c.Class) {
 		return terminal(fmt.Sprintf("%s is not retryable under the policy", c.Class))
 	}
-	// 8. Budget.
-	done := 0
+	// 8. Budget: the step's, or for an outcome without turn and step its
+	// retry episode's (episode.go).
+	done, seq := 0, 0
+	episode := NewEpisode(c, prior, in.Now, p)
 	if prior != nil {
-		done = prior.Retry
+		seq = prior.Number()
+		if episode == "" {
+			done = prior.Retry
+		}
 	}
 	if done >= p.MaxRetries {
 		return terminal(fmt.Sprintf("retry budget exhausted: %d of %d retries used", done, p.MaxRetries))
@@ -275,7 +292,7 @@ func Decide(in Input) Verdict {
 	// 10. Retry.
 	due := in.Now.Add(delay)
 	rec := &Record{
-		RetryID:     budget.RetryID(n),
+		RetryID:     budget.RetryID(seq + 1),
 		OutcomeID:   c.OutcomeID,
 		Agent:       c.Agent,
 		Session:     c.Session,
@@ -292,11 +309,17 @@ func Decide(in Input) Verdict {
 		DueAt:       events.At(due),
 		DelaySource: source,
 	}
+	if seq+1 != n {
+		rec.Seq = seq + 1
+	}
 	what := "backoff"
 	if source != DelayBackoff {
 		what = source
 	}
 	rec.Reason = fmt.Sprintf("%s: retry %d of %d after %s (%s%s)", c.Class, n, p.MaxRetries, delay, what, note)
+	if episode != "" {
+		rec.Reason += "; " + episode
+	}
 	if sc.ProviderRateLimited {
 		rec.Reason += "; every profile of " + c.Provider + " is rate-limited: waiting for the cooldown, no profile switch"
 	}
