@@ -210,6 +210,9 @@ func (s *Service) Handle(ctx context.Context, m *consumer.Msg, _ *consumer.Outpu
 	if !ok {
 		return consumer.DeadLetterf("%s carries a %s, not a notification request", m.Subject, schemaOf(m.Value))
 	}
+	if err := notification.CheckSubject(m.Subject, *note); err != nil {
+		return consumer.DeadLetter(err.Error()) // neither severity wins (CheckSubject)
+	}
 	res, err := s.notifier.Process(ctx, notify.Request{
 		ID:           m.Stream + ":" + fmt.Sprint(m.Seq),
 		Notification: *note,

@@ -271,3 +271,36 @@ func (w lockedWriter) Write(p []byte) (int, error) {
 func zerologTo(mu *sync.Mutex, b *strings.Builder) zerolog.Logger {
 	return zerolog.New(lockedWriter{mu: mu, b: b})
 }
+
+// Issue 15: a request on failbus.notify.critical whose payload says info
+// was budgeted as info. A request whose subject and payload disagree on
+// severity is now a dead letter naming both, and nothing is sent; the
+// requests around it are delivered.
+func TestServiceDeadLettersASeverityMismatch(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	h := newHook(t)
+	b.start(t, notifier.Config{Notify: webhookPolicy(h.srv.URL, nil), Getenv: getenv})
+	b.publish(t, &events.Notification{DedupeKey: "before", Severity: events.SeverityNormal, Title: "t"})
+	n := &events.Notification{DedupeKey: "mismatch", Severity: events.SeverityInfo, Title: "t"}
+	data, hdr, err := events.Encode(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.js.PublishMsg(context.Background(), &nats.Msg{Subject: events.NotifySubject(events.SeverityCritical), Header: hdr, Data: data}); err != nil {
+		t.Fatal(err)
+	}
+	b.publish(t, &events.Notification{DedupeKey: "after", Severity: events.SeverityCritical, Title: "t"})
+	waitFor(t, "a dead letter", func() bool { return len(b.deadLetters(t)) == 1 })
+	waitFor(t, "all requests handled", func() bool {
+		ok, err := embedded.CaughtUp(context.Background(), b.js, topology.StreamNotify, topology.ConsumerNotifier)
+		return err == nil && ok
+	})
+	dl := b.deadLetters(t)[0]
+	if !strings.Contains(dl.Reason, `subject failbus.notify.critical says critical, the payload says "info"`) || dl.Subject != events.NotifySubject(events.SeverityCritical) {
+		t.Fatalf("dead letter %q on %s: want the severity mismatch named", dl.Reason, dl.Subject)
+	}
+	if k, total := h.count(); k != 2 || total != 2 {
+		t.Fatalf("%d keys, %d deliveries: want the two agreeing requests delivered, the mismatch not", k, total)
+	}
+}
