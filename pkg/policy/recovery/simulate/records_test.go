@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy/recovery"
 	"github.com/failbus/failbus/pkg/policy/recovery/simulate"
 )
@@ -69,4 +70,52 @@ func TestRecordsReadAndWrite(t *testing.T) {
 	if _, _, err := simulate.ParseRecord("nap", []byte(`{}`)); err == nil {
 		t.Fatal("unknown type accepted")
 	}
+}
+
+// Any record line, however broken, is either refused by ParseRecord or
+// folded in by the core — accepted, or refused as invalid input naming the
+// problem — and never panics or breaks the run: a good task after it is
+// still dispatched.
+func FuzzRecordThenStep(f *testing.F) {
+	f.Add("heartbeat", `{"at":"2026-03-02T00:00:00Z","agent":"a","subagent":"s","provider":"openai","interval_ms":1000}`)
+	f.Add("heartbeat", `{"agent":"a"}`)
+	f.Add("heartbeat", `{"agent":"a","subagent":"s","status":"sleeping","interval_ms":-5}`)
+	f.Add("cron_spec", `{"agent":"a","cron":"c","schedule":"@every 1ns","timezone":"Mars/Olympus"}`)
+	f.Add("cron_spec", `{"agent":"a","cron":"c","schedule":"*/0 * * * *","catchup":"most"}`)
+	f.Add("cron_spec", `{"agent":"a","cron":"c","schedule":"@every 1s","catchup_window":-1}`)
+	f.Add("cron_run", `{"agent":"a","cron":"c","scheduled_at":"9999-12-31T23:59:59Z","status":"ok"}`)
+	f.Add("write", `{"agent":"a","key":"","ok":false}`)
+	f.Add("task", `{"agent":"a","provider":"openai","payload":[[[[[]]]]]}`)
+	f.Add("task", `{"id":"","at":-1}`)
+	f.Fuzz(func(t *testing.T, typ, line string) {
+		sim, err := simulate.New(recovery.DefaultConfig())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		at := time.Date(2026, 3, 2, 0, 0, 0, 0, time.UTC)
+		in, _, err := simulate.ParseRecord(typ, []byte(line))
+		if err == nil {
+			if _, err := sim.Step(ctx, in, at); err != nil && !errors.Is(err, recovery.ErrInvalid) {
+				t.Fatalf("%s %s: an error that is not about the input: %v", typ, line, err)
+			}
+		}
+		good, _, err := simulate.ParseRecord("task", []byte(`{"id":"after-fuzz","agent":"a","provider":"p"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := sim.Step(ctx, good, at.Add(time.Second))
+		if err != nil {
+			t.Fatalf("after %s %s: %v", typ, line, err)
+		}
+		found := false
+		for _, o := range out {
+			if d, ok := o.Msg.(*events.Dispatch); ok && d.TaskID == "after-fuzz" {
+				found = true
+			}
+		}
+		if !found {
+			t.Fatalf("after %s %s: the good task was not dispatched (%d outputs)", typ, line, len(out))
+		}
+	})
 }
