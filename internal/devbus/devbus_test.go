@@ -42,7 +42,7 @@ var withUnit = regexp.MustCompile(`_(ns|us|ms|s|bytes|per_s)$`)
 
 // counts are numeric fields that count or identify things: no unit to say.
 var counts = []string{
-	"seq", "delivered", "concurrency", "replayed", "attempt", "revision", "segment",
+	"seq", "delivered", "concurrency", "max_in_flight", "replayed", "attempt", "revision", "segment",
 	"port", "conflicts", "seed", "max_deliver", "handler_deliveries", "retry", "retries",
 	"turn", "step", "status", "n", "count", "refusals", "reprobes",
 }

@@ -25,6 +25,13 @@ const (
 	// DefaultFetchWait is how long one pull request waits for messages. A
 	// shutdown waits at most this long for the outstanding pull to end.
 	DefaultFetchWait = 2 * time.Second
+	// DefaultMaxInFlight is how many inputs a runner holds at most between
+	// fetching and settling them (handlers running, outputs being stored,
+	// acks), unless the consumer's MaxAckPending is lower.
+	DefaultMaxInFlight = 256
+	// DefaultFetchBatch is how many messages one pull asks for at least
+	// (see Config.FetchBatch).
+	DefaultFetchBatch = 64
 	// DefaultDrainTimeout is how long in-flight handlers may keep running
 	// after Run's context is cancelled before their own context is.
 	DefaultDrainTimeout = 30 * time.Second
@@ -87,11 +94,31 @@ type Config struct {
 	// limit above its default takes effect only with Decode.
 	Limits events.Limits
 
-	// Concurrency is how many messages are handled at the same time.
+	// Concurrency is how many handlers run at the same time (workers).
 	// Defaults to DefaultConcurrency (1), which handles messages in stream
-	// order, apart from redeliveries. Above 1 there is no order between
-	// messages; use it only when the handler does not care.
+	// order, apart from redeliveries. Above 1 without Key there is no order
+	// between messages; with Key, messages with equal keys are handled in
+	// delivery order by one worker. A worker does not wait for its outputs
+	// to be stored (the runner does, before acknowledging), so a handler
+	// that does no I/O of its own needs few workers.
 	Concurrency int
+
+	// Key, when set, routes each message to a lane: messages with equal
+	// keys go to the same worker, in delivery order, so a handler whose
+	// state is per key (a budget, a provider, a segment) never races itself
+	// on it within one process. It is called on the pull's goroutine with
+	// the message before decoding (Value is nil): keep it cheap, and
+	// never block. Defaults to nil: any free worker takes any message.
+	Key func(m *Msg) string
+
+	// MaxInFlight bounds the inputs held between fetching and settling:
+	// waiting for a worker, being handled, outputs being stored. The
+	// runner stores a handled input's outputs with async publishes and
+	// acknowledges it once every one is stored, without holding up its
+	// worker, so this is the pipeline's window. It is further bounded by
+	// the consumer's MaxAckPending, which is the backpressure. Defaults to
+	// DefaultMaxInFlight (256).
+	MaxInFlight int
 
 	// MaxDeliver is the last delivery on which the handler runs: a message
 	// whose handler still fails then (an error or Retry) is dead-lettered
@@ -114,10 +141,12 @@ type Config struct {
 	// its own delay instead.
 	Backoff []time.Duration
 
-	// FetchBatch is how many messages one pull request asks for. Defaults
-	// to Concurrency. Fetched messages wait for a free handler while their
-	// AckWait runs, so keep FetchBatch × handler time well below the
-	// consumer's AckWait; raise it for many fast handlers.
+	// FetchBatch is how many messages one pull request asks for at most;
+	// a pull never asks for more than the window (MaxInFlight) has room
+	// for. Defaults to the larger of Concurrency and DefaultFetchBatch
+	// (64), capped at MaxInFlight. Fetched messages wait for a free handler
+	// while their AckWait runs, so keep MaxInFlight × handler time /
+	// Concurrency well below the consumer's AckWait.
 	FetchBatch int
 
 	// FetchWait is how long one pull request waits for messages before the
@@ -190,10 +219,16 @@ func (c Config) resolve() (Config, error) {
 	}
 	c.Backoff = append([]time.Duration(nil), c.Backoff...)
 	switch {
+	case c.MaxInFlight < 0:
+		return bad("MaxInFlight %d: must be positive (0 selects %d)", c.MaxInFlight, DefaultMaxInFlight)
+	case c.MaxInFlight == 0:
+		c.MaxInFlight = DefaultMaxInFlight
+	}
+	switch {
 	case c.FetchBatch < 0:
-		return bad("FetchBatch %d: must be positive (0 selects Concurrency)", c.FetchBatch)
+		return bad("FetchBatch %d: must be positive (0 selects max(Concurrency, %d))", c.FetchBatch, DefaultFetchBatch)
 	case c.FetchBatch == 0:
-		c.FetchBatch = c.Concurrency
+		c.FetchBatch = min(max(c.Concurrency, DefaultFetchBatch), c.MaxInFlight)
 	}
 	switch {
 	case c.FetchWait < 0:

@@ -5,6 +5,13 @@
 //
 // The runner does the parts that are easy to get wrong:
 //
+//   - It is a pipeline: it fetches in batches, runs Concurrency handlers at
+//     once (messages with equal Config.Key in delivery order on one
+//     worker), stores each input's outputs with async publishes and waits
+//     for their acknowledgements as a window (Config.MaxInFlight, bounded
+//     by the consumer's MaxAckPending) instead of one by one, and
+//     acknowledges an input without waiting for the server's reply. No
+//     worker waits for a round trip of the runner's own.
 //   - It acknowledges an input only after every output the handler asked for
 //     (Outputs.Publish) is stored by JetStream. Each output carries
 //     Nats-Msg-Id "<service>:<input id>:<key>" (OutputMsgID), so an input that
@@ -28,8 +35,9 @@
 //
 // What is not guaranteed: handlers run at least once per input (a crash
 // after the handler but before the ack runs it again), so side effects other
-// than Outputs must be idempotent. Ordering holds only with Concurrency 1,
-// and even then a retried message is handled after the ones behind it. A
+// than Outputs must be idempotent. Ordering holds only with Concurrency 1
+// or per Config.Key, and even then a retried message is handled after the
+// ones behind it. A
 // delivery in flight when its process dies comes back only when its AckWait
 // runs out (30 s on the topology's consumers, then the consumer's backoff):
 // the server cannot tell a dead service from a slow one. A process that dies

@@ -4,34 +4,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/redact"
 )
 
-// process handles one delivery from start to settlement: decode, handler,
-// outputs, then exactly one of ack, nak or dead letter.
-func (r *Runner) process(hctx context.Context, raw jetstream.Msg) {
-	start := time.Now()
+// handle runs everything before settlement for one delivery: the spare
+// delivery check, a requeued copy's skip, the limits pre-scan, decoding and
+// the handler. It returns the outputs collected and the handler's verdict.
+func (r *Runner) handle(hctx context.Context, m *Msg) (*Outputs, error) {
 	svc := r.cfg.Service
-	r.m.inFlight.WithLabelValues(svc).Inc()
-	defer r.m.inFlight.WithLabelValues(svc).Dec()
-
-	m, err := newMsg(raw)
-	if err != nil {
-		// Cannot happen on a pull consumer; without metadata there is no
-		// stream position to dead-letter, so stop its redelivery.
-		r.log.Error().Err(err).Str("subject", logText(raw.Subject())).Msg("message without JetStream metadata terminated")
-		_ = raw.Term()
-		return
-	}
 	if m.Delivered > 1 {
 		r.m.redeliveries.WithLabelValues(svc).Inc()
 	}
@@ -70,21 +56,12 @@ func (r *Runner) process(hctx context.Context, raw jetstream.Msg) {
 	if herr == nil && !skip {
 		herr = r.handler(hctx, m, out)
 	}
-
-	// Settling must finish even during a drain, so it does not use hctx.
-	sctx := context.WithoutCancel(hctx)
-	result, reason := r.settle(sctx, hctx, m, out, herr)
-	if result == ResultAck || result == ResultDeadLetter {
-		r.pos.settled(m.Seq)
-	}
-	elapsed := time.Since(start)
-	r.m.messages.WithLabelValues(svc, result).Inc()
-	r.m.duration.WithLabelValues(svc).Observe(elapsed.Seconds())
-	r.logResult(m, result, reason, herr, elapsed)
+	return out, herr
 }
 
-// settle decides and performs the message's fate; it returns the metrics
-// result and the reason logged.
+// settle decides and performs the fate of a message whose handler did not
+// succeed with valid outputs (those are published by the pipeline); it
+// returns the metrics result and the reason logged.
 func (r *Runner) settle(ctx, hctx context.Context, m *Msg, out *Outputs, herr error) (result, reason string) {
 	var (
 		dl *DeadLetterError
@@ -95,16 +72,7 @@ func (r *Runner) settle(ctx, hctx context.Context, m *Msg, out *Outputs, herr er
 	case herr == nil && out.err != nil:
 		return r.deadLetter(ctx, m, "invalid output: "+out.err.Error())
 	case herr == nil:
-		if err := r.publish(ctx, out); err != nil {
-			return r.fail(ctx, m, fmt.Errorf("publish outputs: %w", err), last)
-		}
-		actx, cancel := context.WithTimeout(ctx, settleTimeout)
-		defer cancel()
-		if err := m.raw.DoubleAck(actx); err != nil {
-			// Redelivered later; its outputs are deduplicated then.
-			return ResultError, "ack failed: " + err.Error()
-		}
-		return ResultAck, ""
+		return r.ack(m)
 	case errors.As(herr, &dl):
 		return r.deadLetter(ctx, m, dl.Reason)
 	case errors.As(herr, &re):
@@ -133,21 +101,6 @@ func (r *Runner) nak(m *Msg, delay time.Duration, result, reason string) (string
 		return ResultError, reason + "; nak failed (redelivered after AckWait): " + err.Error()
 	}
 	return result, reason
-}
-
-// publish stores every output and waits for each PubAck; a duplicate is a
-// success (an earlier delivery stored it).
-func (r *Runner) publish(ctx context.Context, out *Outputs) error {
-	for _, o := range out.outs {
-		pctx, cancel := context.WithTimeout(ctx, settleTimeout)
-		ack, err := r.js.PublishMsg(pctx, &nats.Msg{Subject: o.subject, Header: o.header, Data: o.data})
-		cancel()
-		if err != nil {
-			return fmt.Errorf("%s (%s): %w", o.subject, o.msgID, err)
-		}
-		r.m.outputs.WithLabelValues(r.cfg.Service, strconv.FormatBool(ack.Duplicate)).Inc()
-	}
-	return nil
 }
 
 // logResult writes one line per settled message: acks at debug level,

@@ -47,6 +47,9 @@ type Runner struct {
 	consumerMaxDeliver int
 	// pos is where the runner stands, for recreating a deleted durable.
 	pos position
+	// window is Config.MaxInFlight bounded by the consumer's
+	// MaxAckPending: the inputs fetched and not yet settled, at most.
+	window int
 
 	mu       sync.Mutex
 	state    error // ErrNotRunning, nil (running) or ErrStopped
@@ -146,7 +149,8 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	r.setState(nil)
 	r.log.Info().Str("stream", r.cfg.Stream).Str("consumer", r.cfg.Consumer).
-		Int("concurrency", r.cfg.Concurrency).Int("max_deliver", r.consumerMaxDeliver).
+		Int("concurrency", r.cfg.Concurrency).Int("max_in_flight", r.window).Bool("keyed", r.cfg.Key != nil).
+		Int("max_deliver", r.consumerMaxDeliver).
 		Int("handler_deliveries", r.maxDeliver).Msg("consumer started")
 
 	// Handlers get a context that survives ctx's cancellation by
@@ -161,18 +165,14 @@ func (r *Runner) Run(ctx context.Context) error {
 	})
 	defer stopTimer()
 
-	work := make(chan jetstream.Msg)
-	var wg sync.WaitGroup
-	for range r.cfg.Concurrency {
-		wg.Go(func() {
-			for raw := range work {
-				r.process(hctx, raw)
-			}
-		})
+	pl := r.newPipeline(ctx, hctx)
+	err = r.pull(ctx, cons, pl)
+	pl.close()
+	// Acks are published without waiting for the server's answer: flush
+	// them before returning, so a clean stop leaves nothing to redeliver.
+	if ferr := r.js.Conn().FlushTimeout(settleTimeout); ferr != nil && err == nil && !r.js.Conn().IsClosed() {
+		r.log.Warn().Err(ferr).Msg("flush acks on stop (unflushed ones are redelivered after AckWait; their outputs deduplicate)")
 	}
-	err = r.pull(ctx, cons, work)
-	close(work)
-	wg.Wait()
 	if err != nil {
 		r.log.Error().Err(err).Msg("consumer stopped")
 		return err
@@ -211,6 +211,12 @@ func (r *Runner) bind(ctx context.Context) (jetstream.Consumer, error) {
 		return nil, fmt.Errorf("%w (consumer %s/%s)", err, r.cfg.Stream, r.cfg.Consumer)
 	}
 	r.maxDeliver, r.consumerMaxDeliver = md, info.MaxDeliver
+	// The window never exceeds what the server lets the consumer have
+	// unacknowledged: MaxAckPending is the backpressure.
+	r.window = r.cfg.MaxInFlight
+	if info.MaxAckPending > 0 {
+		r.window = min(r.window, info.MaxAckPending)
+	}
 	if info.MaxDeliver > 0 && md >= info.MaxDeliver {
 		r.log.Warn().Int("handler_deliveries", md).Int("max_deliver", info.MaxDeliver).
 			Msg("no spare delivery: a message whose last delivery dies with the process is dropped by the server without a dead letter; leave MaxDeliver below the consumer's")
@@ -221,7 +227,7 @@ func (r *Runner) bind(ctx context.Context) (jetstream.Consumer, error) {
 // pull fetches batches and hands each message to a free worker until ctx
 // ends. It returns nil on cancellation and an error only when the
 // connection is closed for good.
-func (r *Runner) pull(ctx context.Context, cons jetstream.Consumer, work chan<- jetstream.Msg) error {
+func (r *Runner) pull(ctx context.Context, cons jetstream.Consumer, pl *pipeline) error {
 	lastSnap, idle := time.Now(), false
 	for ctx.Err() == nil {
 		if since := time.Since(lastSnap); since >= snapshotEvery || idle && since >= idleSnapshotEvery {
@@ -236,12 +242,15 @@ func (r *Runner) pull(ctx context.Context, cons jetstream.Consumer, work chan<- 
 		// stays on the server until it expires, and messages it delivers
 		// then would wait out their AckWait. Ending naturally after
 		// FetchWait, and handing back what arrives, avoids that.
-		batch, err := cons.Fetch(r.cfg.FetchBatch, jetstream.FetchMaxWait(r.cfg.FetchWait))
+		// Never ask for more than the window has room for: a fetched
+		// message waits for a slot while its AckWait runs.
+		n := min(r.cfg.FetchBatch, max(pl.free(), 1))
+		batch, err := cons.Fetch(n, jetstream.FetchMaxWait(r.cfg.FetchWait))
 		idle = true
 		if err == nil {
 			for raw := range batch.Messages() {
 				idle = false
-				r.dispatch(ctx, raw, work)
+				pl.dispatch(ctx, raw)
 			}
 			err = batch.Error()
 		}
@@ -274,23 +283,6 @@ func (r *Runner) pull(ctx context.Context, cons jetstream.Consumer, work chan<- 
 		t.Stop()
 	}
 	return nil
-}
-
-// dispatch hands raw to a worker, or back to the server when shutting down.
-func (r *Runner) dispatch(ctx context.Context, raw jetstream.Msg, work chan<- jetstream.Msg) {
-	if md, err := raw.Metadata(); err == nil {
-		r.pos.delivered(md.Sequence.Stream) // before a later pull can find the durable gone
-	}
-	if ctx.Err() == nil {
-		select {
-		case work <- raw:
-			return
-		case <-ctx.Done():
-		}
-	}
-	if err := raw.Nak(); err != nil {
-		r.log.Warn().Err(err).Str("subject", logText(raw.Subject())).Msg("hand back on shutdown failed; redelivered after AckWait")
-	}
 }
 
 // resolveMaxDeliver is the last delivery on which the handler runs, given

@@ -20,6 +20,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -155,6 +156,7 @@ func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 	fs.StringVar(&c.corpus, "corpus", "", "outcome JSON Lines to classify and ingest (default: "+filepath.ToSlash(benchDefaultCorpus)+" under the module root, else a built-in mix)")
 	asJSON := fs.Bool("json", false, "print the report as one JSON object")
 	verbose := fs.Bool("verbose", false, "print the services' logs on stderr")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (bus, services and load) to this file, for go tool pprof")
 	if rest, code, done := cli.Parse(fs, args); done {
 		return code
 	} else if len(rest) > 0 {
@@ -178,6 +180,19 @@ func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintf(stderr, "failbus bench: %v\n", err)
 		return 1
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fmt.Fprintf(stderr, "failbus bench: %v\n", err)
+			return 1
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintf(stderr, "failbus bench: cpu profile: %v\n", err)
+			return 1
+		}
+		defer pprof.StopCPUProfile()
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
