@@ -57,7 +57,11 @@ func (e *Engine) Decide(ctx context.Context, c events.Classification, verdict sc
 			if latest == nil || latest.OutcomeID != c.OutcomeID {
 				// A later outcome of the budget may have been decided
 				// while this one waited for redelivery: look it up.
-				own, err := e.stores.Ledger.Find(ctx, budget, c.OutcomeID)
+				var from uint64
+				if latest != nil {
+					from = latest.EpisodeFrom
+				}
+				own, err := e.stores.Ledger.Find(ctx, budget, c.OutcomeID, from)
 				if err != nil {
 					return Decided{}, fmt.Errorf("engine: decide %s: %w", c.OutcomeID, err)
 				}
@@ -74,6 +78,14 @@ func (e *Engine) Decide(ctx context.Context, c events.Classification, verdict sc
 		v := retry.Decide(retry.Input{Classification: c, Policy: rp, Scope: sv, Prior: prior, Now: now, U: u})
 		if v.Record == nil || v.Replayed {
 			return Decided{Verdict: v}, nil
+		}
+		if prior != nil && !retry.Positioned(c) {
+			// Where this record's episode began in the ledger: after the
+			// latest record when it begins one, else where prior's did.
+			v.Record.EpisodeFrom = prior.EpisodeFrom
+			if v.Record.Retry == 1 {
+				v.Record.EpisodeFrom = rev
+			}
 		}
 		err := e.stores.Ledger.Append(ctx, v.Record, rev)
 		if errors.Is(err, ErrConflict) {

@@ -302,4 +302,17 @@ func TestStepRetryEpisodesWithoutTurnAndStep(t *testing.T) {
 		step(ok) // redelivered
 		now = now.Add(time.Minute)
 	}
+	// After eleven episodes: a failure, its retry failing too (retry 2 of
+	// the same episode), then the first failure redelivered — found in its
+	// episode, the same retry again, nothing spent.
+	first := step(&events.Outcome{ID: "g1", Agent: "bot3", Provider: "openai", Model: "gpt", Status: 503}).Decision
+	now = first.DueAt.Add(time.Second)
+	second := step(&events.Outcome{ID: "g2", Agent: "bot3", Provider: "openai", Model: "gpt", Status: 503}).Decision
+	if first.Retry != 1 || second.Retry != 2 {
+		t.Fatalf("retries %d and %d, want 1 and 2 of one episode", first.Retry, second.Retry)
+	}
+	again := step(&events.Outcome{ID: "g1", Agent: "bot3", Provider: "openai", Model: "gpt", Status: 503})
+	if again.Decision.RetryID != first.RetryID || again.Retry != nil {
+		t.Fatalf("redelivered g1: %+v (new retry %v), want retry %s again", again.Decision, again.Retry, first.RetryID)
+	}
 }

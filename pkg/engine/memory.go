@@ -126,9 +126,9 @@ func (m memLedger) Latest(_ context.Context, budget string) (*retry.Record, uint
 }
 
 // Find implements Ledger.
-func (m memLedger) Find(_ context.Context, budget, outcomeID string) (*retry.Record, error) {
+func (m memLedger) Find(_ context.Context, budget, outcomeID string, from uint64) (*retry.Record, error) {
 	recs := m[budget]
-	for i := len(recs) - 1; i >= 0; i-- {
+	for i := len(recs) - 1; i >= int(min(from, uint64(len(recs)))); i-- {
 		if recs[i].OutcomeID == outcomeID {
 			return recs[i], nil
 		}

@@ -90,9 +90,9 @@ type Ledger interface {
 	// Latest returns the budget's latest record and its revision; nil and
 	// 0 when the budget is untouched.
 	Latest(ctx context.Context, budget string) (*retry.Record, uint64, error)
-	// Find returns the record written for outcomeID in the budget; nil
-	// when there is none.
-	Find(ctx context.Context, budget, outcomeID string) (*retry.Record, error)
+	// Find returns the latest record written for outcomeID in the budget
+	// after revision from (0: from the start); nil when there is none.
+	Find(ctx context.Context, budget, outcomeID string, from uint64) (*retry.Record, error)
 	// Append stores rec as the budget's latest record if the budget's
 	// revision is still rev; ErrConflict otherwise.
 	Append(ctx context.Context, rec *retry.Record, rev uint64) error

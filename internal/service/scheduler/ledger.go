@@ -124,11 +124,14 @@ func (s *Service) ledgerLast(ctx context.Context, token string) (*ledgerRead, er
 // The latest, not the first: a redelivery that finds the record behind a
 // later retry must still see that the agent cancelled it, or it would
 // restore a purged schedule. A budget holds at most max_retries records
-// plus their marks, so this walks a handful of messages.
-func (s *Service) ledgerFind(ctx context.Context, token, outcomeID string) (*ledgerRead, error) {
+// plus their marks, so this walks a handful of messages; the budget of an
+// outcome without turn and step holds many retry episodes, and the walk
+// starts after from, the stream sequence its current episode began after
+// (retry.Record.EpisodeFrom).
+func (s *Service) ledgerFind(ctx context.Context, token, outcomeID string, from uint64) (*ledgerRead, error) {
 	subj := events.RetryLedgerSubject(token)
 	var found *ledgerRead
-	seq := uint64(1)
+	seq := from + 1
 	for {
 		m, err := s.retries.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subj))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {

@@ -25,8 +25,8 @@ func (l ledgerStore) Latest(ctx context.Context, budget string) (*retry.Record, 
 }
 
 // Find implements engine.Ledger.
-func (l ledgerStore) Find(ctx context.Context, budget, outcomeID string) (*retry.Record, error) {
-	r, err := l.s.ledgerFind(ctx, budget, outcomeID)
+func (l ledgerStore) Find(ctx context.Context, budget, outcomeID string, from uint64) (*retry.Record, error) {
+	r, err := l.s.ledgerFind(ctx, budget, outcomeID, from)
 	if err != nil || r == nil {
 		return nil, err
 	}

@@ -81,7 +81,7 @@ func (s *Service) decide(ctx context.Context, m *consumer.Msg, c events.Classifi
 		return s.publishDecision(ctx, &d, consumer.OutputMsgID(Name, m.ID(), "decision"))
 	}
 	if v.Replayed {
-		own, err := s.ledgerFind(ctx, v.Record.Budget().Token(), c.OutcomeID)
+		own, err := s.ledgerFind(ctx, v.Record.Budget().Token(), c.OutcomeID, v.Record.EpisodeFrom)
 		if err != nil {
 			return err
 		}

@@ -89,6 +89,11 @@ type Record struct {
 	// outcome id) was seen.
 	EndedAt events.Time `msgpack:"ended_at,omitempty" json:"ended_at,omitzero"`
 	EndedBy string      `msgpack:"ended_by,omitempty" json:"ended_by,omitempty"`
+	// EpisodeFrom is the ledger revision the record's retry episode began
+	// after (0: the ledger's start): a redelivered outcome's own record is
+	// looked up from there, so the lookup stays as short as one episode
+	// however many episodes the ledger holds. Set by the engine.
+	EpisodeFrom uint64 `msgpack:"episode_from,omitempty" json:"episode_from,omitempty"`
 	// Class is the failure that caused the retry.
 	Class   string      `msgpack:"class" json:"class"`
 	DelayMS int64       `msgpack:"delay_ms" json:"delay_ms"`
