@@ -220,3 +220,33 @@ func TestSimulateRetryEpisodesWithoutTurnAndStep(t *testing.T) {
 		t.Fatalf("decisions\n%s\nwant\n%s", strings.Join(got, " "), strings.Join(want, " "))
 	}
 }
+
+// Issue 15 through failbus simulate: two 429s at 10:00 on two profiles make
+// openai rate-limited on every profile (health degraded); a day later a 503
+// on a never-seen profile is no longer told to wait for that cooldown, and
+// the health record says the rate limit is over.
+func TestSimulateRateLimitOnEveryProfileEnds(t *testing.T) {
+	t.Parallel()
+	in := `{"type":"outcome","id":"r1","at":"2025-03-01T10:00:00Z","agent":"a1","provider":"openai","profile":"p1","model":"gpt","status":429}
+{"type":"outcome","id":"r2","at":"2025-03-01T10:00:01Z","agent":"a1","provider":"openai","profile":"p2","model":"gpt","status":429}
+{"type":"outcome","id":"s1","at":"2025-03-02T10:00:00Z","agent":"a1","provider":"openai","profile":"p3","model":"gpt","status":503}
+`
+	code, lines, stderr := runSimulateLines(t, nil, in)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var health []string
+	for _, l := range lines {
+		switch l["type"] {
+		case "health":
+			health = append(health, l["state"].(string))
+		case "decision":
+			if l["outcome_id"] == "s1" && strings.Contains(l["reason"].(string), "rate-limited") {
+				t.Errorf("the 503 a day later: reason %q still waits for the rate limit", l["reason"])
+			}
+		}
+	}
+	if strings.Join(health, " ") != "degraded healthy" {
+		t.Fatalf("health %v, want degraded (both profiles 429) then healthy (the day after)", health)
+	}
+}
