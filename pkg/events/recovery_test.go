@@ -98,6 +98,7 @@ func TestTaskPayloadPassesThroughByteForByte(t *testing.T) {
 }
 
 func TestRecoveryValidationNamesTheField(t *testing.T) {
+	long := strings.Repeat("x", events.MaxNameBytes+1)
 	cases := []struct {
 		name  string
 		m     events.Message
@@ -130,6 +131,12 @@ func TestRecoveryValidationNamesTheField(t *testing.T) {
 		{"probe without provider", &events.Control{Agent: "a", Action: events.ControlProbe}, "provider"},
 		{"unknown control action", &events.Control{Agent: "a", Action: "reboot"}, "action"},
 		{"recovery with unknown step", &events.Recovery{RecoveryID: "p:1", Provider: "p", Step: "pray"}, "step"},
+		{"overlong subagent", &events.Heartbeat{Agent: "a", Subagent: long}, "subagent"},
+		{"overlong heartbeat provider", &events.Heartbeat{Agent: "a", Subagent: "s", Provider: long}, "provider"},
+		{"overlong cron name", &events.CronSpec{Agent: "a", Cron: long, Schedule: "@daily"}, "cron"},
+		{"overlong cron run name", &events.CronRun{Agent: "a", Cron: long, Status: "ok", ScheduledAt: events.At(when)}, "cron"},
+		{"overlong write key", &events.Write{Agent: "a", Key: long}, "key"},
+		{"overlong task provider", &events.Task{ID: "t", Agent: "a", Provider: long}, "provider"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

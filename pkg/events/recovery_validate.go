@@ -26,10 +26,13 @@ func (*Control) SchemaName() string { return SchemaControl }
 // SchemaName implements Message.
 func (*Recovery) SchemaName() string { return SchemaRecovery }
 
-// Validate checks a heartbeat: agent and subagent, a known status, a
-// non-negative interval.
+// Validate checks a heartbeat: agent and subagent, names within
+// MaxNameBytes, a known status, a non-negative interval.
 func (h *Heartbeat) Validate() error {
 	if err := firstErr(required("agent", h.Agent), required("subagent", h.Subagent)); err != nil {
+		return err
+	}
+	if err := names("agent", h.Agent, "subagent", h.Subagent, "session", h.Session, "provider", h.Provider, "model", h.Model, "task_id", h.TaskID); err != nil {
 		return err
 	}
 	switch h.Status {
@@ -43,10 +46,13 @@ func (h *Heartbeat) Validate() error {
 	return nil
 }
 
-// Validate checks a cron spec: agent, name and a schedule that parses, an
-// IANA time zone, a known catch-up mode.
+// Validate checks a cron spec: agent, name and a schedule that parses,
+// names within MaxNameBytes, an IANA time zone, a known catch-up mode.
 func (c *CronSpec) Validate() error {
 	if err := firstErr(required("agent", c.Agent), required("cron", c.Cron), required("schedule", c.Schedule)); err != nil {
+		return err
+	}
+	if err := names("agent", c.Agent, "cron", c.Cron, "provider", c.Provider); err != nil {
 		return err
 	}
 	if _, err := ParseCronSchedule(c.Schedule); err != nil {
@@ -72,6 +78,9 @@ func (r *CronRun) Validate() error {
 	if err := firstErr(required("agent", r.Agent), required("cron", r.Cron), required("status", r.Status)); err != nil {
 		return err
 	}
+	if err := names("agent", r.Agent, "cron", r.Cron, "provider", r.Provider); err != nil {
+		return err
+	}
 	if r.ScheduledAt.IsZero() {
 		return &FieldError{Field: "scheduled_at", Problem: "required: the scheduled time this run is for"}
 	}
@@ -82,13 +91,16 @@ func (r *CronRun) Validate() error {
 	return &FieldError{Field: "status", Problem: fmt.Sprintf("%q is not started, ok or failed", truncate(r.Status, 64))}
 }
 
-// Validate checks a write report: agent and key.
+// Validate checks a write report: agent and key; names within MaxNameBytes.
 func (w *Write) Validate() error {
-	return firstErr(required("agent", w.Agent), required("key", w.Key))
+	if err := firstErr(required("agent", w.Agent), required("key", w.Key)); err != nil {
+		return err
+	}
+	return names("agent", w.Agent, "key", w.Key, "provider", w.Provider)
 }
 
 // Validate checks a task: id and agent; the id must be able to be a
-// Nats-Msg-Id (checkID).
+// Nats-Msg-Id (checkID); names within MaxNameBytes.
 func (t *Task) Validate() error {
 	if err := firstErr(required("id", t.ID), required("agent", t.Agent)); err != nil {
 		return err
@@ -98,6 +110,19 @@ func (t *Task) Validate() error {
 	}
 	if err := notACredential(t.ID); err != nil {
 		return &FieldError{Field: "id", Problem: err.Error()}
+	}
+	return names("agent", t.Agent, "provider", t.Provider, "kind", t.Kind)
+}
+
+// names checks (field, value) pairs against MaxNameBytes: recovery keeps
+// records under these names in KV keys (a subject each), which a name of
+// kilobytes would push past the server's control line — its connection
+// closed, the record redelivered, again.
+func names(pairs ...string) error {
+	for i := 0; i+1 < len(pairs); i += 2 {
+		if n := len(pairs[i+1]); n > MaxNameBytes {
+			return &FieldError{Field: pairs[i], Problem: fmt.Sprintf("%d bytes exceed the limit of %d", n, MaxNameBytes)}
+		}
 	}
 	return nil
 }

@@ -306,10 +306,16 @@ func TestServiceDeadLettersBadInputAndKeepsGoing(t *testing.T) {
 	bad(events.TaskSubject("openai", "a"), "", map[string]any{"agent": "a", "provider": "openai"})
 	bad(events.HeartbeatSubject("a"), "outcome/1", map[string]any{"id": "o", "agent": "a", "provider": "p"})
 	b.raw(events.WriteSubject("a"), nil, []byte("not msgpack"))
+	// Names of kilobytes: kept under KV keys, they would push the key's
+	// subject past the server's control line and close the connection.
+	long := strings.Repeat("x", 5000)
+	bad(events.HeartbeatSubject("a"), "", map[string]any{"agent": "a", "subagent": long, "provider": "openai"})
+	bad(events.CronSpecSubject("a"), "", map[string]any{"agent": "a", "cron": long, "schedule": "@daily"})
+	bad(events.TaskSubject("openai", "a"), "", map[string]any{"id": "t-long", "agent": "a", "provider": "openai", "kind": long})
 	want := map[string][]string{
-		svc.HeartbeatName: {`"subagent"`, "does not belong on its subject"},
-		svc.ReportName:    {`"schedule"`, `"catchup"`, "not a msgpack map"},
-		svc.TaskName:      {`"id"`},
+		svc.HeartbeatName: {`"subagent"`, "does not belong on its subject", `"subagent": 5000 bytes exceed`},
+		svc.ReportName:    {`"schedule"`, `"catchup"`, "not a msgpack map", `"cron": 5000 bytes exceed`},
+		svc.TaskName:      {`"id"`, `"kind": 5000 bytes exceed`},
 	}
 	for name, reasons := range want {
 		b.poll("dead letters of "+name, func() bool { return len(b.deadLetters(name)) == len(reasons) })
