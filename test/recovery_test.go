@@ -1076,7 +1076,9 @@ func TestRecoveryServiceUnderItsRoleKilled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	polYAML := recScopeYAML + "recovery:\n  drain_rate: 50\n  probe_interval: 300ms\n"
+	// 20/s: the release of 40 tasks takes 2 s, time enough to kill its
+	// driver mid-checklist.
+	polYAML := recScopeYAML + "recovery:\n  drain_rate: 20\n  probe_interval: 300ms\n"
 	polFile := filepath.Join(t.TempDir(), "policy.yaml")
 	if err := os.WriteFile(polFile, []byte(polYAML), 0o600); err != nil {
 		t.Fatal(err)

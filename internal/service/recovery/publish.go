@@ -51,9 +51,15 @@ func (p *publisher) Publish(ctx context.Context, id, subject string, msg events.
 	return nil
 }
 
+// lookBack widens the look-up for a late command: `since` is read on the
+// clock of the replica that planned the command, the stream's times on the
+// server's, so the look-up starts this much earlier.
+const lookBack = DefaultMaxFutureSkew
+
 // stored looks for a message with Nats-Msg-Id id on subject since `since`
-// (headers only).
+// (headers only), less lookBack.
 func (p *publisher) stored(ctx context.Context, subject, id string, since time.Time) (bool, error) {
+	since = since.Add(-lookBack)
 	stream, err := p.js.StreamNameBySubject(ctx, subject)
 	if err != nil {
 		return false, fmt.Errorf("find the stream of %s: %w", subject, err)

@@ -10,7 +10,8 @@ import (
 
 // A command planned longer ago than the duplicate window remembers, and
 // missing from the ledger, is looked for in its stream first: found, it is
-// not published again (the window could not drop it); not found, it is.
+// not published again (the window could not drop it), also when the
+// planning replica's clock ran ahead of the server's; not found, it is.
 func TestPublisherLooksForALateCommandInTheStream(t *testing.T) {
 	bus := bustest.Start(t, time.Minute)
 	var published []string
@@ -31,6 +32,11 @@ func TestPublisherLooksForALateCommandInTheStream(t *testing.T) {
 	}
 	// Never published: sent.
 	if err := p.Publish(bus.Ctx, "kill-2", events.ControlSubject("a"), kill("two"), before); err != nil {
+		t.Fatal(err)
+	}
+	// Planned on a replica whose clock runs 30 s ahead of the server's:
+	// still found.
+	if err := p.Publish(bus.Ctx, "kill-1", events.ControlSubject("a"), kill("one"), time.Now().Add(30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	if len(published) != 2 || published[0] != "one" || published[1] != "two" {
