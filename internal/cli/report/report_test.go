@@ -618,3 +618,25 @@ func TestRecordsArePlacedByTheTimeTheServicesGoBy(t *testing.T) {
 		t.Errorf("an hour before the period: bucket %d, %d outside; want the first bucket, counted outside", got, a.r.Outside)
 	}
 }
+
+// TestHealthLanesNameTheirProvidersWhole: two providers whose names share
+// their first nine characters are told apart on the health chart.
+func TestHealthLanesNameTheirProvidersWhole(t *testing.T) {
+	from := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
+	to := from.Add(6 * time.Hour)
+	a := newAggregator(from, to)
+	for _, p := range []string{"azure-openai-eu", "azure-openai-us"} {
+		a.healthRecord(&events.Health{At: events.At(from.Add(time.Hour)), Provider: p, State: events.HealthOutage}, from.Add(time.Hour))
+	}
+	var page bytes.Buffer
+	if err := WriteHTML(&page, a.finish(to)); err != nil {
+		t.Fatal(err)
+	}
+	chart := page.String()[strings.Index(page.String(), `aria-label="provider health`):]
+	chart = chart[:strings.Index(chart, "</svg>")]
+	for _, p := range []string{"azure-openai-eu", "azure-openai-us"} {
+		if !strings.Contains(chart, ">"+p+"</text>") {
+			t.Errorf("the health chart does not name %s whole", p)
+		}
+	}
+}

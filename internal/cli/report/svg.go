@@ -224,7 +224,12 @@ func barsSVG(r *Report, name string, p *Provider, order []string, top, step int)
 // period's time axis.
 func healthSVG(r *Report, names []string) string {
 	var b strings.Builder
-	lanesH := float64(len(names))*(laneH+laneGap) - laneGap
+	// Each lane has its provider's name above it, whole: the left margin
+	// (kept the bar charts' so the time axes line up) holds 9 characters,
+	// and "azure-openai-eu" and "azure-openai-us" must not both read
+	// "azure-op…".
+	const labelRow = 16.0
+	lanesH := float64(len(names))*(labelRow+laneH+laneGap) - laneGap
 	h := marginT + lanesH + marginB
 	fmt.Fprintf(&b, `<svg viewBox="0 0 %.0f %.0f" role="img" aria-label="provider health over the period" class="chart">`, chartW, h)
 	from, to := r.From.Time, r.To.Time
@@ -236,8 +241,9 @@ func healthSVG(r *Report, names []string) string {
 		return marginL + plotW*float64(t.Sub(axisFrom))/float64(axisTo.Sub(axisFrom))
 	}
 	for li, name := range names {
-		y := marginT + float64(li)*(laneH+laneGap)
-		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="end" class="lbl">%s</text>`, marginL-6, y+laneH/2+4, html.EscapeString(shorten(name, 9)))
+		top := marginT + float64(li)*(labelRow+laneH+laneGap)
+		y := top + labelRow
+		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" class="lbl">%s</text>`, marginL, top+labelFont, html.EscapeString(name))
 		fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" class="nodata"><title>before the period</title></rect>`,
 			marginL, y, xOf(from)-marginL, laneH)
 		for _, s := range r.Health[name].Spans {
@@ -284,15 +290,6 @@ func hbarsSVG(aria string, bars []hbar) string {
 	}
 	b.WriteString(`</svg>`)
 	return b.String()
-}
-
-// shorten cuts s to n runes with an ellipsis.
-func shorten(s string, n int) string {
-	r := []rune(s)
-	if len(r) <= n {
-		return s
-	}
-	return string(r[:n-1]) + "…"
 }
 
 // humanDuration is "45s", "12m", "2h 05m", "3d 4h".
