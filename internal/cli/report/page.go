@@ -302,9 +302,9 @@ code { font-size: 12px; background: #eef1f4; padding: 0 3px; border-radius: 3px;
 {{else}}<div class="empty">Nothing in this period: no outcomes or classifications were stored.</div>{{end}}
 
 <h2 id="health">Provider health and outages</h2>
-<p class="sub">The state the classifier published for each provider, over the period. Grey: before the period.</p>
+<p class="sub">The state the classifier published for each provider, over the period.</p>
 {{if .HealthNames}}
-<div class="legend">{{range $s := (list "healthy" "degraded" "outage" "recovered")}}<span><span class="sw" style="background:{{state $s}}"></span>{{$s}}</span>{{end}}</div>
+<div class="legend">{{range $s := (list "healthy" "degraded" "outage" "recovered")}}<span><span class="sw" style="background:{{state $s}}"></span>{{$s}}</span>{{end}}<span><span class="sw" style="background:#f0f0f0;outline:1px solid #c9ced4"></span>before the period</span></div>
 {{.HealthChart}}
 <table><tr><th>provider</th><th>state</th><th>from (UTC)</th><th>to (UTC)</th><th>for</th><th>reason</th></tr>
 {{range $name := .HealthNames}}{{range (nonHealthy (index $.R.Health $name))}}<tr><td>{{$name}}</td><td><span class="sw" style="background:{{state .State}}"></span>{{.State}}</td><td>{{when .From}}</td><td>{{when .To}}</td><td>{{dur .From .To}}</td><td class="wrap">{{.Reason}}</td></tr>{{end}}{{end}}
