@@ -1,13 +1,22 @@
 // Package clitest holds what the tests of the failbus commands share: a
-// buffer a command writes while the test polls it, and a deadline-bound
-// poll. The server side is internal/bustest.
+// buffer a command writes while the test polls it, a deadline-bound poll,
+// a file for a command to read and an outcome stored as an agent stores
+// it. The server side is internal/bustest.
 package clitest
 
 import (
 	"bytes"
+	"context"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/failbus/failbus/pkg/events"
 )
 
 // SyncBuffer is a bytes.Buffer safe for a writer and a polling reader.
@@ -40,4 +49,31 @@ func WaitFor(t testing.TB, what string, cond func() bool) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// WriteFile writes content to a file called name in a fresh temporary
+// directory of the test (a policy file for a command, say) and returns its
+// path.
+func WriteFile(t testing.TB, name, content string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// PublishOutcome stores o on its subject, as an agent publishes it, and
+// returns its sequence in FAILBUS_OUTCOMES.
+func PublishOutcome(t testing.TB, ctx context.Context, js jetstream.JetStream, o *events.Outcome) uint64 {
+	t.Helper()
+	data, hdr, err := events.Encode(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ack, err := js.PublishMsg(ctx, &nats.Msg{Subject: events.OutcomeSubject(o.Provider, o.Agent), Header: hdr, Data: data})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ack.Sequence
 }

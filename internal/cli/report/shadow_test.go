@@ -5,15 +5,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/failbus/failbus/internal/bustest"
+	"github.com/failbus/failbus/internal/cli/clitest"
 	"github.com/failbus/failbus/pkg/events"
 )
 
@@ -27,25 +25,13 @@ import (
 func TestReportShadowsAPolicyChange(t *testing.T) {
 	t.Parallel()
 	b := bustest.Start(t, 2*time.Minute)
-	dir := t.TempDir()
-	base, next := filepath.Join(dir, "base.yaml"), filepath.Join(dir, "new.yaml")
-	if err := os.WriteFile(base, []byte("retry:\n  max_retries: 10\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(next, []byte("retry:\n  max_retries: 1\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	base := clitest.WriteFile(t, "base.yaml", "retry:\n  max_retries: 10\n")
+	next := clitest.WriteFile(t, "new.yaml", "retry:\n  max_retries: 1\n")
 	t0 := time.Now().Add(-time.Hour).UTC()
 	publish := func(o *events.Outcome) {
 		t.Helper()
 		o.At, o.Agent, o.Step = events.At(t0), "bot", 1
-		data, hdr, err := events.Encode(o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := b.JS.PublishMsg(b.Ctx, &nats.Msg{Subject: events.OutcomeSubject(o.Provider, o.Agent), Header: hdr, Data: data}); err != nil {
-			t.Fatal(err)
-		}
+		clitest.PublishOutcome(t, b.Ctx, b.JS, o)
 	}
 	for i := range 4 {
 		publish(&events.Outcome{ID: fmt.Sprintf("a%d", i+1), Provider: "openai", Status: 500, Turn: 1})

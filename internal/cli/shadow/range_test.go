@@ -4,17 +4,14 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"reflect"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/failbus/failbus/internal/bustest"
+	"github.com/failbus/failbus/internal/cli/clitest"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
 )
@@ -33,27 +30,12 @@ import (
 func TestShadowOfARangeOfBusHistory(t *testing.T) {
 	t.Parallel()
 	b := bustest.Start(t, 2*time.Minute)
-	dir := t.TempDir()
-	base, next := filepath.Join(dir, "base.yaml"), filepath.Join(dir, "new.yaml")
-	if err := os.WriteFile(base, []byte("retry:\n  max_retries: 10\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(next, []byte("retry:\n  max_retries: 1\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	base := clitest.WriteFile(t, "base.yaml", "retry:\n  max_retries: 10\n")
+	next := clitest.WriteFile(t, "new.yaml", "retry:\n  max_retries: 1\n")
 	t0 := time.Now().Add(-time.Hour).UTC()
 	publish := func(id string, turn int) uint64 {
 		t.Helper()
-		o := &events.Outcome{ID: id, At: events.At(t0), Agent: "bot", Provider: "openai", Status: 500, Body: "upstream error", Turn: turn, Step: 1}
-		data, hdr, err := events.Encode(o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ack, err := b.JS.PublishMsg(b.Ctx, &nats.Msg{Subject: events.OutcomeSubject(o.Provider, o.Agent), Header: hdr, Data: data})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ack.Sequence
+		return clitest.PublishOutcome(t, b.Ctx, b.JS, &events.Outcome{ID: id, At: events.At(t0), Agent: "bot", Provider: "openai", Status: 500, Body: "upstream error", Turn: turn, Step: 1})
 	}
 	var a, bb []uint64
 	for i := range 4 {
