@@ -2,9 +2,11 @@ package recovery
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -84,9 +86,9 @@ func (p *httpProber) call(ctx context.Context, provider string, cfg recovery.HTT
 	resp, err := p.client.Do(req)
 	o.At = events.At(p.now())
 	if err != nil {
-		o.TransportError = err.Error()
+		o.TransportError = probeError(err)
 		if rctx.Err() != nil {
-			o.TransportError = "timeout: " + err.Error()
+			o.TransportError = "timeout: " + o.TransportError
 		}
 		return o
 	}
@@ -102,4 +104,29 @@ func (p *httpProber) call(ctx context.Context, provider string, cfg recovery.HTT
 		}
 	}
 	return o
+}
+
+// probeError is a failed request's error without the URL's query and user
+// info: a probe URL may carry a key (`?key=…`), and the error goes into the
+// outcome and the log line.
+func probeError(err error) string {
+	var ue *url.Error
+	if !errors.As(err, &ue) {
+		return err.Error()
+	}
+	return ue.Op + " " + safeURL(ue.URL) + ": " + ue.Err.Error()
+}
+
+// safeURL is raw without user info and with its query replaced by "?…".
+func safeURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparseable URL)"
+	}
+	u.User = nil
+	if u.RawQuery != "" || u.ForceQuery {
+		u.RawQuery, u.ForceQuery = "", false
+		return u.String() + "?…"
+	}
+	return u.String()
 }
