@@ -136,7 +136,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	started := time.Now()
 	var st ReadStats
 	if *input != "" {
-		err = replayLines(ctx, s, *input, stdin, emit)
+		err = replayLines(ctx, s, *input, stdin, stderr, emit)
 	} else {
 		nc, js, cerr := conn.JetStream(ctx, "shadow")
 		if cerr != nil {
@@ -181,21 +181,25 @@ type errorRecord struct {
 }
 
 // replayLines replays simulate-format JSON Lines from path ("-": stdin).
-// A line that does not parse is an error record; replay goes on.
-func replayLines(ctx context.Context, s *Shadow, path string, stdin io.Reader, emit func(any) error) error {
-	r := stdin
+// A line that does not parse is an error record; replay goes on. progress,
+// when a terminal, shows how many lines were replayed.
+func replayLines(ctx context.Context, s *Shadow, path string, stdin io.Reader, progress io.Writer, emit func(any) error) error {
+	r, label := stdin, "shadow: replaying stdin"
 	if path != "-" {
 		f, err := os.Open(path)
 		if err != nil {
 			return fmt.Errorf("--input: %w", err)
 		}
 		defer f.Close()
-		r = f
+		r, label = f, "shadow: replaying "+path+" (lines)"
 	}
+	p := cli.NewProgress(progress, label, 0)
+	defer p.Done()
 	return cli.EachLine(r, func(lineNo int, line []byte, tooLong bool) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
+		p.Add(1)
 		if tooLong {
 			s.sum.Errors++
 			return emit(errorRecord{Type: "error", Line: lineNo, Error: fmt.Sprintf("line longer than %d bytes", cli.MaxLine)})
