@@ -484,7 +484,12 @@ func (r *benchRunner) ingestMsgs(round int) (raw, ingest []*nats.Msg, err error)
 	for i := range r.cfg.n {
 		o := r.corpus[i%len(r.corpus)]
 		o.ID = "bench-" + strconv.Itoa(round) + "-" + strconv.Itoa(i)
+		// A fleet: every outcome the first failure of its own step (its
+		// own retry budget), as in a storm of many agents, rather than
+		// thousands of failures of the corpus's few steps, which the
+		// policy gives up on after max_retries.
 		o.Agent, o.At = benchAgent, now
+		o.Session, o.Turn, o.Step = "bench-round-"+strconv.Itoa(round), i+1, 1
 		data, hdr, err := events.Encode(&o)
 		if err != nil {
 			return nil, nil, fmt.Errorf("encode corpus outcome %d: %w", i%len(r.corpus), err)

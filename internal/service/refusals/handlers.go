@@ -19,6 +19,20 @@ const (
 // engine's refusal stage (compare-and-set on the (segment, provider)
 // record), then publishes the decision and, at the first refusal and at
 // freezing only, the notification request.
+// segmentLane is the refusal runner's Key: the refusal state's key, the
+// segment and the provider, so one replica handles a segment's refusals of
+// a provider one after the other in delivery order (compare-and-set still
+// decides between replicas) and different segments in parallel. A
+// classification that does not decode goes to any lane: the handler
+// dead-letters it.
+func segmentLane(m *consumer.Msg) string {
+	c, err := events.DecodeAs[*events.Classification](m.Subject, m.Header, m.Data)
+	if err != nil {
+		return ""
+	}
+	return events.SegmentKey(c.Session, c.Segment) + "\x00" + c.Provider
+}
+
 func (s *Service) handleRefusal(ctx context.Context, m *consumer.Msg, out *consumer.Outputs) error {
 	c, err := events.DecodeAs[*events.Classification](m.Subject, m.Header, m.Data)
 	if err != nil {

@@ -201,6 +201,7 @@ func New(js jetstream.JetStream, opts Config) (*Service, error) {
 	if refCfg.Concurrency == 0 {
 		refCfg.Concurrency = DefaultConcurrency
 	}
+	refCfg.Key = segmentLane
 	if s.refusals, err = consumer.New(js, refCfg, s.handleRefusal); err != nil {
 		return nil, fmt.Errorf("refusals: %w", err)
 	}

@@ -106,36 +106,50 @@ func decodeRaw(m *jetstream.RawStreamMsg) (*ledgerRead, error) {
 }
 
 // ledgerLast reads the budget's last entry; nil when the budget is
-// untouched.
+// untouched. The index learns the budget's last sequence.
 func (s *Service) ledgerLast(ctx context.Context, token string) (*ledgerRead, error) {
 	subj := events.RetryLedgerSubject(token)
 	m, err := s.retries.GetLastMsgForSubject(ctx, subj)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		s.index.sawLast(token, nil)
 		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("read ledger %s: %w", subj, err)
 	}
-	return decodeRaw(m)
+	r, err := decodeRaw(m)
+	if err != nil {
+		return nil, err
+	}
+	s.index.sawLast(token, r)
+	return r, nil
 }
 
 // ledgerFind returns the latest entry of the budget written for outcomeID
 // (its record, or the started or cancel mark appended after it), or nil.
 // The latest, not the first: a redelivery that finds the record behind a
 // later retry must still see that the agent cancelled it, or it would
-// restore a purged schedule. A budget holds at most max_retries records
-// plus their marks, so this walks a handful of messages; the budget of an
-// outcome without turn and step holds many retry episodes, and the walk
-// starts after from, the stream sequence its current episode began after
-// (retry.Record.EpisodeFrom).
+// restore a purged schedule. The budget of an outcome without turn and
+// step holds many retry episodes, and only entries after from, the stream
+// sequence its current episode began after (retry.Record.EpisodeFrom),
+// count. It reads only the entries the index has not seen
+// (ledgerindex.go): none when the index has seen the budget up to the last
+// sequence ledgerLast read just before (engine.Decide reads the last entry
+// first), else those after its watermark (or after from, when that is
+// later). The walk it replaces read every entry of the budget for every
+// failure whose budget's last entry was not its own.
 func (s *Service) ledgerFind(ctx context.Context, token, outcomeID string, from uint64) (*ledgerRead, error) {
+	found, next, ok := s.index.find(token, outcomeID, from)
+	if ok {
+		return found, nil
+	}
 	subj := events.RetryLedgerSubject(token)
-	var found *ledgerRead
-	seq := from + 1
+	var read []*ledgerRead
+	seq := next
 	for {
 		m, err := s.retries.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subj))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return found, nil
+			break
 		}
 		if err != nil {
 			return nil, fmt.Errorf("read ledger %s from seq %d: %w", subj, seq, err)
@@ -144,11 +158,10 @@ func (s *Service) ledgerFind(ctx context.Context, token, outcomeID string, from 
 		if err != nil {
 			return nil, err
 		}
-		if r.entry.OutcomeID == outcomeID {
-			found = r
-		}
+		read = append(read, r)
 		seq = m.Sequence + 1
 	}
+	return s.index.scanned(token, next, read, outcomeID, from), nil
 }
 
 // ledgerAppend stores e as the budget's new last entry if the budget's last
@@ -178,7 +191,9 @@ func (s *Service) ledgerAppend(ctx context.Context, e *LedgerEntry, expect uint6
 			r.entry.Cancelled() != e.Cancelled() || r.entry.Started() != e.Started() || r.entry.EndedBy != e.EndedBy {
 			return 0, errLedgerConflict
 		}
+		return ack.Sequence, nil
 	}
+	s.index.appended(e.Budget().Token(), expect, &ledgerRead{entry: *e, seq: ack.Sequence})
 	return ack.Sequence, nil
 }
 

@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/failbus/failbus/pkg/consumer"
@@ -42,6 +43,22 @@ func (s *Service) handleClassified(ctx context.Context, m *consumer.Msg, _ *cons
 		return nil // the refusal tiers decide refusals
 	}
 	return s.decide(ctx, m, *c, obs)
+}
+
+// budgetLane is the runner's Key for classifications: the retry budget
+// without its policy key (agent, session, turn, step, provider), so the
+// failures of one budget are decided one after the other within a replica
+// and never race each other on its ledger subject (compare-and-set still
+// decides between replicas); different budgets run in parallel, and the
+// provider's lane (lanes.go) folds their fault-scope writes together. A
+// classification that does not decode goes to any lane: the handler
+// dead-letters it.
+func budgetLane(m *consumer.Msg) string {
+	c, err := events.DecodeAs[*events.Classification](m.Subject, m.Header, m.Data)
+	if err != nil {
+		return ""
+	}
+	return c.Agent + "\x00" + c.Session + "\x00" + strconv.Itoa(c.Turn) + "\x00" + strconv.Itoa(c.Step) + "\x00" + c.Provider
 }
 
 // timeOf is the time a classification is observed and decided at: its

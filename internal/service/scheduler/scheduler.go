@@ -129,14 +129,16 @@ const (
 	// DefaultOpsAddr is where cmd/scheduler serves /metrics and /healthz
 	// (the classifier uses 9401).
 	DefaultOpsAddr = "127.0.0.1:9402"
-	// DefaultConcurrency is how many classifications are handled at once.
-	// Compare-and-set on the ledger and on the provider's fault scope makes
-	// concurrent handling of one budget or one provider safe. Each failure
-	// waits on JetStream round trips (scope read and write, ledger read,
-	// ledger write, schedule, decision), so the scheduler is bound by
-	// latency, not CPU: `failbus bench` on 2 cores measured the whole bus
-	// caught up at 2.0k outcomes/s with 4, 2.3k with 8 and 2.9k with 16.
-	DefaultConcurrency = 16
+	// DefaultConcurrency is how many classifications are handled at once:
+	// the runner's workers, each a lane of retry budgets (budgetLane), so
+	// one budget's failures are decided in order and different budgets in
+	// parallel. Each failure waits on JetStream round trips (ledger read,
+	// ledger write, schedule, decision; the fault-scope write is shared by
+	// the provider's waiting classifications, lanes.go), so the scheduler is
+	// bound by latency, not CPU, and many lanes keep it busy: `failbus
+	// bench` on 2 cores measured the whole bus caught up at 2.0k outcomes/s
+	// with 4, 2.3k with 8 and 2.9k with 16 before the pipelined runner.
+	DefaultConcurrency = 64
 	// PolicyKVKey is the key of the active policy (YAML, the --policy file
 	// format) in KV bucket FAILBUS_POLICY.
 	PolicyKVKey = "active"
@@ -273,6 +275,9 @@ type Service struct {
 	control    *consumer.Runner
 
 	retries jetstream.Stream // FAILBUS_RETRIES, set by Run before consuming
+	// index remembers the ledger entries this replica has read or
+	// written, per budget (ledgerindex.go).
+	index ledgerIndex
 
 	mu       sync.Mutex
 	state    error
@@ -356,6 +361,7 @@ func New(js jetstream.JetStream, opts Config) (*Service, error) {
 	if cc.Concurrency == 0 {
 		cc.Concurrency = DefaultConcurrency
 	}
+	cc.Key = budgetLane
 	if s.classified, err = consumer.New(js, cc, s.handleClassified); err != nil {
 		return nil, fmt.Errorf("scheduler: %w", err)
 	}

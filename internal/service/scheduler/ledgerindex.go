@@ -1,0 +1,140 @@
+package scheduler
+
+import (
+	"container/list"
+	"sync"
+)
+
+// maxIndexedBudgets bounds the budgets the ledger index remembers; past it
+// the least recently used is forgotten (its ledger is read from the start
+// again when next needed). A budget's entries are a few hundred bytes
+// each, so this keeps the index within a few MB.
+const maxIndexedBudgets = 4096
+
+// ledgerIndex remembers, per budget, the ledger entries this replica has
+// read or written, by outcome, and the stream sequence through which it has
+// seen every entry of the budget's subject (the watermark). Ledger messages
+// never change once stored, so what it remembers stays true; what it has
+// not seen is read from the watermark on. With it, engine.Decide's
+// Latest-then-Find costs one read of the last entry instead of a walk of
+// the whole budget, and the first failure of a budget no read beyond that
+// (the index knows an empty budget is empty). Safe for concurrent use;
+// compare-and-set on the subject still decides every write, so an index
+// that lags (another replica appended) only makes Find read more.
+type ledgerIndex struct {
+	mu  sync.Mutex
+	m   map[string]*list.Element // budget token → *budgetIndex
+	lru list.List                // front: most recently used
+}
+
+type budgetIndex struct {
+	token string
+	// through: every entry of the subject up to this sequence is in
+	// byOutcome (0: none seen, or the budget was empty).
+	through uint64
+	// last is the budget's last sequence as ledgerLast last read it (0:
+	// untouched); known is false until it has read it once.
+	last  uint64
+	known bool
+	// byOutcome holds the latest entry seen per outcome id.
+	byOutcome map[string]*ledgerRead
+}
+
+// budget returns token's index, created if needed; call with mu held.
+func (x *ledgerIndex) budget(token string) *budgetIndex {
+	if x.m == nil {
+		x.m = map[string]*list.Element{}
+	}
+	if el, ok := x.m[token]; ok {
+		x.lru.MoveToFront(el)
+		return el.Value.(*budgetIndex)
+	}
+	b := &budgetIndex{token: token, byOutcome: map[string]*ledgerRead{}}
+	x.m[token] = x.lru.PushFront(b)
+	for x.lru.Len() > maxIndexedBudgets {
+		old := x.lru.Back()
+		x.lru.Remove(old)
+		delete(x.m, old.Value.(*budgetIndex).token)
+	}
+	return b
+}
+
+// keep records r as outcome's latest entry unless a later one is known.
+func (b *budgetIndex) keep(r *ledgerRead) {
+	if cur, ok := b.byOutcome[r.entry.OutcomeID]; !ok || cur.seq < r.seq {
+		b.byOutcome[r.entry.OutcomeID] = r
+	}
+}
+
+// sawLast records what ledgerLast read: the budget's last entry, or nil
+// for an untouched budget.
+func (x *ledgerIndex) sawLast(token string, r *ledgerRead) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	b := x.budget(token)
+	b.known = true
+	if r == nil {
+		// Untouched now: whatever was remembered was removed meanwhile
+		// (a purge, MaxAge); start over.
+		b.through, b.last, b.byOutcome = 0, 0, map[string]*ledgerRead{}
+		return
+	}
+	b.last = r.seq
+	b.keep(r)
+}
+
+// find answers from the index when it has seen the budget through its last
+// sequence as read by the latest ledgerLast: outcome's latest entry after
+// sequence after (the current retry episode's start; 0 for all);
+// otherwise ok is false and next is the sequence to read the subject from.
+func (x *ledgerIndex) find(token, outcomeID string, after uint64) (found *ledgerRead, next uint64, ok bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	b := x.budget(token)
+	if b.known && b.through >= b.last {
+		return b.after(outcomeID, after), 0, true
+	}
+	return nil, max(b.through, after) + 1, false
+}
+
+// after is outcome's latest entry if it lies after sequence seq.
+func (b *budgetIndex) after(outcomeID string, seq uint64) *ledgerRead {
+	if r := b.byOutcome[outcomeID]; r != nil && r.seq > seq {
+		return r
+	}
+	return nil
+}
+
+// scanned merges the entries read from sequence from to the subject's end
+// and answers the lookup (entries after sequence after only).
+func (x *ledgerIndex) scanned(token string, from uint64, read []*ledgerRead, outcomeID string, after uint64) *ledgerRead {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	b := x.budget(token)
+	end := from - 1
+	for _, r := range read {
+		b.keep(r)
+		end = r.seq
+	}
+	if b.through >= from-1 { // nothing between the watermark and from went unread
+		b.through = max(b.through, end)
+	}
+	b.last = max(b.last, end)
+	b.known = true
+	return b.after(outcomeID, after)
+}
+
+// appended records an entry this replica stored at r.seq with
+// compare-and-set on expect, the budget's last sequence before it: when
+// the index had seen everything through expect, it has now seen everything
+// through r.seq.
+func (x *ledgerIndex) appended(token string, expect uint64, r *ledgerRead) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	b := x.budget(token)
+	b.keep(r)
+	if b.known && b.through >= expect {
+		b.through = r.seq
+	}
+	b.last = max(b.last, r.seq)
+}
