@@ -14,7 +14,8 @@ import (
 
 // benchTiny are sizes that run the whole bench in a few seconds: the test
 // checks the report's shape, never its figures.
-var benchTiny = []string{"--n", "200", "--rounds", "2", "--k", "20", "--delay-min", "100ms", "--delay-max", "300ms"}
+var benchTiny = []string{"--n", "200", "--rounds", "2", "--k", "20", "--delay-min", "100ms", "--delay-max", "300ms",
+	"--rates", "100,200", "--rate-seconds", "0.5", "--pending", "100"}
 
 // TestBench runs `failbus bench` end to end on tiny sizes and checks the
 // shape of both outputs: every figure measured, every lateness sample
@@ -46,6 +47,10 @@ func TestBench(t *testing.T) {
 				"failbus scheduler: stored − due_at",
 				"failbus − raw",
 				"failbus end to end", "published at once",
+				"raw/3", "× raw/3",
+				"DECISION LATENCY (publish → stored)", "100/s", "200/s", "raw p99", "failbus p99",
+				"WITH 100 RETRIES PENDING (failbus) AND 100 RAW @at SCHEDULES", "process RSS", "Go heap",
+				"LATENESS WITH THEM PENDING (20 each)",
 			} {
 				if !strings.Contains(out, want) {
 					t.Errorf("output lacks %q", want)
@@ -83,6 +88,20 @@ func TestBench(t *testing.T) {
 				if p.N != 20 || p.MinMS > p.P50MS || p.P50MS > p.P99MS || p.P99MS > p.MaxMS {
 					t.Errorf("%s lateness %+v", name, p)
 				}
+			}
+			if len(rep.Latency) != 2 || rep.Latency[0].Rate != 100 || rep.Latency[1].Rate != 200 {
+				t.Fatalf("latency %+v, want the rates 100 and 200", rep.Latency)
+			}
+			for _, lt := range rep.Latency {
+				// Every message of the rate measured: 0.5 s of it.
+				if lt.Raw.N != lt.Rate/2 || lt.Failbus.N != lt.Rate/2 || !(lt.AchievedPerS > 0) || lt.Failbus.P50MS > lt.Failbus.P99MS {
+					t.Errorf("latency at %d/s: %+v", lt.Rate, lt)
+				}
+			}
+			p := rep.Pending
+			if p == nil || p.N != 100 || !(p.DecidedPerS > 0) || !(p.RSSAfterMiB > 0) || !(p.HeapAfterMiB > 0) ||
+				p.Lateness.Raw.N != 20 || p.Lateness.Failbus.N != 20 {
+				t.Errorf("pending %+v", p)
 			}
 		}},
 	}

@@ -1,0 +1,387 @@
+package bench
+
+// Decision latency at fixed rates, and retry lateness and memory with many
+// retries pending: the figures of issue 11 beside their raw JetStream
+// counterparts, measured in the same run on the same server.
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/failbus/failbus/internal/service/scheduler"
+	"github.com/failbus/failbus/internal/watch"
+	topology "github.com/failbus/failbus/jetstream"
+	"github.com/failbus/failbus/pkg/events"
+	"github.com/failbus/failbus/pkg/policy/classify"
+)
+
+// benchLatency is the publish → stored latency at one fixed rate.
+type benchLatency struct {
+	// Rate is the outcomes (raw: messages) published per second, paced.
+	Rate int `json:"rate_per_s"`
+	// Raw: a raw JetStream relay (pull consumer, async publish of the
+	// message to a second stream, ack once stored): publish → relayed
+	// copy stored.
+	Raw benchPercentiles `json:"raw"`
+	// Failbus: an outcome published → its decision stored on
+	// failbus.decision.<agent> (classifier, then scheduler: fault scope,
+	// ledger, schedule, decision).
+	Failbus benchPercentiles `json:"failbus"`
+	// AchievedPerS is the rate the failbus outcomes were published at.
+	AchievedPerS float64 `json:"achieved_per_s"`
+}
+
+// benchPending is the run with many retries pending.
+type benchPending struct {
+	// N retries pending through failbus, and N raw @at schedules pending
+	// in a scratch stream, all due long after the run.
+	N int `json:"n"`
+	// DecidedPerS is how fast the N retries were decided and scheduled.
+	DecidedPerS float64 `json:"decided_per_s"`
+	// RSSBeforeMiB and RSSAfterMiB are the whole process's resident set
+	// (nats-server, every service, the bench) before the N retries and once
+	// all are scheduled; HeapBeforeMiB and HeapAfterMiB the Go heap in use
+	// after a GC. The scheduler runs in this process, so its growth is
+	// part of these, never more.
+	RSSBeforeMiB  float64 `json:"rss_before_mib"`
+	RSSAfterMiB   float64 `json:"rss_after_mib"`
+	HeapBeforeMiB float64 `json:"heap_before_mib"`
+	HeapAfterMiB  float64 `json:"heap_after_mib"`
+	// Lateness is the K-retry lateness measured with the N pending.
+	Lateness benchLateness `json:"lateness"`
+}
+
+// latencyAt measures the raw relay and failbus at rate for secs seconds.
+func (r *benchRunner) latencyAt(ctx context.Context, rate int, secs float64) (benchLatency, error) {
+	out := benchLatency{Rate: rate}
+	n := max(int(float64(rate)*secs), 1)
+	raw, err := r.rawRelayLatency(ctx, rate, n)
+	if err != nil {
+		return out, fmt.Errorf("raw relay at %d/s: %w", rate, err)
+	}
+	fb, achieved, err := r.failbusDecisionLatency(ctx, rate, n)
+	if err != nil {
+		return out, fmt.Errorf("failbus at %d/s: %w", rate, err)
+	}
+	out.Raw, out.Failbus, out.AchievedPerS = percentiles(raw), percentiles(fb), achieved
+	return out, nil
+}
+
+// pace publishes msgs at rate per second (async, window cfg.window),
+// calling sent with each message's index and publish time, and returns
+// the rate achieved.
+func (r *benchRunner) pace(ctx context.Context, msgs []*nats.Msg, rate int, sent func(i int, at time.Time)) (float64, error) {
+	start := time.Now()
+	interval := time.Second / time.Duration(rate)
+	for i, m := range msgs {
+		if wait := time.Until(start.Add(time.Duration(i) * interval)); wait > 0 {
+			time.Sleep(wait) // pacing the load generator, not a test
+		}
+		if ctx.Err() != nil {
+			return 0, ctx.Err()
+		}
+		sent(i, time.Now())
+		if _, err := r.js.PublishMsgAsync(m, jetstream.WithStallWait(benchStallWait)); err != nil {
+			return 0, fmt.Errorf("publish to %s: %w", m.Subject, err)
+		}
+	}
+	return float64(len(msgs)) / time.Since(start).Seconds(), nil
+}
+
+// collector gathers stored − sent for messages identified by an id.
+type collector struct {
+	mu      sync.Mutex
+	sent    map[string]time.Time
+	samples []time.Duration
+	want    int
+	full    chan struct{}
+	w       *watch.Watch
+}
+
+func newCollector(want int) *collector {
+	return &collector{sent: make(map[string]time.Time, want), want: want, full: make(chan struct{})}
+}
+
+func (c *collector) markSent(id string, at time.Time) {
+	c.mu.Lock()
+	c.sent[id] = at
+	c.mu.Unlock()
+}
+
+func (c *collector) stored(id string, at time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t, ok := c.sent[id]
+	if !ok {
+		return
+	}
+	delete(c.sent, id)
+	c.samples = append(c.samples, at.Sub(t))
+	if len(c.samples) == c.want {
+		close(c.full)
+	}
+}
+
+func (c *collector) wait(ctx context.Context) ([]time.Duration, error) {
+	ctx, cancel := context.WithTimeout(ctx, benchWait)
+	defer cancel()
+	select {
+	case <-c.full:
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.samples, nil
+	case <-ctx.Done():
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return nil, fmt.Errorf("%d of %d stored: %w", len(c.samples), c.want, ctx.Err())
+	}
+}
+
+// rawRelayLatency: n messages paced at rate into the raw stream; a relay
+// consumes each, publishes it async to the relay stream and acks it once
+// stored (the pipelined runner's shape, without failbus); latency is the
+// relayed copy's stored time − the publish time.
+func (r *benchRunner) rawRelayLatency(ctx context.Context, rate, n int) ([]time.Duration, error) {
+	tag := "lat" + strconv.Itoa(rate)
+	col := newCollector(n)
+	w, err := watch.Start(ctx, r.js, watch.Config{Stream: benchRelayStream, Filters: []string{benchRelayPrefix + "." + tag + ".>"}, Follow: true}, func(m jetstream.Msg) error {
+		if meta, err := m.Metadata(); err == nil {
+			col.stored(m.Headers().Get(events.HeaderMsgID), meta.Timestamp)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = w.Stop() }()
+	cons, err := r.js.CreateConsumer(ctx, benchRawStream, jetstream.ConsumerConfig{
+		Name: "bench-" + tag, AckPolicy: jetstream.AckExplicitPolicy, FilterSubject: benchRawPrefix + "." + tag + ".>",
+		DeliverPolicy: jetstream.DeliverNewPolicy, MaxAckPending: 1000,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("relay consumer: %w", err)
+	}
+	defer func() { _ = r.js.DeleteConsumer(context.WithoutCancel(ctx), benchRawStream, "bench-"+tag) }()
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		id := m.Headers().Get(events.HeaderMsgID)
+		h := nats.Header{}
+		h.Set(events.HeaderMsgID, id)
+		f, err := r.js.PublishMsgAsync(&nats.Msg{Subject: benchRelayPrefix + "." + tag + ".x", Header: h, Data: m.Data()}, jetstream.WithStallWait(benchStallWait))
+		if err != nil {
+			return
+		}
+		go func() {
+			select {
+			case <-f.Ok():
+				_ = m.Ack()
+			case <-f.Err():
+			case <-ctx.Done():
+			}
+		}()
+	}, jetstream.PullMaxMessages(256))
+	if err != nil {
+		return nil, err
+	}
+	defer cc.Stop()
+	msgs := make([]*nats.Msg, n)
+	for i := range msgs {
+		h := nats.Header{}
+		h.Set(events.HeaderMsgID, tag+"-"+strconv.Itoa(i))
+		msgs[i] = &nats.Msg{Subject: benchRawPrefix + "." + tag + ".x", Header: h, Data: []byte("bench latency")}
+	}
+	if _, err := r.pace(ctx, msgs, rate, func(i int, at time.Time) { col.markSent(msgs[i].Header.Get(events.HeaderMsgID), at) }); err != nil {
+		return nil, err
+	}
+	return col.wait(ctx)
+}
+
+// failbusDecisionLatency: n failures (each its own step, a 429 asking for a
+// retry after a minute) paced at rate; latency is the decision's stored
+// time − the outcome's publish time.
+func (r *benchRunner) failbusDecisionLatency(ctx context.Context, rate, n int) ([]time.Duration, float64, error) {
+	agent := "bench-lat-" + strconv.Itoa(rate)
+	col := newCollector(n)
+	w, err := watch.Start(ctx, r.js, watch.Config{Stream: topology.StreamDecisions, Filters: []string{events.DecisionSubject(agent)}, Follow: true}, func(m jetstream.Msg) error {
+		meta, err := m.Metadata()
+		if err != nil {
+			return nil
+		}
+		if d, err := events.DecodeAs[*events.Decision](m.Subject(), m.Headers(), m.Data()); err == nil {
+			col.stored(d.OutcomeID, meta.Timestamp)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	defer func() { _ = w.Stop() }()
+	msgs, ids, err := failures(agent, n, 30*time.Second)
+	if err != nil {
+		return nil, 0, err
+	}
+	achieved, err := r.pace(ctx, msgs, rate, func(i int, at time.Time) { col.markSent(ids[i], at) })
+	if err != nil {
+		return nil, 0, err
+	}
+	samples, err := col.wait(ctx)
+	return samples, achieved, err
+}
+
+// failures builds n rate-limited outcomes of agent, each the first failure
+// of its own step, asking for a retry after delay.
+func failures(agent string, n int, delay time.Duration) ([]*nats.Msg, []string, error) {
+	msgs, ids := make([]*nats.Msg, n), make([]string, n)
+	now := events.At(time.Now())
+	for i := range n {
+		o := &events.Outcome{
+			ID: agent + "-" + strconv.Itoa(i), At: now, Agent: agent, Session: agent,
+			Provider: benchProvider, Model: "bench-model", Profile: "key-1", Turn: i + 1, Step: 1, Status: 429,
+			Headers: map[string]string{classify.HintRetryAfterMS: strconv.FormatInt(delay.Milliseconds(), 10)},
+			Body:    `{"error":{"message":"Rate limit reached for requests","type":"requests","code":"rate_limit_exceeded"}}`,
+		}
+		data, hdr, err := events.Encode(o)
+		if err != nil {
+			return nil, nil, err
+		}
+		hdr.Set(events.HeaderMsgID, o.ID)
+		msgs[i], ids[i] = &nats.Msg{Subject: events.OutcomeSubject(o.Provider, o.Agent), Header: hdr, Data: data}, o.ID
+	}
+	return msgs, ids, nil
+}
+
+// pending puts N retries through failbus and N raw @at schedules in the
+// scratch stream, all due an hour after the run, measures memory before and
+// after, and then the K-retry lateness with them pending.
+func (r *benchRunner) pending(ctx context.Context, n int) (benchPending, error) {
+	out := benchPending{N: n}
+	out.RSSBeforeMiB, out.HeapBeforeMiB = memory()
+
+	// Raw: N @at schedules an hour ahead.
+	due := time.Now().Add(time.Hour)
+	raw := make([]*nats.Msg, n)
+	for i := range raw {
+		id := "bench-pending-raw-" + strconv.Itoa(i)
+		data, hdr, err := events.Encode(&events.RetryDue{RetryID: id, OutcomeID: id, Agent: benchRetryAgent, Retry: 1, DueAt: events.At(due)})
+		if err != nil {
+			return out, err
+		}
+		hdr.Set(events.HeaderMsgID, id)
+		hdr.Set(scheduler.HeaderSchedule, scheduler.ScheduleHeader(due))
+		hdr.Set(scheduler.HeaderScheduleTarget, benchSchedPrefix+".pending-due")
+		hdr.Set(scheduler.HeaderTTL, "never")
+		raw[i] = &nats.Msg{Subject: benchSchedPrefix + ".pending." + strconv.Itoa(i), Header: hdr, Data: data}
+	}
+	if err := r.publishAll(ctx, raw); err != nil {
+		return out, fmt.Errorf("raw schedules: %w", err)
+	}
+
+	// failbus: N failures asking for a retry in an hour (the bench's
+	// policy allows it), each its own step.
+	agent := "bench-pending"
+	col := newCollector(n)
+	w, err := watch.Start(ctx, r.js, watch.Config{Stream: topology.StreamDecisions, Filters: []string{events.DecisionSubject(agent)}, Follow: true}, func(m jetstream.Msg) error {
+		if d, err := events.DecodeAs[*events.Decision](m.Subject(), m.Headers(), m.Data()); err == nil {
+			col.stored(d.OutcomeID, time.Now())
+		}
+		return nil
+	})
+	if err != nil {
+		return out, err
+	}
+	msgs, ids, err := failures(agent, n, benchPendingDelay)
+	if err != nil {
+		_ = w.Stop()
+		return out, err
+	}
+	start := time.Now()
+	for _, id := range ids {
+		col.markSent(id, start)
+	}
+	if err := r.publishAll(ctx, msgs); err != nil {
+		_ = w.Stop()
+		return out, err
+	}
+	if _, err := col.wait(ctx); err != nil {
+		_ = w.Stop()
+		return out, fmt.Errorf("failbus retries decided: %w", err)
+	}
+	_ = w.Stop()
+	out.DecidedPerS = float64(n) / time.Since(start).Seconds()
+	if err := r.poll(ctx, "the services to catch up", func() (bool, error) { return r.settled(ctx) }); err != nil {
+		return out, err
+	}
+	out.RSSAfterMiB, out.HeapAfterMiB = memory()
+	lat, err := r.lateness(ctx)
+	if err != nil {
+		return out, err
+	}
+	out.Lateness = lat
+	return out, nil
+}
+
+// benchPendingDelay is how far ahead the pending retries are due: beyond
+// any run, within the bench policy's max_delay.
+const benchPendingDelay = 50 * time.Minute
+
+// memory is the process's resident set (VmRSS, Linux; 0 elsewhere) and
+// the Go heap in use after a GC, in MiB.
+func memory() (rss, heap float64) {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	heap = float64(ms.HeapInuse) / (1 << 20)
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		return 0, heap
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
+			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+			return kb / 1024, heap
+		}
+	}
+	return 0, heap
+}
+
+// printLatency writes the latency and pending tables.
+func printLatency(w io.Writer, rep *benchReport) {
+	if len(rep.Latency) > 0 {
+		fmt.Fprintln(w)
+		t := benchTable{align: "lrrrrrr"}
+		t.add("DECISION LATENCY (publish → stored)", "rate", "achieved", "raw p50", "raw p99", "failbus p50", "failbus p99")
+		for _, l := range rep.Latency {
+			t.add("", strconv.Itoa(l.Rate)+"/s", human(l.AchievedPerS)+"/s", fmtMS(l.Raw.P50MS), fmtMS(l.Raw.P99MS), fmtMS(l.Failbus.P50MS), fmtMS(l.Failbus.P99MS))
+		}
+		t.write(w)
+		fmt.Fprintln(w, "raw: a relay (pull, async publish to a second stream, ack once stored); failbus: outcome → classifier → scheduler → decision stored.")
+	}
+	if p := rep.Pending; p != nil {
+		fmt.Fprintln(w)
+		fmt.Fprintf(w, "WITH %d RETRIES PENDING (failbus) AND %d RAW @at SCHEDULES (due in %v), decided at %s/s\n", p.N, p.N, benchPendingDelay, human(p.DecidedPerS))
+		fmt.Fprintf(w, "process RSS %.0f → %.0f MiB (%+.0f MiB), Go heap in use %.0f → %.0f MiB (%+.0f MiB): nats-server, every service and the bench in one process\n",
+			p.RSSBeforeMiB, p.RSSAfterMiB, p.RSSAfterMiB-p.RSSBeforeMiB, p.HeapBeforeMiB, p.HeapAfterMiB, p.HeapAfterMiB-p.HeapBeforeMiB)
+		l := p.Lateness
+		t := benchTable{align: "lrrrrr"}
+		t.add(fmt.Sprintf("LATENESS WITH THEM PENDING (%d each)", l.K), "n", "p50", "p99", "min", "max")
+		lrow := func(name string, s benchPercentiles) {
+			t.add(name, strconv.Itoa(s.N), fmtMS(s.P50MS), fmtMS(s.P99MS), fmtMS(s.MinMS), fmtMS(s.MaxMS))
+		}
+		lrow("raw JetStream @at: stored − due", l.Raw)
+		lrow("failbus scheduler: stored − due_at", l.Failbus)
+		t.add("failbus − raw", "", fmtSignedMS(l.DiffP50MS), fmtSignedMS(l.DiffP99MS), "", "")
+		t.write(w)
+	}
+}
