@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/engine"
 	"github.com/failbus/failbus/pkg/events"
@@ -117,16 +119,61 @@ func (s *Service) decide(ctx context.Context, m *consumer.Msg, c events.Classifi
 	}
 	// Persisted before waiting: the stage stored the ledger entry.
 	s.crash(CrashAfterLedger)
-	if err := s.schedule(ctx, &LedgerEntry{Record: *v.Record}); err != nil {
+	return s.scheduleAndDecide(ctx, &LedgerEntry{Record: *v.Record}, &d)
+}
+
+// scheduleAndDecide stores the retry's schedule and its decision with two
+// async publishes sent back to back, one round trip for both instead of
+// one each. The schedule is sent first; the decision is stored whether or
+// not the schedule was (another stream): when the schedule failed, the
+// input is redelivered, replayed from its ledger record and the schedule
+// restored (restore), under the same ids, so a decision never stands
+// without its retry coming due.
+func (s *Service) scheduleAndDecide(ctx context.Context, e *LedgerEntry, d *events.Decision) error {
+	sched, err := s.scheduleMsg(e)
+	if err != nil {
+		return err
+	}
+	dec, err := consumer.NewMsg(events.DecisionSubject(d.Agent), d, retryMsgID(d.RetryID), nil)
+	if err != nil {
+		return fmt.Errorf("decision of %s: %w", d.OutcomeID, err)
+	}
+	sf, err := s.js.PublishMsgAsync(sched)
+	if err != nil {
+		return fmt.Errorf("publish schedule %s: %w", sched.Subject, err)
+	}
+	df, err := s.js.PublishMsgAsync(dec)
+	if err != nil {
+		return fmt.Errorf("publish decision %s: %w", dec.Subject, err)
+	}
+	if err := awaitPub(ctx, sf); err != nil {
 		return err
 	}
 	s.crash(CrashAfterSchedule)
-	if err := s.publishDecision(ctx, &d, retryMsgID(d.RetryID)); err != nil {
+	if err := awaitPub(ctx, df); err != nil {
 		return err
 	}
+	s.m.decisions.WithLabelValues(d.Action).Inc()
 	s.crash(CrashAfterDecision)
 	return nil
 }
+
+// awaitPub waits for an async publish to be stored.
+func awaitPub(ctx context.Context, f jetstream.PubAckFuture) error {
+	ctx, cancel := context.WithTimeout(ctx, publishTimeout)
+	defer cancel()
+	select {
+	case <-f.Ok():
+		return nil
+	case err := <-f.Err():
+		return fmt.Errorf("publish %s: %w", f.Msg().Subject, err)
+	case <-ctx.Done():
+		return fmt.Errorf("publish %s: no acknowledgement: %w", f.Msg().Subject, ctx.Err())
+	}
+}
+
+// publishTimeout bounds the wait for an async publish's acknowledgement.
+const publishTimeout = 10 * time.Second
 
 // retryMsgID is the Nats-Msg-Id of a retry decision.
 func retryMsgID(retryID string) string { return Name + ":" + retryID + ":decision" }

@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	topology "github.com/failbus/failbus/jetstream"
+	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
 )
 
@@ -46,13 +47,30 @@ func ScheduleHeader(t time.Time) string { return "@at " + t.UTC().Format(time.RF
 // schedule publishes the due message of e on its schedule subject. A
 // re-publish within the duplicate window is dropped by its Nats-Msg-Id.
 func (s *Service) schedule(ctx context.Context, e *LedgerEntry) error {
+	m, err := s.scheduleMsg(e)
+	if err != nil {
+		return err
+	}
+	if _, err := s.js.PublishMsg(ctx, m); err != nil {
+		return fmt.Errorf("publish schedule %s: %w", m.Subject, err)
+	}
+	return nil
+}
+
+// scheduleMsg is the schedule message of e: its due message on its
+// schedule subject with the scheduling headers and Nats-Msg-Id
+// "scheduler:<retry id>:schedule".
+func (s *Service) scheduleMsg(e *LedgerEntry) (*nats.Msg, error) {
 	due := e.Due()
 	extra := nats.Header{}
 	extra.Set(HeaderSchedule, ScheduleHeader(e.DueAt.Time))
 	extra.Set(HeaderScheduleTarget, events.RetryDueSubject(e.Agent))
 	extra.Set(HeaderTTL, "never")
-	_, err := s.publish(ctx, events.RetryScheduleSubject(e.Agent, e.RetryID), &due, Name+":"+e.RetryID+":schedule", extra)
-	return err
+	m, err := consumer.NewMsg(events.RetryScheduleSubject(e.Agent, e.RetryID), &due, Name+":"+e.RetryID+":schedule", extra)
+	if err != nil {
+		return nil, fmt.Errorf("schedule of %s: %w", e.RetryID, err)
+	}
+	return m, nil
 }
 
 // schedulePending reports whether e's schedule is stored and has not fired.

@@ -36,7 +36,10 @@
 //     MaxAge can never remove a schedule before it fires. The payload is the
 //     events.RetryDue the agent receives.
 //  5. The decision goes out on failbus.decision.<agent>, then the input is
-//     acknowledged.
+//     acknowledged. The schedule and the decision are sent back to back
+//     as async publishes and waited for together (one round trip for
+//     both); a schedule that failed while its decision was stored is
+//     restored by the redelivery's replay, under the same ids.
 //
 // Every publish carries a Nats-Msg-Id derived from the retry id
 // ("scheduler:<retry id>:ledger|schedule|decision") or, for decisions that
