@@ -105,25 +105,37 @@ func (r *Runner) newPipeline(run, hctx context.Context) *pipeline {
 	return pl
 }
 
-// free is how many more inputs the window takes now.
-func (pl *pipeline) free() int { return cap(pl.slots) - len(pl.slots) }
+// reserve waits for n window slots, which the next pull's messages take;
+// false when ctx ended first (the slots taken are given back).
+func (pl *pipeline) reserve(ctx context.Context, n int) (int, bool) {
+	for i := range n {
+		select {
+		case pl.slots <- struct{}{}:
+		case <-ctx.Done():
+			pl.unreserve(i)
+			return 0, false
+		}
+	}
+	return n, true
+}
 
-// dispatch waits for a window slot and queues raw on its lane; during a
-// shutdown it hands raw back to the server instead.
+// unreserve gives back n slots a pull reserved and did not fill.
+func (pl *pipeline) unreserve(n int) {
+	for range n {
+		<-pl.slots
+	}
+}
+
+// dispatch queues raw, which holds a slot reserved for it, on its lane;
+// during a shutdown it gives the slot back and keeps raw to hand back to
+// the server once the pull has ended.
 func (pl *pipeline) dispatch(ctx context.Context, raw jetstream.Msg) {
 	r := pl.r
 	if md, err := raw.Metadata(); err == nil {
 		r.pos.delivered(md.Sequence.Stream) // before a later pull can find the durable gone
 	}
-	queued := false
-	if ctx.Err() == nil {
-		select {
-		case pl.slots <- struct{}{}:
-			queued = true // a worker hands it back if the shutdown came meanwhile
-		case <-ctx.Done():
-		}
-	}
-	if !queued {
+	if ctx.Err() != nil {
+		<-pl.slots
 		pl.later = append(pl.later, raw)
 		return
 	}

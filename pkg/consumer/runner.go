@@ -242,18 +242,30 @@ func (r *Runner) pull(ctx context.Context, cons jetstream.Consumer, pl *pipeline
 		// stays on the server until it expires, and messages it delivers
 		// then would wait out their AckWait. Ending naturally after
 		// FetchWait, and handing back what arrives, avoids that.
-		// Never ask for more than the window has room for: a fetched
-		// message waits for a slot while its AckWait runs.
-		n := min(r.cfg.FetchBatch, max(pl.free(), 1))
+		// A pull asks only for what the window has room for, and waits
+		// until it has room for a whole batch: asking for whatever
+		// trickled free would make a pull request per message once the
+		// window is full (the workers slower than the server).
+		n, ok := pl.reserve(ctx, min(r.cfg.FetchBatch, r.window))
+		if !ok {
+			break // shutting down
+		}
 		batch, err := cons.Fetch(n, jetstream.FetchMaxWait(r.cfg.FetchWait))
 		idle = true
+		used := 0
 		if err == nil {
 			for raw := range batch.Messages() {
 				idle = false
-				pl.dispatch(ctx, raw)
+				if used < n {
+					used++
+					pl.dispatch(ctx, raw)
+				} else {
+					pl.later = append(pl.later, raw) // cannot happen: the pull asked for n
+				}
 			}
 			err = batch.Error()
 		}
+		pl.unreserve(n - used)
 		if err == nil {
 			r.setFetchErr(nil)
 			continue
