@@ -462,6 +462,7 @@ type report struct {
 	decisions, decisionsDoubled, noDecision  int
 	retries, due, dueLost, dueDoubled        int
 	notifications, delivered, deliveredTwice int
+	refusals, refusedSegments                int
 	publishRetries                           int64
 }
 
@@ -524,6 +525,26 @@ func (p *pipeline) check(w workload, c counts) report {
 			r.due += min(c.due[d.RetryID], 1)
 		}
 	}
+	// Refusal notifications (seed 000, DESIGN.md "Refusal tiers"): one at
+	// the first refusal of a segment and one at freezing, which needs three
+	// failed re-probes hours apart and never comes in this run — so one
+	// per refused segment, whatever its number of refusals.
+	refused := map[string]bool{}
+	for i := range w.n {
+		if o := w.outcome(i); o.StopReason == "refusal" {
+			r.refusals++
+			refused[events.SegmentKey(o.Session, o.Segment)] = true
+		}
+	}
+	r.refusedSegments = len(refused)
+	for seg := range refused {
+		if key := "provider-refusal:" + seg + ":0:strict"; c.notify[key] != 1 {
+			p.t.Errorf("refused segment %s: %d notification requests %s, want 1", seg, c.notify[key], key)
+		}
+	}
+	if len(c.notify) != len(refused) {
+		p.t.Errorf("%d notifications requested for %d refused segments (%d refusals), want one per segment", len(c.notify), len(refused), r.refusals)
+	}
 	for k := range c.notify {
 		r.notifications++
 		switch n := c.delivered[k]; {
@@ -551,9 +572,9 @@ func (p *pipeline) check(w workload, c counts) report {
 
 func (r report) String() string {
 	return fmt.Sprintf("outcomes sent %d, classified %d, lost %d, doubled %d; failures decided %d (none missing: %v, doubled %d); "+
-		"retries %d, due %d (lost %d, doubled %d); notifications %d, delivered %d (twice %d); publish attempts retried %d",
+		"retries %d, due %d (lost %d, doubled %d); refusals %d in %d segments; notifications %d, delivered %d (twice %d); publish attempts retried %d",
 		r.sent, r.classified, r.lost, r.doubled, r.decisions, r.noDecision == 0, r.decisionsDoubled,
-		r.retries, r.due, r.dueLost, r.dueDoubled, r.notifications, r.delivered, r.deliveredTwice, r.publishRetries)
+		r.retries, r.due, r.dueLost, r.dueDoubled, r.refusals, r.refusedSegments, r.notifications, r.delivered, r.deliveredTwice, r.publishRetries)
 }
 
 // watchElections counts leader elections from a node other than avoid.
