@@ -26,9 +26,14 @@ package retry
 
 import (
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
+	"math"
 	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
 )
 
 // policyKeyVersion tags the canonical form; bump it only if the form must
@@ -59,11 +64,72 @@ func (r *Policy) Canonical() string {
 }
 
 // Key is the policy key: a short hash of Canonical. Retry counts are kept
-// per policy key, so any behavioural change restarts them.
+// per policy key, so any behavioural change restarts them. Every decision
+// asks for it (on a Policy just resolved), so keys are remembered per
+// behavioural value (keyMemo): the canonical JSON and its hash are
+// computed once per policy generation, not once per outcome.
 func (r *Policy) Key() string {
+	if r == nil {
+		return policyKey(r)
+	}
+	m := r.memo()
+	if k, ok := policyKeys.Load(m); ok {
+		return k.(string)
+	}
+	k := policyKey(r)
+	if policyKeysN.Add(1) <= maxPolicyKeys {
+		policyKeys.Store(m, k)
+	}
+	return k
+}
+
+func policyKey(r *Policy) string {
 	sum := sha256.Sum256([]byte(r.Canonical()))
 	return "pk" + hex.EncodeToString(sum[:8])
 }
+
+// keyMemo is every field Canonical reads, comparable: the key of the
+// policy-key memo. Classes holds the retryable classes, each prefixed with
+// its length (unambiguous whatever the names hold); nil and empty are the
+// same, as in Canonical.
+type keyMemo struct {
+	mode         string
+	maxRetries   int
+	initialDelay time.Duration
+	maxDelay     time.Duration
+	jitterBits   uint64
+	classes      string
+}
+
+func (r *Policy) memo() keyMemo {
+	n := 0
+	for _, c := range r.Retryable {
+		n += binary.MaxVarintLen64 + len(c)
+	}
+	b := make([]byte, 0, n)
+	for _, c := range r.Retryable {
+		b = binary.AppendUvarint(b, uint64(len(c)))
+		b = append(b, c...)
+	}
+	return keyMemo{
+		mode:         r.Mode,
+		maxRetries:   r.MaxRetries,
+		initialDelay: r.InitialDelay,
+		maxDelay:     r.MaxDelay,
+		jitterBits:   math.Float64bits(r.JitterRatio),
+		classes:      string(b),
+	}
+}
+
+// policyKeys maps keyMemo → Key. A process sees a handful of policy
+// generations; maxPolicyKeys bounds the memo anyway (beyond it keys are
+// computed each time).
+var (
+	policyKeys  sync.Map
+	policyKeysN atomic.Int64
+)
+
+const maxPolicyKeys = 4096
 
 // BudgetKey identifies one retry budget: the retries of one step of one
 // agent's turn on one provider under one policy generation.
@@ -80,10 +146,51 @@ type BudgetKey struct {
 // subject, events.RetryLedgerSubject): "b" + 24 hex digits of the SHA-256
 // of the fields, so names with dots or spaces can never make two budgets
 // collide.
+//
+// The hashed bytes are exactly json.Marshal([]any{Agent, Session, Turn,
+// Step, Provider, PolicyKey}) (tokens are persisted: they must never
+// change); they are written by hand here because every decision computes
+// one (TestBudgetTokenIsPinned, TestBudgetTokenBytesAreJSON).
 func (k BudgetKey) Token() string {
-	b, _ := json.Marshal([]any{k.Agent, k.Session, k.Turn, k.Step, k.Provider, k.PolicyKey})
-	sum := sha256.Sum256(b)
-	return "b" + hex.EncodeToString(sum[:12])
+	var buf [256]byte
+	sum := sha256.Sum256(k.appendCanonical(buf[:0]))
+	var out [1 + 24]byte
+	out[0] = 'b'
+	hex.Encode(out[1:], sum[:12])
+	return string(out[:])
+}
+
+// appendCanonical appends the JSON array Token hashes.
+func (k BudgetKey) appendCanonical(b []byte) []byte {
+	b = append(b, '[')
+	b = appendJSONString(b, k.Agent)
+	b = append(b, ',')
+	b = appendJSONString(b, k.Session)
+	b = append(b, ',')
+	b = strconv.AppendInt(b, int64(k.Turn), 10)
+	b = append(b, ',')
+	b = strconv.AppendInt(b, int64(k.Step), 10)
+	b = append(b, ',')
+	b = appendJSONString(b, k.Provider)
+	b = append(b, ',')
+	b = appendJSONString(b, k.PolicyKey)
+	return append(b, ']')
+}
+
+// appendJSONString appends s as json.Marshal writes it: verbatim in quotes
+// when it is printable ASCII that json.Marshal does not escape (the usual
+// case), otherwise what json.Marshal returns.
+func appendJSONString(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c < 0x20 || c >= 0x7f, c == '"', c == '\\', c == '<', c == '>', c == '&':
+			q, _ := json.Marshal(s)
+			return append(b, q...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
 }
 
 // RetryID is the id of the n-th retry (1-based) of this budget. It is

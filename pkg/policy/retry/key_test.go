@@ -1,6 +1,9 @@
 package retry_test
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"regexp"
 	"testing"
 
@@ -88,6 +91,81 @@ func TestBudgetKey(t *testing.T) {
 	for _, v := range variants {
 		if v.Token() == base.Token() {
 			t.Errorf("%+v has the same token as %+v", v, base)
+		}
+	}
+}
+
+// TestPolicyKeyIsPinned: policy keys are persisted on the bus (ledger
+// records, budget tokens), so the key of a policy never changes — also not
+// when it is remembered (asked twice, and for an equal policy resolved
+// again).
+func TestPolicyKeyIsPinned(t *testing.T) {
+	t.Parallel()
+	tests := []struct{ doc, key string }{
+		{"", "pk65e8a5ef34e6e705"},
+		{"retry: {max_retries: 1}", "pkc965388b8f214ea9"},
+		{"retry: {mode: always, retryable_add: [context_overflow], jitter_ratio: 0.25, initial_delay: 1500us}", "pk36bda3582a65c413"},
+	}
+	for _, tt := range tests {
+		p, err := policy.Parse([]byte(tt.doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 2 {
+			if got := p.RetryFor("openai").Key(); got != tt.key {
+				t.Errorf("%q: key %s (call %d), want %s", tt.doc, got, i+1, tt.key)
+			}
+		}
+	}
+	var off *retry.Policy
+	if got := off.Key(); got != "pk0cc7ce77b7c25469" {
+		t.Errorf("key of no policy %s, want pk0cc7ce77b7c25469", got)
+	}
+	// Equal but for one field, one after the other: the memo tells them
+	// apart.
+	a := retry.Policy{Mode: "normal", MaxRetries: 3, InitialDelay: 1, MaxDelay: 2, JitterRatio: 0.5, Retryable: []string{"ab", "c"}}
+	b := a
+	b.Retryable = []string{"a", "bc"}
+	c := a
+	c.JitterRatio = 0.25
+	if ka, kb, kc := a.Key(), b.Key(), c.Key(); ka == kb || ka == kc {
+		t.Errorf("different policies share a key: %s %s %s", ka, kb, kc)
+	}
+}
+
+// TestBudgetTokenIsPinned: budget tokens name ledger subjects and retry
+// ids on the bus; they never change.
+func TestBudgetTokenIsPinned(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		k    retry.BudgetKey
+		want string
+	}{
+		{retry.BudgetKey{Agent: "a", Session: "s", Turn: 1, Step: 2, Provider: "p", PolicyKey: "pk1"}, "bbaa8334724cea5421243fd61"},
+		{retry.BudgetKey{Agent: "agent-7", Provider: "openai", PolicyKey: "pk0123456789abcdef"}, "bee6f1939aa760b46a9a72d9b"},
+		{retry.BudgetKey{Agent: "ä<b>&\"q\"\\", Session: "s\n\t\x01\u2028", Turn: -3, Step: 1 << 40, Provider: "bad\xffutf8", PolicyKey: "pk"}, "bc3e9292763dffb107128b5f0"},
+	}
+	for _, tt := range tests {
+		if got := tt.k.Token(); got != tt.want {
+			t.Errorf("%+v: token %s, want %s", tt.k, got, tt.want)
+		}
+	}
+}
+
+// TestBudgetTokenBytesAreJSON: Token hashes exactly json.Marshal of the
+// fields as an array, whatever the names hold.
+func TestBudgetTokenBytesAreJSON(t *testing.T) {
+	t.Parallel()
+	names := []string{"", "a", "openai", "a.b c", "<>&", `"`, `\`, "\x00", "\x1f", "\x7f", "é", "\u2028\u2029", "\xff", "\xed\xa0\x80", "日本", "a\tb", "💥"}
+	turns := []int{0, 1, -1, 1 << 62}
+	for i, a := range names {
+		for j, s := range names {
+			k := retry.BudgetKey{Agent: a, Session: s, Turn: turns[(i+j)%len(turns)], Step: turns[i%len(turns)], Provider: names[(i*7+j)%len(names)], PolicyKey: names[(i+3*j)%len(names)]}
+			b, _ := json.Marshal([]any{k.Agent, k.Session, k.Turn, k.Step, k.Provider, k.PolicyKey})
+			sum := sha256.Sum256(b)
+			if want := "b" + hex.EncodeToString(sum[:12]); k.Token() != want {
+				t.Errorf("%+v: token %s, want %s (of %s)", k, k.Token(), want, b)
+			}
 		}
 	}
 }
