@@ -1153,3 +1153,74 @@ func TestPolicyFileUnusableAtStart(t *testing.T) {
 		})
 	}
 }
+
+// Issue 15 on the bus: an agent without turn and step fails, its call goes
+// through, then fails again — two retry episodes, each retry 1, distinct
+// retry ids; the success is marked in the budget's ledger (ended_by), and
+// the second retry's lookup starts at its episode (episode_from).
+func TestRetryEpisodesWithoutTurnAndStepOnTheLedger(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.start(scheduler.Config{})
+	t0 := time.Now().Add(-time.Hour)
+	first := cls("e1", "loose", "openai", "k", events.ClassServerError, 0, 0, 0)
+	first.At = events.At(t0)
+	b.publish(first, "")
+	d1 := b.decisionOf("loose", "e1")
+	ok := cls("e2", "loose", "openai", "k", events.ClassOK, 0, 0, 0)
+	ok.At = events.At(d1.DueAt.Add(time.Second))
+	b.publish(ok, "")
+	// The scheduler decides several classifications at once: the next
+	// failure goes out once the success is marked, as a retry's outcome
+	// comes after its success would.
+	token := budgetToken(first, policy.Default())
+	b.poll("the success's end mark", func() bool { return len(b.ledger(token)) == 2 })
+	again := cls("e3", "loose", "openai", "k", events.ClassServerError, 0, 0, 0)
+	again.At = events.At(d1.DueAt.Add(2 * time.Second))
+	b.publish(again, "")
+	d3 := b.decisionOf("loose", "e3")
+	if d1.Action != events.ActionRetry || d1.Retry != 1 || d3.Action != events.ActionRetry || d3.Retry != 1 || d1.RetryID == d3.RetryID {
+		t.Fatalf("decisions %+v and %+v, want retry 1 each with distinct ids", d1, d3)
+	}
+	if !strings.Contains(d3.Reason, "new retry episode: success e2") {
+		t.Errorf("reason %q does not say the success ended the previous episode", d3.Reason)
+	}
+	b.waitIdle()
+	led := b.ledger(token)
+	if len(led) != 3 || led[1].EndedBy != "e2" || led[2].OutcomeID != "e3" || led[2].EpisodeFrom == 0 || led[2].Seq != 2 {
+		t.Fatalf("ledger %+v, want e1's record, the end mark by e2, and e3's record (seq 2) from the mark on", led)
+	}
+}
+
+// Issue 15 on the bus: a rate limit on every profile ends (health healthy
+// on failbus.health) when a later failure finds the profiles it counted
+// out of scope.window — not only at a success.
+func TestProviderRateLimitEndsOnTheHealthSubject(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.start(scheduler.Config{})
+	t0 := time.Now().Add(-26 * time.Hour)
+	for i, p := range []string{"p1", "p2"} {
+		c := cls("rl"+p, "rl-agent", "rl-provider", p, events.ClassRateLimit, i+1, 1, 0)
+		c.At = events.At(t0.Add(time.Duration(i) * time.Second))
+		b.publish(c, "")
+		b.decisionOf("rl-agent", c.OutcomeID)
+	}
+	later := cls("later", "rl-agent", "rl-provider", "p3", events.ClassServerError, 3, 1, 0)
+	b.publish(later, "")
+	d := b.decisionOf("rl-agent", "later")
+	if strings.Contains(d.Reason, "rate-limited") {
+		t.Errorf("a day later: reason %q still waits for the rate limit", d.Reason)
+	}
+	var states []string
+	b.poll("health degraded then healthy", func() bool {
+		states = states[:0]
+		for _, h := range b.health("rl-provider") {
+			states = append(states, h.State)
+		}
+		return len(states) >= 2
+	})
+	if strings.Join(states, " ") != "degraded healthy" {
+		t.Fatalf("health %v, want degraded then healthy", states)
+	}
+}
