@@ -36,10 +36,22 @@ func (l ledgerStore) Find(ctx context.Context, budget, outcomeID string, from ui
 // Append implements engine.Ledger.
 func (l ledgerStore) Append(ctx context.Context, rec *retry.Record, rev uint64) error {
 	kind := "ledger"
+	e := &LedgerEntry{Record: *rec}
 	if rec.EndedBy != "" {
-		kind = "ended" // the mark a success ends a retry episode with
+		// The mark a success ends a retry episode with: a copy of the
+		// latest entry, which keeps the agent's started or cancel mark
+		// (not part of retry.Record), or a redelivery finding it would
+		// restore a cancelled schedule.
+		kind = "ended"
+		last, err := l.s.ledgerLast(ctx, rec.Budget().Token())
+		if err != nil {
+			return err
+		}
+		if last != nil && last.seq == rev && last.entry.RetryID == rec.RetryID {
+			e.CancelledAt, e.StartedAt = last.entry.CancelledAt, last.entry.StartedAt
+		}
 	}
-	_, err := l.s.ledgerAppend(ctx, &LedgerEntry{Record: *rec}, rev, kind)
+	_, err := l.s.ledgerAppend(ctx, e, rev, kind)
 	if errors.Is(err, errLedgerConflict) {
 		l.s.m.conflicts.Inc()
 		return engine.ErrConflict

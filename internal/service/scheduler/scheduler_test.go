@@ -1224,3 +1224,41 @@ func TestProviderRateLimitEndsOnTheHealthSubject(t *testing.T) {
 		t.Fatalf("health %v, want degraded then healthy", states)
 	}
 }
+
+// The end mark a success writes keeps the agent's cancel: a late
+// redelivery of the cancelled failure finds it and restores no schedule.
+func TestAnEpisodeEndKeepsTheCancel(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	reg := prometheus.NewRegistry()
+	b.start(scheduler.Config{Runner: consumer.Config{Registerer: reg}})
+	ag, err := agent.New(b.nc, "quitter")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := cls("q-1", "quitter", "openai", "k", events.ClassOverloaded, 0, 0, 3000)
+	b.publish(c, "")
+	d := b.decisionOf("quitter", "q-1")
+	if err := ag.Cancel(b.ctx, d.RetryID); err != nil {
+		t.Fatal(err)
+	}
+	b.poll("the schedule purged", func() bool { return b.schedulesOf("quitter") == 0 })
+	b.waitIdle()
+	ok := cls("q-ok", "quitter", "openai", "k", events.ClassOK, 0, 0, 0)
+	ok.At = events.At(time.Now())
+	b.publish(ok, "")
+	token := budgetToken(c, policy.Default())
+	b.poll("the end mark", func() bool { return len(b.ledger(token)) == 3 })
+	led := b.ledger(token)
+	if last := led[2]; last.EndedBy != "q-ok" || !last.Cancelled() {
+		t.Fatalf("end mark %+v, want ended by q-ok and still cancelled", last)
+	}
+	b.publish(c, "redelivery:q-1")
+	b.waitIdle()
+	if got := counter(t, reg, "failbus_scheduler_schedules_restored_total"); got != 0 {
+		t.Errorf("schedules restored: %v, want 0 (the retry was cancelled)", got)
+	}
+	if n := b.schedulesOf("quitter"); n != 0 {
+		t.Errorf("%d schedules pending, want none", n)
+	}
+}
