@@ -1,7 +1,7 @@
 // Package memstore is the recovery checklist's Store in memory: what
-// `failbus simulate` and the checklist's tests run the core on. Like KV it
-// keeps records encoded, so a loaded record is a copy and a save checks the
-// revision.
+// `failbus simulate` and the checklist's tests run the core on. Like KV, a
+// loaded record is a copy, a saved record is what a KV round trip would
+// give back (record.go), and a save checks the revision.
 package memstore
 
 import (
@@ -19,11 +19,13 @@ import (
 )
 
 // Store is recovery.Store in memory, for `failbus simulate` and tests. Like
-// KV, it keeps records encoded, so a loaded record is a copy and a save
-// checks the revision. It is safe for concurrent use.
+// KV, a loaded record is a copy and a save checks the revision. Provider
+// records, read and written for almost every input, are kept decoded
+// (copyRecord makes exactly what a msgpack round trip would); task index
+// entries are kept encoded. It is safe for concurrent use.
 type Store struct {
 	mu         sync.Mutex
-	providers  map[string]memEntry
+	providers  map[string]provEntry
 	heartbeats map[[2]string]events.Heartbeat
 	crons      map[[2]string]checklist.CronState
 	runs       []events.CronRun
@@ -36,15 +38,19 @@ type Store struct {
 type memEntry struct {
 	data []byte
 	rev  uint64
-	// peek is the decoded value for reads that do not modify it
-	// (recovery.ProviderRecord only), filled on first use.
-	peek *recovery.ProviderRecord
+}
+
+// provEntry is a provider record as saved: rec is never modified (a load
+// copies it, a save replaces it), so PeekProvider and Clone share it.
+type provEntry struct {
+	rec *recovery.ProviderRecord
+	rev uint64
 }
 
 // New returns an empty store.
 func New() *Store {
 	return &Store{
-		providers:  map[string]memEntry{},
+		providers:  map[string]provEntry{},
 		heartbeats: map[[2]string]events.Heartbeat{},
 		crons:      map[[2]string]checklist.CronState{},
 		index:      map[string]memEntry{},
@@ -86,14 +92,30 @@ func (s *Store) LoadProvider(_ context.Context, provider string) (*recovery.Prov
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.providers[provider]
-	return load[recovery.ProviderRecord](e, ok)
+	if !ok {
+		return nil, 0, nil
+	}
+	r, err := copyRecord(e.rec)
+	if err != nil {
+		return nil, 0, fmt.Errorf("memstore: decode: %w", err)
+	}
+	return r, e.rev, nil
 }
 
 // SaveProvider implements Providers.
 func (s *Store) SaveProvider(_ context.Context, rec *recovery.ProviderRecord, rev uint64) (uint64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return save(s.providers, rec.Provider, rec, rev)
+	cur, ok := s.providers[rec.Provider]
+	if (!ok && rev != 0) || (ok && cur.rev != rev) {
+		return 0, recovery.ErrConflict
+	}
+	saved, err := copyRecord(rec)
+	if err != nil {
+		return 0, fmt.Errorf("memstore: encode: %w", err)
+	}
+	s.providers[rec.Provider] = provEntry{rec: saved, rev: cur.rev + 1}
+	return cur.rev + 1, nil
 }
 
 // ListProviders implements Providers.
@@ -285,15 +307,7 @@ func (s *Store) PeekProvider(provider string) (*recovery.ProviderRecord, uint64,
 	if !ok {
 		return nil, 0, nil
 	}
-	if e.peek == nil {
-		r, _, err := load[recovery.ProviderRecord](e, true)
-		if err != nil {
-			return nil, 0, err
-		}
-		e.peek = r
-		s.providers[provider] = e
-	}
-	return e.peek, e.rev, nil
+	return e.rec, e.rev, nil
 }
 
 // Clone returns a copy of the store: what a test forks a run from.
