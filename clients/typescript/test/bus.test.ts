@@ -274,12 +274,16 @@ describe("recovery", () => {
     const [dr, disp, ctl] = await Promise.all([agent.decisions(), agent.dispatches(), agent.controls()]);
     try {
       // Before the outage: a task goes out at once, and a subagent works on
-      // it, promising a heartbeat every 10 ms.
+      // it, promising a heartbeat every 10 ms; its last one is a second old.
+      // The checklist finds it stale (older than 3 intervals) when the
+      // provider recovers, however quickly the bus gets there: with a fresh
+      // heartbeat, an outage shorter than 30 ms (the bus is that fast)
+      // found the subagent running and, rightly, did not kill it.
       const job = await agent.task({ provider, kind: "job" });
       const d1 = await next(disp, "the job's dispatch");
       assert.deepEqual([d1.task_id, d1.attempt], [job.id, 1]);
       assert.match(d1.reason ?? "", /^submitted/);
-      await agent.heartbeat({ subagent: "sub-ts", provider, status: "running", interval_ms: 10, task_id: job.id });
+      await agent.heartbeat({ subagent: "sub-ts", provider, status: "running", interval_ms: 10, task_id: job.id, at: Date.now() - 1000 });
       // The provider fails at the network layer: real calls to a port
       // nothing listens on, wrapped into outcomes.
       const port = await closedPort();
