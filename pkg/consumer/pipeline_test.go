@@ -111,7 +111,10 @@ func TestPipelinedRunnerSIGKILLMidWindow(t *testing.T) {
 	for i := range pipelineInputs {
 		m := &nats.Msg{Subject: fmt.Sprintf("test.in.k%d", i%7), Data: []byte("x"), Header: nats.Header{}}
 		m.Header.Set(nats.MsgIdHdr, fmt.Sprintf("in-%d", i))
-		if _, err := js.PublishMsgAsync(m); err != nil {
+		// A full window waits for room (the default stall wait, 200 ms,
+		// fails the publish on a loaded machine: "stalled with too many
+		// outstanding async published messages").
+		if _, err := js.PublishMsgAsync(m, jetstream.WithStallWait(time.Minute)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -215,7 +218,7 @@ func BenchmarkRunnerPipeline(b *testing.B) {
 			for i := range b.N {
 				m := &nats.Msg{Subject: "test.in.x", Data: data, Header: nats.Header{}}
 				m.Header.Set(nats.MsgIdHdr, "in-"+strconv.Itoa(i))
-				if _, err := js.PublishMsgAsync(m); err != nil {
+				if _, err := js.PublishMsgAsync(m, jetstream.WithStallWait(time.Minute)); err != nil {
 					b.Fatal(err)
 				}
 			}
