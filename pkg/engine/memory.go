@@ -46,6 +46,17 @@ type memLedger map[string][]*retry.Record
 type memRefusals struct {
 	ttl time.Duration
 	m   map[refusalKey]*refusalEntry
+	// bySegment and bySession index m (segment → its providers, session
+	// → its segments `<session>#<n>`), so reading a segment and retiring
+	// a session's segments do not scan every entry: with many sessions,
+	// one scan per boundary made a replay quadratic.
+	bySegment map[string]map[string]struct{}
+	bySession map[string]map[string]struct{}
+	// expiresFrom is at or before the earliest expiry of any entry (valid
+	// when expiresKnown): RetireBefore drops expired entries only once
+	// `now` reaches it.
+	expiresFrom  time.Time
+	expiresKnown bool
 }
 
 type memAdmissions struct {
@@ -76,7 +87,7 @@ func NewMemory(refusalTTL time.Duration) *Memory {
 	return &Memory{
 		providers:  memProviders{},
 		ledger:     memLedger{},
-		refusals:   memRefusals{ttl: refusalTTL, m: map[refusalKey]*refusalEntry{}},
+		refusals:   memRefusals{ttl: refusalTTL, m: map[refusalKey]*refusalEntry{}, bySegment: map[string]map[string]struct{}{}, bySession: map[string]map[string]struct{}{}},
 		admissions: memAdmissions{keys: map[string]notification.KeyState{}, days: map[string]notification.Day{}},
 		timers:     memTimers{scheduled: map[string]bool{}},
 		recovery:   memstore.New(),
@@ -166,18 +177,63 @@ func (m *memRefusals) Update(_ context.Context, segment, provider string, now ti
 	cfg := refusal.Config{StateTTL: m.ttl}
 	switch {
 	case write:
-		m.m[k] = &refusalEntry{rec: rec, written: now}
+		m.put(k, &refusalEntry{rec: rec, written: now})
 	case found && refusal.TouchDue(e.written, now, cfg):
 		e.written = now // a segment still in use keeps its state
 	}
 	return nil
 }
 
+// put stores e under k and indexes it.
+func (m *memRefusals) put(k refusalKey, e *refusalEntry) {
+	if _, ok := m.m[k]; !ok {
+		addIndex(m.bySegment, k.segment, k.provider)
+		if s, _, ok := splitSegment(k.segment); ok {
+			addIndex(m.bySession, s, k.segment)
+		}
+	}
+	m.m[k] = e
+	if m.ttl > 0 {
+		if exp := e.written.Add(m.ttl); !m.expiresKnown || exp.Before(m.expiresFrom) {
+			m.expiresFrom, m.expiresKnown = exp, true
+		}
+	}
+}
+
+// drop deletes k and its index entries.
+func (m *memRefusals) drop(k refusalKey) {
+	delete(m.m, k)
+	dropIndex(m.bySegment, k.segment, k.provider)
+	if _, ok := m.bySegment[k.segment]; !ok {
+		if s, _, ok := splitSegment(k.segment); ok {
+			dropIndex(m.bySession, s, k.segment)
+		}
+	}
+}
+
+func addIndex(ix map[string]map[string]struct{}, k, v string) {
+	set := ix[k]
+	if set == nil {
+		set = map[string]struct{}{}
+		ix[k] = set
+	}
+	set[v] = struct{}{}
+}
+
+func dropIndex(ix map[string]map[string]struct{}, k, v string) {
+	if set := ix[k]; set != nil {
+		delete(set, v)
+		if len(set) == 0 {
+			delete(ix, k)
+		}
+	}
+}
+
 // SegmentStates implements Refusals.
 func (m *memRefusals) SegmentStates(_ context.Context, segment string, now time.Time) ([]refusal.State, error) {
 	var out []refusal.State
-	for k, e := range m.m {
-		if k.segment == segment && !m.expired(e, now) {
+	for p := range m.bySegment[segment] {
+		if e := m.m[refusalKey{segment, p}]; !m.expired(e, now) {
 			out = append(out, e.rec.State)
 		}
 	}
@@ -189,19 +245,38 @@ func (m *memRefusals) SegmentStates(_ context.Context, segment string, now time.
 // entry that expired by now.
 func (m *memRefusals) RetireBefore(_ context.Context, session string, segment int, now time.Time) ([]string, error) {
 	var retired []string
-	for k, e := range m.m {
-		s, n, ok := splitSegment(k.segment)
-		if ok && s == session && n < segment {
-			retired = append(retired, k.segment+"/"+k.provider)
-			delete(m.m, k)
-			continue
+	var drop []refusalKey
+	for seg := range m.bySession[session] {
+		if _, n, ok := splitSegment(seg); ok && n < segment {
+			for p := range m.bySegment[seg] {
+				drop = append(drop, refusalKey{seg, p})
+			}
 		}
-		if !now.IsZero() && m.expired(e, now) {
-			delete(m.m, k)
-		}
+	}
+	for _, k := range drop {
+		retired = append(retired, k.segment+"/"+k.provider)
+		m.drop(k)
+	}
+	if !now.IsZero() && m.expiresKnown && !now.Before(m.expiresFrom) {
+		m.dropExpired(now)
 	}
 	slices.Sort(retired)
 	return retired, nil
+}
+
+// dropExpired deletes every entry expired at now and finds the next
+// earliest expiry.
+func (m *memRefusals) dropExpired(now time.Time) {
+	m.expiresKnown = false
+	for k, e := range m.m {
+		if m.expired(e, now) {
+			m.drop(k)
+			continue
+		}
+		if exp := e.written.Add(m.ttl); !m.expiresKnown || exp.Before(m.expiresFrom) {
+			m.expiresFrom, m.expiresKnown = exp, true
+		}
+	}
 }
 
 // RefusalStates returns every live refusal state at now, ordered by
