@@ -7,7 +7,7 @@ package memstore
 import (
 	"context"
 	"fmt"
-	"sort"
+	"slices"
 	"sync"
 	"time"
 
@@ -26,6 +26,7 @@ import (
 type Store struct {
 	mu         sync.Mutex
 	providers  map[string]provEntry
+	names      []string // the keys of providers, sorted (ListProviders)
 	heartbeats map[[2]string]events.Heartbeat
 	crons      map[[2]string]checklist.CronState
 	runs       []events.CronRun
@@ -114,6 +115,10 @@ func (s *Store) SaveProvider(_ context.Context, rec *recovery.ProviderRecord, re
 	if err != nil {
 		return 0, fmt.Errorf("memstore: encode: %w", err)
 	}
+	if !ok {
+		i, _ := slices.BinarySearch(s.names, rec.Provider)
+		s.names = slices.Insert(s.names, i, rec.Provider)
+	}
 	s.providers[rec.Provider] = provEntry{rec: saved, rev: cur.rev + 1}
 	return cur.rev + 1, nil
 }
@@ -122,12 +127,7 @@ func (s *Store) SaveProvider(_ context.Context, rec *recovery.ProviderRecord, re
 func (s *Store) ListProviders(context.Context) ([]string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]string, 0, len(s.providers))
-	for p := range s.providers {
-		out = append(out, p)
-	}
-	sort.Strings(out)
-	return out, nil
+	return slices.Clone(s.names), nil
 }
 
 // LatestHealth implements Providers: in memory every health record is
@@ -318,6 +318,7 @@ func (s *Store) Clone() *Store {
 	for k, v := range s.providers {
 		c.providers[k] = v
 	}
+	c.names = slices.Clone(s.names)
 	for k, v := range s.heartbeats {
 		c.heartbeats[k] = v
 	}

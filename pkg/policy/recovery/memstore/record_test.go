@@ -234,3 +234,33 @@ func TestProvidersAreCopies(t *testing.T) {
 		t.Fatal("a save after Clone changed the clone")
 	}
 }
+
+// TestListProvidersSorted: every provider with a record, sorted, in a
+// slice the caller owns; a clone lists its own.
+func TestListProvidersSorted(t *testing.T) {
+	ctx := context.Background()
+	s := New()
+	for _, p := range []string{"m", "b", "", "z", "b", "a"} {
+		r, rev, _ := s.LoadProvider(ctx, p)
+		if r == nil {
+			r = &recovery.ProviderRecord{Provider: p}
+		}
+		if _, err := s.SaveProvider(ctx, r, rev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := s.Clone()
+	if _, err := c.SaveProvider(ctx, &recovery.ProviderRecord{Provider: "c"}, 0); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := s.ListProviders(ctx)
+	if want := []string{"", "a", "b", "m", "z"}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("ListProviders = %q, want %q", got, want)
+	}
+	got[0] = "changed"
+	again, _ := s.ListProviders(ctx)
+	cl, _ := c.ListProviders(ctx)
+	if again[0] != "" || !reflect.DeepEqual(cl, []string{"", "a", "b", "c", "m", "z"}) {
+		t.Fatalf("ListProviders shares its slice: %q; clone %q", again, cl)
+	}
+}
