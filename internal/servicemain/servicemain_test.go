@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -171,8 +172,23 @@ func TestCheckHealth(t *testing.T) {
 	if code := <-done; code != 0 {
 		t.Fatalf("service exit %d", code)
 	}
+	// The stopped service's port is free again, and another test's service
+	// may be given it (that answered healthy once: exit 0). Hold it with a
+	// server whose /healthz says 503, as a service that is not ready does;
+	// if someone took the port first, any other free port does as well.
+	l, err = net.Listen("tcp", addr)
+	if err != nil {
+		if l, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	unhealthy := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "not ready", http.StatusServiceUnavailable)
+	})}
+	go func() { _ = unhealthy.Serve(l) }()
+	defer unhealthy.Close()
 	var out bytes.Buffer
-	if code := servicemain.Run(ctx, spec, []string{"--check-health", "--ops-addr", addr}, &out); code != 1 || !strings.Contains(out.String(), "/healthz") {
-		t.Errorf("check with nothing listening: exit %d, %q", code, out.String())
+	if code := servicemain.Run(ctx, spec, []string{"--check-health", "--ops-addr", l.Addr().String()}, &out); code != 1 || !strings.Contains(out.String(), "/healthz") {
+		t.Errorf("check of a service answering 503: exit %d, %q", code, out.String())
 	}
 }
