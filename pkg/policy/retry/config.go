@@ -152,13 +152,15 @@ func (g Config) Resolve(provider string) *Policy {
 		JitterRatio:  g.JitterRatio,
 		EpisodeIdle:  g.EpisodeIdle,
 	}
-	set := map[string]bool{}
+	// The set as a slice (every decision resolves a policy; a map was
+	// most of the cost).
+	set := make([]string, 0, len(events.Classes)+len(g.RetryableAdd))
 	for _, c := range events.Classes {
-		if c.Retryable {
-			set[c.Name] = true
+		if c.Retryable && !slices.Contains(set, c.Name) {
+			set = append(set, c.Name)
 		}
 	}
-	applySet(set, g.RetryableAdd, g.RetryableRemove)
+	set = applySet(set, g.RetryableAdd, g.RetryableRemove)
 	if o, ok := g.Providers[provider]; ok {
 		if o.Mode != nil {
 			r.Mode = *o.Mode
@@ -178,23 +180,25 @@ func (g Config) Resolve(provider string) *Policy {
 		if o.EpisodeIdle != nil {
 			r.EpisodeIdle = *o.EpisodeIdle
 		}
-		applySet(set, o.RetryableAdd, o.RetryableRemove)
+		set = applySet(set, o.RetryableAdd, o.RetryableRemove)
 	}
-	r.Retryable = make([]string, 0, len(set))
-	for c := range set {
-		r.Retryable = append(r.Retryable, c)
-	}
-	sort.Strings(r.Retryable)
+	sort.Strings(set)
+	r.Retryable = slices.Clip(set)
 	return r
 }
 
-func applySet(set map[string]bool, add, remove []string) {
+// applySet adds the classes of add missing from set, then removes those
+// of remove.
+func applySet(set, add, remove []string) []string {
 	for _, c := range add {
-		set[c] = true
+		if !slices.Contains(set, c) {
+			set = append(set, c)
+		}
 	}
 	for _, c := range remove {
-		delete(set, c)
+		set = slices.DeleteFunc(set, func(s string) bool { return s == c })
 	}
+	return set
 }
 
 // IsRetryable reports whether class is in the effective retryable set. This

@@ -32,8 +32,6 @@ import (
 	"math"
 	"strconv"
 	"sync"
-	"sync/atomic"
-	"time"
 )
 
 // policyKeyVersion tags the canonical form; bump it only if the form must
@@ -66,20 +64,26 @@ func (r *Policy) Canonical() string {
 // Key is the policy key: a short hash of Canonical. Retry counts are kept
 // per policy key, so any behavioural change restarts them. Every decision
 // asks for it (on a Policy just resolved), so keys are remembered per
-// behavioural value (keyMemo): the canonical JSON and its hash are
+// behavioural value (memoKey): the canonical JSON and its hash are
 // computed once per policy generation, not once per outcome.
 func (r *Policy) Key() string {
 	if r == nil {
 		return policyKey(r)
 	}
-	m := r.memo()
-	if k, ok := policyKeys.Load(m); ok {
-		return k.(string)
+	var buf [256]byte
+	m := r.appendMemoKey(buf[:0])
+	policyKeysMu.RLock()
+	k, ok := policyKeys[string(m)] // no allocation for the look-up
+	policyKeysMu.RUnlock()
+	if ok {
+		return k
 	}
-	k := policyKey(r)
-	if policyKeysN.Add(1) <= maxPolicyKeys {
-		policyKeys.Store(m, k)
+	k = policyKey(r)
+	policyKeysMu.Lock()
+	if len(policyKeys) < maxPolicyKeys {
+		policyKeys[string(m)] = k
 	}
+	policyKeysMu.Unlock()
 	return k
 }
 
@@ -88,45 +92,30 @@ func policyKey(r *Policy) string {
 	return "pk" + hex.EncodeToString(sum[:8])
 }
 
-// keyMemo is every field Canonical reads, comparable: the key of the
-// policy-key memo. Classes holds the retryable classes, each prefixed with
-// its length (unambiguous whatever the names hold); nil and empty are the
-// same, as in Canonical.
-type keyMemo struct {
-	mode         string
-	maxRetries   int
-	initialDelay time.Duration
-	maxDelay     time.Duration
-	jitterBits   uint64
-	classes      string
-}
-
-func (r *Policy) memo() keyMemo {
-	n := 0
-	for _, c := range r.Retryable {
-		n += binary.MaxVarintLen64 + len(c)
-	}
-	b := make([]byte, 0, n)
+// appendMemoKey appends every field Canonical reads, each number in 8
+// bytes and each string prefixed with its length (unambiguous whatever the
+// names hold): the key of the policy-key memo. Nil and empty classes are
+// the same, as in Canonical.
+func (r *Policy) appendMemoKey(b []byte) []byte {
+	b = binary.AppendUvarint(b, uint64(len(r.Mode)))
+	b = append(b, r.Mode...)
+	b = binary.LittleEndian.AppendUint64(b, uint64(r.MaxRetries))
+	b = binary.LittleEndian.AppendUint64(b, uint64(r.InitialDelay))
+	b = binary.LittleEndian.AppendUint64(b, uint64(r.MaxDelay))
+	b = binary.LittleEndian.AppendUint64(b, math.Float64bits(r.JitterRatio))
 	for _, c := range r.Retryable {
 		b = binary.AppendUvarint(b, uint64(len(c)))
 		b = append(b, c...)
 	}
-	return keyMemo{
-		mode:         r.Mode,
-		maxRetries:   r.MaxRetries,
-		initialDelay: r.InitialDelay,
-		maxDelay:     r.MaxDelay,
-		jitterBits:   math.Float64bits(r.JitterRatio),
-		classes:      string(b),
-	}
+	return b
 }
 
-// policyKeys maps keyMemo → Key. A process sees a handful of policy
+// policyKeys maps appendMemoKey → Key. A process sees a handful of policy
 // generations; maxPolicyKeys bounds the memo anyway (beyond it keys are
 // computed each time).
 var (
-	policyKeys  sync.Map
-	policyKeysN atomic.Int64
+	policyKeysMu sync.RWMutex
+	policyKeys   = map[string]string{}
 )
 
 const maxPolicyKeys = 4096

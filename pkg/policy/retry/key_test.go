@@ -4,9 +4,13 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"math/rand/v2"
 	"regexp"
+	"slices"
+	"sort"
 	"testing"
 
+	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy"
 	"github.com/failbus/failbus/pkg/policy/retry"
 )
@@ -165,6 +169,55 @@ func TestBudgetTokenBytesAreJSON(t *testing.T) {
 			sum := sha256.Sum256(b)
 			if want := "b" + hex.EncodeToString(sum[:12]); k.Token() != want {
 				t.Errorf("%+v: token %s, want %s (of %s)", k, k.Token(), want, b)
+			}
+		}
+	}
+}
+
+// TestResolveRetryableSet: the effective retryable set is the contract's
+// retryable classes, plus the global adds, minus the global removes, plus
+// the provider's adds, minus its removes — sorted, each once — for random
+// lists (the set is built without a map; this holds it to one).
+func TestResolveRetryableSet(t *testing.T) {
+	t.Parallel()
+	names := []string{"x-unknown"}
+	for _, c := range events.Classes {
+		names = append(names, c.Name)
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	pick := func() []string {
+		var out []string
+		for range r.IntN(4) {
+			out = append(out, names[r.IntN(len(names))])
+		}
+		return out
+	}
+	for range 500 {
+		g := retry.Default()
+		g.RetryableAdd, g.RetryableRemove = pick(), pick()
+		o := retry.Override{RetryableAdd: pick(), RetryableRemove: pick()}
+		g.Providers = map[string]retry.Override{"p": o}
+		set := map[string]bool{}
+		for _, c := range events.Classes {
+			if c.Retryable {
+				set[c.Name] = true
+			}
+		}
+		for i, lv := range [][2][]string{{g.RetryableAdd, g.RetryableRemove}, {o.RetryableAdd, o.RetryableRemove}} {
+			for _, c := range lv[0] {
+				set[c] = true
+			}
+			for _, c := range lv[1] {
+				delete(set, c)
+			}
+			want := make([]string, 0, len(set))
+			for c := range set {
+				want = append(want, c)
+			}
+			sort.Strings(want)
+			p := []string{"q", "p"}[i] // q has no override
+			if got := g.Resolve(p).Retryable; !slices.Equal(got, want) {
+				t.Fatalf("global +%v -%v, provider p +%v -%v: %s resolves %v, want %v", g.RetryableAdd, g.RetryableRemove, o.RetryableAdd, o.RetryableRemove, p, got, want)
 			}
 		}
 	}
