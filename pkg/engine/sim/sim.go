@@ -153,7 +153,12 @@ func (s *Sim) Step(in Input) []Output {
 // outputs turns one step's effects into output records, in the order they
 // happened.
 func (s *Sim) outputs(fx engine.Effects, err error, line int) []Output {
-	var out []Output
+	// Sized once: every input of a replay makes a few outputs.
+	n := len(fx.Due) + len(fx.RecoveryDue) + len(fx.Health) + len(fx.Recovery) + len(fx.Sent) + 4
+	if n == 4 && fx.Classification == nil && fx.Decision == nil && fx.Route == nil && err == nil {
+		return nil
+	}
+	out := make([]Output, 0, n)
 	recovered := func(rs []simulate.Output) {
 		for i := range rs {
 			out = append(out, Output{Type: rs[i].Type, Recovery: &rs[i]})
