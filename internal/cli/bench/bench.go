@@ -160,6 +160,7 @@ type benchConfig struct {
 	rates                []int
 	rateSeconds          float64
 	pending              int
+	memProfile           string
 }
 
 // run is `failbus bench`.
@@ -179,6 +180,7 @@ func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 	asJSON := fs.Bool("json", false, "print the report as one JSON object")
 	verbose := fs.Bool("verbose", false, "print the services' logs on stderr")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (bus, services and load) to this file, for go tool pprof")
+	memProfile := fs.String("memprofile", "", "write a heap profile at the end of the run (with --pending: the retries still pending) to this file, for go tool pprof -sample_index=inuse_space")
 	if rest, code, done := cli.Parse(fs, args); done {
 		return code
 	} else if len(rest) > 0 {
@@ -233,6 +235,7 @@ func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 	defer stop()
 	ctx, cancel := context.WithTimeout(ctx, benchTimeout)
 	defer cancel()
+	c.memProfile = *memProfile
 	rep, err := bench(ctx, c, corpus, source, log, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "failbus bench: %v\n", err)
@@ -447,6 +450,11 @@ func bench(ctx context.Context, cfg benchConfig, corpus []events.Outcome, source
 			return nil, fmt.Errorf("pending: %w", err)
 		}
 		rep.Pending = &p
+	}
+	if cfg.memProfile != "" {
+		if err := writeHeapProfile(cfg.memProfile); err != nil {
+			return nil, err
+		}
 	}
 	rep.ElapsedS = time.Since(start).Seconds()
 	return rep, nil
