@@ -138,11 +138,13 @@ func (s *Service) scheduleAndDecide(ctx context.Context, e *LedgerEntry, d *even
 	if err != nil {
 		return fmt.Errorf("decision of %s: %w", d.OutcomeID, err)
 	}
-	sf, err := s.js.PublishMsgAsync(sched)
+	// The connection's async window is shared with every runner on it:
+	// wait for room rather than fail after nats.go's default 200 ms.
+	sf, err := s.js.PublishMsgAsync(sched, jetstream.WithStallWait(publishTimeout))
 	if err != nil {
 		return fmt.Errorf("publish schedule %s: %w", sched.Subject, err)
 	}
-	df, err := s.js.PublishMsgAsync(dec)
+	df, err := s.js.PublishMsgAsync(dec, jetstream.WithStallWait(publishTimeout))
 	if err != nil {
 		return fmt.Errorf("publish decision %s: %w", dec.Subject, err)
 	}
