@@ -177,11 +177,17 @@ func New(js jetstream.JetStream, cfg Config) (*Service, error) {
 		ConsumerConfig: cc,
 		Decode:         true,
 		Concurrency:    concurrency,
-		MaxDeliver:     maxDeliver,
-		FetchWait:      cfg.FetchWait,
-		Middleware:     []consumer.Middleware{consumer.Heartbeat(hb)},
-		Logger:         cfg.Logger,
-		Registerer:     reg,
+		// A send can take its sink's whole timeout, and a request waiting
+		// in the runner's window runs its AckWait without a heartbeat
+		// (Heartbeat covers running handlers only): keep the window at
+		// twice the senders, as the runner held before it was pipelined,
+		// so a queued request is never redelivered while it waits.
+		MaxInFlight: 2 * concurrency,
+		MaxDeliver:  maxDeliver,
+		FetchWait:   cfg.FetchWait,
+		Middleware:  []consumer.Middleware{consumer.Heartbeat(hb)},
+		Logger:      cfg.Logger,
+		Registerer:  reg,
 	}, s.Handle)
 	if err != nil {
 		return nil, fmt.Errorf("notifier: %w", err)
