@@ -88,6 +88,11 @@ const (
 	benchProvider    = "bench-llm"
 )
 
+// benchSessions is how many sessions the bench's outcomes are spread
+// over: the scheduler keeps one session's outcomes of a provider in order
+// on one worker, and a storm comes from many sessions.
+const benchSessions = 64
+
 // benchPolicy is the policy of the bench's bus: the default with a max_delay
 // (and so episode_idle) of an hour, for the --pending retries.
 const benchPolicy = "retry:\n  max_delay: 1h\n  episode_idle: 1h\n"
@@ -144,7 +149,7 @@ so the ratios hold whatever the machine:
      with them pending.
 
 Every bench outcome is the first failure of its own step (its own retry
-budget), as in a storm over many agents. raw/3 is raw publish ÷ 3: an
+budget), spread over 64 sessions, as in a storm over many agents. raw/3 is raw publish ÷ 3: an
 outcome costs at least three stream writes (outcome, classification,
 decision).
 
@@ -572,7 +577,7 @@ func (r *benchRunner) ingestMsgs(round int) (raw, ingest []*nats.Msg, err error)
 		// thousands of failures of the corpus's few steps, which the
 		// policy gives up on after max_retries.
 		o.Agent, o.At = benchAgent, now
-		o.Session, o.Turn, o.Step = "bench-round-"+strconv.Itoa(round), i+1, 1
+		o.Session, o.Turn, o.Step = "bench-"+strconv.Itoa(round)+"-"+strconv.Itoa(i%benchSessions), i+1, 1
 		data, hdr, err := events.Encode(&o)
 		if err != nil {
 			return nil, nil, fmt.Errorf("encode corpus outcome %d: %w", i%len(r.corpus), err)
@@ -961,7 +966,7 @@ func (r *benchRunner) failbusLateness(ctx context.Context) (fromDue, endToEnd []
 		now := time.Now()
 		o := &events.Outcome{
 			ID: "bench-retry-" + strconv.Itoa(r.latenessRuns) + "-" + strconv.Itoa(i), At: events.At(now), Agent: benchRetryAgent,
-			Session: "bench-retry-" + strconv.Itoa(r.latenessRuns), Provider: benchProvider, Model: "bench-model", Profile: "key-1", Turn: i + 1, Step: 1, Status: 429,
+			Session: "bench-retry-" + strconv.Itoa(r.latenessRuns) + "-" + strconv.Itoa(i%benchSessions), Provider: benchProvider, Model: "bench-model", Profile: "key-1", Turn: i + 1, Step: 1, Status: 429,
 			Headers: map[string]string{classify.HintRetryAfterMS: strconv.FormatInt(d.Milliseconds(), 10)},
 			Body:    `{"error":{"message":"Rate limit reached for requests","type":"requests","code":"rate_limit_exceeded"}}`,
 		}

@@ -252,7 +252,7 @@ func failures(agent string, n int, delay time.Duration) ([]*nats.Msg, []string, 
 	now := events.At(time.Now())
 	for i := range n {
 		o := &events.Outcome{
-			ID: agent + "-" + strconv.Itoa(i), At: now, Agent: agent, Session: agent,
+			ID: agent + "-" + strconv.Itoa(i), At: now, Agent: agent, Session: agent + "-" + strconv.Itoa(i%benchSessions),
 			Provider: benchProvider, Model: "bench-model", Profile: "key-1", Turn: i + 1, Step: 1, Status: 429,
 			Headers: map[string]string{classify.HintRetryAfterMS: strconv.FormatInt(delay.Milliseconds(), 10)},
 			Body:    `{"error":{"message":"Rate limit reached for requests","type":"requests","code":"rate_limit_exceeded"}}`,

@@ -3,7 +3,6 @@ package scheduler
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -47,11 +46,15 @@ func (s *Service) handleClassified(ctx context.Context, m *consumer.Msg, _ *cons
 	return s.decide(ctx, m, *c, obs)
 }
 
-// budgetLane is the runner's Key for classifications: the retry budget
-// without its policy key (agent, session, turn, step, provider), so the
-// failures of one budget are decided one after the other within a replica
-// and never race each other on its ledger subject (compare-and-set still
-// decides between replicas); different budgets run in parallel, and the
+// budgetLane is the runner's Key for classifications: agent, session and
+// provider. A session's classifications of one provider are observed and
+// decided in delivery order on one worker, so a success is never folded
+// into the provider's fault scope after failures that came after it (the
+// scope's clock is the latest time seen: observed late, a success would
+// count as newer than those failures and hold an outage back), and the
+// failures of one retry budget (agent, session, turn, step, provider) never
+// race each other on its ledger subject (compare-and-set still decides
+// between replicas). Other sessions and agents run in parallel, and the
 // provider's lane (lanes.go) folds their fault-scope writes together. A
 // classification that does not decode goes to any lane: the handler
 // dead-letters it.
@@ -60,7 +63,7 @@ func budgetLane(m *consumer.Msg) string {
 	if err != nil {
 		return ""
 	}
-	return c.Agent + "\x00" + c.Session + "\x00" + strconv.Itoa(c.Turn) + "\x00" + strconv.Itoa(c.Step) + "\x00" + c.Provider
+	return c.Agent + "\x00" + c.Session + "\x00" + c.Provider
 }
 
 // timeOf is the time a classification is observed and decided at: its
