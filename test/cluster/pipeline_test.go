@@ -362,13 +362,15 @@ func (p *pipeline) notifyKeys(ctx context.Context) (map[string]int, error) {
 
 // read calls fn with the data of every message on filter in stream, as
 // the admin. It is the test's measuring instrument: a read that fails
-// part-way (a JetStream API request unanswered right after a node came
-// back) is logged and made again from the start, at most three times.
+// part-way (a JetStream API request unanswered — "no responders" — while
+// the node the admin is connected to, just back, catches up) is logged and
+// made again from the start every 250 ms until ctx ends. Three immediate
+// attempts were not enough once the pipeline settled within moments of the
+// restart: all three landed before the node's JetStream was current.
 func (p *pipeline) read(ctx context.Context, stream, filter string, fn func(data []byte) error) error {
-	var err error
-	for attempt := 1; attempt <= 3; attempt++ {
-		var all [][]byte
-		if all, err = p.readOnce(ctx, stream, filter); err == nil {
+	for attempt := 1; ; attempt++ {
+		all, err := p.readOnce(ctx, stream, filter)
+		if err == nil {
 			for i, d := range all {
 				if err := fn(d); err != nil {
 					return fmt.Errorf("%s message %d: %w", stream, i+1, err)
@@ -377,8 +379,12 @@ func (p *pipeline) read(ctx context.Context, stream, filter string, fn func(data
 			return nil
 		}
 		p.t.Logf("read %s (attempt %d): %v", stream, attempt, err)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("read %s: %w (after %d attempts)", stream, err, attempt)
+		case <-time.After(250 * time.Millisecond): // poll interval, bounded by ctx
+		}
 	}
-	return err
 }
 
 func (p *pipeline) readOnce(ctx context.Context, stream, filter string) ([][]byte, error) {
