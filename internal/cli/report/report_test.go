@@ -368,7 +368,10 @@ func TestReportOfASeededDay(t *testing.T) {
 	from := now.Add(-24 * time.Hour).Truncate(time.Hour)
 	s := newSeeder(t, b.Ctx, b.JS, from)
 	s.seedDay()
-	to := now.Add(time.Minute)
+	// The 25th hour holds now: from is now−24h cut to the hour, so now is
+	// within [from+24h, from+25h). (now + 1 minute crossed into a 26th
+	// hour when the test ran in the last minute of an hour.)
+	to := from.Add(25 * time.Hour)
 
 	r, err := Collect(b.Ctx, b.JS, Options{From: from, To: to})
 	if err != nil {
