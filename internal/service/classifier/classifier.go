@@ -43,6 +43,14 @@ const DefaultOpsAddr = "127.0.0.1:9401"
 // matter here.
 const DefaultConcurrency = 4
 
+// DefaultMaxInFlight is the classifier's window (consumer.Config.MaxInFlight)
+// unless the caller sets one. An input waiting in the window runs its
+// AckWait (30 s) with no heartbeat, and a hostile outcome near the payload
+// limit takes up to a second to decode and classify on a loaded machine:
+// 256 waiting behind four workers were redelivered (the hostile suite
+// counted 5). 64 × 1 s / 4 workers stays well inside AckWait.
+const DefaultMaxInFlight = 64
+
 // ClassifyFunc classifies one outcome; classify.Classify and
 // (*classify.Classifier).Classify fit.
 type ClassifyFunc func(*events.Outcome) events.Classification
@@ -86,6 +94,9 @@ func New(js jetstream.JetStream, opts Config) (*Service, error) {
 	cfg.Service, cfg.Stream, cfg.Consumer = Name, topology.StreamOutcomes, topology.ConsumerClassifier
 	if cfg.Concurrency == 0 {
 		cfg.Concurrency = DefaultConcurrency
+	}
+	if cfg.MaxInFlight == 0 {
+		cfg.MaxInFlight = DefaultMaxInFlight
 	}
 	if cfg.Registerer == nil {
 		cfg.Registerer = prometheus.NewRegistry()
