@@ -34,6 +34,7 @@ import (
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/agent"
 	"github.com/failbus/failbus/pkg/events"
+	"github.com/failbus/failbus/pkg/notify"
 	"github.com/failbus/failbus/pkg/policy"
 )
 
@@ -72,6 +73,7 @@ notify:
     - name: hook
       type: webhook
       url: %s
+      idempotent: true
 `
 
 func startPipeline(t *testing.T, timeout time.Duration) *pipeline {
@@ -163,27 +165,40 @@ func (p *pipeline) denials() []connect.Denial {
 	return out
 }
 
-// sink is the webhook the notifier delivers to; it counts each dedupe key.
+// sink is the webhook the notifier delivers to, an idempotent receiver (the
+// policy marks it so): it drops a request whose Idempotency-Key it has
+// already taken, as such a receiver does, and counts each dedupe key it
+// took. The notifier promises exactly once to such a sink; a re-send after
+// a send whose answer was lost in the node loss is allowed, and counted in
+// resent, but must carry the key it was first sent with.
 type sink struct {
-	srv  *httptest.Server
-	mu   sync.Mutex
-	keys map[string]int
+	srv    *httptest.Server
+	mu     sync.Mutex
+	keys   map[string]int
+	taken  map[string]string // idempotency key → dedupe key
+	resent int
 }
 
 func newSink(t *testing.T) *sink {
-	s := &sink{keys: map[string]int{}}
+	s := &sink{keys: map[string]int{}, taken: map[string]string{}}
 	s.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		var n struct {
 			DedupeKey string `json:"dedupe_key"`
 		}
-		if err := json.Unmarshal(body, &n); err != nil || n.DedupeKey == "" {
-			http.Error(w, "bad payload", http.StatusBadRequest)
+		idem := r.Header.Get(notify.HeaderIdempotencyKey)
+		if err := json.Unmarshal(body, &n); err != nil || n.DedupeKey == "" || idem == "" {
+			http.Error(w, "bad payload or no Idempotency-Key", http.StatusBadRequest)
 			return
 		}
 		s.mu.Lock()
+		defer s.mu.Unlock()
+		if k, ok := s.taken[idem]; ok && k == n.DedupeKey {
+			s.resent++ // already taken: dropped, as an idempotent receiver does
+			return
+		}
+		s.taken[idem] = n.DedupeKey
 		s.keys[n.DedupeKey]++
-		s.mu.Unlock()
 	}))
 	t.Cleanup(s.srv.Close)
 	return s
