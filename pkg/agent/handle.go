@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -48,47 +47,12 @@ func handle[T any](ctx context.Context, a *Agent, stream, subject, kind string, 
 		return err
 	}
 	defer r.stop(a.js)
-	for {
-		m, err := r.msgs.Next(jetstream.NextContext(ctx))
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			if a.js.Conn().IsClosed() || errors.Is(err, jetstream.ErrConnectionClosed) {
-				return fmt.Errorf("agent %s: read %s: %w", a.name, kind, jetstream.ErrConnectionClosed)
-			}
-			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-				return nil
-			}
-			a.opts.onError(fmt.Errorf("agent %s: read %s: %w", a.name, kind, err))
-			continue
-		}
-		if m.Headers().Get(events.HeaderRequeueFor) != "" {
-			if r.ack {
-				_ = m.Ack()
-			}
-			continue
-		}
-		v, err := decode(m)
-		if err != nil {
-			a.opts.onError(fmt.Errorf("agent %s: undecodable message on %s: %w", a.name, m.Subject(), err))
-			if r.ack {
-				_ = m.Term()
-			}
-			continue
-		}
+	return each(ctx, a, r, decode, func(m jetstream.Msg, v T) bool {
 		if err := actOn(ctx, a, r, m, v, fn); err != nil {
 			a.opts.onError(fmt.Errorf("agent %s: %s on %s: %w", a.name, kind, m.Subject(), err))
 		}
-		if r.ack {
-			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ackTimeout)
-			err := m.DoubleAck(actx)
-			cancel()
-			if err != nil {
-				a.opts.onError(fmt.Errorf("agent %s: ack %s: %w", a.name, m.Subject(), err))
-			}
-		}
-	}
+		return true
+	})
 }
 
 // actOn runs fn, telling the server every third of the ack wait that m is

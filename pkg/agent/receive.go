@@ -74,6 +74,7 @@ type reader struct {
 	// ordered is set for an ephemeral ordered consumer, deleted on stop.
 	ordered jetstream.Consumer
 	stream  string
+	kind    string // "decisions", "retries", "dispatch" or "control", for errors
 }
 
 // stop ends reading; an ephemeral consumer is deleted at once rather than
@@ -126,7 +127,7 @@ func (a *Agent) open(ctx context.Context, stream, subject, kind string) (*reader
 		if err != nil {
 			return nil, fmt.Errorf("agent %s: read %s: %w", a.name, kind, err)
 		}
-		return &reader{msgs: it, ordered: c, stream: stream}, nil
+		return &reader{msgs: it, ordered: c, stream: stream, kind: kind}, nil
 	}
 	name := DurableName(a.name, kind)
 	c, err := a.js.Consumer(ctx, stream, name)
@@ -153,7 +154,7 @@ func (a *Agent) open(ctx context.Context, stream, subject, kind string) (*reader
 	if err != nil {
 		return nil, fmt.Errorf("agent %s: read %s: %w", a.name, kind, err)
 	}
-	return &reader{msgs: it, ack: true}, nil
+	return &reader{msgs: it, ack: true, kind: kind}, nil
 }
 
 // pump moves decoded messages from r to out until ctx ends or the consumer
@@ -164,16 +165,44 @@ func (a *Agent) open(ctx context.Context, stream, subject, kind string) (*reader
 func pump[T any](ctx context.Context, a *Agent, r *reader, out chan<- T, decode func(jetstream.Msg) (T, error)) {
 	defer close(out)
 	defer r.stop(a.js)
+	err := each(ctx, a, r, decode, func(m jetstream.Msg, v T) bool {
+		select {
+		case out <- v:
+			return true
+		case <-ctx.Done():
+			// Not handed over: a durable consumer redelivers it to the
+			// next reader at once.
+			if r.ack {
+				_ = m.Nak()
+			}
+			return false
+		}
+	})
+	if err != nil {
+		a.opts.onError(err)
+	}
+}
+
+// each reads r until ctx ends (nil), the iterator closes (nil) or the
+// connection closes (an error), and hands every record that decodes to
+// deliver; a record deliver took is then acknowledged (durable mode),
+// confirmed, even when ctx has just ended. A requeued dead letter of a
+// service is skipped, one that does not decode is terminated and reported.
+// deliver returns false when it did not take the record: each stops.
+func each[T any](ctx context.Context, a *Agent, r *reader, decode func(jetstream.Msg) (T, error), deliver func(jetstream.Msg, T) bool) error {
 	for {
 		m, err := r.msgs.Next(jetstream.NextContext(ctx))
 		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-				return
+			if ctx.Err() != nil {
+				return nil
 			}
-			a.opts.onError(fmt.Errorf("agent %s: read: %w", a.name, err))
-			if errors.Is(err, jetstream.ErrConnectionClosed) {
-				return
+			if a.js.Conn().IsClosed() || errors.Is(err, jetstream.ErrConnectionClosed) {
+				return fmt.Errorf("agent %s: read %s: %w", a.name, r.kind, jetstream.ErrConnectionClosed)
 			}
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				return nil
+			}
+			a.opts.onError(fmt.Errorf("agent %s: read %s: %w", a.name, r.kind, err))
 			continue
 		}
 		if m.Headers().Get(events.HeaderRequeueFor) != "" {
@@ -192,20 +221,10 @@ func pump[T any](ctx context.Context, a *Agent, r *reader, out chan<- T, decode 
 			}
 			continue
 		}
-		select {
-		case out <- v:
-		case <-ctx.Done():
-			// Not handed over: a durable consumer redelivers it to the
-			// next reader at once.
-			if r.ack {
-				_ = m.Nak()
-			}
-			return
+		if !deliver(m, v) {
+			return nil
 		}
 		if r.ack {
-			// Acknowledged synchronously, and even when ctx has just
-			// ended: the hand-off happened, so the server must know before
-			// the channel closes.
 			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ackTimeout)
 			err := m.DoubleAck(actx)
 			cancel()
