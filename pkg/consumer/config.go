@@ -97,18 +97,22 @@ type Config struct {
 	// Concurrency is how many handlers run at the same time (workers).
 	// Defaults to DefaultConcurrency (1), which handles messages in stream
 	// order, apart from redeliveries. Above 1 without Key there is no order
-	// between messages; with Key, messages with equal keys are handled in
-	// delivery order by one worker. A worker does not wait for its outputs
+	// between messages; with Key, messages with equal keys are handled one
+	// at a time, in delivery order. A worker does not wait for its outputs
 	// to be stored (the runner does, before acknowledging), so a handler
 	// that does no I/O of its own needs few workers.
 	Concurrency int
 
-	// Key, when set, routes each message to a lane: messages with equal
-	// keys go to the same worker, in delivery order, so a handler whose
-	// state is per key (a budget, a provider, a segment) never races itself
-	// on it within one process. It is called on the pull's goroutine with
-	// the message before decoding (Value is nil): keep it cheap, and
-	// never block. Defaults to nil: any free worker takes any message.
+	// Key, when set, orders messages by key: messages with equal keys are
+	// handled one at a time, in delivery order, so a handler whose state
+	// is per key (a budget, a provider, a segment) never races itself on
+	// it within one process; a message whose key has nothing in a worker
+	// goes to the first free worker, never queued behind another key's
+	// (keys are not hashed onto workers). An empty key orders nothing. It
+	// is called on the pull's goroutine with the message before decoding
+	// (Value is nil; a Key that decodes may leave the value there for the
+	// handler): keep it cheap, and never block. Defaults to nil: any free
+	// worker takes any message.
 	Key func(m *Msg) string
 
 	// MaxInFlight bounds the inputs held between fetching and settling:
@@ -151,7 +155,13 @@ type Config struct {
 
 	// FetchWait is how long one pull request waits for messages before the
 	// runner asks again. Defaults to DefaultFetchWait (2s). A shutdown waits
-	// at most this long for the outstanding pull.
+	// at most this long for the outstanding pull. It also sets how long
+	// nats.go's Fetch listens for the pull's next message: FetchWait plus
+	// one second after the previous one. A message the server delivered
+	// to the pull that reaches the process later than that (a starved
+	// process, a message of several MiB) is dropped by the client and
+	// redelivered after AckWait: delayed, never lost or doubled. Short
+	// waits (tests use 100-200 ms) leave little of that margin.
 	FetchWait time.Duration
 
 	// DrainTimeout is how long in-flight handlers may run after Run's

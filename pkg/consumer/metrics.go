@@ -31,6 +31,7 @@ type metrics struct {
 
 	deadLettersTruncated *prometheus.CounterVec
 	recreated            *prometheus.CounterVec
+	keptAlive            *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -64,6 +65,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "failbus_consumer_dead_letters_truncated_total",
 			Help: "Dead letters that kept only a prefix of their input (it would not fit in one message whole); the input stays in its stream at the recorded sequence.",
 		}, []string{"service"}),
+		keptAlive: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "failbus_consumer_queued_kept_alive_total",
+			Help: "Progress signals (+WPI) sent for inputs still waiting in the runner's window for a free worker, so their AckWait does not run out before a handler starts them.",
+		}, []string{"service"}),
 		recreated: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "failbus_consumer_recreated_total",
 			Help: "Durable consumers the runner found deleted and recreated.",
@@ -74,6 +79,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return nil, err
 	}
 	if m.recreated, err = Register(reg, m.recreated); err != nil {
+		return nil, err
+	}
+	if m.keptAlive, err = Register(reg, m.keptAlive); err != nil {
 		return nil, err
 	}
 	if m.messages, err = Register(reg, m.messages); err != nil {

@@ -74,6 +74,22 @@ func (m *Msg) ID() string {
 	return streamSeqID(m.Stream, m.Seq)
 }
 
+// ValueAs is m's payload as a T: Msg.Value when it already holds one
+// (Config.Decode, or a Key that decoded the message to find its key),
+// else decoded now with events.DecodeAs and kept in Value, so a message is
+// decoded once however many of the runner's callbacks need it.
+func ValueAs[T events.Message](m *Msg) (T, error) {
+	if v, ok := m.Value.(T); ok {
+		return v, nil
+	}
+	v, err := events.DecodeAs[T](m.Subject, m.Header, m.Data)
+	if err != nil {
+		return v, err
+	}
+	m.Value = v
+	return v, nil
+}
+
 // InProgress tells the server the message is still being worked on, which
 // restarts its AckWait. Heartbeat calls it periodically; a handler may call
 // it itself between long steps.
@@ -97,6 +113,7 @@ type Outputs struct {
 	outs    []output
 	keys    map[string]bool
 	err     error
+	stored  []func(fresh bool)
 }
 
 type output struct {
@@ -135,6 +152,21 @@ func (o *Outputs) Publish(subject string, v events.Message, key string) {
 	}
 	o.keys[key] = true
 	o.outs = append(o.outs, output{subject: subject, msgID: id, data: msg.Data, header: msg.Header})
+}
+
+// OnStored has fn called once every output is stored, before the input
+// is acknowledged: what is counted there (a metric of decisions made) is
+// counted for outputs that exist, not for outputs that may yet fail and be
+// published again on a redelivery. fresh is false when every output was a
+// duplicate, i.e. an earlier delivery of the input had stored them
+// already (summed over replicas, fresh stores count each output once; a
+// store whose acknowledgement was lost is counted by no delivery). fn is
+// not called when storing fails, when the input is dead-lettered, or when
+// the handler published nothing. It runs on the runner's settling
+// goroutine, outside the handler's middleware: it must be quick and must
+// not panic.
+func (o *Outputs) OnStored(fn func(fresh bool)) {
+	o.stored = append(o.stored, fn)
 }
 
 // Len is the number of outputs collected so far.

@@ -13,8 +13,9 @@ import (
 )
 
 // pipeline is one Run's flow of inputs. The pull hands each fetched input
-// to a lane once the window has a free slot (the window is bounded by the
-// consumer's MaxAckPending, so memory is too); a lane's worker runs the
+// to the workers once the window has a free slot (the window is bounded by
+// the consumer's MaxAckPending, so memory is too) — with Config.Key, behind
+// the input of the same key a worker has, if any; a worker runs the
 // handler and starts storing the outputs with async publishes, then moves
 // on to its next input; the settler waits for each input's output acks, in
 // the order the inputs were handled, and only then acknowledges the input.
@@ -34,9 +35,19 @@ type pipeline struct {
 
 	// slots holds one token per input fetched and not yet settled.
 	slots chan struct{}
-	// lanes are the workers' queues: one shared queue without Config.Key,
-	// else one per worker, an input's key choosing its lane.
-	lanes []chan *delivery
+	// ready is the workers' queue: inputs any free worker may start. It
+	// holds the whole window, so pushing to it never blocks.
+	ready chan *delivery
+	// keys (Config.Key) holds, for each key with an input in a worker,
+	// the inputs of that key waiting for it, in delivery order: the
+	// worker that finishes one moves the next to ready. One key's inputs
+	// are handled one at a time and in order; an input whose key is free
+	// goes to the first free worker, never behind another key's.
+	kmu  sync.Mutex
+	keys map[string][]*delivery
+	// outstanding counts the inputs dispatched and not yet through a
+	// worker; close waits for it before closing ready.
+	outstanding sync.WaitGroup
 	// settleq holds inputs whose outputs are being stored, in order.
 	settleq chan *pending
 	// pulled is closed once the pull has ended. Inputs are handed back
@@ -48,15 +59,28 @@ type pipeline struct {
 	// handed back once the pull has ended.
 	later []jetstream.Msg
 
-	workers sync.WaitGroup
-	settler sync.WaitGroup
+	// queued holds the deliveries waiting for a worker; the
+	// keep-alive loop signals progress for those waiting long (their
+	// AckWait runs from the fetch, not from when a worker starts them).
+	qmu    sync.Mutex
+	queued map[*delivery]struct{}
+	stopKA chan struct{}
+
+	workers   sync.WaitGroup
+	settler   sync.WaitGroup
+	keepAlive sync.WaitGroup
 }
 
 // delivery is a fetched input on its way to a worker.
 type delivery struct {
 	raw   jetstream.Msg
 	m     *Msg // set when Config.Key needed it, else by the worker
+	key   string
+	keyed bool // key holds a place in pipeline.keys
 	start time.Time
+	// alive is when its AckWait last restarted: the fetch, or the
+	// latest progress signal (under pipeline.qmu).
+	alive time.Time
 }
 
 // pending is a handled input whose outputs are being stored.
@@ -76,33 +100,91 @@ func (r *Runner) newPipeline(run, hctx context.Context) *pipeline {
 		slots:   make(chan struct{}, r.window),
 		settleq: make(chan *pending, r.window),
 		pulled:  make(chan struct{}),
+		queued:  map[*delivery]struct{}{},
+		stopKA:  make(chan struct{}),
+		keys:    map[string][]*delivery{},
 	}
-	// Each queue can hold the whole window, so a busy lane holds up the
-	// others only once the window is full.
-	if r.cfg.Key == nil {
-		pl.lanes = []chan *delivery{make(chan *delivery, r.window)}
-	} else {
-		pl.lanes = make([]chan *delivery, r.cfg.Concurrency)
-		for i := range pl.lanes {
-			pl.lanes[i] = make(chan *delivery, r.window)
-		}
-	}
-	for i := range r.cfg.Concurrency {
-		lane := pl.lanes[i%len(pl.lanes)]
+	pl.ready = make(chan *delivery, r.window)
+	for range r.cfg.Concurrency {
 		pl.workers.Go(func() {
-			for d := range lane {
+			for d := range pl.ready {
+				pl.dequeue(d)
 				if pl.run.Err() != nil {
 					<-pl.pulled
 					pl.handBack(d.raw) // fetched but not started: redelivered at once
 					pl.release()
-					continue
+				} else {
+					pl.process(d)
 				}
-				pl.process(d)
+				pl.next(d)
+				pl.outstanding.Done()
 			}
 		})
 	}
 	pl.settler.Go(pl.settleLoop)
+	if beat := r.ackWait / 3; beat > 0 {
+		pl.keepAlive.Go(func() { pl.keepAliveLoop(beat) })
+	}
 	return pl
+}
+
+// maxQueuedAlive is how many AckWaits an input waiting for a worker is
+// kept alive (keepAliveLoop).
+const maxQueuedAlive = 10
+
+// enqueue notes d as waiting for a worker.
+func (pl *pipeline) enqueue(d *delivery) {
+	pl.qmu.Lock()
+	pl.queued[d] = struct{}{}
+	pl.qmu.Unlock()
+}
+
+// dequeue notes that a worker took d.
+func (pl *pipeline) dequeue(d *delivery) {
+	pl.qmu.Lock()
+	delete(pl.queued, d)
+	pl.qmu.Unlock()
+}
+
+// keepAliveLoop signals progress (+WPI, restarting the AckWait) for every
+// input that has waited beat or longer for a worker since its fetch or its
+// last signal, for at most maxQueuedAlive AckWaits after its fetch: an
+// input queued behind a handler stuck on its key is then left to its
+// AckWait and redelivered (to another replica, if there is one), as
+// without the keep-alive. A window of inputs behind slow handlers (a hostile payload
+// near the size limit, a sink at its timeout) would otherwise run out its
+// AckWait before a worker starts it, and be redelivered while it is still
+// here: handled twice, its outputs deduplicated, but the work and the
+// redelivery count spent. A handler keeps its own input alive
+// (Heartbeat); outputs being stored wait at most settleTimeout.
+func (pl *pipeline) keepAliveLoop(beat time.Duration) {
+	t := time.NewTicker(beat / 2)
+	defer t.Stop()
+	var due []*delivery
+	for {
+		select {
+		case <-pl.stopKA:
+			return
+		case now := <-t.C:
+			due = due[:0]
+			pl.qmu.Lock()
+			for d := range pl.queued {
+				if now.Sub(d.alive) >= beat && now.Sub(d.start) < maxQueuedAlive*pl.r.ackWait {
+					d.alive = now
+					due = append(due, d)
+				}
+			}
+			pl.qmu.Unlock()
+			for _, d := range due {
+				// A failed signal leaves the input to its AckWait, as
+				// before; a worker may have taken it meanwhile, which is
+				// harmless (the handler's input stays alive longer).
+				if d.raw.InProgress() == nil {
+					pl.r.m.keptAlive.WithLabelValues(pl.r.cfg.Service).Inc()
+				}
+			}
+		}
+	}
 }
 
 // reserve waits for n window slots, which the next pull's messages take;
@@ -126,7 +208,8 @@ func (pl *pipeline) unreserve(n int) {
 	}
 }
 
-// dispatch queues raw, which holds a slot reserved for it, on its lane;
+// dispatch queues raw, which holds a slot reserved for it, for a worker
+// (behind the input of its key that is in a worker, if any);
 // during a shutdown it gives the slot back and keeps raw to hand back to
 // the server once the pull has ended.
 func (pl *pipeline) dispatch(ctx context.Context, raw jetstream.Msg) {
@@ -140,18 +223,52 @@ func (pl *pipeline) dispatch(ctx context.Context, raw jetstream.Msg) {
 		return
 	}
 	r.m.inFlight.WithLabelValues(r.cfg.Service).Inc()
-	d := &delivery{raw: raw, start: time.Now()}
-	lane := pl.lanes[0]
+	now := time.Now()
+	d := &delivery{raw: raw, start: now, alive: now}
+	pl.enqueue(d)
+	pl.outstanding.Add(1)
 	if r.cfg.Key != nil {
 		if m, err := newMsg(raw); err == nil {
 			d.m = m
-			lane = pl.lanes[laneOf(r.keyOf(m), len(pl.lanes))]
+			d.key = r.keyOf(m)
+		}
+		if d.key != "" {
+			d.keyed = true
+			pl.kmu.Lock()
+			waiting, busy := pl.keys[d.key]
+			if busy {
+				pl.keys[d.key] = append(waiting, d) // after the one in a worker
+				pl.kmu.Unlock()
+				return
+			}
+			pl.keys[d.key] = nil
+			pl.kmu.Unlock()
 		}
 	}
-	lane <- d // never blocks: a lane holds the whole window
+	pl.ready <- d // never blocks: ready holds the whole window
 }
 
-// keyOf is Config.Key(m); a panicking Key routes to lane 0 (the handler,
+// next frees d's key: its next waiting input goes to ready, or the key is
+// forgotten.
+func (pl *pipeline) next(d *delivery) {
+	if !d.keyed {
+		return
+	}
+	pl.kmu.Lock()
+	waiting := pl.keys[d.key]
+	if len(waiting) == 0 {
+		delete(pl.keys, d.key)
+		pl.kmu.Unlock()
+		return
+	}
+	n := waiting[0]
+	waiting[0] = nil
+	pl.keys[d.key] = waiting[1:]
+	pl.kmu.Unlock()
+	pl.ready <- n
+}
+
+// keyOf is Config.Key(m); a panicking Key gives no key (the handler,
 // under Recover, then decides what the input is worth).
 func (r *Runner) keyOf(m *Msg) (key string) {
 	defer func() {
@@ -160,16 +277,6 @@ func (r *Runner) keyOf(m *Msg) (key string) {
 		}
 	}()
 	return r.cfg.Key(m)
-}
-
-// laneOf maps key to one of n lanes (FNV-1a).
-func laneOf(key string, n int) int {
-	h := uint32(2166136261)
-	for i := 0; i < len(key); i++ {
-		h ^= uint32(key[i])
-		h *= 16777619
-	}
-	return int(h % uint32(n))
 }
 
 func (pl *pipeline) handBack(raw jetstream.Msg) {
@@ -192,10 +299,11 @@ func (pl *pipeline) close() {
 	for _, raw := range pl.later {
 		pl.handBack(raw)
 	}
-	for _, l := range pl.lanes {
-		close(l)
-	}
+	pl.outstanding.Wait() // every input dispatched has been through a worker
+	close(pl.ready)
 	pl.workers.Wait()
+	close(pl.stopKA)
+	pl.keepAlive.Wait()
 	close(pl.settleq)
 	pl.settler.Wait()
 }
@@ -245,9 +353,12 @@ func (pl *pipeline) settleLoop() {
 	sctx := context.WithoutCancel(pl.hctx)
 	for p := range pl.settleq {
 		var result, reason string
-		if err := r.await(p); err != nil {
+		if fresh, err := r.await(p); err != nil {
 			result, reason = r.fail(sctx, p.m, fmt.Errorf("publish outputs: %w", err), p.m.Delivered >= r.maxDeliver)
 		} else {
+			for _, fn := range p.out.stored {
+				fn(fresh)
+			}
 			result, reason = r.ack(p.m)
 		}
 		pl.finish(p.m, result, reason, nil, p.start)
@@ -285,8 +396,9 @@ func (r *Runner) publishAsync(out *Outputs) ([]jetstream.PubAckFuture, error) {
 var errPublishTimeout = errors.New("no acknowledgement from the stream in time")
 
 // await waits for every output of p to be stored; a duplicate is a
-// success (an earlier delivery stored it).
-func (r *Runner) await(p *pending) error {
+// success (an earlier delivery stored it). fresh reports whether any
+// output was stored by this delivery rather than found a duplicate.
+func (r *Runner) await(p *pending) (fresh bool, err error) {
 	var timer *time.Timer
 	defer func() {
 		if timer != nil {
@@ -295,10 +407,7 @@ func (r *Runner) await(p *pending) error {
 	}()
 	for i, f := range p.futures {
 		o := p.out.outs[i]
-		var (
-			ack *jetstream.PubAck
-			err error
-		)
+		var ack *jetstream.PubAck
 		select {
 		case ack = <-f.Ok():
 		case err = <-f.Err():
@@ -314,11 +423,12 @@ func (r *Runner) await(p *pending) error {
 			}
 		}
 		if err != nil {
-			return fmt.Errorf("%s (%s): %w", o.subject, o.msgID, err)
+			return false, fmt.Errorf("%s (%s): %w", o.subject, o.msgID, err)
 		}
+		fresh = fresh || !ack.Duplicate
 		r.m.outputs.WithLabelValues(r.cfg.Service, strconv.FormatBool(ack.Duplicate)).Inc()
 	}
-	return nil
+	return fresh, nil
 }
 
 // ack acknowledges m without waiting for the server's confirmation.

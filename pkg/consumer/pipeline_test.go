@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -249,5 +250,83 @@ func BenchmarkRunnerPipeline(b *testing.B) {
 			}
 			b.StopTimer()
 		})
+	}
+}
+
+// TestKeyedInputsNeverWaitBehindAnotherKey: with Key, one key's inputs are
+// handled one at a time and in order, and an input of another key goes to
+// a free worker while the first key's input is still in its handler. (Keys
+// hashed onto workers put "k-a" and "k-c" on one worker of two: k-c then
+// waited for k-a's slow handler.)
+func TestKeyedInputsNeverWaitBehindAnotherKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg := config()
+	cfg.Concurrency = 2
+	cfg.Key = func(m *consumer.Msg) string { return m.Subject[len("test.in."):] }
+	release := make(chan struct{})
+	var mu sync.Mutex
+	var order []string // "key/id" as handlers start
+	inA := 0           // k-a handlers running
+	b.start(cfg, func(ctx context.Context, m *consumer.Msg, out *consumer.Outputs) error {
+		key := m.Subject[len("test.in."):]
+		mu.Lock()
+		order = append(order, key+"/"+m.ID())
+		if key == "k-a" {
+			inA++
+			if inA > 1 {
+				t.Errorf("two k-a inputs in handlers at once")
+			}
+		}
+		mu.Unlock()
+		if m.ID() == "a-1" {
+			select { // slow: until the test has seen k-c through
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		mu.Lock()
+		if key == "k-a" {
+			inA--
+		}
+		mu.Unlock()
+		out.Publish("test.out."+key, note(m.ID()), "")
+		return nil
+	})
+	b.publishIn("test.in.k-a", "a-1", []byte("x"))
+	b.publishIn("test.in.k-a", "a-2", []byte("x"))
+	for i := range 5 {
+		b.publishIn("test.in.k-c", fmt.Sprintf("c-%d", i), []byte("x"))
+	}
+	b.waitFor("k-c's five inputs handled while a-1 is in its handler", func() bool { return b.count(outStream) == 5 })
+	mu.Lock()
+	for _, o := range order {
+		if o == "k-a/a-2" {
+			t.Errorf("a-2 started while a-1 was in its handler: %v", order)
+		}
+	}
+	mu.Unlock()
+	close(release)
+	b.waitFor("every input handled", func() bool { return b.count(outStream) == 7 && b.settled(service) })
+	mu.Lock()
+	defer mu.Unlock()
+	var a, c []string
+	for _, o := range order {
+		switch {
+		case strings.HasPrefix(o, "k-a/"):
+			a = append(a, o)
+		case strings.HasPrefix(o, "k-c/"):
+			c = append(c, o)
+		}
+	}
+	if strings.Join(a, ",") != "k-a/a-1,k-a/a-2" {
+		t.Errorf("k-a handled as %v, want a-1 then a-2", a)
+	}
+	for i, o := range c {
+		if want := fmt.Sprintf("k-c/c-%d", i); o != want {
+			t.Errorf("k-c handled as %v, want c-0 … c-4 in order", c)
+			break
+		}
 	}
 }

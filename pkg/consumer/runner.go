@@ -50,6 +50,9 @@ type Runner struct {
 	// window is Config.MaxInFlight bounded by the consumer's
 	// MaxAckPending: the inputs fetched and not yet settled, at most.
 	window int
+	// ackWait is the consumer's AckWait: inputs waiting in the window for
+	// a worker are kept alive at a third of it (pipeline.keepAlive).
+	ackWait time.Duration
 
 	mu       sync.Mutex
 	state    error // ErrNotRunning, nil (running) or ErrStopped
@@ -211,6 +214,7 @@ func (r *Runner) bind(ctx context.Context) (jetstream.Consumer, error) {
 		return nil, fmt.Errorf("%w (consumer %s/%s)", err, r.cfg.Stream, r.cfg.Consumer)
 	}
 	r.maxDeliver, r.consumerMaxDeliver = md, info.MaxDeliver
+	r.ackWait = info.AckWait
 	// The window never exceeds what the server lets the consumer have
 	// unacknowledged: MaxAckPending is the backpressure.
 	r.window = r.cfg.MaxInFlight

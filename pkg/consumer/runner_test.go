@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -127,6 +128,21 @@ func (b *bench) waitFor(what string, cond func() bool) {
 func (b *bench) settled(name string) bool {
 	ok, err := embedded.CaughtUp(b.ctx, b.js, inStream, name)
 	return err == nil && ok
+}
+
+// storeOutput stores on test.out.x the output key of input id as a
+// runner that died after storing it, before its ack, left it: under the
+// Nats-Msg-Id the runner gives it.
+func (b *bench) storeOutput(id, key string) {
+	b.t.Helper()
+	data, hdr, err := events.Encode(note(id))
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	hdr.Set(nats.MsgIdHdr, consumer.OutputMsgID(service, id, key))
+	if _, err := b.js.PublishMsg(b.ctx, &nats.Msg{Subject: "test.out.x", Header: hdr, Data: data}); err != nil {
+		b.t.Fatal(err)
+	}
 }
 
 func (b *bench) publishIn(subject, id string, data []byte) {
@@ -498,15 +514,7 @@ func TestRunnerCrashAfterPublishBeforeAck(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.publishIn("test.in.x", "in-1", []byte("x"))
-	// What the dead runner stored before dying.
-	data, hdr, err := events.Encode(note("in-1"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	hdr.Set(nats.MsgIdHdr, consumer.OutputMsgID(service, "in-1", "0"))
-	if _, err := b.js.PublishMsg(b.ctx, &nats.Msg{Subject: "test.out.x", Header: hdr, Data: data}); err != nil {
-		t.Fatal(err)
-	}
+	b.storeOutput("in-1", "0") // what the dead runner stored before dying
 	b.start(config(), func(_ context.Context, m *consumer.Msg, out *consumer.Outputs) error {
 		out.Publish("test.out.x", note(m.ID()), "")
 		return nil
@@ -941,5 +949,197 @@ func TestRunnerDeadLettersInputBeyondTheLimits(t *testing.T) {
 	}
 	if dls[0].Truncated || !bytes.Equal(dls[0].Data, deep) {
 		t.Fatal("a dead letter that fits keeps the whole input")
+	}
+}
+
+// TestRunnerKeepsQueuedInputsAlive: inputs fetched into the window wait
+// for a free worker while their AckWait runs; the runner signals progress
+// for them, so none is redelivered while it is still waiting here. Eight
+// inputs behind one worker whose handler takes 500 ms each: the last
+// starts after 3.5 s, past an AckWait of two seconds (the signals go out
+// every 2/3 s at the latest: a second of slack for a loaded machine).
+func TestRunnerKeepsQueuedInputsAlive(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const n = 8
+	for i := range n {
+		b.publishIn("test.in.x", fmt.Sprintf("q-%d", i), []byte("x"))
+	}
+	cfg := config()
+	cfg.ConsumerConfig.AckWait = 2 * time.Second
+	cfg.Concurrency, cfg.MaxInFlight, cfg.FetchBatch = 1, n, n
+	// The handler keeps its own input alive; the runner, those waiting.
+	cfg.Middleware = []consumer.Middleware{consumer.Heartbeat(200 * time.Millisecond)}
+	reg := prometheus.NewRegistry()
+	cfg.Registerer = reg
+	var mu sync.Mutex
+	calls := map[string][]int{} // input id → its deliveries seen
+	b.start(cfg, func(ctx context.Context, m *consumer.Msg, out *consumer.Outputs) error {
+		mu.Lock()
+		calls[m.ID()] = append(calls[m.ID()], m.Delivered)
+		mu.Unlock()
+		select { // simulated slow work
+		case <-time.After(500 * time.Millisecond):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		out.Publish("test.out.x", note(m.ID()), "")
+		return nil
+	})
+	b.waitFor("every input settled", func() bool { return b.count(outStream) == n && b.settled(service) })
+	mu.Lock()
+	defer mu.Unlock()
+	if len(calls) != n {
+		t.Fatalf("handled %d inputs, want %d", len(calls), n)
+	}
+	// Handled once each: an input whose AckWait ran out while it waited
+	// here would have been handled again on its redelivery. (Its first
+	// delivery may be a later one: a delivery that reached a starved
+	// process after nats.go's Fetch stopped listening never reached the
+	// runner, see Config.FetchWait.)
+	for id, ds := range calls {
+		if len(ds) != 1 {
+			t.Errorf("input %s: deliveries %v, want handled once", id, ds)
+		}
+	}
+	if got := counterValue(t, reg, "failbus_consumer_queued_kept_alive_total", map[string]string{"service": service}); got == 0 {
+		t.Error("no progress signal sent for a queued input")
+	}
+}
+
+// TestRunnerOnStoredAfterTheOutputsAreStored: OnStored runs once every
+// output of a delivery is stored — not for a delivery whose store failed
+// (its redelivery runs the handler again and calls its own) — and says
+// whether the delivery stored anything new: a delivery that finds every
+// output stored by one before it (a crash after storing, before the ack)
+// is not fresh, so a count kept there is not doubled.
+func TestRunnerOnStoredAfterTheOutputsAreStored(t *testing.T) {
+	t.Parallel()
+	type call struct {
+		delivered int
+		fresh     bool
+	}
+	for _, tc := range []struct {
+		name      string
+		preStored bool // the output was stored by a delivery that died before its ack
+		failFirst bool // the first delivery's store fails (no stream on its subject)
+		want      []call
+	}{
+		{name: "stored", want: []call{{1, true}}},
+		{name: "store failed, then stored", failFirst: true, want: []call{{2, true}}},
+		{name: "found stored", preStored: true, want: []call{{1, false}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			b.publishIn("test.in.x", "in-1", []byte("x"))
+			if tc.preStored {
+				b.storeOutput("in-1", "out")
+			}
+			var (
+				mu    sync.Mutex
+				calls []call
+			)
+			b.start(config(), func(_ context.Context, m *consumer.Msg, out *consumer.Outputs) error {
+				subject := "test.out.x"
+				if tc.failFirst && m.Delivered == 1 {
+					subject = "nowhere.x"
+				}
+				out.Publish(subject, note(m.ID()), "out")
+				delivered := m.Delivered
+				out.OnStored(func(fresh bool) {
+					mu.Lock()
+					defer mu.Unlock()
+					calls = append(calls, call{delivered, fresh})
+				})
+				return nil
+			})
+			b.waitFor("input settled", func() bool { return b.settled(service) })
+			mu.Lock()
+			defer mu.Unlock()
+			if !slices.Equal(calls, tc.want) {
+				t.Errorf("OnStored calls (delivery, fresh): %v, want %v", calls, tc.want)
+			}
+			if got := b.count(outStream); got != 1 {
+				t.Errorf("outputs stored: %d, want 1", got)
+			}
+		})
+	}
+}
+
+// TestRunnerKeepsAQueuedInputAliveOnlySoLong: an input queued behind a
+// handler stuck on its key is kept alive for a bounded time (ten
+// AckWaits), then left to its AckWait and redelivered — to another
+// replica, if there is one — instead of being held here for as long as
+// the stuck handler lasts. Its two deliveries store its output once.
+func TestRunnerKeepsAQueuedInputAliveOnlySoLong(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.publishIn("test.in.x", "stuck", []byte("x"))
+	b.publishIn("test.in.x", "queued", []byte("x"))
+	cfg := config()
+	cfg.ConsumerConfig.AckWait = time.Second
+	cfg.Concurrency, cfg.MaxInFlight, cfg.FetchBatch = 1, 4, 2
+	cfg.Key = func(*consumer.Msg) string { return "one key" }
+	cfg.Middleware = []consumer.Middleware{consumer.Heartbeat(200 * time.Millisecond)}
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	free := func() { releaseOnce.Do(func() { close(release) }) }
+	var mu sync.Mutex
+	calls := map[string][]int{}
+	b.start(cfg, func(ctx context.Context, m *consumer.Msg, out *consumer.Outputs) error {
+		mu.Lock()
+		calls[m.ID()] = append(calls[m.ID()], m.Delivered)
+		mu.Unlock()
+		if m.ID() == "stuck" {
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		out.Publish("test.out.x", note(m.ID()), "")
+		return nil
+	})
+	t.Cleanup(free) // before the runner stops (cleanups run last first), so a failure does not wait out the drain
+	cons, err := b.js.Consumer(b.ctx, inStream, service)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Ten AckWaits of keep-alive, one more of AckWait: about 11 s.
+	deadline := time.Now().Add(45 * time.Second)
+	for {
+		info, err := cons.Info(b.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.NumRedelivered > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the input queued behind the stuck handler was never redelivered: kept alive for as long as the handler lasts")
+		}
+		time.Sleep(100 * time.Millisecond) // poll interval, bounded by the deadline
+	}
+	mu.Lock()
+	stuck := calls["stuck"]
+	mu.Unlock()
+	if len(stuck) != 1 {
+		t.Fatalf("the stuck input's deliveries handled: %v, want only its first (its handler keeps it alive)", stuck)
+	}
+	free()
+	b.waitFor("every input settled", func() bool { return b.count(outStream) == 2 && b.settled(service) })
+	if got := b.count(outStream); got != 2 {
+		t.Errorf("outputs: %d, want 2 (the queued input's once, whatever its deliveries)", got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	// The redelivered input is the queued one: once the stuck handler
+	// returned, its later delivery ran too.
+	if q := calls["queued"]; slices.Max(append([]int{0}, q...)) < 2 {
+		t.Errorf("the queued input's deliveries handled: %v, want one past the first (it was the one redelivered)", q)
+	}
+	if s := calls["stuck"]; len(s) != 1 || s[0] != 1 {
+		t.Errorf("the stuck input's deliveries handled: %v, want only its first", s)
 	}
 }
