@@ -92,63 +92,26 @@ func TestEngineSimulateAndDevDecideTheSame(t *testing.T) {
 	}
 
 	// failbus simulate.
-	var simOut, simErr bytes.Buffer
-	if code := simulate.Command.Run([]string{"--policy", polFile, "--seed", "1"}, strings.NewReader(strings.Join(lines, "\n")+"\n"), &simOut, &simErr); code != 0 {
-		t.Fatalf("failbus simulate exited %d: %s", code, simErr.String())
-	}
-	sim := map[string][]string{}
-	sc := bufio.NewScanner(&simOut)
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		var rec map[string]any
-		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
-			t.Fatalf("simulate wrote %q: %v", sc.Text(), err)
-		}
-		typ, _ := rec["type"].(string)
-		delete(rec, "type")
-		if typ == "error" {
-			t.Fatalf("simulate: error record %v", rec)
-		}
-		sim[typ] = append(sim[typ], canonical(t, rec))
-	}
+	sim := simulateRecords(t, polFile, strings.Join(lines, "\n")+"\n")
 
 	// The same lines, published one at a time to a bus running the
 	// classifier, the scheduler with the refusal tiers, the notifier and
 	// recovery.
-	pol, err := policy.Load(polFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	bus, err := devbus.Start(devbus.Options{
-		Server: embedded.Options{ServerName: "failbus-differential"},
-		Policy: pol, PolicyFile: polFile,
-		Specs: []servicemain.Spec{services.Classifier(), services.Scheduler(), services.Notifier(), services.Recovery()},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = bus.Stop() })
+	bus := policyBus(t, "failbus-differential", polFile, services.Classifier(), services.Scheduler(), services.Notifier(), services.Recovery())
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	for i, line := range lines {
-		var out, errb bytes.Buffer
-		if code := publish.Command.Run([]string{"--server", bus.Srv.ClientURL()}, strings.NewReader(line+"\n"), &out, &errb); code != 0 {
-			t.Fatalf("line %d: failbus publish exited %d: %s %s", i+1, code, out.String(), errb.String())
-		}
+	for _, line := range lines {
+		publishInput(t, bus.Srv.ClientURL(), line+"\n")
 		// Every consequence of the line is handled before the next one is
 		// published, as simulate handles it before the next line.
 		diffSettle(ctx, t, bus.JS)
 	}
 
-	dev := map[string][]string{
-		"classification": diffRead[*events.Classification](ctx, t, bus.JS, topology.StreamClassified, events.ClassifiedPrefix+".>"),
-		"decision":       diffRead[*events.Decision](ctx, t, bus.JS, topology.StreamDecisions, events.DecisionPrefix+".>"),
-		"health":         diffRead[*events.Health](ctx, t, bus.JS, topology.StreamHealth, events.HealthPrefix+".>"),
-		"notification":   hook.sent(t),
-		"recovery":       diffRead[*events.Recovery](ctx, t, bus.JS, topology.StreamRecoveries, events.RecoveryPrefix+".>"),
-		"dispatch":       diffRead[*events.Dispatch](ctx, t, bus.JS, topology.StreamDispatch, events.DispatchPrefix+".>"),
-		"control":        diffRead[*events.Control](ctx, t, bus.JS, topology.StreamControl, events.ControlPrefix+".>"),
-	}
+	dev := busDecided(ctx, t, bus.JS)
+	dev["notification"] = hook.sent(t)
+	dev["recovery"] = diffRead[*events.Recovery](ctx, t, bus.JS, topology.StreamRecoveries, events.RecoveryPrefix+".>")
+	dev["dispatch"] = diffRead[*events.Dispatch](ctx, t, bus.JS, topology.StreamDispatch, events.DispatchPrefix+".>")
+	dev["control"] = diffRead[*events.Control](ctx, t, bus.JS, topology.StreamControl, events.ControlPrefix+".>")
 	// A checklist step's `at` is when it ran: the records' time in
 	// simulate, the clock on the bus. The rest must be identical.
 	for _, side := range []map[string][]string{sim, dev} {
@@ -251,7 +214,7 @@ func diffShift(t *testing.T, lines []string, start time.Time) []string {
 // acknowledges its input, so the later stages see them.
 func diffSettle(ctx context.Context, t *testing.T, js jetstream.JetStream) {
 	t.Helper()
-	consumers := [][2]string{
+	waitSettled(ctx, t, js, [][2]string{
 		{topology.StreamOutcomes, topology.ConsumerClassifier},
 		{topology.StreamClassified, topology.ConsumerScheduler},
 		{topology.StreamClassified, topology.ConsumerRefusals},
@@ -259,18 +222,24 @@ func diffSettle(ctx context.Context, t *testing.T, js jetstream.JetStream) {
 		{topology.StreamNotify, topology.ConsumerNotifier},
 		{topology.StreamHealth, topology.ConsumerRecovery},
 		{topology.StreamDecisions, topology.ConsumerRecoveryDecisions},
-	}
+	}, func() bool { return recoverySettled(ctx, t, js) })
+}
+
+// waitSettled polls until every (stream, consumer) of consumers has caught
+// up and also (when set) holds.
+func waitSettled(ctx context.Context, t *testing.T, js jetstream.JetStream, consumers [][2]string, also func() bool) {
+	t.Helper()
 	for {
-		all := recoverySettled(ctx, t, js)
+		all := also == nil || also()
 		for _, c := range consumers {
+			if !all {
+				break
+			}
 			ok, err := embedded.CaughtUp(ctx, js, c[0], c[1])
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !ok {
-				all = false
-				break
-			}
+			all = ok
 		}
 		if all {
 			return
@@ -280,6 +249,74 @@ func diffSettle(ctx context.Context, t *testing.T, js jetstream.JetStream) {
 			t.Fatal("timed out waiting for the services to settle")
 		case <-time.After(5 * time.Millisecond): // poll interval, bounded by ctx
 		}
+	}
+}
+
+// simulateRecords runs input through `failbus simulate` with the policy
+// file and returns its records by type, canonical.
+// policyBus starts a bus running specs under the policy file polFile (as
+// `failbus dev --policy`), stopped when the test ends: the bus side of a
+// differential test against simulateRecords.
+func policyBus(t *testing.T, name, polFile string, specs ...servicemain.Spec) *devbus.Bus {
+	t.Helper()
+	pol, err := policy.Load(polFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bus, err := devbus.Start(devbus.Options{
+		Server: embedded.Options{ServerName: name},
+		Policy: pol, PolicyFile: polFile,
+		Specs: specs,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = bus.Stop() })
+	return bus
+}
+
+func simulateRecords(t *testing.T, polFile, input string) map[string][]string {
+	t.Helper()
+	var simOut, simErr bytes.Buffer
+	if code := simulate.Command.Run([]string{"--policy", polFile, "--seed", "1"}, strings.NewReader(input), &simOut, &simErr); code != 0 {
+		t.Fatalf("failbus simulate exited %d: %s", code, simErr.String())
+	}
+	sim := map[string][]string{}
+	sc := bufio.NewScanner(&simOut)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		var rec map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
+			t.Fatalf("simulate wrote %q: %v", sc.Text(), err)
+		}
+		typ, _ := rec["type"].(string)
+		delete(rec, "type")
+		if typ == "error" {
+			t.Fatalf("simulate: error record %v", rec)
+		}
+		sim[typ] = append(sim[typ], canonical(t, rec))
+	}
+	return sim
+}
+
+// publishInput publishes Outcome JSON Lines with `failbus publish`.
+func publishInput(t *testing.T, url, input string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	if code := publish.Command.Run([]string{"--server", url}, strings.NewReader(input), &out, &errb); code != 0 {
+		t.Fatalf("failbus publish of %q exited %d: %s %s", input, code, out.String(), errb.String())
+	}
+}
+
+// busDecided reads what the classifier and the scheduler stored:
+// classification, decision and health records, canonical, as
+// simulateRecords names them.
+func busDecided(ctx context.Context, t *testing.T, js jetstream.JetStream) map[string][]string {
+	t.Helper()
+	return map[string][]string{
+		"classification": diffRead[*events.Classification](ctx, t, js, topology.StreamClassified, events.ClassifiedPrefix+".>"),
+		"decision":       diffRead[*events.Decision](ctx, t, js, topology.StreamDecisions, events.DecisionPrefix+".>"),
+		"health":         diffRead[*events.Health](ctx, t, js, topology.StreamHealth, events.HealthPrefix+".>"),
 	}
 }
 
@@ -310,14 +347,23 @@ func recoverySettled(ctx context.Context, t *testing.T, js jetstream.JetStream) 
 // diffWithout drops key from each canonical record.
 func diffWithout(t *testing.T, recs []string, key string) []string {
 	t.Helper()
-	out := make([]string, len(recs))
-	for i, r := range recs {
-		var m map[string]any
-		if err := json.Unmarshal([]byte(r), &m); err != nil {
-			t.Fatal(err)
-		}
+	ms := recordMaps(t, recs)
+	out := make([]string, len(ms))
+	for i, m := range ms {
 		delete(m, key)
 		out[i] = canonical(t, m)
+	}
+	return out
+}
+
+// recordMaps decodes canonical records (JSON objects) back into maps.
+func recordMaps(t *testing.T, recs []string) []map[string]any {
+	t.Helper()
+	out := make([]map[string]any, len(recs))
+	for i, r := range recs {
+		if err := json.Unmarshal([]byte(r), &out[i]); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return out
 }

@@ -24,9 +24,11 @@ type Observed struct {
 	// Seq is the provider record's change number after this observation;
 	// 0 when nothing needs settling.
 	Seq uint64
-	// Now is the time the classification was observed at: now, or the
-	// provider's clock when that is later (a late classification). The
-	// retry stage decides at this time.
+	// Now is the time the retry stage decides at: the caller's now, or
+	// the provider's clock when that is later. The fault scope itself runs
+	// on the provider's clock (scope.ProviderState.Observe), which other
+	// providers' outcomes do not move; a decision is never made before
+	// the caller's clock, so a late outcome's retry is not due in its past.
 	Now time.Time
 	// Down reports that the provider is in an outage (recovering
 	// included) after this observation.
@@ -82,7 +84,11 @@ func (e *Engine) ObserveBatch(ctx context.Context, provider string, cs []events.
 				}
 				obs.Verdict.FailoverProvider = alt
 			}
-			out[i] = Observed{Observation: obs, Now: rec.State.Clock.Time, Down: rec.State.Outage}
+			now := nows[i]
+			if now.Before(rec.State.Clock.Time) {
+				now = rec.State.Clock.Time
+			}
+			out[i] = Observed{Observation: obs, Now: now, Down: rec.State.Outage}
 			for j := range obs.Health {
 				fresh = append(fresh, Effect{Health: &obs.Health[j]})
 			}

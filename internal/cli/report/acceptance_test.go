@@ -56,7 +56,10 @@ func TestReportOfADayOnARealBus(t *testing.T) {
 	t.Parallel()
 	sink := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 	t.Cleanup(sink.Close)
-	pol, err := policy.Parse(fmt.Appendf(nil, "notify:\n  daily_budget: 2\n  sinks:\n    - {name: ops, type: webhook, url: %s}\n", sink.URL))
+	// scope.window is an hour: the day's traffic is a quarter of an hour
+	// apart, and so are the failing hours' network failures, which the
+	// default 5m window would not call an outage.
+	pol, err := policy.Parse(fmt.Appendf(nil, "scope:\n  window: 1h\nnotify:\n  daily_budget: 2\n  sinks:\n    - {name: ops, type: webhook, url: %s}\n", sink.URL))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,10 +122,9 @@ func TestReportOfADayOnARealBus(t *testing.T) {
 		}
 		for m := range 4 {
 			if h >= 10 && h < 13 {
-				// Ten seconds apart at the top of the hour: three network
-				// failures within scope.window (5m) begin the outage at
-				// 10:00:20, whatever order the bus stores them in.
-				report(h, time.Duration(m)*10*time.Second, events.Outcome{Provider: "anthropic", Profile: "a1", Status: 0, TransportError: "read tcp: ECONNRESET", Turn: h, Step: m})
+				// A quarter of an hour apart: the third network failure
+				// within scope.window (1h) begins the outage.
+				report(h, time.Duration(m)*15*time.Minute, events.Outcome{Provider: "anthropic", Profile: "a1", Status: 0, TransportError: "read tcp: ECONNRESET", Turn: h, Step: m})
 			} else {
 				report(h, time.Duration(m)*15*time.Minute, events.Outcome{Provider: "anthropic", Profile: "a1", OK: true, Status: 200})
 			}
@@ -258,15 +260,15 @@ func TestReportOfADayOnARealBus(t *testing.T) {
 		t.Fatalf("anthropic health %+v: want one outage", h)
 	}
 	for _, sp := range h.Spans {
-		// The hour's outcomes are published provider by provider, not in
-		// time order, and the decision clock (the latest time seen, never
-		// backwards) is already at openai's 10:45 when anthropic's
-		// failures arrive: `failbus simulate` of the same order begins the
-		// outage at 10:45 too. On the bus, where the providers' lanes run
-		// concurrently, it begins at 10:45 or 11:45, so the span is checked
-		// against the failing hours.
-		if sp.State == events.HealthOutage && (sp.From.Before(from.Add(10*time.Hour)) || !sp.From.Before(from.Add(13*time.Hour)) || sp.To.Before(from.Add(13*time.Hour))) {
-			t.Errorf("outage span %+v: want it to begin during the failing hours (10:00-12:59) and end with the recovery after 13:00 (from %s)", sp, from)
+		// The scope counts each failure at its own time on anthropic's own
+		// clock, so openai's outcomes of the hour, published first, do not
+		// move it, and the classifier and the scheduler keep the agent's
+		// order: the outage begins at 10:30, the third failure, as
+		// `failbus simulate` of the same publishing order says (the case
+		// "after another provider's later outcomes" of
+		// test/scope_order_test.go).
+		if sp.State == events.HealthOutage && (!sp.From.Equal(from.Add(10*time.Hour+30*time.Minute)) || sp.To.Before(from.Add(13*time.Hour))) {
+			t.Errorf("outage span %+v: want it to begin at 10:30 and end with the recovery after 13:00 (from %s)", sp, from)
 		}
 	}
 	recStored := 0

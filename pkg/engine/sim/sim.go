@@ -8,7 +8,10 @@
 // Time is only what the inputs' `at` say. The clock is the latest `at` seen
 // and never runs backwards: a line stamped earlier than the clock (records
 // from several agents interleave) is handled at the clock, as a service
-// handles a late message at its own now. Before a timed line is handled,
+// handles a late message at its own now. The fault scope is the exception:
+// it counts the line at its own `at`, on its provider's clock (the latest
+// `at` of that provider's lines), as the scheduler does however its lanes
+// interleave providers (scope.ProviderState.Observe). Before a timed line is handled,
 // every pending retry whose due time is at or before the line's time comes
 // due, in due order, each as a retry_due record stamped with its due time.
 //

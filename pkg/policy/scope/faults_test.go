@@ -245,10 +245,13 @@ func TestProviderStateRoundTrip(t *testing.T) {
 // coreT0 is the virtual clock's origin in the fault-scope tests.
 var coreT0 = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 
-// A provider-wide rate limit whose every profile was given a cooldown ends
-// when the cooldowns have passed without a new 429: an outcome that comes
-// later (here a late one, older than what its profile knows) finds it over.
-func TestScopeRateLimitEndsWithItsCooldown(t *testing.T) {
+// A provider-wide rate limit ends at the provider's next outcome, and not
+// at a late one: a
+// late outcome (older than what its profile knows) brings no news of the
+// provider's time, however late the caller's clock (another provider's
+// outcomes move it) — simulate and the bus, whose lanes run providers
+// concurrently, then end it at the same outcome.
+func TestScopeRateLimitEndsAtTheProvidersNextOutcome(t *testing.T) {
 	t.Parallel()
 	cfg := DefaultConfig()
 	_, health, _, sc := scopeRun(cfg, []scopeObs{
@@ -257,19 +260,20 @@ func TestScopeRateLimitEndsWithItsCooldown(t *testing.T) {
 	if got := scopeStates(health); got != "openai:degraded" {
 		t.Fatalf("health %q, want degraded", got)
 	}
-	still := scopeObs{2 * scopeSec, "p1", "gpt", events.ClassServerError, 0, ""}.classification()
-	still.At = events.At(coreT0.Add(-time.Minute)) // older than p1's latest result: it does not replace it
-	obs := sc.Observe(still, coreT0.Add(2*scopeSec))
-	if len(obs.Health) != 0 || !obs.Verdict.ProviderRateLimited {
-		t.Fatalf("within the cooldown: health %v, verdict %+v; want still rate-limited", obs.Health, obs.Verdict)
+	for _, callerAt := range []time.Duration{2 * scopeSec, 10 * scopeSec} {
+		late := scopeObs{callerAt, "p1", "gpt", events.ClassServerError, 0, ""}.classification()
+		late.At = events.At(coreT0.Add(-time.Minute)) // older than p1's latest result: it does not replace it
+		obs := sc.Observe(late, coreT0.Add(callerAt))
+		if len(obs.Health) != 0 || !obs.Verdict.ProviderRateLimited {
+			t.Fatalf("late outcome at the caller's %s: health %v, verdict %+v; want still rate-limited", callerAt, obs.Health, obs.Verdict)
+		}
 	}
-	late := scopeObs{10 * scopeSec, "p1", "gpt", events.ClassServerError, 0, ""}.classification()
-	late.At = events.At(coreT0.Add(-time.Minute))
-	obs = sc.Observe(late, coreT0.Add(10*scopeSec))
+	next := scopeObs{10 * scopeSec, "p2", "gpt", events.ClassServerError, 0, ""}.classification()
+	obs := sc.Observe(next, coreT0.Add(10*scopeSec))
 	if got := scopeStates(obs.Health); got != "openai:healthy" || obs.Verdict.ProviderRateLimited {
 		t.Fatalf("after the cooldown: health %q, verdict %+v; want healthy, not rate-limited", got, obs.Verdict)
 	}
-	if !strings.Contains(obs.Health[0].Reason, "cooldown") {
-		t.Errorf("reason %q does not name the cooldown", obs.Health[0].Reason)
+	if !strings.Contains(obs.Health[0].Reason, "server_error") {
+		t.Errorf("reason %q does not name the result that ended it", obs.Health[0].Reason)
 	}
 }

@@ -1,7 +1,11 @@
 // Package scope is the fault scope (seed 002, DESIGN.md §4
 // "Classification", correlation): before choosing how to recover, ask where the fault lives. It is a pure
-// state machine per provider over classified outcomes on a virtual clock;
-// the caller passes `now`.
+// state machine per provider over classified outcomes on the provider's own
+// clock: the latest own time (`at`) of its outcomes, never later than the
+// `now` the caller passes. Network failures and successes count at their
+// own times, so the order in which outcomes of several agents reach the
+// scope, or how far other providers have moved the caller's clock, does
+// not decide whether failures are an outage.
 //
 // Per provider it keeps the latest result of every auth profile and every
 // model it has seen (forgotten after scope.forget_after without a result),
@@ -38,7 +42,9 @@
 //     within the window (the ones it counted fell out of scope.window), or
 //     when every counted profile's cooldown (the hint of its latest 429)
 //     has passed without a new 429 — checked at each outcome of the
-//     provider, so it never stays degraded on stale evidence.
+//     provider (at the provider's clock: a late outcome, older than what
+//     its profile knows, does not move it), so it never stays degraded on
+//     stale evidence.
 //   - Model scope: unsupported_param or model_not_found on one model while
 //     another model of the provider has a success as its latest result →
 //     switch_model to it, with a normal notification per fault episode; when

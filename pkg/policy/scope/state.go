@@ -31,7 +31,8 @@ type Entry struct {
 }
 
 // Mark is one outcome counted by a rule: its id, so that a redelivered or
-// replayed classification is not counted twice, and when it was counted.
+// replayed classification is not counted twice, and its own time (`at`),
+// where it counts whenever it was observed.
 type Mark struct {
 	ID string      `msgpack:"id" json:"id"`
 	At events.Time `msgpack:"at" json:"at"`
@@ -47,8 +48,9 @@ type Mark struct {
 // already knows neither replaces a newer result nor resets a newer count.
 type ProviderState struct {
 	Provider string `msgpack:"provider" json:"provider"`
-	// Clock is the latest time observed: the provider's clock, which never
-	// runs backwards (a late outcome is observed at the clock).
+	// Clock is the latest own time (`at`) of the provider's outcomes: the
+	// provider's clock, which never runs backwards (a late outcome is
+	// observed at the clock). Other providers' outcomes do not move it.
 	Clock events.Time `msgpack:"clock,omitempty" json:"clock,omitzero"`
 	// Outage is true from outage detection until recovery.
 	Outage       bool        `msgpack:"outage,omitempty" json:"outage,omitempty"`
@@ -63,10 +65,12 @@ type ProviderState struct {
 	Streak            []string    `msgpack:"streak,omitempty" json:"streak,omitempty"`
 	// RateLimited is true while every profile is rate-limited.
 	RateLimited bool `msgpack:"rate_limited,omitempty" json:"rate_limited,omitempty"`
-	// LastSuccess is the provider's latest success, any profile or model.
+	// LastSuccess is the own time of the provider's latest success, any
+	// profile or model.
 	LastSuccess events.Time `msgpack:"last_success,omitempty" json:"last_success,omitzero"`
-	// NetFailures are the network failures since LastSuccess, oldest
-	// first, at most OutageMinFailures of them (all the rule needs).
+	// NetFailures are the network failures since LastSuccess, each at its
+	// own time, oldest first, at most OutageMinFailures of them (the
+	// latest: all the rule needs).
 	NetFailures []Mark            `msgpack:"net_failures,omitempty" json:"net_failures,omitempty"`
 	Profiles    map[string]*Entry `msgpack:"profiles,omitempty" json:"profiles,omitempty"`
 	Models      map[string]*Entry `msgpack:"models,omitempty" json:"models,omitempty"`
@@ -99,11 +103,23 @@ func isNetwork(c events.Classification) bool {
 	return sc == events.ScopeNetwork && c.Class != events.ClassOK
 }
 
-// Observe folds one classified outcome at now into the state and returns the
+// Observe folds one classified outcome into the state and returns the
 // verdict for it (when it is a failure), the health changes and the
-// notification requests. It mutates s. now is the caller's clock (the
-// virtual clock in simulate, the outcome's time on the bus); the state's
-// own Clock keeps it from running backwards.
+// notification requests. It mutates s.
+//
+// The state runs on the provider's own clock: an outcome happened at its
+// own time (`at`; now when it has none, or when `at` lies after now or
+// more than events.MaxAtBehind before it: not believed), and
+// it is observed at the provider's Clock, the latest own time of the
+// provider's outcomes, which it advances. now is the caller's clock (the
+// virtual clock in simulate, the replica's on the bus) and only bounds an
+// outcome's time from above: another provider's outcomes, which move the
+// caller's clock, never make this provider's outcomes late. Network
+// failures and the latest success count at their own times, so a failure
+// observed after later ones (several agents, a backlog, a redelivery) is
+// counted where it happened: old failures arriving late are not three
+// failures within scope.window, and a late success clears only the
+// failures before it.
 //
 // It is idempotent per outcome: observing an outcome that was already
 // applied returns its verdict and changes nothing, so a KV-backed caller
@@ -121,16 +137,20 @@ func (s *ProviderState) Observe(cfg Config, c events.Classification, now time.Ti
 	if s.Models == nil {
 		s.Models = map[string]*Entry{}
 	}
+	// t is the outcome's own time, which the counts and the replay guards
+	// go by: an outcome older than what the state knows is history, not
+	// news. An `at` after now, or more than events.MaxAtBehind before it,
+	// is not believed (CONTRACT.md, events.EventTime): the outcome counts
+	// at now. now becomes the provider's clock.
+	t := c.At.Time
+	if t.IsZero() || t.After(now) || t.Before(now.Add(-events.MaxAtBehind)) {
+		t = now
+	}
+	now = t
 	if now.Before(s.Clock.Time) {
 		now = s.Clock.Time
 	}
 	s.Clock = events.At(now)
-	// t is the outcome's own time, which the replay guards compare: an
-	// outcome older than what the state knows is history, not news.
-	t := c.At.Time
-	if t.IsZero() || t.After(now) {
-		t = now
-	}
 	if s.applied(c) {
 		s.verdict(c, &obs.Verdict)
 		return obs
@@ -188,15 +208,31 @@ func (s *ProviderState) Observe(cfg Config, c events.Classification, now time.Ti
 		}
 	}
 
-	// Provider-wide counters: a success clears the network failures that
-	// came before it, a network failure counts unless a later success is
-	// already known.
-	if ok && !t.Before(s.newestNetFailure()) {
-		s.LastSuccess = at
-		s.NetFailures = nil
+	// Provider-wide counters, by own time: a success clears the network
+	// failures that came before it (not the ones after it that were
+	// observed first), a network failure counts unless a later success is
+	// already known. In time order t is now, and the failures are
+	// appended.
+	if ok && !t.Before(s.LastSuccess.Time) {
+		s.LastSuccess = events.At(t)
+		keep := 0
+		for keep < len(s.NetFailures) && !s.NetFailures[keep].At.After(t) {
+			keep++
+		}
+		if keep == len(s.NetFailures) {
+			s.NetFailures = nil
+		} else {
+			s.NetFailures = slices.Clone(s.NetFailures[keep:])
+		}
 	}
 	if net && !t.Before(s.LastSuccess.Time) {
-		s.NetFailures = append(s.NetFailures, Mark{ID: c.OutcomeID, At: at})
+		i := len(s.NetFailures)
+		for i > 0 && s.NetFailures[i-1].At.After(t) {
+			i--
+		}
+		s.NetFailures = slices.Insert(s.NetFailures, i, Mark{ID: c.OutcomeID, At: events.At(t)})
+		// The latest n by own time: a redelivered failure older than all
+		// of them is dropped again, never counted as new.
 		if n := cfg.OutageMinFailures; n > 0 && len(s.NetFailures) > n {
 			s.NetFailures = append([]Mark(nil), s.NetFailures[len(s.NetFailures)-n:]...)
 		}
@@ -270,15 +306,6 @@ func (s *ProviderState) verdict(c events.Classification, v *Verdict) {
 			}
 		}
 	}
-}
-
-// newestNetFailure is when the latest counted network failure was
-// observed (zero when none).
-func (s *ProviderState) newestNetFailure() time.Time {
-	if n := len(s.NetFailures); n > 0 {
-		return s.NetFailures[n-1].At.Time
-	}
-	return time.Time{}
 }
 
 // forget drops profiles and models without a result for ForgetAfter, then

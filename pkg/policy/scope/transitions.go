@@ -124,7 +124,7 @@ func (s *ProviderState) outageCondition(cfg Config, now time.Time) (string, bool
 // A 429 without a hint has no cooldown of its own here (its wait is the
 // retry policy's backoff): its profile ends the episode by leaving the
 // window. It runs for every outcome, also one older than what its profile
-// knows: time passing is news even when the outcome is not.
+// knows, at the provider's clock: a late outcome brings no news of time.
 func (s *ProviderState) rateLimitEnd(cfg Config, c events.Classification, now time.Time, ok bool, obs *Observation) {
 	if s.Outage || !s.RateLimited {
 		return
