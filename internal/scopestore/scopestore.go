@@ -12,6 +12,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -28,14 +30,50 @@ import (
 type Store struct {
 	kv         jetstream.KeyValue
 	conflicts  prometheus.Counter
+	stale      prometheus.Counter
 	unreadable prometheus.Counter
 	log        zerolog.Logger
+
+	// written remembers, per key, the record this Store last wrote and
+	// the revision the write got, so the next Update of the provider
+	// starts from it instead of reading the key again: one round trip per
+	// write instead of two. Compare-and-set still decides: when another
+	// replica wrote in between, the write fails on the revision, the entry
+	// is dropped, and the update runs again from a fresh read. A key
+	// found stale is read first for staleFor (two replicas writing one
+	// provider in turn would otherwise pay a failed write on every
+	// update).
+	mu      sync.Mutex
+	written map[string]cached
 }
+
+// cached is a record as this Store wrote it (data nil: none), and until
+// when the key is read before every update because another writer was
+// found writing it.
+type cached struct {
+	data      []byte
+	rev       uint64
+	readUntil time.Time
+}
+
+// staleFor is how long a key found stale is read before each update.
+const staleFor = 10 * time.Second
+
+// maxCached bounds Store.written: past it an arbitrary entry is dropped
+// (that provider's next update reads its key first, as without the
+// cache). Providers are capped far below this by the scope's cardinality
+// limits; the bound is for memory, not correctness.
+const maxCached = 4096
 
 // Options are a Store's metrics and log; every field may be left zero.
 type Options struct {
-	// Conflicts counts writes that lost a compare-and-set race.
+	// Conflicts counts writes that lost a compare-and-set race to another
+	// writer after reading the key.
 	Conflicts prometheus.Counter
+	// Stale counts updates that started from the record this Store wrote
+	// last and found another writer had written since (the update then
+	// reads the key and writes again).
+	Stale prometheus.Counter
 	// Unreadable counts records that could not be decoded.
 	Unreadable prometheus.Counter
 	// Log receives a line for each unreadable record.
@@ -48,9 +86,12 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Store, er
 	if err != nil {
 		return nil, fmt.Errorf("open KV %s (apply the topology first): %w", topology.BucketScope, err)
 	}
-	s := &Store{kv: kv, conflicts: opts.Conflicts, unreadable: opts.Unreadable, log: opts.Log}
+	s := &Store{kv: kv, conflicts: opts.Conflicts, stale: opts.Stale, unreadable: opts.Unreadable, log: opts.Log}
 	if s.conflicts == nil {
 		s.conflicts = prometheus.NewCounter(prometheus.CounterOpts{Name: "unused"})
+	}
+	if s.stale == nil {
+		s.stale = prometheus.NewCounter(prometheus.CounterOpts{Name: "unused"})
 	}
 	if s.unreadable == nil {
 		s.unreadable = prometheus.NewCounter(prometheus.CounterOpts{Name: "unused"})
@@ -95,16 +136,26 @@ func (p *Store) get(ctx context.Context, provider string) (*engine.ProviderRecor
 	if err != nil {
 		return nil, 0, fmt.Errorf("read fault scope %s: %w", key, err)
 	}
-	rec, err := DecodeRecord(e.Value())
+	rec, err := decodeFor(provider, e.Value())
 	if err != nil {
 		p.unreadable.Inc()
 		p.log.Error().Err(err).Str("key", key).Msg("unreadable fault-scope record: the provider starts over")
 		return nil, e.Revision(), nil
 	}
+	return rec, e.Revision(), nil
+}
+
+// decodeFor is DecodeRecord for provider's key: a record that does not
+// name its provider is the key's.
+func decodeFor(provider string, data []byte) (*engine.ProviderRecord, error) {
+	rec, err := DecodeRecord(data)
+	if err != nil {
+		return nil, err
+	}
 	if rec.State.Provider == "" {
 		rec.State.Provider = provider
 	}
-	return rec, e.Revision(), nil
+	return rec, nil
 }
 
 // Get implements engine.Providers.
@@ -113,12 +164,25 @@ func (p *Store) Get(ctx context.Context, provider string) (*engine.ProviderRecor
 	return rec, err
 }
 
-// Update implements engine.Providers: read, fn, compare-and-set write; on a
-// conflict again from a fresh read.
+// Update implements engine.Providers: read (or start from the record this
+// Store wrote last), fn, compare-and-set write; on a conflict again from a
+// fresh read.
 func (p *Store) Update(ctx context.Context, provider string, fn func(*engine.ProviderRecord) (bool, error)) error {
 	key := Key(provider)
-	for range engine.MaxConflicts {
-		rec, rev, err := p.get(ctx, provider)
+	for attempt := range engine.MaxConflicts {
+		var (
+			rec       *engine.ProviderRecord
+			rev       uint64
+			err       error
+			fromCache bool
+		)
+		if c, ok := p.last(key); ok && attempt == 0 {
+			// A fresh copy fn may change: decoded from what was written.
+			rec, err = decodeFor(provider, c.data)
+			rev, fromCache = c.rev, true
+		} else {
+			rec, rev, err = p.get(ctx, provider)
+		}
 		if err != nil {
 			return err
 		}
@@ -134,21 +198,80 @@ func (p *Store) Update(ctx context.Context, provider string, fn func(*engine.Pro
 		if err != nil {
 			return err
 		}
+		var newRev uint64
 		if rev == 0 {
-			_, err = p.kv.Create(ctx, key, data)
+			newRev, err = p.kv.Create(ctx, key, data)
 		} else {
-			_, err = p.kv.Update(ctx, key, data, rev)
+			newRev, err = p.kv.Update(ctx, key, data, rev)
 		}
 		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) || isWrongLastSeq(err) {
-			p.conflicts.Inc()
+			if fromCache {
+				p.stale.Inc()
+				p.readFirst(key)
+			} else {
+				p.conflicts.Inc()
+				p.forget(key)
+			}
 			continue
 		}
 		if err != nil {
+			// Stored or not, nobody knows: read the key next time.
+			p.forget(key)
 			return fmt.Errorf("write fault scope %s: %w", key, err)
 		}
+		p.remember(key, cached{data: data, rev: newRev})
 		return nil
 	}
 	return fmt.Errorf("fault scope %s: %w %d times in a row", key, engine.ErrConflict, engine.MaxConflicts)
+}
+
+// last returns the record this Store last wrote under key, if it still
+// remembers it and the key is not being read first.
+func (p *Store) last(key string) (cached, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	c, ok := p.written[key]
+	if !ok || c.data == nil || time.Now().Before(c.readUntil) {
+		return cached{}, false
+	}
+	return c, true
+}
+
+// remember keeps c as key's last write (and the key's read-first period).
+func (p *Store) remember(key string, c cached) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	c.readUntil = p.written[key].readUntil
+	p.put(key, c)
+}
+
+// put stores c under key, dropping an arbitrary other key past
+// maxCached; call with mu held.
+func (p *Store) put(key string, c cached) {
+	if p.written == nil {
+		p.written = map[string]cached{}
+	}
+	if _, ok := p.written[key]; !ok && len(p.written) >= maxCached {
+		for k := range p.written {
+			delete(p.written, k)
+			break
+		}
+	}
+	p.written[key] = c
+}
+
+// readFirst drops key's last write and reads the key before each update
+// for staleFor: another writer is writing it too.
+func (p *Store) readFirst(key string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.put(key, cached{readUntil: time.Now().Add(staleFor)})
+}
+
+func (p *Store) forget(key string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.written, key)
 }
 
 // isWrongLastSeq reports a compare-and-set conflict as the server words it

@@ -39,17 +39,20 @@ const Name = "classifier"
 const DefaultOpsAddr = "127.0.0.1:9401"
 
 // DefaultConcurrency is how many outcomes the classifier handles at once.
-// Classification is pure and independent per outcome, so order does not
-// matter here.
+// Classification is pure and independent per outcome, but the order it
+// stores them in is the order the scheduler observes them in: one agent's
+// outcomes of a provider (one subject) are handled by one worker, in order
+// (see New).
 const DefaultConcurrency = 4
 
 // DefaultMaxInFlight is the classifier's window (consumer.Config.MaxInFlight)
-// unless the caller sets one. An input waiting in the window runs its
-// AckWait (30 s) with no heartbeat, and a hostile outcome near the payload
-// limit takes up to a second to decode and classify on a loaded machine:
-// 256 waiting behind four workers were redelivered (the hostile suite
-// counted 5). 64 × 1 s / 4 workers stays well inside AckWait.
-const DefaultMaxInFlight = 64
+// unless the caller sets one: the runner's default. It was 64 while an
+// input waiting in the window ran its AckWait with no heartbeat (a hostile
+// outcome near the payload limit takes up to a second on a loaded machine,
+// and 256 of them behind four workers were redelivered); the runner now
+// keeps queued inputs alive, and the wider window lets the pull run ahead
+// of the workers.
+const DefaultMaxInFlight = consumer.DefaultMaxInFlight
 
 // ClassifyFunc classifies one outcome; classify.Classify and
 // (*classify.Classifier).Classify fit.
@@ -68,7 +71,9 @@ type Config struct {
 	Classify ClassifyFunc
 
 	// Runner holds the consumer runner settings: Logger, Registerer,
-	// Concurrency (defaults to DefaultConcurrency here), Middleware,
+	// Concurrency (defaults to DefaultConcurrency here), Key (defaults to
+	// the outcome's subject here: one agent's outcomes of a provider in
+	// order), Middleware,
 	// FetchWait, DrainTimeout and so on. Service, Stream, Consumer and Decode
 	// are set by the classifier (the topology's `classifier` consumer on
 	// FAILBUS_OUTCOMES, decoding done by the handler) and must be left empty.
@@ -97,6 +102,16 @@ func New(js jetstream.JetStream, opts Config) (*Service, error) {
 	}
 	if cfg.MaxInFlight == 0 {
 		cfg.MaxInFlight = DefaultMaxInFlight
+	}
+	if cfg.Key == nil {
+		// One lane per outcome subject (provider and agent): an agent's
+		// classifications of a provider are stored in the order of its
+		// outcomes, the order `failbus simulate` reads them in. Workers
+		// taking any outcome stored a backlog of one agent's failures in
+		// any order, and the fault scope (which the scheduler feeds in
+		// that order, a session on one worker) then began the outage a
+		// failure late, deciding differently from simulate.
+		cfg.Key = subjectLane
 	}
 	if cfg.Registerer == nil {
 		cfg.Registerer = prometheus.NewRegistry()
@@ -168,3 +183,7 @@ func NewHandler(classifyFn ClassifyFunc, reg prometheus.Registerer) (consumer.Ha
 		return nil
 	}, nil
 }
+
+// subjectLane is the runner's Key: the outcome's subject,
+// failbus.outcome.<provider>.<agent>. It needs no decoding.
+func subjectLane(m *consumer.Msg) string { return m.Subject }

@@ -177,11 +177,13 @@ func New(js jetstream.JetStream, cfg Config) (*Service, error) {
 		ConsumerConfig: cc,
 		Decode:         true,
 		Concurrency:    concurrency,
-		// A send can take its sink's whole timeout, and a request waiting
-		// in the runner's window runs its AckWait without a heartbeat
-		// (Heartbeat covers running handlers only): keep the window at
-		// twice the senders, as the runner held before it was pipelined,
-		// so a queued request is never redelivered while it waits.
+		// A send can take its sink's whole timeout. The runner keeps a
+		// request queued in its window alive for at most ten AckWaits, so
+		// a wide window behind slow sinks would let queued requests run
+		// out and be redelivered (to another replica, where the dedupe
+		// key still stops a second send, but late). Requests are few and
+		// slow, not many and fast: the window stays at twice the senders,
+		// enough to keep every sender busy.
 		MaxInFlight: 2 * concurrency,
 		MaxDeliver:  maxDeliver,
 		FetchWait:   cfg.FetchWait,

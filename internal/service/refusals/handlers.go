@@ -24,9 +24,10 @@ const (
 // a provider one after the other in delivery order (compare-and-set still
 // decides between replicas) and different segments in parallel. A
 // classification that does not decode goes to any lane: the handler
-// dead-letters it.
+// dead-letters it. The decoded classification stays in m.Value for the
+// handler (consumer.ValueAs).
 func segmentLane(m *consumer.Msg) string {
-	c, err := events.DecodeAs[*events.Classification](m.Subject, m.Header, m.Data)
+	c, err := consumer.ValueAs[*events.Classification](m)
 	if err != nil {
 		return ""
 	}
@@ -34,7 +35,7 @@ func segmentLane(m *consumer.Msg) string {
 }
 
 func (s *Service) handleRefusal(ctx context.Context, m *consumer.Msg, out *consumer.Outputs) error {
-	c, err := events.DecodeAs[*events.Classification](m.Subject, m.Header, m.Data)
+	c, err := consumer.ValueAs[*events.Classification](m) // decoded once, by segmentLane
 	if err != nil {
 		return consumer.DeadLetter("decode classification: " + err.Error())
 	}

@@ -94,7 +94,7 @@ func (s *Service) mark(ctx context.Context, kind string, mark agent.RetryMark, t
 		} else {
 			e.StartedAt = at
 		}
-		_, err = s.ledgerAppend(ctx, &e, last.seq, kind)
+		_, _, err = s.ledgerAppend(ctx, &e, last.seq, kind)
 		if errors.Is(err, errLedgerConflict) {
 			s.m.conflicts.Inc()
 			continue

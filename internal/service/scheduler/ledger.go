@@ -167,34 +167,35 @@ func (s *Service) ledgerFind(ctx context.Context, token, outcomeID string, from 
 // ledgerAppend stores e as the budget's new last entry if the budget's last
 // sequence is still expect (0: untouched); otherwise errLedgerConflict. The
 // Nats-Msg-Id is "scheduler:<retry id>:<kind>". A duplicate acknowledgement
-// counts as success only when the stored message is this very entry.
-func (s *Service) ledgerAppend(ctx context.Context, e *LedgerEntry, expect uint64, kind string) (uint64, error) {
+// counts as success only when the stored message is this very entry; dup
+// says it was one.
+func (s *Service) ledgerAppend(ctx context.Context, e *LedgerEntry, expect uint64, kind string) (seq uint64, dup bool, err error) {
 	subj := events.RetryLedgerSubject(e.Budget().Token())
 	msgID := Name + ":" + e.RetryID + ":" + kind
 	ack, err := s.publish(ctx, subj, e, msgID, nil, jetstream.WithExpectLastSequencePerSubject(expect))
 	if isWrongLastSeq(err) {
-		return 0, errLedgerConflict
+		return 0, false, errLedgerConflict
 	}
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	if ack.Duplicate {
 		m, err := s.retries.GetMsg(ctx, ack.Sequence)
 		if err != nil {
-			return 0, fmt.Errorf("read back ledger %s seq %d: %w", subj, ack.Sequence, err)
+			return 0, false, fmt.Errorf("read back ledger %s seq %d: %w", subj, ack.Sequence, err)
 		}
 		r, err := decodeRaw(m)
 		if err != nil {
-			return 0, err
+			return 0, false, err
 		}
 		if r.entry.OutcomeID != e.OutcomeID || r.entry.RetryID != e.RetryID ||
 			r.entry.Cancelled() != e.Cancelled() || r.entry.Started() != e.Started() || r.entry.EndedBy != e.EndedBy {
-			return 0, errLedgerConflict
+			return 0, false, errLedgerConflict
 		}
-		return ack.Sequence, nil
+		return ack.Sequence, true, nil
 	}
 	s.index.appended(e.Budget().Token(), expect, &ledgerRead{entry: *e, seq: ack.Sequence})
-	return ack.Sequence, nil
+	return ack.Sequence, false, nil
 }
 
 // isWrongLastSeq reports a compare-and-set conflict (10071, or 10164 on

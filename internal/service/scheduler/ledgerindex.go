@@ -36,6 +36,8 @@ type budgetIndex struct {
 	// untouched); known is false until it has read it once.
 	last  uint64
 	known bool
+	// lastEntry is the entry at sequence last when the index has it.
+	lastEntry *ledgerRead
 	// byOutcome holds the latest entry seen per outcome id.
 	byOutcome map[string]*ledgerRead
 }
@@ -76,10 +78,11 @@ func (x *ledgerIndex) sawLast(token string, r *ledgerRead) {
 	if r == nil {
 		// Untouched now: whatever was remembered was removed meanwhile
 		// (a purge, MaxAge); start over.
-		b.through, b.last, b.byOutcome = 0, 0, map[string]*ledgerRead{}
+		b.through, b.last, b.lastEntry, b.byOutcome = 0, 0, nil, map[string]*ledgerRead{}
 		return
 	}
 	b.last = r.seq
+	b.lastEntry = r
 	b.keep(r)
 }
 
@@ -115,6 +118,9 @@ func (x *ledgerIndex) scanned(token string, from uint64, read []*ledgerRead, out
 	for _, r := range read {
 		b.keep(r)
 		end = r.seq
+		if r.seq >= b.last {
+			b.lastEntry = r
+		}
 	}
 	if b.through >= from-1 { // nothing between the watermark and from went unread
 		b.through = max(b.through, end)
@@ -133,8 +139,66 @@ func (x *ledgerIndex) appended(token string, expect uint64, r *ledgerRead) {
 	defer x.mu.Unlock()
 	b := x.budget(token)
 	b.keep(r)
+	if expect == 0 && b.through == 0 {
+		// Compare-and-set on 0 succeeded: the budget was empty, so r is
+		// all of it.
+		b.known = true
+	}
 	if b.known && b.through >= expect {
 		b.through = r.seq
 	}
-	b.last = max(b.last, r.seq)
+	if r.seq >= b.last {
+		b.last, b.lastEntry = r.seq, r
+	}
+}
+
+// guessLast is the index's word on the budget's last entry and sequence,
+// without reading (guess.go): an untouched budget when it holds nothing of
+// it, the last entry when it has seen every entry of the budget through
+// the last sequence it knows; ok is false otherwise (read for real).
+// Possibly stale either way: only a compare-and-set on the answer makes
+// it true.
+func (x *ledgerIndex) guessLast(token string) (r *ledgerRead, seq uint64, ok bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	b, ok := x.whole(token)
+	if !ok || b == nil || b.last == 0 {
+		return nil, 0, ok
+	}
+	return b.lastEntry, b.last, true
+}
+
+// guessFind is find without reading (guess.go): nothing when the index
+// holds nothing of the budget, outcome's latest entry after sequence
+// after when it has seen the whole budget; ok is false otherwise.
+func (x *ledgerIndex) guessFind(token, outcomeID string, after uint64) (r *ledgerRead, ok bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	b, ok := x.whole(token)
+	if !ok || b == nil {
+		return nil, ok
+	}
+	return b.after(outcomeID, after), true
+}
+
+// whole is what a guess may answer from: nil and true when the index
+// holds nothing of the budget, its index and true when it has seen the
+// budget whole, false otherwise (read for real). It does not create an
+// entry; call with mu held.
+func (x *ledgerIndex) whole(token string) (*budgetIndex, bool) {
+	el, held := x.m[token]
+	if !held {
+		return nil, true
+	}
+	b := el.Value.(*budgetIndex)
+	return b, b.complete()
+}
+
+// complete: the index has seen every entry of the budget through its
+// last known sequence, and holds the entry there.
+func (b *budgetIndex) complete() bool {
+	if !b.known || b.through < b.last {
+		return false
+	}
+	return b.last == 0 || (b.lastEntry != nil && b.lastEntry.seq == b.last)
 }

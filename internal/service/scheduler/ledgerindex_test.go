@@ -69,3 +69,41 @@ func TestLedgerIndexIsBounded(t *testing.T) {
 		t.Fatalf("%d budgets remembered (map %d), want %d", n, len(x.m), maxIndexedBudgets)
 	}
 }
+
+// TestLedgerIndexGuesses: the index guesses an untouched budget for one it
+// holds nothing of, the last entry for one it has seen whole, and declines
+// (a real read) for one it has seen only in part.
+func TestLedgerIndexGuesses(t *testing.T) {
+	var x ledgerIndex
+	if r, seq, ok := x.guessLast("new"); !ok || r != nil || seq != 0 {
+		t.Fatalf("unknown budget: %v %d %v, want an untouched budget", r, seq, ok)
+	}
+	if r, ok := x.guessFind("new", "o1", 0); !ok || r != nil {
+		t.Fatalf("unknown budget find: %v %v, want nothing", r, ok)
+	}
+	if _, held := x.m["new"]; held {
+		t.Fatal("guessing created an index entry")
+	}
+	// Its own append on an empty budget (compare-and-set on 0): the index
+	// has seen it whole.
+	x.appended("b", 0, entryAt("o1", 5))
+	if r, seq, ok := x.guessLast("b"); !ok || r == nil || r.entry.OutcomeID != "o1" || seq != 5 {
+		t.Fatalf("after its own first append: %v %d %v, want o1 at 5", r, seq, ok)
+	}
+	if r, ok := x.guessFind("b", "o1", 0); !ok || r == nil || r.seq != 5 {
+		t.Fatalf("find after its own append: %v %v, want o1 at 5", r, ok)
+	}
+	// A read shows another replica's entry at 9: seen in part, no guess.
+	x.sawLast("b", entryAt("o2", 9))
+	if _, _, ok := x.guessLast("b"); ok {
+		t.Fatal("budget seen in part: guessed, want a real read")
+	}
+	if _, ok := x.guessFind("b", "o1", 0); ok {
+		t.Fatal("budget seen in part: find guessed, want a real read")
+	}
+	// Scanned through 9: whole again.
+	x.scanned("b", 6, []*ledgerRead{entryAt("o2", 9)}, "o1", 0)
+	if r, seq, ok := x.guessLast("b"); !ok || r.entry.OutcomeID != "o2" || seq != 9 {
+		t.Fatalf("after the scan: %v %d %v, want o2 at 9", r, seq, ok)
+	}
+}

@@ -17,6 +17,15 @@ type ledgerStore struct{ s *Service }
 
 // Latest implements engine.Ledger.
 func (l ledgerStore) Latest(ctx context.Context, budget string) (*retry.Record, uint64, error) {
+	if g := guessing(ctx); g != nil {
+		if r, seq, ok := l.s.index.guessLast(budget); ok {
+			g.used = true
+			if r == nil {
+				return nil, seq, nil
+			}
+			return &r.entry.Record, seq, nil
+		}
+	}
 	r, err := l.s.ledgerLast(ctx, budget)
 	if err != nil || r == nil {
 		return nil, 0, err
@@ -26,6 +35,15 @@ func (l ledgerStore) Latest(ctx context.Context, budget string) (*retry.Record, 
 
 // Find implements engine.Ledger.
 func (l ledgerStore) Find(ctx context.Context, budget, outcomeID string, from uint64) (*retry.Record, error) {
+	if g := guessing(ctx); g != nil {
+		if r, ok := l.s.index.guessFind(budget, outcomeID, from); ok {
+			g.used = true
+			if r == nil {
+				return nil, nil
+			}
+			return &r.entry.Record, nil
+		}
+	}
 	r, err := l.s.ledgerFind(ctx, budget, outcomeID, from)
 	if err != nil || r == nil {
 		return nil, err
@@ -51,10 +69,22 @@ func (l ledgerStore) Append(ctx context.Context, rec *retry.Record, rev uint64) 
 			e.CancelledAt, e.StartedAt = last.entry.CancelledAt, last.entry.StartedAt
 		}
 	}
-	_, err := l.s.ledgerAppend(ctx, e, rev, kind)
+	g := guessing(ctx)
+	_, dup, err := l.s.ledgerAppend(ctx, e, rev, kind)
+	if g != nil && g.used && (dup || errors.Is(err, errLedgerConflict)) {
+		// Decided on a guess that was wrong (see guess.go); a duplicate
+		// means this outcome was decided before, which only a real read
+		// tells apart from a fresh decision.
+		g.wrong()
+		l.s.m.guesses.WithLabelValues("wrong").Inc()
+		return engine.ErrConflict
+	}
 	if errors.Is(err, errLedgerConflict) {
 		l.s.m.conflicts.Inc()
 		return engine.ErrConflict
+	}
+	if err == nil && g != nil && g.used {
+		l.s.m.guesses.WithLabelValues("confirmed").Inc()
 	}
 	return err
 }

@@ -16,8 +16,8 @@ import (
 // engine's fault-scope stage through the provider's lane (lanes.go), its
 // records published, then its retry stage and the retry's schedule and
 // decision (see the package doc).
-func (s *Service) handleClassified(ctx context.Context, m *consumer.Msg, _ *consumer.Outputs) error {
-	c, err := events.DecodeAs[*events.Classification](m.Subject, m.Header, m.Data)
+func (s *Service) handleClassified(ctx context.Context, m *consumer.Msg, out *consumer.Outputs) error {
+	c, err := consumer.ValueAs[*events.Classification](m) // decoded once, by budgetLane
 	if err != nil {
 		return consumer.DeadLetter("decode classification: " + err.Error())
 	}
@@ -43,12 +43,12 @@ func (s *Service) handleClassified(ctx context.Context, m *consumer.Msg, _ *cons
 	case events.ClassContentRefusal:
 		return nil // the refusal tiers decide refusals
 	}
-	return s.decide(ctx, m, *c, obs)
+	return s.decide(ctx, m, out, *c, obs)
 }
 
 // budgetLane is the runner's Key for classifications: agent, session and
 // provider. A session's classifications of one provider are observed and
-// decided in delivery order on one worker, so a success is never folded
+// decided one at a time, in delivery order, so a success is never folded
 // into the provider's fault scope after failures that came after it (the
 // scope's clock is the latest time seen: observed late, a success would
 // count as newer than those failures and hold an outage back), and the
@@ -56,10 +56,11 @@ func (s *Service) handleClassified(ctx context.Context, m *consumer.Msg, _ *cons
 // race each other on its ledger subject (compare-and-set still decides
 // between replicas). Other sessions and agents run in parallel, and the
 // provider's lane (lanes.go) folds their fault-scope writes together. A
-// classification that does not decode goes to any lane: the handler
-// dead-letters it.
+// classification that does not decode has no key (any worker): the
+// handler dead-letters it. The decoded classification is left in m.Value for the
+// handler, so it is decoded once.
 func budgetLane(m *consumer.Msg) string {
-	c, err := events.DecodeAs[*events.Classification](m.Subject, m.Header, m.Data)
+	c, err := consumer.ValueAs[*events.Classification](m)
 	if err != nil {
 		return ""
 	}
@@ -78,9 +79,10 @@ func (s *Service) timeOf(c events.Classification, stored time.Time) time.Time {
 // clockAt advances the replica's clock to t and returns it: the latest
 // time the replica has seen, as simulate's clock is the latest `at` of its
 // input. A classification that arrives late (the outcomes of several
-// agents interleave) is observed and decided at the clock, as simulate
-// handles a late line; the provider's record keeps its own clock as well,
-// so replicas sharing it never run a provider's time backwards.
+// agents interleave) is decided at the clock, as simulate handles a late
+// line, so a retry is never due in its past; the fault scope counts it at
+// its own `at` on its provider's own clock (scope.ProviderState.Observe),
+// the replica's clock only bounding that from above.
 func (s *Service) clockAt(t time.Time) time.Time {
 	s.clockMu.Lock()
 	defer s.clockMu.Unlock()
@@ -92,15 +94,36 @@ func (s *Service) clockAt(t time.Time) time.Time {
 
 // decide runs the engine's retry stage and carries out its verdict
 // durably: the ledger entry is stored by the stage, then the schedule,
-// then the decision.
-func (s *Service) decide(ctx context.Context, m *consumer.Msg, c events.Classification, obs engine.Observed) error {
-	v, err := s.eng.Decide(ctx, c, obs.Verdict, obs.Now)
+// then the decision. A decision without a retry (wait, switch, give up)
+// is the handler's output: the runner stores it without the worker
+// waiting for the stream's acknowledgement, and acknowledges the
+// classification only once it is stored.
+func (s *Service) decide(ctx context.Context, m *consumer.Msg, out *consumer.Outputs, c events.Classification, obs engine.Observed) error {
+	gctx, g := withGuess(ctx)
+	v, err := s.eng.Decide(gctx, c, obs.Verdict, obs.Now)
+	if err == nil && g.used && (v.Record == nil || v.Replayed) {
+		// Decided on the index's word with no append to check it
+		// (guess.go): decide again from the ledger itself.
+		s.m.guesses.WithLabelValues("unchecked").Inc()
+		v, err = s.eng.Decide(ctx, c, obs.Verdict, obs.Now)
+	}
 	if err != nil {
 		return err
 	}
 	d := v.Decision
 	if v.Record == nil {
-		return s.publishDecision(ctx, &d, consumer.OutputMsgID(Name, m.ID(), "decision"))
+		// Nats-Msg-Id consumer.OutputMsgID(Name, m.ID(), "decision").
+		out.Publish(events.DecisionSubject(d.Agent), &d, "decision")
+		// Counted once stored, and once: not for a decision whose store
+		// fails and is made again on the redelivery, nor for a redelivery
+		// that finds it stored.
+		action := d.Action
+		out.OnStored(func(fresh bool) {
+			if fresh {
+				s.m.decisions.WithLabelValues(action).Inc()
+			}
+		})
+		return nil
 	}
 	if v.Replayed {
 		own, err := s.ledgerFind(ctx, v.Record.Budget().Token(), c.OutcomeID, v.Record.EpisodeFrom)

@@ -133,14 +133,14 @@ const (
 	// (the classifier uses 9401).
 	DefaultOpsAddr = "127.0.0.1:9402"
 	// DefaultConcurrency is how many classifications are handled at once:
-	// the runner's workers, each a lane of retry budgets (budgetLane), so
-	// one budget's failures are decided in order and different budgets in
-	// parallel. Each failure waits on JetStream round trips (ledger read,
-	// ledger write, schedule, decision; the fault-scope write is shared by
-	// the provider's waiting classifications, lanes.go), so the scheduler is
-	// bound by latency, not CPU, and many lanes keep it busy: `failbus
-	// bench` on 2 cores measured the whole bus caught up at 2.0k outcomes/s
-	// with 4, 2.3k with 8 and 2.9k with 16 before the pipelined runner.
+	// the runner's workers; one session's classifications of a provider
+	// (budgetLane) one at a time and in order, the others in parallel.
+	// Each failure waits on JetStream round trips (the fault-scope write,
+	// shared by the provider's waiting classifications, lanes.go; the
+	// ledger write of a retry, its schedule and decision), so the
+	// scheduler is bound by latency as much as CPU: `failbus bench` on 2
+	// cores measured the whole bus caught up at 2.0k outcomes/s with 4,
+	// 2.3k with 8 and 2.9k with 16 before the pipelined runner.
 	DefaultConcurrency = 64
 	// PolicyKVKey is the key of the active policy (YAML, the --policy file
 	// format) in KV bucket FAILBUS_POLICY.
@@ -405,7 +405,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		return fmt.Errorf("scheduler: open %s (apply the topology first): %w", topology.StreamRetries, err)
 	}
 	s.retries = retries
-	scope, err := scopestore.Open(ctx, s.js, scopestore.Options{Conflicts: s.m.scopeConflicts, Unreadable: s.m.scopeUnreadable, Log: s.log})
+	scope, err := scopestore.Open(ctx, s.js, scopestore.Options{Conflicts: s.m.scopeConflicts, Stale: s.m.scopeStale, Unreadable: s.m.scopeUnreadable, Log: s.log})
 	if err != nil {
 		return fmt.Errorf("scheduler: %w", err)
 	}
@@ -494,6 +494,7 @@ type metrics struct {
 	decisions *prometheus.CounterVec
 	conflicts prometheus.Counter
 	replays   prometheus.Counter
+	guesses   *prometheus.CounterVec
 	restored  prometheus.Counter
 	controls  *prometheus.CounterVec
 	reloads   *prometheus.CounterVec
@@ -505,6 +506,7 @@ type metrics struct {
 	evictions *prometheus.CounterVec
 
 	scopeConflicts  prometheus.Counter
+	scopeStale      prometheus.Counter
 	scopeUnreadable prometheus.Counter
 }
 
@@ -529,14 +531,16 @@ func newMetrics(reg prometheus.Registerer, maxProviders int) (*metrics, error) {
 		err = e
 		return c
 	}
-	m.decisions = counterVec("failbus_scheduler_decisions_total", "Decisions published, by action (replays included).", "action")
+	m.decisions = counterVec("failbus_scheduler_decisions_total", "Decisions stored, by action: one without a retry once, when its store is confirmed (a redelivery that finds it stored does not count it again); a retry decision also when a replay after a crash publishes it again.", "action")
 	m.conflicts = counter("failbus_scheduler_ledger_conflicts_total", "Ledger writes that lost a compare-and-set race and were decided again.")
+	m.guesses = counterVec("failbus_scheduler_ledger_guesses_total", "Decisions made first on the ledger index's word instead of a read, by result: confirmed by the append's compare-and-set (a read saved), wrong (the append failed; decided again from reads), unchecked (nothing appended; decided again from reads).", "result")
 	m.replays = counter("failbus_scheduler_replays_total", "Classifications whose outcome already had a ledger record: replayed, nothing spent again.")
 	m.restored = counter("failbus_scheduler_schedules_restored_total", "Replays that found the schedule neither pending, fired nor cancelled and published it.")
 	m.controls = counterVec("failbus_scheduler_controls_total", "Started and cancel records, by kind and result (marked, ignored).", "kind", "result")
 	m.reloads = counterVec("failbus_scheduler_policy_reloads_total", "Policy changes seen, by source (kv, file) and result (applied, shadowed, removed, rejected).", "source", "result")
 	m.seeded = counter("failbus_scheduler_scope_seeded_total", "Outages left open in FAILBUS_HEALTH carried into FAILBUS_SCOPE at start, for providers it did not know.")
 	m.scopeConflicts = counter("failbus_scheduler_scope_conflicts_total", "Fault-scope writes that lost a compare-and-set race (another replica or delivery changed the provider) and were observed again.")
+	m.scopeStale = counter("failbus_scheduler_scope_stale_total", "Fault-scope updates that started from the record this replica wrote last and found another replica had written since: read again and observed again; the provider's key is then read before each update for 10s.")
 	m.scopeUnreadable = counter("failbus_scheduler_scope_unreadable_total", "Fault-scope records that could not be decoded; the provider started over.")
 	m.evictions = counterVec("failbus_scheduler_scope_evictions_total", "Fault-scope entries forgotten to stay within their caps, by kind: entry (a profile or model past scope.max_profiles / max_models).", "kind")
 	if err == nil {

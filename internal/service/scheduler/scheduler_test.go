@@ -894,22 +894,33 @@ func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 // reloads reads failbus_scheduler_policy_reloads_total{source, result}.
 func reloads(t *testing.T, reg *prometheus.Registry, source, result string) float64 {
 	t.Helper()
+	return labeledCounter(t, reg, "failbus_scheduler_policy_reloads_total", map[string]string{"source": source, "result": result})
+}
+
+// labeledCounter reads the counter name whose labels include every one of
+// labels; 0 when there is none.
+func labeledCounter(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, mf := range mfs {
-		if mf.GetName() != "failbus_scheduler_policy_reloads_total" {
+		if mf.GetName() != name {
 			continue
 		}
+	metric:
 		for _, m := range mf.GetMetric() {
-			labels := map[string]string{}
+			have := map[string]string{}
 			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
+				have[l.GetName()] = l.GetValue()
 			}
-			if labels["source"] == source && labels["result"] == result {
-				return m.GetCounter().GetValue()
+			for k, v := range labels {
+				if have[k] != v {
+					continue metric
+				}
 			}
+			return m.GetCounter().GetValue()
 		}
 	}
 	return 0
@@ -1260,5 +1271,53 @@ func TestAnEpisodeEndKeepsTheCancel(t *testing.T) {
 	}
 	if n := b.schedulesOf("quitter"); n != 0 {
 		t.Errorf("%d schedules pending, want none", n)
+	}
+}
+
+// failbus_scheduler_decisions_total counts a decision without a retry once
+// it is stored, and not when a delivery finds it stored already (the
+// decision of an earlier delivery that died before its ack).
+func TestDecisionsAreCountedOnceStored(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	reg := prometheus.NewRegistry()
+	b.start(scheduler.Config{Runner: consumer.Config{Registerer: reg}})
+	giveUps := func() float64 {
+		return labeledCounter(t, reg, "failbus_scheduler_decisions_total", map[string]string{"action": events.ActionGiveUp})
+	}
+
+	b.publish(cls("first", "ag", "openai", "k", events.ClassAuth, 1, 1, 0), "")
+	b.decisionOf("ag", "first")
+	b.waitIdle()
+	if got := giveUps(); got != 1 {
+		t.Fatalf("give_up decisions counted after one was stored: %v, want 1", got)
+	}
+
+	// What a scheduler that died after storing the decision of "second"
+	// left behind, under the id the runner gives that output.
+	c := cls("second", "ag", "openai", "k", events.ClassAuth, 1, 2, 0)
+	input := consumer.OutputMsgID("classifier", c.OutcomeID, "0")
+	stored := &events.Decision{OutcomeID: c.OutcomeID, At: c.At, Agent: c.Agent, Provider: c.Provider, Action: events.ActionGiveUp, Reason: "stored by a delivery that died"}
+	data, hdr, err := events.Encode(stored)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hdr.Set(nats.MsgIdHdr, consumer.OutputMsgID(scheduler.Name, input, "decision"))
+	if _, err := b.js.PublishMsg(b.ctx, &nats.Msg{Subject: events.DecisionSubject(c.Agent), Header: hdr, Data: data}); err != nil {
+		t.Fatal(err)
+	}
+	b.publish(c, input)
+	b.waitIdle()
+	var seconds int
+	for _, d := range b.decisions("ag") {
+		if d.OutcomeID == "second" {
+			seconds++
+		}
+	}
+	if seconds != 1 {
+		t.Fatalf("decisions of the redelivered outcome: %d, want the one stored before", seconds)
+	}
+	if got := giveUps(); got != 1 {
+		t.Errorf("give_up decisions counted after a delivery found its decision stored: %v, want still 1", got)
 	}
 }
