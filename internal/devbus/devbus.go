@@ -9,10 +9,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/pprof"
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
@@ -69,8 +69,7 @@ type Bus struct {
 	// Names are the services running, in start order.
 	Names []string
 
-	nc     *nats.Conn
-	conns  []*connect.Conn // the services' own connections (Auth)
+	conns  []*connect.Conn // the services' own connections
 	health []func() error
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -100,7 +99,13 @@ func Start(o Options) (_ *Bus, err error) {
 	if o.Auth != nil && o.Server.ConfigFile == "" {
 		o.Server.ConfigFile = o.Auth.ConfPath()
 	}
-	srv, err := embedded.Start(o.Server)
+	var srv *embedded.Server
+	// Every goroutine the server starts (its client connections,
+	// JetStream's stream and consumer loops) carries the profiler label
+	// failbus=nats-server, each service's its own name (labelled): `go
+	// tool pprof -tags` on a CPU profile of `failbus bench` or `failbus
+	// dev` then splits the CPU between the server and each service.
+	labelled("nats-server", func() { srv, err = embedded.Start(o.Server) })
 	if err != nil {
 		return nil, err
 	}
@@ -110,16 +115,12 @@ func Start(o Options) (_ *Bus, err error) {
 			_ = b.Stop()
 		}
 	}()
-	if o.Auth != nil {
-		admin, err := b.connectAs(o.Auth, auth.RoleAdmin, o.Log)
-		if err != nil {
-			return nil, err
-		}
-		b.nc = admin.Conn
-	} else if b.nc, err = srv.Connect(nats.Name("failbus services"), nats.MaxReconnects(-1)); err != nil {
+	var admin *connect.Conn
+	labelled(auth.RoleAdmin, func() { admin, err = b.connectAs(o.Auth, auth.RoleAdmin, o.Log) })
+	if err != nil {
 		return nil, err
 	}
-	b.JS, err = jetstream.New(b.nc)
+	b.JS, err = jetstream.New(admin.Conn)
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
@@ -132,38 +133,11 @@ func Start(o Options) (_ *Bus, err error) {
 	b.cancel = stop
 	env := servicemain.Env{JS: b.JS, Policy: pol, PolicyFile: o.PolicyFile, Log: o.Log, Registry: reg}
 	for _, spec := range specs {
-		env := env
-		explain := func(err error) error { return err }
-		if o.Auth != nil {
-			c, err := b.connectAs(o.Auth, spec.Name, o.Log)
-			if err != nil {
-				return nil, err
-			}
-			if env.JS, err = jetstream.New(c.Conn); err != nil {
-				return nil, fmt.Errorf("%s: jetstream: %w", spec.Name, err)
-			}
-			explain = c.Explain
-		}
-		svc, err := spec.Build(ctx, env)
+		var err error
+		labelled(spec.Name, func() { err = b.startService(ctx, spec, env, o) })
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", spec.Name, explain(err))
+			return nil, err
 		}
-		b.Names = append(b.Names, spec.Name)
-		b.health = append(b.health, svc.Healthy)
-		b.wg.Go(func() {
-			err := svc.Run(ctx)
-			if ctx.Err() == nil {
-				// A service stopped while the bus runs: that is a failure
-				// even when it says nil.
-				if err == nil {
-					err = errors.New("stopped")
-				}
-				b.mu.Lock()
-				b.errs = append(b.errs, fmt.Errorf("%s: %w", spec.Name, err))
-				b.mu.Unlock()
-				b.once.Do(func() { close(b.failed) })
-			}
-		})
 	}
 	// Ready means every service is bound and answering (the route service
 	// registered, consumers attached), so a caller's first request is not
@@ -172,6 +146,67 @@ func Start(o Options) (_ *Bus, err error) {
 		return nil, err
 	}
 	return b, nil
+}
+
+// labelled runs fn on a goroutine of its own labelled failbus=name, and
+// waits for it; the goroutines fn starts keep the label (a goroutine
+// inherits its creator's labels), so CPU samples of a service's runner,
+// workers and connection show under its name. (pprof.Do on the caller's
+// goroutine would leave it without the labels it had: the bench's load.)
+// A panic in fn is raised again on the caller's goroutine, as if fn
+// had run there.
+func labelled(name string, fn func()) {
+	done := make(chan struct{})
+	var panicked any
+	go func() {
+		defer close(done)
+		defer func() { panicked = recover() }()
+		pprof.SetGoroutineLabels(pprof.WithLabels(context.Background(), pprof.Labels("failbus", name)))
+		fn()
+	}()
+	<-done
+	if panicked != nil {
+		panic(panicked)
+	}
+}
+
+// startService connects spec's service, builds it and runs it until the
+// bus stops.
+func (b *Bus) startService(ctx context.Context, spec servicemain.Spec, env servicemain.Env, o Options) error {
+	// Its own connection, as each service has in production (under
+	// Auth, as its role's user): one connection shared by every
+	// service is one socket, one server-side read loop and one
+	// client-side dispatcher for all of them, and measures (failbus
+	// bench) a bus nobody deploys.
+	c, err := b.connectAs(o.Auth, spec.Name, o.Log)
+	if err != nil {
+		return err
+	}
+	if env.JS, err = jetstream.New(c.Conn); err != nil {
+		return fmt.Errorf("%s: jetstream: %w", spec.Name, err)
+	}
+	explain := c.Explain
+	svc, err := spec.Build(ctx, env)
+	if err != nil {
+		return fmt.Errorf("%s: %w", spec.Name, explain(err))
+	}
+	b.Names = append(b.Names, spec.Name)
+	b.health = append(b.health, svc.Healthy)
+	b.wg.Go(func() {
+		err := svc.Run(ctx)
+		if ctx.Err() == nil {
+			// A service stopped while the bus runs: that is a failure
+			// even when it says nil.
+			if err == nil {
+				err = errors.New("stopped")
+			}
+			b.mu.Lock()
+			b.errs = append(b.errs, fmt.Errorf("%s: %w", spec.Name, err))
+			b.mu.Unlock()
+			b.once.Do(func() { close(b.failed) })
+		}
+	})
+	return nil
 }
 
 // Denials are the permission violations the server reported to the
@@ -185,13 +220,16 @@ func (b *Bus) Denials() []connect.Denial {
 	return out
 }
 
-// connectAs connects to the bus's server as role, with role's seed in set.
+// connectAs connects to the bus's server as role: with role's seed in set,
+// or without credentials when set is nil.
 func (b *Bus) connectAs(set *auth.Set, role string, log zerolog.Logger) (*connect.Conn, error) {
-	seed := set.Seed(role)
-	if seed == "" {
-		return nil, fmt.Errorf("%s: no user for it in %s (run failbus auth init again)", role, set.Dir)
+	o := connect.Options{Servers: b.Srv.ClientURL()}
+	if set != nil {
+		if o.Nkey = set.Seed(role); o.Nkey == "" {
+			return nil, fmt.Errorf("%s: no user for it in %s (run failbus auth init again)", role, set.Dir)
+		}
 	}
-	c, err := connect.Connect(connect.Options{Servers: b.Srv.ClientURL(), Nkey: seed}, role, connect.WithLogger(log))
+	c, err := connect.Connect(o, role, connect.WithLogger(log))
 	if err != nil {
 		return nil, err
 	}
@@ -237,11 +275,8 @@ func (b *Bus) Stop() error {
 		b.cancel()
 	}
 	b.wg.Wait()
-	for _, c := range b.conns {
+	for _, c := range b.conns { // the admin's and every service's
 		c.Close()
-	}
-	if b.nc != nil {
-		b.nc.Close()
 	}
 	if b.Srv != nil {
 		b.Srv.Shutdown()

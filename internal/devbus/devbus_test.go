@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"regexp"
+	"runtime/pprof"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -139,4 +141,35 @@ func TestLogFieldsSayTheirUnits(t *testing.T) {
 		t.Fatalf("%d log lines, %d numbers, %d max_deliver: the services did not log what the test reads\n%s", lines, numbers, maxDeliver, logs.String())
 	}
 
+}
+
+// The server's goroutines and each service's carry the profiler label
+// failbus=<name> (so `go tool pprof -tags` splits a CPU profile of failbus
+// bench or dev by component), and starting the bus leaves the caller's
+// own labels as they were. Not parallel: no other test's bus is running,
+// so the labels found are this bus's.
+func TestGoroutinesCarryTheirComponentsLabel(t *testing.T) {
+	var (
+		b        *devbus.Bus
+		err      error
+		profiled bytes.Buffer
+	)
+	pprof.Do(context.Background(), pprof.Labels("failbus", "test-caller"), func(context.Context) {
+		b, err = devbus.Start(devbus.Options{Server: embedded.Options{ServerName: "failbus-devbus-labels"}})
+		if err != nil {
+			return
+		}
+		err = pprof.Lookup("goroutine").WriteTo(&profiled, 1)
+	})
+	if b != nil {
+		t.Cleanup(func() { _ = b.Stop() })
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range append([]string{"nats-server", "admin", "test-caller"}, b.Names...) {
+		if want := `"failbus":"` + name + `"`; !strings.Contains(profiled.String(), want) {
+			t.Errorf("no goroutine labelled %s", want)
+		}
+	}
 }

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -166,6 +167,7 @@ type benchConfig struct {
 	rateSeconds          float64
 	pending              int
 	memProfile           string
+	blockProfile         string
 }
 
 // run is `failbus bench`.
@@ -184,7 +186,8 @@ func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 	fs.IntVar(&c.pending, "pending", 100000, "retries pending through failbus (and raw @at schedules) while lateness and memory are measured again; 0 skips it")
 	asJSON := fs.Bool("json", false, "print the report as one JSON object")
 	verbose := fs.Bool("verbose", false, "print the services' logs on stderr")
-	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (bus, services and load) to this file, for go tool pprof")
+	blockProfile := fs.String("blockprofile", "", "write a profile of where goroutines waited (channels, locks, replies) over the whole run to this file, for go tool pprof (written at the end, as --memprofile): a bus that waits on round trips shows them here, not in --cpuprofile")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (bus, services and load) to this file, for go tool pprof; go tool pprof -tags FILE splits it by the label failbus: nats-server, each service, admin and bench (the load and the raw JetStream client), the rest (no label) being the Go runtime's own work, mostly garbage collection")
 	memProfile := fs.String("memprofile", "", "write a heap profile at the end of the run (with --pending: the retries still pending) to this file, for go tool pprof -sample_index=inuse_space")
 	if rest, code, done := cli.Parse(fs, args); done {
 		return code
@@ -240,8 +243,13 @@ func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 	defer stop()
 	ctx, cancel := context.WithTimeout(ctx, benchTimeout)
 	defer cancel()
-	c.memProfile = *memProfile
-	rep, err := bench(ctx, c, corpus, source, log, stderr)
+	c.memProfile, c.blockProfile = *memProfile, *blockProfile
+	var rep *benchReport
+	// The load's goroutines carry failbus=bench; the bus labels the
+	// server's and each service's (devbus).
+	pprof.Do(ctx, pprof.Labels("failbus", "bench"), func(ctx context.Context) {
+		rep, err = bench(ctx, c, corpus, source, log, stderr)
+	})
 	if err != nil {
 		fmt.Fprintf(stderr, "failbus bench: %v\n", err)
 		return 1
@@ -339,6 +347,22 @@ type benchRound struct {
 	IngestRatio      float64 `json:"ingest_ratio"`
 	SettledRatio     float64 `json:"settled_ratio"`
 	IngestRelayRatio float64 `json:"ingest_relay_ratio"`
+	// ServerIn and ServerOut are the messages the server received and
+	// sent per outcome while the bus ingested and settled the round
+	// (publishes, acks, pull requests, API requests and replies, KV and
+	// direct gets in; deliveries, acknowledgements and replies out). They
+	// include what runs per unit of time rather than per outcome (the
+	// bench's polls every 5 ms, the services' pull requests and consumer
+	// snapshots), so a slower run counts a little more per outcome.
+	// RawServerIn and RawServerOut are the same over the raw publish and
+	// consume of the round, per message.
+	ServerIn  float64 `json:"server_msgs_in_per_outcome"`
+	ServerOut float64 `json:"server_msgs_out_per_outcome"`
+	// ServerByConn splits them by client connection (each service has
+	// its own; "bench" is the publisher and the bench's polls): [in, out].
+	ServerByConn map[string][2]float64 `json:"server_msgs_per_outcome_by_connection,omitempty"`
+	RawServerIn  float64               `json:"raw_server_msgs_in_per_msg"`
+	RawServerOut float64               `json:"raw_server_msgs_out_per_msg"`
 	// Classify: classify.Classify calls/s on one goroutine.
 	Classify        float64 `json:"classify_per_s"`
 	ClassifyNsOp    float64 `json:"classify_ns_per_op"`
@@ -381,6 +405,8 @@ type benchRunner struct {
 	// latenessRuns counts lateness measurements, so each uses ids and
 	// budgets of its own.
 	latenessRuns int
+	// consumers are benchConsumers, looked up once (settled).
+	consumers []jetstream.Consumer
 }
 
 // bench starts a bus and measures everything; progress goes to progress.
@@ -396,12 +422,19 @@ func bench(ctx context.Context, cfg benchConfig, corpus []events.Outcome, source
 	if err != nil {
 		return nil, err
 	}
+	if cfg.blockProfile != "" {
+		// After the server's start, which sets the rate to its own
+		// option (0). One sample per 10 µs waited: round trips of a
+		// fraction of a millisecond all show, at little cost to the run.
+		runtime.SetBlockProfileRate(int(10 * time.Microsecond))
+		defer runtime.SetBlockProfileRate(0)
+	}
 	defer func() {
 		if serr := b.Stop(); serr != nil && err == nil {
 			err = serr
 		}
 	}()
-	nc, err := b.Srv.Connect(nats.Name("failbus bench"))
+	nc, err := b.Srv.Connect(nats.Name("failbus-bench"))
 	if err != nil {
 		return nil, err
 	}
@@ -457,7 +490,12 @@ func bench(ctx context.Context, cfg benchConfig, corpus []events.Outcome, source
 		rep.Pending = &p
 	}
 	if cfg.memProfile != "" {
-		if err := writeHeapProfile(cfg.memProfile); err != nil {
+		if err := writeProfile(cfg.memProfile, "heap"); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.blockProfile != "" {
+		if err := writeProfile(cfg.blockProfile, "block"); err != nil {
 			return nil, err
 		}
 	}
@@ -504,6 +542,7 @@ func (r *benchRunner) round(ctx context.Context, round int) (benchRound, error) 
 		return out, fmt.Errorf("%s: %w", benchRawStream, err)
 	}
 	first := rawSt.CachedInfo().State.LastSeq + 1
+	rv0, _ := r.b.Srv.NATS().Varz(nil)
 	t0 := time.Now()
 	if err := r.publishAll(ctx, raw); err != nil {
 		return out, fmt.Errorf("raw publish: %w", err)
@@ -512,6 +551,9 @@ func (r *benchRunner) round(ctx context.Context, round int) (benchRound, error) 
 	cons, err := r.rawConsume(ctx, first)
 	if err != nil {
 		return out, fmt.Errorf("raw consume: %w", err)
+	}
+	if rv1, err := r.b.Srv.NATS().Varz(nil); err == nil && rv0 != nil {
+		out.RawServerIn, out.RawServerOut = float64(rv1.InMsgs-rv0.InMsgs)/n, float64(rv1.OutMsgs-rv0.OutMsgs)/n
 	}
 	out.RawPublish, out.RawConsume = n/pub.Seconds(), n/cons.Seconds()
 	out.RawPipeline = n / (pub + cons).Seconds()
@@ -530,6 +572,8 @@ func (r *benchRunner) round(ctx context.Context, round int) (benchRound, error) 
 	if err != nil {
 		return out, err
 	}
+	v0, _ := r.b.Srv.NATS().Varz(nil)
+	c0, _ := r.b.Srv.NATS().Connz(&server.ConnzOptions{Limit: 1000})
 	t0 = time.Now()
 	if err := r.publishAll(ctx, ingest); err != nil {
 		return out, fmt.Errorf("ingest publish: %w", err)
@@ -546,6 +590,12 @@ func (r *benchRunner) round(ctx context.Context, round int) (benchRound, error) 
 		return out, err
 	}
 	settled := time.Since(t0)
+	if v1, err := r.b.Srv.NATS().Varz(nil); err == nil && v0 != nil {
+		out.ServerIn, out.ServerOut = float64(v1.InMsgs-v0.InMsgs)/n, float64(v1.OutMsgs-v0.OutMsgs)/n
+	}
+	if c1, err := r.b.Srv.NATS().Connz(&server.ConnzOptions{Limit: 1000}); err == nil && c0 != nil {
+		out.ServerByConn = msgsByConn(c0, c1, n)
+	}
 	if dead, err := r.streamMsgs(ctx, topology.StreamDLQ); err != nil {
 		return out, err
 	} else if dead != deadBefore {
@@ -809,11 +859,46 @@ func (r *benchRunner) streamMsgs(ctx context.Context, stream string) (uint64, er
 	return s.CachedInfo().State.Msgs, nil
 }
 
+// msgsByConn is, per client connection that sent or received anything
+// between the snapshots c0 and c1, the messages the server received from
+// it and sent to it, divided by n: [in, out], named as connect names
+// connections ("failbus-" dropped); nil when none did.
+func msgsByConn(c0, c1 *server.Connz, n float64) map[string][2]float64 {
+	before := map[uint64]*server.ConnInfo{}
+	for _, c := range c0.Conns {
+		before[c.Cid] = c
+	}
+	var by map[string][2]float64
+	for _, c := range c1.Conns {
+		var i0, o0 int64
+		if b := before[c.Cid]; b != nil {
+			i0, o0 = b.InMsgs, b.OutMsgs
+		}
+		if c.InMsgs == i0 && c.OutMsgs == o0 {
+			continue
+		}
+		if by == nil {
+			by = map[string][2]float64{}
+		}
+		by[strings.TrimPrefix(c.Name, "failbus-")] = [2]float64{float64(c.InMsgs-i0) / n, float64(c.OutMsgs-o0) / n}
+	}
+	return by
+}
+
 // settled reports whether every service's consumer has acknowledged
 // everything on its filter.
 func (r *benchRunner) settled(ctx context.Context) (bool, error) {
-	for _, bc := range benchConsumers {
-		done, err := embedded.CaughtUp(ctx, r.js, bc.stream, bc.name)
+	if r.consumers == nil {
+		for _, bc := range benchConsumers {
+			c, err := r.js.Consumer(ctx, bc.stream, bc.name)
+			if err != nil {
+				return false, fmt.Errorf("consumer %s/%s: %w", bc.stream, bc.name, err)
+			}
+			r.consumers = append(r.consumers, c)
+		}
+	}
+	for i, bc := range benchConsumers {
+		done, err := embedded.ConsumerCaughtUp(ctx, r.js, bc.stream, r.consumers[i])
 		if err != nil || !done {
 			return false, err
 		}
@@ -1143,6 +1228,10 @@ var benchFigures = []func(*benchRound) *float64{
 	func(r *benchRound) *float64 { return &r.RawThird },
 	func(r *benchRound) *float64 { return &r.IngestThirdRatio },
 	func(r *benchRound) *float64 { return &r.SettledThirdRatio },
+	func(r *benchRound) *float64 { return &r.ServerIn },
+	func(r *benchRound) *float64 { return &r.ServerOut },
+	func(r *benchRound) *float64 { return &r.RawServerIn },
+	func(r *benchRound) *float64 { return &r.RawServerOut },
 }
 
 // summarize returns the median, minimum and maximum of every figure over
@@ -1194,10 +1283,20 @@ func printBench(w io.Writer, rep *benchReport) {
 		fmt.Sprintf("%.2f× raw/3 (%.2f–%.2f); %.3f× baseline, %.2f× raw relay", med.IngestThirdRatio, lo.IngestThirdRatio, hi.IngestThirdRatio, med.IngestRatio, med.IngestRelayRatio))
 	row("failbus ingest → every service caught up", func(r *benchRound) float64 { return r.Settled }, "outcomes/s",
 		fmt.Sprintf("%.2f× raw/3 (%.2f–%.2f); %.3f× baseline", med.SettledThirdRatio, lo.SettledThirdRatio, hi.SettledThirdRatio, med.SettledRatio))
+	t.add("server messages per outcome, in / out", fmt.Sprintf("%.1f / %.1f", med.ServerIn, med.ServerOut), "", "", "msgs",
+		fmt.Sprintf("raw publish + consume: %.1f / %.1f per message, same run", med.RawServerIn, med.RawServerOut))
 	row("classify only (classify.Classify, 1 goroutine)", func(r *benchRound) float64 { return r.Classify }, "/s per core",
 		fmt.Sprintf("%.0f ns/op, %.1f allocs/op", med.ClassifyNsOp, med.ClassifyAllocOp))
 	t.write(w)
 	fmt.Fprintln(w, "Ratios are the median (and range) of the per-round ratios; raw and failbus alternate within each round.")
+	if last := rep.Rounds[len(rep.Rounds)-1].ServerByConn; len(last) > 0 {
+		names := slices.Sorted(maps.Keys(last))
+		parts := make([]string, len(names))
+		for i, name := range names {
+			parts[i] = fmt.Sprintf("%s %.1f/%.1f", name, last[name][0], last[name][1])
+		}
+		fmt.Fprintf(w, "Server messages per outcome by connection, in/out (last round): %s.\n", strings.Join(parts, ", "))
+	}
 	fmt.Fprintln(w)
 
 	l := rep.Lateness

@@ -398,17 +398,19 @@ func printLatency(w io.Writer, rep *benchReport) {
 	}
 }
 
-// writeHeapProfile writes the heap profile (after a GC) to path, while the
-// bus still holds what the run left pending.
-func writeHeapProfile(path string) error {
+// writeProfile writes the runtime profile name ("heap" after a GC, or
+// "block") to path, while the bus still holds what the run left pending.
+func writeProfile(path, name string) error {
 	f, err := os.Create(path)
 	if err != nil {
-		return fmt.Errorf("heap profile: %w", err)
+		return fmt.Errorf("%s profile: %w", name, err)
 	}
 	defer f.Close()
-	runtime.GC()
-	if err := pprof.WriteHeapProfile(f); err != nil {
-		return fmt.Errorf("heap profile: %w", err)
+	if name == "heap" {
+		runtime.GC() // what is in use, not what awaits collection
+	}
+	if err := pprof.Lookup(name).WriteTo(f, 0); err != nil {
+		return fmt.Errorf("%s profile: %w", name, err)
 	}
 	return nil
 }
