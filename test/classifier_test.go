@@ -121,7 +121,14 @@ func clsRunnerConfig(reg prometheus.Registerer) consumer.Config {
 // startClassifier runs the classifier service until the test ends.
 func (b *clsBench) startClassifier(reg prometheus.Registerer) *classifier.Service {
 	b.t.Helper()
-	r, err := classifier.New(b.js, classifier.Config{Runner: clsRunnerConfig(reg)})
+	return b.startClassifierWith(clsRunnerConfig(reg))
+}
+
+// startClassifierWith runs the classifier with runner settings rc until
+// the test ends.
+func (b *clsBench) startClassifierWith(rc consumer.Config) *classifier.Service {
+	b.t.Helper()
+	r, err := classifier.New(b.js, classifier.Config{Runner: rc})
 	if err != nil {
 		b.t.Fatal(err)
 	}

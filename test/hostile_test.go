@@ -221,7 +221,15 @@ func TestHostilePayloads(t *testing.T) {
 	cases := hostileCases(maxPayload)
 	good := clsOutcomes("good", 5*(len(cases)+1))
 	reg := prometheus.NewRegistry()
-	r := b.startClassifier(reg)
+	// The classifier's own pull wait, not the other classifier tests'
+	// 200 ms: nats.go's Fetch drops a delivery that reaches the process
+	// more than the wait plus one second after the one before it, and a
+	// starved -race process reading payloads of several MiB got there
+	// (inputs delivered to a pull that had stopped listening, redelivered
+	// after AckWait; see consumer.Config.FetchWait).
+	rc := clsRunnerConfig(reg)
+	rc.FetchWait = consumer.DefaultFetchWait
+	r := b.startClassifierWith(rc)
 	b.poll("runner healthy", func() bool { return r.Healthy() == nil })
 
 	subjectOf := func(i int) string { return events.OutcomeSubject("p", fmt.Sprintf("hostile-%02d", i)) }
@@ -295,9 +303,20 @@ func TestHostilePayloads(t *testing.T) {
 	if n := len(dls); n != countDead(cases) {
 		t.Errorf("%d dead letters, want %d", n, countDead(cases))
 	}
-	// Each hostile input was handled once: no delivery loop.
+	// Each input was settled once, by an ack or a dead letter: no delivery
+	// loop (a nak, a failed store, a second dead letter would each be one
+	// more settlement, or a result other than these two). A delivery that
+	// never reached the runner (see above) is not a loop: the runner
+	// settles its redelivery once, and the count of those is logged.
+	settled := map[string]float64{}
+	for _, res := range []string{consumer.ResultAck, consumer.ResultDeadLetter, consumer.ResultRetry, consumer.ResultError} {
+		settled[res] = counterValue(t, reg, "failbus_consumer_messages_total", map[string]string{"service": classifier.Name, "result": res})
+	}
+	if n := len(good) + len(cases); settled[consumer.ResultAck]+settled[consumer.ResultDeadLetter] != float64(n) || settled[consumer.ResultRetry]+settled[consumer.ResultError] != 0 {
+		t.Errorf("inputs settled %v, want each of the %d once, by an ack or a dead letter", settled, n)
+	}
 	if got := counterValue(t, reg, "failbus_consumer_redeliveries_total", map[string]string{"service": classifier.Name}); got != 0 {
-		t.Errorf("%v redeliveries, want none", got)
+		t.Logf("%v redeliveries, each settled once", got)
 	}
 	if rssOK {
 		peak := readRSS()
