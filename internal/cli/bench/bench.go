@@ -146,8 +146,10 @@ so the ratios hold whatever the machine:
      → decision stored, p50 and p99;
   6. --pending retries through failbus and as many raw "@at" schedules, due
      in 50 minutes (the bench's bus allows retries an hour ahead): the
-     process's RSS and Go heap before and after, then lateness (4) again
-     with them pending.
+     process's RSS and Go heap before and after, the live heap split by
+     who allocated it (nats-server, scheduler, runner, other services,
+     bench, other; from the runtime's heap profile), then lateness (4)
+     again with them pending.
 
 Every bench outcome is the first failure of its own step (its own retry
 budget), spread over 64 sessions, as in a storm over many agents. raw/3 is raw publish ÷ 3: an

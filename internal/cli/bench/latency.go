@@ -65,8 +65,32 @@ type benchPending struct {
 	HeapBeforeMiB float64 `json:"heap_before_mib"`
 	HeapRawMiB    float64 `json:"heap_raw_mib"`
 	HeapAfterMiB  float64 `json:"heap_after_mib"`
+	// HeapByOwner splits the Go heap in use at the same three points by
+	// who allocated it (the heap profile's stacks: nats-server, the
+	// scheduler, the consumer runner, other failbus services, the bench,
+	// other), so the scheduler's share of the growth is a figure, not a
+	// reading of a profile by hand.
+	HeapByOwner []benchHeapOwner `json:"heap_by_owner"`
 	// Lateness is the K-retry lateness measured with the N pending.
 	Lateness benchLateness `json:"lateness"`
+}
+
+// benchHeapOwner is one owner's estimated heap in use (MiB) before, after
+// the raw schedules and after the failbus retries (heapByOwner).
+type benchHeapOwner struct {
+	Owner     string  `json:"owner"`
+	BeforeMiB float64 `json:"before_mib"`
+	RawMiB    float64 `json:"raw_mib"`
+	AfterMiB  float64 `json:"after_mib"`
+}
+
+// heapOwnerTable lines up three heapByOwner snapshots.
+func heapOwnerTable(before, raw, after map[string]float64) []benchHeapOwner {
+	out := make([]benchHeapOwner, 0, len(heapOwners))
+	for _, o := range heapOwners {
+		out = append(out, benchHeapOwner{Owner: o, BeforeMiB: before[o], RawMiB: raw[o], AfterMiB: after[o]})
+	}
+	return out
 }
 
 // latencyAt measures the raw relay and failbus at rate for secs seconds.
@@ -273,6 +297,7 @@ func failures(agent string, n int, delay time.Duration) ([]*nats.Msg, []string, 
 func (r *benchRunner) pending(ctx context.Context, n int) (benchPending, error) {
 	out := benchPending{N: n}
 	out.RSSBeforeMiB, out.HeapBeforeMiB = memory()
+	ownersBefore := heapByOwner()
 
 	// Raw: N @at schedules an hour ahead.
 	due := time.Now().Add(time.Hour)
@@ -294,6 +319,7 @@ func (r *benchRunner) pending(ctx context.Context, n int) (benchPending, error) 
 	}
 	raw = nil //nolint:ineffassign // released before measuring
 	out.RSSRawMiB, out.HeapRawMiB = memory()
+	ownersRaw := heapByOwner()
 
 	// failbus: N failures asking for a retry in an hour (the bench's
 	// policy allows it), each its own step.
@@ -332,6 +358,7 @@ func (r *benchRunner) pending(ctx context.Context, n int) (benchPending, error) 
 		return out, err
 	}
 	out.RSSAfterMiB, out.HeapAfterMiB = memory()
+	out.HeapByOwner = heapOwnerTable(ownersBefore, ownersRaw, heapByOwner())
 	lat, err := r.lateness(ctx)
 	if err != nil {
 		return out, err
@@ -385,6 +412,15 @@ func printLatency(w io.Writer, rep *benchReport) {
 			p.RSSBeforeMiB, p.RSSRawMiB-p.RSSBeforeMiB, p.RSSAfterMiB-p.RSSRawMiB)
 		fmt.Fprintf(w, "Go heap in use: %.0f MiB, %+.0f MiB with the raw schedules, %+.0f MiB more with the failbus retries\n",
 			p.HeapBeforeMiB, p.HeapRawMiB-p.HeapBeforeMiB, p.HeapAfterMiB-p.HeapRawMiB)
+		if len(p.HeapByOwner) > 0 {
+			parts := make([]string, 0, len(p.HeapByOwner))
+			total := 0.0
+			for _, o := range p.HeapByOwner {
+				parts = append(parts, fmt.Sprintf("%s %+.1f", o.Owner, o.AfterMiB-o.RawMiB))
+				total += o.AfterMiB - o.RawMiB
+			}
+			fmt.Fprintf(w, "  the failbus step's live objects by who allocated them (heap profile): %+.0f MiB, of it %s\n", total, strings.Join(parts, ", "))
+		}
 		l := p.Lateness
 		t := benchTable{align: "lrrrrr"}
 		t.add(fmt.Sprintf("LATENESS WITH THEM PENDING (%d each)", l.K), "n", "p50", "p99", "min", "max")
