@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -50,6 +51,7 @@ func TestBench(t *testing.T) {
 				"raw/3", "× raw/3",
 				"DECISION LATENCY (publish → stored)", "100/s", "200/s", "raw p99", "failbus p99",
 				"WITH 100 RETRIES PENDING (failbus) AND 100 RAW @at SCHEDULES", "process RSS", "Go heap",
+				"the failbus step's live objects by who allocated them (heap profile)", "nats-server ", "scheduler ", "runner ",
 				"LATENESS WITH THEM PENDING (20 each)",
 			} {
 				if !strings.Contains(out, want) {
@@ -102,6 +104,20 @@ func TestBench(t *testing.T) {
 			if p == nil || p.N != 100 || !(p.DecidedPerS > 0) || !(p.RSSAfterMiB > 0) || !(p.HeapAfterMiB > 0) ||
 				p.Lateness.Raw.N != 20 || p.Lateness.Failbus.N != 20 {
 				t.Errorf("pending %+v", p)
+			}
+			// Every owner, in order; the server holds the bus's state at
+			// every point (streams, consumers, the topology).
+			if p != nil {
+				var owners []string
+				for _, o := range p.HeapByOwner {
+					owners = append(owners, o.Owner)
+					if o.Owner == ownerServer && !(o.BeforeMiB > 0 && o.RawMiB > 0 && o.AfterMiB > 0) {
+						t.Errorf("nats-server's heap %+v, want some at every point", o)
+					}
+				}
+				if !slices.Equal(owners, heapOwners) {
+					t.Errorf("heap owners %v, want %v", owners, heapOwners)
+				}
 			}
 		}},
 	}
