@@ -48,17 +48,18 @@ func (s *Service) handleClassified(ctx context.Context, m *consumer.Msg, out *co
 
 // budgetLane is the runner's Key for classifications: agent, session and
 // provider. A session's classifications of one provider are observed and
-// decided one at a time, in delivery order, so a success is never folded
-// into the provider's fault scope after failures that came after it (the
-// scope's clock is the latest time seen: observed late, a success would
-// count as newer than those failures and hold an outage back), and the
-// failures of one retry budget (agent, session, turn, step, provider) never
-// race each other on its ledger subject (compare-and-set still decides
-// between replicas). Other sessions and agents run in parallel, and the
-// provider's lane (lanes.go) folds their fault-scope writes together. A
-// classification that does not decode has no key (any worker): the
-// handler dead-letters it. The decoded classification is left in m.Value for the
-// handler, so it is decoded once.
+// decided one at a time, in delivery order, so they reach the provider's
+// fault scope in the order simulate reads them (the scope counts each at
+// its own `at` whatever the order, but out of order an outage is declared
+// only once every failure that satisfies the rule has arrived:
+// docs/POLICY.md), and the failures of one retry budget (agent, session,
+// turn, step, provider) never race each other on its ledger subject
+// (compare-and-set still decides between replicas). Other sessions and
+// agents run in parallel, and the provider's lane (lanes.go) folds their
+// fault-scope writes together. A classification that does not decode has
+// no key (any worker): the handler dead-letters it. The decoded
+// classification is left in m.Value for the handler, so it is decoded
+// once.
 func budgetLane(m *consumer.Msg) string {
 	c, err := consumer.ValueAs[*events.Classification](m)
 	if err != nil {
