@@ -132,6 +132,13 @@ so the ratios hold whatever the machine:
      pull consumer that acks each, then relayed the way the classifier runs
      (as many at a time as the classifier: publish, wait for the ack,
      double-ack);
+     the plumbing: the same N again through the bus's shape on failbus's
+     consumer runner with the policy taken out (classify, then a ledger
+     entry, a schedule and a decision per retry or a decision otherwise,
+     then every decision read), until its last stage has acknowledged
+     every one: what JetStream and the runner cost for an outcome's
+     messages, so "every service caught up" over it is what failbus's own
+     work costs;
   2. failbus ingest: the same N outcomes on failbus.outcome.*, until
      FAILBUS_CLASSIFIED holds their N classifications, and until every
      service has caught up (scheduler decisions, refusal tiers), as ratios
@@ -330,6 +337,15 @@ type benchRound struct {
 	// time, each published (waiting for its ack) to a stream configured
 	// like FAILBUS_CLASSIFIED, then double-acked.
 	RawRelay float64 `json:"raw_relay_per_s"`
+	// Plumbing: outcomes/s through the bus's shape on the consumer
+	// runner with the policy taken out (plumbing.go), from the first
+	// publish until its last stage has read and acknowledged every
+	// decision. PlumbingThirdRatio is Plumbing over RawThird;
+	// SettledPlumbingRatio is Settled over Plumbing: how much of what the
+	// plumbing allows the whole bus reaches.
+	Plumbing             float64 `json:"plumbing_per_s"`
+	PlumbingThirdRatio   float64 `json:"plumbing_raw_third_ratio"`
+	SettledPlumbingRatio float64 `json:"settled_plumbing_ratio"`
 	// RawThird is RawPublish / 3: an outcome costs at least three stream
 	// writes (outcome, classification, decision), so raw/3 is the ceiling
 	// the issue's goals are ratios of.
@@ -465,8 +481,8 @@ func bench(ctx context.Context, cfg benchConfig, corpus []events.Outcome, source
 			return nil, fmt.Errorf("round %d: %w", i+1, err)
 		}
 		rep.Rounds = append(rep.Rounds, round)
-		fmt.Fprintf(progress, "round %d/%d: raw publish %s/s, consume %s/s, relay %s/s; failbus ingest %s/s (%.3f× publish+consume), settled %s/s; classify %s/s\n",
-			i+1, cfg.rounds, human(round.RawPublish), human(round.RawConsume), human(round.RawRelay), human(round.Ingest), round.IngestRatio,
+		fmt.Fprintf(progress, "round %d/%d: raw publish %s/s, consume %s/s, relay %s/s; plumbing %s/s; failbus ingest %s/s (%.3f× publish+consume), settled %s/s; classify %s/s\n",
+			i+1, cfg.rounds, human(round.RawPublish), human(round.RawConsume), human(round.RawRelay), human(round.Plumbing), human(round.Ingest), round.IngestRatio,
 			human(round.Settled), human(round.Classify))
 	}
 	rep.Median, rep.Min, rep.Max = summarize(rep.Rounds)
@@ -513,6 +529,8 @@ func (r *benchRunner) scratchStreams(ctx context.Context) error {
 		{topology.StreamOutcomes, benchRawStream, benchRawPrefix},
 		{topology.StreamClassified, benchRelayStream, benchRelayPrefix},
 		{topology.StreamRetries, benchSchedStream, benchSchedPrefix},
+		{topology.StreamClassified, benchPlumbClassified, benchPlumbClassifiedPrefix},
+		{topology.StreamDecisions, benchPlumbDecisions, benchPlumbDecisionsPrefix},
 	} {
 		st, err := r.js.Stream(ctx, s.from)
 		if err != nil {
@@ -564,6 +582,11 @@ func (r *benchRunner) round(ctx context.Context, round int) (benchRound, error) 
 		return out, fmt.Errorf("raw relay: %w", err)
 	}
 	out.RawRelay = n / relay.Seconds()
+	plumb, err := r.plumbing(ctx, plumbMsgs(raw))
+	if err != nil {
+		return out, fmt.Errorf("plumbing: %w", err)
+	}
+	out.Plumbing = n / plumb.Seconds()
 
 	// 2. failbus ingest.
 	classifiedBefore, err := r.streamMsgs(ctx, topology.StreamClassified)
@@ -608,6 +631,7 @@ func (r *benchRunner) round(ctx context.Context, round int) (benchRound, error) 
 	out.IngestRelayRatio = out.Ingest / out.RawRelay
 	out.RawThird = out.RawPublish / 3
 	out.IngestThirdRatio, out.SettledThirdRatio = out.Ingest/out.RawThird, out.Settled/out.RawThird
+	out.PlumbingThirdRatio, out.SettledPlumbingRatio = out.Plumbing/out.RawThird, out.Settled/out.Plumbing
 
 	// 3. Classify only.
 	out.Classify, out.ClassifyNsOp, out.ClassifyAllocOp = benchClassify(r.corpus)
@@ -1234,6 +1258,9 @@ var benchFigures = []func(*benchRound) *float64{
 	func(r *benchRound) *float64 { return &r.ServerOut },
 	func(r *benchRound) *float64 { return &r.RawServerIn },
 	func(r *benchRound) *float64 { return &r.RawServerOut },
+	func(r *benchRound) *float64 { return &r.Plumbing },
+	func(r *benchRound) *float64 { return &r.PlumbingThirdRatio },
+	func(r *benchRound) *float64 { return &r.SettledPlumbingRatio },
 }
 
 // summarize returns the median, minimum and maximum of every figure over
@@ -1281,10 +1308,12 @@ func printBench(w io.Writer, rep *benchReport) {
 	row(fmt.Sprintf("raw relay, the classifier's shape (%d at a time)", classifier.DefaultConcurrency), func(r *benchRound) float64 { return r.RawRelay }, "msgs/s",
 		"consume → publish, wait for ack → double-ack")
 	row("raw/3: raw publish ÷ 3 (an outcome is 3 stream writes)", func(r *benchRound) float64 { return r.RawThird }, "msgs/s", "goal ceiling")
+	row("failbus plumbing: the bus's stream writes, no policy", func(r *benchRound) float64 { return r.Plumbing }, "outcomes/s",
+		fmt.Sprintf("%.2f× raw/3 (%.2f–%.2f); consumer runners, classify → ledger, schedule, decision → read", med.PlumbingThirdRatio, lo.PlumbingThirdRatio, hi.PlumbingThirdRatio))
 	row("failbus ingest → FAILBUS_CLASSIFIED", func(r *benchRound) float64 { return r.Ingest }, "outcomes/s",
 		fmt.Sprintf("%.2f× raw/3 (%.2f–%.2f); %.3f× baseline, %.2f× raw relay", med.IngestThirdRatio, lo.IngestThirdRatio, hi.IngestThirdRatio, med.IngestRatio, med.IngestRelayRatio))
 	row("failbus ingest → every service caught up", func(r *benchRound) float64 { return r.Settled }, "outcomes/s",
-		fmt.Sprintf("%.2f× raw/3 (%.2f–%.2f); %.3f× baseline", med.SettledThirdRatio, lo.SettledThirdRatio, hi.SettledThirdRatio, med.SettledRatio))
+		fmt.Sprintf("%.2f× raw/3 (%.2f–%.2f); %.3f× baseline, %.2f× plumbing", med.SettledThirdRatio, lo.SettledThirdRatio, hi.SettledThirdRatio, med.SettledRatio, med.SettledPlumbingRatio))
 	t.add("server messages per outcome, in / out", fmt.Sprintf("%.1f / %.1f", med.ServerIn, med.ServerOut), "", "", "msgs",
 		fmt.Sprintf("raw publish + consume: %.1f / %.1f per message, same run", med.RawServerIn, med.RawServerOut))
 	row("classify only (classify.Classify, 1 goroutine)", func(r *benchRound) float64 { return r.Classify }, "/s per core",

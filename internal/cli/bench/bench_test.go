@@ -42,6 +42,7 @@ func TestBench(t *testing.T) {
 				"raw relay, the classifier's shape",
 				"failbus ingest → FAILBUS_CLASSIFIED", "outcomes/s",
 				"failbus ingest → every service caught up",
+				"failbus plumbing: the bus's stream writes, no policy", "× plumbing",
 				"classify only", "/s per core", "ns/op", "allocs/op",
 				"SCHEDULED-RETRY LATENESS (20 each, due 0.1s–0.3s ahead)", "p50", "p99",
 				"raw JetStream @at: stored − due",
