@@ -346,6 +346,17 @@ type benchRound struct {
 	Plumbing             float64 `json:"plumbing_per_s"`
 	PlumbingThirdRatio   float64 `json:"plumbing_raw_third_ratio"`
 	SettledPlumbingRatio float64 `json:"settled_plumbing_ratio"`
+	// CPU time (user + system) of the whole process, which holds the
+	// server, every service and the publisher, per message or outcome:
+	// RawCPUUS over the raw publish and consume (per message),
+	// PlumbingCPUUS over the plumbing, FailbusCPUUS from the first
+	// publish of failbus ingest until every service caught up. Zero where
+	// the platform does not report it (not unix). Steadier than
+	// throughput on a shared machine: what the neighbours run slows the
+	// bus, but does not add to its CPU time.
+	RawCPUUS      float64 `json:"raw_cpu_us_per_msg"`
+	PlumbingCPUUS float64 `json:"plumbing_cpu_us_per_outcome"`
+	FailbusCPUUS  float64 `json:"failbus_cpu_us_per_outcome"`
 	// RawThird is RawPublish / 3: an outcome costs at least three stream
 	// writes (outcome, classification, decision), so raw/3 is the ceiling
 	// the issue's goals are ratios of.
@@ -563,6 +574,7 @@ func (r *benchRunner) round(ctx context.Context, round int) (benchRound, error) 
 	}
 	first := rawSt.CachedInfo().State.LastSeq + 1
 	rv0, _ := r.b.Srv.NATS().Varz(nil)
+	cpu0, _ := cpuTime()
 	t0 := time.Now()
 	if err := r.publishAll(ctx, raw); err != nil {
 		return out, fmt.Errorf("raw publish: %w", err)
@@ -571,6 +583,9 @@ func (r *benchRunner) round(ctx context.Context, round int) (benchRound, error) 
 	cons, err := r.rawConsume(ctx, first)
 	if err != nil {
 		return out, fmt.Errorf("raw consume: %w", err)
+	}
+	if cpu1, ok := cpuTime(); ok {
+		out.RawCPUUS = float64((cpu1-cpu0)/time.Microsecond) / n
 	}
 	if rv1, err := r.b.Srv.NATS().Varz(nil); err == nil && rv0 != nil {
 		out.RawServerIn, out.RawServerOut = float64(rv1.InMsgs-rv0.InMsgs)/n, float64(rv1.OutMsgs-rv0.OutMsgs)/n
@@ -582,11 +597,11 @@ func (r *benchRunner) round(ctx context.Context, round int) (benchRound, error) 
 		return out, fmt.Errorf("raw relay: %w", err)
 	}
 	out.RawRelay = n / relay.Seconds()
-	plumb, err := r.plumbing(ctx, plumbMsgs(raw))
+	plumb, cpu, err := r.plumbing(ctx, plumbMsgs(raw))
 	if err != nil {
 		return out, fmt.Errorf("plumbing: %w", err)
 	}
-	out.Plumbing = n / plumb.Seconds()
+	out.Plumbing, out.PlumbingCPUUS = n/plumb.Seconds(), float64(cpu/time.Microsecond)/n
 
 	// 2. failbus ingest.
 	classifiedBefore, err := r.streamMsgs(ctx, topology.StreamClassified)
@@ -599,6 +614,7 @@ func (r *benchRunner) round(ctx context.Context, round int) (benchRound, error) 
 	}
 	v0, _ := r.b.Srv.NATS().Varz(nil)
 	c0, _ := r.b.Srv.NATS().Connz(&server.ConnzOptions{Limit: 1000})
+	cpu0, _ = cpuTime()
 	t0 = time.Now()
 	if err := r.publishAll(ctx, ingest); err != nil {
 		return out, fmt.Errorf("ingest publish: %w", err)
@@ -615,6 +631,9 @@ func (r *benchRunner) round(ctx context.Context, round int) (benchRound, error) 
 		return out, err
 	}
 	settled := time.Since(t0)
+	if cpu1, ok := cpuTime(); ok {
+		out.FailbusCPUUS = float64((cpu1-cpu0)/time.Microsecond) / n
+	}
 	if v1, err := r.b.Srv.NATS().Varz(nil); err == nil && v0 != nil {
 		out.ServerIn, out.ServerOut = float64(v1.InMsgs-v0.InMsgs)/n, float64(v1.OutMsgs-v0.OutMsgs)/n
 	}
@@ -1261,7 +1280,14 @@ var benchFigures = []func(*benchRound) *float64{
 	func(r *benchRound) *float64 { return &r.Plumbing },
 	func(r *benchRound) *float64 { return &r.PlumbingThirdRatio },
 	func(r *benchRound) *float64 { return &r.SettledPlumbingRatio },
+	func(r *benchRound) *float64 { return &r.RawCPUUS },
+	func(r *benchRound) *float64 { return &r.PlumbingCPUUS },
+	func(r *benchRound) *float64 { return &r.FailbusCPUUS },
 }
+
+// benchCPUFigures is how many of benchFigures, at its end, are CPU
+// times: zero where cpuTime reports nothing.
+const benchCPUFigures = 3
 
 // summarize returns the median, minimum and maximum of every figure over
 // the rounds.
@@ -1316,6 +1342,10 @@ func printBench(w io.Writer, rep *benchReport) {
 		fmt.Sprintf("%.2f× raw/3 (%.2f–%.2f); %.3f× baseline, %.2f× plumbing", med.SettledThirdRatio, lo.SettledThirdRatio, hi.SettledThirdRatio, med.SettledRatio, med.SettledPlumbingRatio))
 	t.add("server messages per outcome, in / out", fmt.Sprintf("%.1f / %.1f", med.ServerIn, med.ServerOut), "", "", "msgs",
 		fmt.Sprintf("raw publish + consume: %.1f / %.1f per message, same run", med.RawServerIn, med.RawServerOut))
+	if med.FailbusCPUUS > 0 {
+		t.add("CPU per outcome, the whole process", fmt.Sprintf("%.0f µs", med.FailbusCPUUS), fmt.Sprintf("%.0f µs", lo.FailbusCPUUS), fmt.Sprintf("%.0f µs", hi.FailbusCPUUS), "failbus",
+			fmt.Sprintf("plumbing %.0f µs; raw publish + consume %.0f µs per message (×3 = %.0f)", med.PlumbingCPUUS, med.RawCPUUS, 3*med.RawCPUUS))
+	}
 	row("classify only (classify.Classify, 1 goroutine)", func(r *benchRound) float64 { return r.Classify }, "/s per core",
 		fmt.Sprintf("%.0f ns/op, %.1f allocs/op", med.ClassifyNsOp, med.ClassifyAllocOp))
 	t.write(w)

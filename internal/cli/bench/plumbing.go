@@ -63,8 +63,9 @@ type benchPlumbStage struct {
 
 // plumbing publishes msgs (copies of the round's outcomes under ids of
 // their own) to the raw scratch stream and returns the time until the
-// three stages have handled and acknowledged every one.
-func (r *benchRunner) plumbing(ctx context.Context, msgs []*nats.Msg) (time.Duration, error) {
+// three stages have handled and acknowledged every one, and the CPU time
+// the process spent meanwhile (zero where cpuTime reports nothing).
+func (r *benchRunner) plumbing(ctx context.Context, msgs []*nats.Msg) (elapsed, cpu time.Duration, err error) {
 	pol := retry.Default().Resolve("")
 	// Decisions read, by outcome: a redelivery (a starved process) is
 	// read again but counts once.
@@ -157,11 +158,11 @@ func (r *benchRunner) plumbing(ctx context.Context, msgs []*nats.Msg) (time.Dura
 	for _, s := range stages {
 		_, cc, ok := topology.Consumer(s.like)
 		if !ok {
-			return 0, fmt.Errorf("plumbing: no topology consumer %s", s.like)
+			return 0, 0, fmt.Errorf("plumbing: no topology consumer %s", s.like)
 		}
 		st, err := r.js.Stream(ctx, s.stream)
 		if err != nil {
-			return 0, fmt.Errorf("plumbing: %s: %w", s.stream, err)
+			return 0, 0, fmt.Errorf("plumbing: %s: %w", s.stream, err)
 		}
 		// From the stream's next message: each round's consumer is new.
 		cc.Durable, cc.Name, cc.FilterSubject, cc.FilterSubjects = s.name, "", "", nil
@@ -169,19 +170,19 @@ func (r *benchRunner) plumbing(ctx context.Context, msgs []*nats.Msg) (time.Dura
 		cc.Description = "failbus bench plumbing, configured like " + s.like
 		nc, err := r.b.Srv.Connect(nats.Name("failbus-" + s.name))
 		if err != nil {
-			return 0, fmt.Errorf("plumbing: connect: %w", err)
+			return 0, 0, fmt.Errorf("plumbing: connect: %w", err)
 		}
 		conns = append(conns, nc)
 		js, err := jetstream.New(nc)
 		if err != nil {
-			return 0, fmt.Errorf("plumbing: %w", err)
+			return 0, 0, fmt.Errorf("plumbing: %w", err)
 		}
 		run, err := consumer.New(js, consumer.Config{
 			Service: s.name, Stream: s.stream, Consumer: s.name, ConsumerConfig: &cc,
 			Concurrency: s.concurrency, Key: s.key,
 		}, s.handler(js))
 		if err != nil {
-			return 0, fmt.Errorf("plumbing: %w", err)
+			return 0, 0, fmt.Errorf("plumbing: %w", err)
 		}
 		go func() { done <- run.Run(rctx) }()
 	}
@@ -196,12 +197,13 @@ func (r *benchRunner) plumbing(ctx context.Context, msgs []*nats.Msg) (time.Dura
 		}
 		return true, nil
 	}); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 
+	cpu0, _ := cpuTime()
 	t0 := time.Now()
 	if err := r.publishAll(ctx, msgs); err != nil {
-		return 0, fmt.Errorf("plumbing publish: %w", err)
+		return 0, 0, fmt.Errorf("plumbing publish: %w", err)
 	}
 	want := len(msgs)
 	if err := r.poll(ctx, "the plumbing to read every decision", func() (bool, error) {
@@ -223,9 +225,13 @@ func (r *benchRunner) plumbing(ctx context.Context, msgs []*nats.Msg) (time.Dura
 		}
 		return true, nil
 	}); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	return time.Since(t0), nil
+	elapsed = time.Since(t0)
+	if cpu1, ok := cpuTime(); ok {
+		cpu = cpu1 - cpu0
+	}
+	return elapsed, cpu, nil
 }
 
 // plumbRetry stores a retry the way the scheduler does, without deciding

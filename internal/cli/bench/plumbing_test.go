@@ -69,8 +69,12 @@ func TestPlumbing(t *testing.T) {
 			t.Fatalf("round %d: %d retries of %d: the corpus should mix", round, retries, n)
 		}
 		before := streamTotals(t, ctx, js)
-		if _, err := r.plumbing(ctx, plumbMsgs(raw)); err != nil {
+		_, cpu, err := r.plumbing(ctx, plumbMsgs(raw))
+		if err != nil {
 			t.Fatalf("round %d: %v", round, err)
+		}
+		if _, ok := cpuTime(); ok && cpu <= 0 {
+			t.Errorf("round %d: the plumbing's CPU time is %v", round, cpu)
 		}
 		after := streamTotals(t, ctx, js)
 		// Purged after the run, so what was stored shows in the
