@@ -177,6 +177,8 @@ type benchConfig struct {
 	pending              int
 	memProfile           string
 	blockProfile         string
+	// stepProfile: --cpuprofile-failbus.
+	stepProfile string
 }
 
 // run is `failbus bench`.
@@ -197,6 +199,7 @@ func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 	verbose := fs.Bool("verbose", false, "print the services' logs on stderr")
 	blockProfile := fs.String("blockprofile", "", "write a profile of where goroutines waited (channels, locks, replies) over the whole run to this file, for go tool pprof (written at the end, as --memprofile): a bus that waits on round trips shows them here, not in --cpuprofile")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (bus, services and load) to this file, for go tool pprof; go tool pprof -tags FILE splits it by the label failbus: nats-server, each service, admin and bench (the load and the raw JetStream client), the rest (no label) being the Go runtime's own work, mostly garbage collection")
+	fs.StringVar(&c.stepProfile, "cpuprofile-failbus", "", "write a CPU profile of the first round's failbus step only (from the first outcome published until every service caught up: no raw phase, no plumbing) to this file, for go tool pprof -tags; not with --cpuprofile")
 	memProfile := fs.String("memprofile", "", "write a heap profile at the end of the run (with --pending: the retries still pending) to this file, for go tool pprof -sample_index=inuse_space")
 	if rest, code, done := cli.Parse(fs, args); done {
 		return code
@@ -222,6 +225,8 @@ func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 		return cli.UsageError(fs, stderr, "--n, --rounds, --k and --window must be at least 1")
 	case c.delayMin <= 0 || c.delayMax < c.delayMin:
 		return cli.UsageError(fs, stderr, "need 0 < --delay-min <= --delay-max")
+	case *cpuProfile != "" && c.stepProfile != "":
+		return cli.UsageError(fs, stderr, "--cpuprofile and --cpuprofile-failbus cannot run together (one CPU profile at a time)")
 	case c.delayMax > maxDelay:
 		// Above max_delay the default policy gives up instead of retrying.
 		return cli.UsageError(fs, stderr, "--delay-max %v is above the default policy's retry max_delay %v", c.delayMax, maxDelay)
@@ -614,6 +619,11 @@ func (r *benchRunner) round(ctx context.Context, round int) (benchRound, error) 
 	}
 	v0, _ := r.b.Srv.NATS().Varz(nil)
 	c0, _ := r.b.Srv.NATS().Connz(&server.ConnzOptions{Limit: 1000})
+	stopProfile, err := r.startStepProfile(round)
+	if err != nil {
+		return out, err
+	}
+	defer stopProfile()
 	cpu0, _ = cpuTime()
 	t0 = time.Now()
 	if err := r.publishAll(ctx, ingest); err != nil {
@@ -631,6 +641,7 @@ func (r *benchRunner) round(ctx context.Context, round int) (benchRound, error) 
 		return out, err
 	}
 	settled := time.Since(t0)
+	stopProfile()
 	if cpu1, ok := cpuTime(); ok {
 		out.FailbusCPUUS = float64((cpu1-cpu0)/time.Microsecond) / n
 	}
@@ -655,6 +666,29 @@ func (r *benchRunner) round(ctx context.Context, round int) (benchRound, error) 
 	// 3. Classify only.
 	out.Classify, out.ClassifyNsOp, out.ClassifyAllocOp = benchClassify(r.corpus)
 	return out, nil
+}
+
+// startStepProfile starts --cpuprofile-failbus's profile in the first
+// round; stop ends it (once, whoever calls it first).
+func (r *benchRunner) startStepProfile(round int) (stop func(), err error) {
+	if r.cfg.stepProfile == "" || round != 0 {
+		return func() {}, nil
+	}
+	f, err := os.Create(r.cfg.stepProfile)
+	if err != nil {
+		return nil, fmt.Errorf("--cpuprofile-failbus: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("--cpuprofile-failbus: %w", err)
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			pprof.StopCPUProfile()
+			f.Close()
+		})
+	}, nil
 }
 
 // ingestMsgs builds a round's messages before any clock starts: the

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -24,6 +25,7 @@ var benchTiny = []string{"--n", "200", "--rounds", "2", "--k", "20", "--delay-mi
 // measured, not asserted).
 func TestBench(t *testing.T) {
 	t.Parallel()
+	stepProfile := filepath.Join(t.TempDir(), "failbus-step.prof")
 	tests := []struct {
 		name  string
 		args  []string
@@ -64,7 +66,11 @@ func TestBench(t *testing.T) {
 				t.Errorf("output lacks the failbus/raw ratios")
 			}
 		}},
-		{"one JSON object with every figure", append([]string{"--json"}, benchTiny...), func(t *testing.T, out string) {
+		{"one JSON object with every figure", append([]string{"--json", "--cpuprofile-failbus", stepProfile}, benchTiny...), func(t *testing.T, out string) {
+			// A profile of the failbus step: pprof's gzipped protobuf.
+			if prof, err := os.ReadFile(stepProfile); err != nil || len(prof) < 100 || prof[0] != 0x1f || prof[1] != 0x8b {
+				t.Errorf("--cpuprofile-failbus wrote %d bytes (%v), want a gzipped profile", len(prof), err)
+			}
 			var rep benchReport
 			dec := json.NewDecoder(strings.NewReader(out))
 			dec.DisallowUnknownFields()
@@ -172,6 +178,7 @@ func TestBenchArguments(t *testing.T) {
 		{"delays the wrong way round", []string{"--delay-min", "3s", "--delay-max", "2s"}, 2, "--delay-min <= --delay-max"},
 		{"a delay the policy would not retry", []string{"--delay-max", "2m"}, 2, "above the default policy's retry max_delay"},
 		{"a positional argument", []string{"now"}, 2, "unexpected arguments"},
+		{"two CPU profiles", []string{"--cpuprofile", "a.prof", "--cpuprofile-failbus", "b.prof"}, 2, "one CPU profile at a time"},
 		{"a corpus that is not there", []string{"--corpus", "/nonexistent/corpus.jsonl"}, 1, "corpus:"},
 		{"help", []string{"-h"}, 0, "Usage: failbus bench"},
 	}
