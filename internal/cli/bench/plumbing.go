@@ -129,11 +129,22 @@ func (r *benchRunner) plumbing(ctx context.Context, msgs []*nats.Msg) (elapsed, 
 
 	rctx, stop := context.WithCancel(ctx)
 	defer stop()
+	// Runners started, and those seen to stop early (runnerStopped).
 	done := make(chan error, len(stages))
+	started, stopped := 0, 0
+	runnerStopped := func() error {
+		select {
+		case err := <-done:
+			stopped++
+			return fmt.Errorf("a plumbing runner stopped: %v", err)
+		default:
+			return nil
+		}
+	}
 	var conns []*nats.Conn
 	defer func() {
 		stop()
-		for range conns {
+		for ; stopped < started; stopped++ {
 			<-done
 		}
 		for _, nc := range conns {
@@ -185,9 +196,13 @@ func (r *benchRunner) plumbing(ctx context.Context, msgs []*nats.Msg) (elapsed, 
 			return 0, 0, fmt.Errorf("plumbing: %w", err)
 		}
 		go func() { done <- run.Run(rctx) }()
+		started++
 	}
 	// The consumers exist once each runner has bound it.
 	if err := r.poll(ctx, "the plumbing's consumers", func() (bool, error) {
+		if err := runnerStopped(); err != nil {
+			return false, err
+		}
 		for _, s := range stages[len(watched):] {
 			c, err := r.js.Consumer(ctx, s.stream, s.name)
 			if err != nil {
@@ -207,10 +222,8 @@ func (r *benchRunner) plumbing(ctx context.Context, msgs []*nats.Msg) (elapsed, 
 	}
 	want := len(msgs)
 	if err := r.poll(ctx, "the plumbing to read every decision", func() (bool, error) {
-		select {
-		case err := <-done:
-			return false, fmt.Errorf("a plumbing runner stopped: %v", err)
-		default:
+		if err := runnerStopped(); err != nil {
+			return false, err
 		}
 		readMu.Lock()
 		n := len(read)
