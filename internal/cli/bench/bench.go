@@ -163,6 +163,10 @@ budget), spread over 64 sessions, as in a storm over many agents. raw/3 is raw p
 outcome costs at least three stream writes (outcome, classification,
 decision).
 
+The report ends with issue 11's goals judged against the run: met, not
+met, or not measured when the flags leave one out (the latency goal needs
+5000 in --rates, the last two --pending 100000).
+
 Throughput figures are the median of R rounds; raw and failbus alternate
 within each round so a noisy machine slows both. Progress goes to stderr.
 The defaults take a few minutes on 2 cores (--pending 0 skips the longest part).`
@@ -299,6 +303,8 @@ type benchReport struct {
 	Latency []benchLatency `json:"latency,omitempty"`
 	// Pending is the run with --pending retries pending (nil with 0).
 	Pending *benchPending `json:"pending,omitempty"`
+	// Goals are issue 11's goals judged against this run (goals.go).
+	Goals []benchGoal `json:"goals"`
 	// ElapsedS is the whole run, bus start-up included.
 	ElapsedS float64 `json:"elapsed_s"`
 }
@@ -533,6 +539,7 @@ func bench(ctx context.Context, cfg benchConfig, corpus []events.Outcome, source
 			return nil, err
 		}
 	}
+	rep.Goals = benchGoals(rep)
 	rep.ElapsedS = time.Since(start).Seconds()
 	return rep, nil
 }
@@ -1407,6 +1414,8 @@ func printBench(w io.Writer, rep *benchReport) {
 	t.write(w)
 	fmt.Fprintf(w, "End to end includes classifying and scheduling all %d outcomes, published at once.\n", l.K)
 	printLatency(w, rep)
+	fmt.Fprintln(w)
+	printGoals(w, rep.Goals)
 }
 
 // benchTable is a plain-text table: column i is left-aligned when align[i]

@@ -57,6 +57,8 @@ func TestBench(t *testing.T) {
 				"WITH 100 RETRIES PENDING (failbus) AND 100 RAW @at SCHEDULES", "process RSS", "Go heap",
 				"the failbus step's live objects by who allocated them (heap profile)", "nats-server ", "scheduler ", "runner ",
 				"LATENESS WITH THEM PENDING (20 each)",
+				"GOALS (issue 11)", "ingest ≥ 0.60× raw/3", "every service caught up ≥ 0.30× raw/3",
+				"not measured (--rates without 5000)", "fewer than 100000",
 			} {
 				if !strings.Contains(out, want) {
 					t.Errorf("output lacks %q", want)
@@ -96,6 +98,9 @@ func TestBench(t *testing.T) {
 						t.Errorf("round/summary %d: figure %d is %v", i, j, v)
 					}
 				}
+			}
+			if len(rep.Goals) != 5 || !rep.Goals[0].Measured || rep.Goals[2].Measured || rep.Goals[3].Measured || rep.Goals[4].Measured {
+				t.Errorf("goals %+v: want five, ingest measured, latency at 5000/s and the 100000 pending not", rep.Goals)
 			}
 			l := rep.Lateness
 			for name, p := range map[string]benchPercentiles{"raw": l.Raw, "failbus": l.Failbus, "end to end": l.FailbusEndToEnd} {
