@@ -111,12 +111,15 @@ type Outputs struct {
 	service string
 	inputID string
 	outs    []output
-	keys    map[string]bool
-	err     error
-	stored  []func(fresh bool)
+	// keys indexes the outputs' keys once there are many; a few are
+	// checked by a scan of outs (no map for the usual one to three).
+	keys   map[string]bool
+	err    error
+	stored []func(fresh bool)
 }
 
 type output struct {
+	key     string
 	subject string
 	msgID   string
 	data    []byte
@@ -137,7 +140,7 @@ func (o *Outputs) Publish(subject string, v events.Message, key string) {
 	if key == "" {
 		key = strconv.Itoa(len(o.outs))
 	}
-	if o.keys[key] {
+	if o.hasKey(key) {
 		o.err = fmt.Errorf("output key %q used twice", key)
 		return
 	}
@@ -147,11 +150,33 @@ func (o *Outputs) Publish(subject string, v events.Message, key string) {
 		o.err = fmt.Errorf("output %s to %s: %w", key, subject, err)
 		return
 	}
-	if o.keys == nil {
-		o.keys = map[string]bool{}
+	o.outs = append(o.outs, output{key: key, subject: subject, msgID: id, data: msg.Data, header: msg.Header})
+	switch {
+	case o.keys != nil:
+		o.keys[key] = true
+	case len(o.outs) > outputKeyScan:
+		o.keys = make(map[string]bool, 2*len(o.outs))
+		for _, out := range o.outs {
+			o.keys[out.key] = true
+		}
 	}
-	o.keys[key] = true
-	o.outs = append(o.outs, output{subject: subject, msgID: id, data: msg.Data, header: msg.Header})
+}
+
+// outputKeyScan is how many outputs' keys are checked by a scan before
+// they get a map.
+const outputKeyScan = 8
+
+// hasKey reports whether an output already has key.
+func (o *Outputs) hasKey(key string) bool {
+	if o.keys != nil {
+		return o.keys[key]
+	}
+	for _, out := range o.outs {
+		if out.key == key {
+			return true
+		}
+	}
+	return false
 }
 
 // OnStored has fn called once every output is stored, before the input
