@@ -149,8 +149,9 @@ type Config struct {
 	// a pull never asks for more than the window (MaxInFlight) has room
 	// for. Defaults to the larger of Concurrency and DefaultFetchBatch
 	// (64), capped at MaxInFlight. Fetched messages wait for a free handler
-	// while their AckWait runs, so keep MaxInFlight × handler time /
-	// Concurrency well below the consumer's AckWait.
+	// while their AckWait runs; the runner keeps them alive with a progress
+	// signal for at most ten AckWaits, so keep MaxInFlight × handler time /
+	// Concurrency well below that.
 	FetchBatch int
 
 	// FetchWait is how long one pull request waits for messages before the

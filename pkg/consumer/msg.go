@@ -33,7 +33,8 @@ type Msg struct {
 	Last bool
 	// Timestamp is when the stream stored the message.
 	Timestamp time.Time
-	// Value is the decoded message when Config.Decode is set, else nil.
+	// Value is the decoded message: set by Config.Decode, or by ValueAs
+	// (in a Key or the handler), else nil.
 	Value events.Message
 
 	raw jetstream.Msg
@@ -111,11 +112,8 @@ type Outputs struct {
 	service string
 	inputID string
 	outs    []output
-	// keys indexes the outputs' keys once there are many; a few are
-	// checked by a scan of outs (no map for the usual one to three).
-	keys   map[string]bool
-	err    error
-	stored []func(fresh bool)
+	err     error
+	stored  []func(fresh bool)
 }
 
 type output struct {
@@ -151,26 +149,12 @@ func (o *Outputs) Publish(subject string, v events.Message, key string) {
 		return
 	}
 	o.outs = append(o.outs, output{key: key, subject: subject, msgID: id, data: msg.Data, header: msg.Header})
-	switch {
-	case o.keys != nil:
-		o.keys[key] = true
-	case len(o.outs) > outputKeyScan:
-		o.keys = make(map[string]bool, 2*len(o.outs))
-		for _, out := range o.outs {
-			o.keys[out.key] = true
-		}
-	}
 }
 
-// outputKeyScan is how many outputs' keys are checked by a scan before
-// they get a map.
-const outputKeyScan = 8
-
-// hasKey reports whether an output already has key.
+// hasKey reports whether an output already has key: a scan, since an
+// input has a few outputs (one or two in failbus's services), and a map
+// per input would cost more than it saves.
 func (o *Outputs) hasKey(key string) bool {
-	if o.keys != nil {
-		return o.keys[key]
-	}
 	for _, out := range o.outs {
 		if out.key == key {
 			return true
@@ -188,8 +172,8 @@ func (o *Outputs) hasKey(key string) bool {
 // store whose acknowledgement was lost is counted by no delivery). fn is
 // not called when storing fails, when the input is dead-lettered, or when
 // the handler published nothing. It runs on the runner's settling
-// goroutine, outside the handler's middleware: it must be quick and must
-// not panic.
+// goroutine, outside the handler's middleware: it must be quick; a panic
+// in it is recovered and logged, and the input is acknowledged anyway.
 func (o *Outputs) OnStored(fn func(fresh bool)) {
 	o.stored = append(o.stored, fn)
 }

@@ -8,9 +8,9 @@ import (
 	"github.com/failbus/failbus/pkg/events"
 )
 
-// An output key used twice is refused whether the outputs are few (keys
-// scanned) or many (keys in a map), wherever the first use was; keys left
-// empty take their index and collide like any other.
+// An output key used twice is refused whether the outputs are few or
+// many, wherever the first use was; keys left empty take their index and
+// collide like any other.
 func TestOutputsRefuseARepeatedKey(t *testing.T) {
 	t.Parallel()
 	d := &events.Decision{OutcomeID: "o-1", Agent: "a", Action: events.ActionGiveUp}
@@ -23,10 +23,10 @@ func TestOutputsRefuseARepeatedKey(t *testing.T) {
 		{"a few, unique", []string{"ledger", "schedule", "decision"}, ""},
 		{"a few, the first repeated", []string{"a", "b", "c", "a"}, "a"},
 		{"a few, the last repeated", []string{"a", "b", "c", "c"}, "c"},
-		{"many, unique", keysN(3 * outputKeyScan), ""},
-		{"many, an early one repeated", append(keysN(2*outputKeyScan), "k0"), "k0"},
-		{"many, one past the scan repeated", append(keysN(2*outputKeyScan), fmt.Sprintf("k%d", outputKeyScan+1)), fmt.Sprintf("k%d", outputKeyScan+1)},
-		{"at the scan's edge", append(keysN(outputKeyScan), fmt.Sprintf("k%d", outputKeyScan-1)), fmt.Sprintf("k%d", outputKeyScan-1)},
+		{"many, unique", keysN(24), ""},
+		{"many, an early one repeated", append(keysN(16), "k0"), "k0"},
+		{"many, a middle one repeated", append(keysN(16), "k9"), "k9"},
+		{"many, the last repeated", append(keysN(8), "k7"), "k7"},
 		{"an index key taken by a name", []string{"2", "x", ""}, "2"},
 	}
 	for _, tt := range tests {

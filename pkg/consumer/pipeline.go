@@ -74,9 +74,8 @@ type pipeline struct {
 // delivery is a fetched input on its way to a worker.
 type delivery struct {
 	raw   jetstream.Msg
-	m     *Msg // set when Config.Key needed it, else by the worker
-	key   string
-	keyed bool // key holds a place in pipeline.keys
+	m     *Msg   // set when Config.Key needed it, else nil (process makes its own)
+	key   string // non-empty: it holds a place in pipeline.keys
 	start time.Time
 	// alive is when its AckWait last restarted: the fetch, or the
 	// latest progress signal (under pipeline.qmu).
@@ -233,7 +232,6 @@ func (pl *pipeline) dispatch(ctx context.Context, raw jetstream.Msg) {
 			d.key = r.keyOf(m)
 		}
 		if d.key != "" {
-			d.keyed = true
 			pl.kmu.Lock()
 			waiting, busy := pl.keys[d.key]
 			if busy {
@@ -251,7 +249,7 @@ func (pl *pipeline) dispatch(ctx context.Context, raw jetstream.Msg) {
 // next frees d's key: its next waiting input goes to ready, or the key is
 // forgotten.
 func (pl *pipeline) next(d *delivery) {
-	if !d.keyed {
+	if d.key == "" {
 		return
 	}
 	pl.kmu.Lock()
@@ -357,7 +355,7 @@ func (pl *pipeline) settleLoop() {
 			result, reason = r.fail(sctx, p.m, fmt.Errorf("publish outputs: %w", err), p.m.Delivered >= r.maxDeliver)
 		} else {
 			for _, fn := range p.out.stored {
-				fn(fresh)
+				r.onStored(fn, fresh, p.m)
 			}
 			result, reason = r.ack(p.m)
 		}
@@ -438,4 +436,16 @@ func (r *Runner) ack(m *Msg) (string, string) {
 		return ResultError, "ack failed: " + err.Error()
 	}
 	return ResultAck, ""
+}
+
+// onStored calls an Outputs.OnStored callback. It runs outside the
+// handler's Recover middleware, so a panic there is recovered here and
+// logged: the outputs are stored, and the input is acknowledged anyway.
+func (r *Runner) onStored(fn func(fresh bool), fresh bool, m *Msg) {
+	defer func() {
+		if p := recover(); p != nil {
+			r.log.Error().Str("id", logText(m.ID())).Str("panic", logText(fmt.Sprint(p))).Msg("OnStored callback panicked")
+		}
+	}()
+	fn(fresh)
 }

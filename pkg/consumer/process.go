@@ -45,7 +45,9 @@ func (r *Runner) handle(hctx context.Context, m *Msg) (*Outputs, error) {
 			herr = DeadLetter("input limits: " + lerr.Error())
 		}
 	}
-	if herr == nil && r.cfg.Decode && !skip {
+	// A Key that decoded the input (ValueAs) left its value: it passed the
+	// limits just checked, so it is not decoded again.
+	if herr == nil && r.cfg.Decode && !skip && m.Value == nil {
 		v, derr := events.DecodeLimits(m.Subject, m.Header, m.Data, r.cfg.Limits)
 		if derr != nil {
 			herr = DeadLetter("decode: " + derr.Error())

@@ -44,3 +44,17 @@ func Publish(ctx context.Context, js jetstream.Publisher, subject string, m even
 	}
 	return ack, nil
 }
+
+// AwaitPub waits until the async publish f is stored, fails, or ctx ends:
+// for a handler that stores something outside its Outputs (a schedule
+// beside its decision) and must not go on before it is stored.
+func AwaitPub(ctx context.Context, f jetstream.PubAckFuture) error {
+	select {
+	case <-f.Ok():
+		return nil
+	case err := <-f.Err():
+		return fmt.Errorf("publish %s: %w", f.Msg().Subject, err)
+	case <-ctx.Done():
+		return fmt.Errorf("publish %s: no acknowledgement: %w", f.Msg().Subject, ctx.Err())
+	}
+}

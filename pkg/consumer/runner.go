@@ -51,7 +51,8 @@ type Runner struct {
 	// MaxAckPending: the inputs fetched and not yet settled, at most.
 	window int
 	// ackWait is the consumer's AckWait: inputs waiting in the window for
-	// a worker are kept alive at a third of it (pipeline.keepAlive).
+	// a worker get a progress signal between a third and a half of it
+	// (pipeline.keepAliveLoop).
 	ackWait time.Duration
 
 	mu       sync.Mutex

@@ -956,8 +956,9 @@ func TestRunnerDeadLettersInputBeyondTheLimits(t *testing.T) {
 // for a free worker while their AckWait runs; the runner signals progress
 // for them, so none is redelivered while it is still waiting here. Eight
 // inputs behind one worker whose handler takes 500 ms each: the last
-// starts after 3.5 s, past an AckWait of two seconds (the signals go out
-// every 2/3 s at the latest: a second of slack for a loaded machine).
+// starts after 3.5 s, past an AckWait of two seconds (a signal goes out
+// at most a second after the last: a second of slack for a loaded
+// machine).
 func TestRunnerKeepsQueuedInputsAlive(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
