@@ -181,8 +181,8 @@ type benchConfig struct {
 	pending              int
 	memProfile           string
 	blockProfile         string
-	// stepProfile: --cpuprofile-failbus.
-	stepProfile string
+	// cpuProfileFailbus: --cpuprofile-failbus.
+	cpuProfileFailbus string
 }
 
 // run is `failbus bench`.
@@ -203,7 +203,7 @@ func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 	verbose := fs.Bool("verbose", false, "print the services' logs on stderr")
 	blockProfile := fs.String("blockprofile", "", "write a profile of where goroutines waited (channels, locks, replies) over the whole run to this file, for go tool pprof (written at the end, as --memprofile): a bus that waits on round trips shows them here, not in --cpuprofile")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (bus, services and load) to this file, for go tool pprof; go tool pprof -tags FILE splits it by the label failbus: nats-server, each service, admin and bench (the load and the raw JetStream client), the rest (no label) being the Go runtime's own work, mostly garbage collection")
-	fs.StringVar(&c.stepProfile, "cpuprofile-failbus", "", "write a CPU profile of the first round's failbus step only (from the first outcome published until every service caught up: no raw phase, no plumbing) to this file, for go tool pprof -tags; not with --cpuprofile")
+	fs.StringVar(&c.cpuProfileFailbus, "cpuprofile-failbus", "", "write a CPU profile of the first round's failbus step only (from the first outcome published until every service caught up: no raw phase, no plumbing) to this file, for go tool pprof -tags; not with --cpuprofile")
 	memProfile := fs.String("memprofile", "", "write a heap profile at the end of the run (with --pending: the retries still pending) to this file, for go tool pprof -sample_index=inuse_space")
 	if rest, code, done := cli.Parse(fs, args); done {
 		return code
@@ -229,7 +229,7 @@ func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 		return cli.UsageError(fs, stderr, "--n, --rounds, --k and --window must be at least 1")
 	case c.delayMin <= 0 || c.delayMax < c.delayMin:
 		return cli.UsageError(fs, stderr, "need 0 < --delay-min <= --delay-max")
-	case *cpuProfile != "" && c.stepProfile != "":
+	case *cpuProfile != "" && c.cpuProfileFailbus != "":
 		return cli.UsageError(fs, stderr, "--cpuprofile and --cpuprofile-failbus cannot run together (one CPU profile at a time)")
 	case c.delayMax > maxDelay:
 		// Above max_delay the default policy gives up instead of retrying.
@@ -569,8 +569,9 @@ func (r *benchRunner) scratchStreams(ctx context.Context) error {
 	return nil
 }
 
-// round measures one round: raw publish, raw consume, raw relay, failbus
-// ingest, then pure classification.
+// round measures one round: raw publish, raw consume, raw relay, the
+// plumbing, failbus ingest (each with its CPU time; failbus's with the
+// server's messages per outcome), then pure classification.
 func (r *benchRunner) round(ctx context.Context, round int) (benchRound, error) {
 	var out benchRound
 	n := float64(r.cfg.n)
@@ -678,10 +679,10 @@ func (r *benchRunner) round(ctx context.Context, round int) (benchRound, error) 
 // startStepProfile starts --cpuprofile-failbus's profile in the first
 // round; stop ends it (once, whoever calls it first).
 func (r *benchRunner) startStepProfile(round int) (stop func(), err error) {
-	if r.cfg.stepProfile == "" || round != 0 {
+	if r.cfg.cpuProfileFailbus == "" || round != 0 {
 		return func() {}, nil
 	}
-	f, err := os.Create(r.cfg.stepProfile)
+	f, err := os.Create(r.cfg.cpuProfileFailbus)
 	if err != nil {
 		return nil, fmt.Errorf("--cpuprofile-failbus: %w", err)
 	}
@@ -718,10 +719,7 @@ func (r *benchRunner) ingestMsgs(round int) (raw, ingest []*nats.Msg, err error)
 		if err != nil {
 			return nil, nil, fmt.Errorf("encode corpus outcome %d: %w", i%len(r.corpus), err)
 		}
-		rawHdr := nats.Header{}
-		for k, v := range hdr {
-			rawHdr[k] = v
-		}
+		rawHdr := maps.Clone(hdr)
 		hdr.Set(events.HeaderMsgID, o.ID)
 		rawHdr.Set(events.HeaderMsgID, "raw-"+o.ID)
 		ingest[i] = &nats.Msg{Subject: events.OutcomeSubject(o.Provider, o.Agent), Header: hdr, Data: data}
@@ -1095,9 +1093,7 @@ func (r *benchRunner) rawLateness(ctx context.Context) ([]time.Duration, error) 
 			return nil, err
 		}
 		hdr.Set(events.HeaderMsgID, id)
-		hdr.Set(scheduler.HeaderSchedule, scheduler.ScheduleHeader(due))
-		hdr.Set(scheduler.HeaderScheduleTarget, target)
-		hdr.Set(scheduler.HeaderTTL, "never")
+		scheduler.SetSchedule(hdr, due, target)
 		msgs[i] = &nats.Msg{Subject: benchSchedPrefix + ".sched." + strconv.Itoa(i), Header: hdr, Data: data}
 	}
 	if err := r.publishAll(ctx, msgs); err != nil {

@@ -53,10 +53,9 @@ func benchGoals(rep *benchReport) []benchGoal {
 	out = append(out, lat)
 	late := benchGoal{Goal: fmt.Sprintf("retry lateness p99 within %.0f ms of raw @at, %d retries pending", goalLatenessDiffMS, goalPending)}
 	mem := benchGoal{Goal: fmt.Sprintf("scheduler memory growth ≤ %.0f MB, %d retries pending", goalSchedulerMB, goalPending)}
-	switch p := rep.Pending; {
-	case p == nil:
+	if p := rep.Pending; p == nil {
 		late.Figure, mem.Figure = "not measured (--pending 0)", "not measured (--pending 0)"
-	default:
+	} else {
 		var grew float64
 		for _, o := range p.HeapByOwner {
 			if o.Owner == ownerScheduler {

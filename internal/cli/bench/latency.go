@@ -309,9 +309,7 @@ func (r *benchRunner) pending(ctx context.Context, n int) (benchPending, error) 
 			return out, err
 		}
 		hdr.Set(events.HeaderMsgID, id)
-		hdr.Set(scheduler.HeaderSchedule, scheduler.ScheduleHeader(due))
-		hdr.Set(scheduler.HeaderScheduleTarget, benchSchedPrefix+".pending-due")
-		hdr.Set(scheduler.HeaderTTL, "never")
+		scheduler.SetSchedule(hdr, due, benchSchedPrefix+".pending-due")
 		raw[i] = &nats.Msg{Subject: benchSchedPrefix + ".pending." + strconv.Itoa(i), Header: hdr, Data: data}
 	}
 	if err := r.publishAll(ctx, raw); err != nil {

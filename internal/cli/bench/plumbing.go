@@ -3,7 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
-	"sync"
+	"maps"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/failbus/failbus/internal/embedded"
 	"github.com/failbus/failbus/internal/service/classifier"
+	"github.com/failbus/failbus/internal/service/recovery"
 	"github.com/failbus/failbus/internal/service/scheduler"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
@@ -47,8 +48,6 @@ const (
 	benchPlumbClassifiedPrefix = "bench.plumb.classified"
 	benchPlumbDecisions        = "BENCH_PLUMB_DECISIONS"
 	benchPlumbDecisionsPrefix  = "bench.plumb.decision"
-	// benchPlumbReadConcurrency is recovery's decisions runner's.
-	benchPlumbReadConcurrency = 4
 	// benchPlumbScheduleAhead puts the plumbing's schedules out of the run.
 	benchPlumbScheduleAhead = time.Hour
 )
@@ -61,98 +60,77 @@ type benchPlumbStage struct {
 	handler            func(js jetstream.JetStream) consumer.Handler
 }
 
-// plumbing publishes msgs (copies of the round's outcomes under ids of
-// their own) to the raw scratch stream and returns the time until the
-// three stages have handled and acknowledged every one, and the CPU time
-// the process spent meanwhile (zero where cpuTime reports nothing).
-func (r *benchRunner) plumbing(ctx context.Context, msgs []*nats.Msg) (elapsed, cpu time.Duration, err error) {
-	pol := retry.Default().Resolve("")
-	// Decisions read, by outcome: a redelivery (a starved process) is
-	// read again but counts once.
-	var (
-		readMu sync.Mutex
-		read   = make(map[string]struct{}, len(msgs))
-	)
-	stages := []benchPlumbStage{
-		{name: "bench-plumb-classify", stream: benchRawStream, like: topology.ConsumerClassifier,
-			concurrency: classifier.DefaultConcurrency,
-			handler: func(jetstream.JetStream) consumer.Handler {
-				return func(_ context.Context, m *consumer.Msg, out *consumer.Outputs) error {
-					o, err := consumer.ValueAs[*events.Outcome](m)
-					if err != nil {
-						return consumer.DeadLetter(err.Error())
-					}
-					c := classify.Classify(o)
-					out.Publish(benchPlumbClassifiedPrefix+"."+events.Token(o.Provider)+"."+events.Token(c.Class), &c, "")
-					return nil
+// benchPlumbStages are the plumbing's three runners.
+var benchPlumbStages = []benchPlumbStage{
+	{name: "bench-plumb-classify", stream: benchRawStream, like: topology.ConsumerClassifier,
+		concurrency: classifier.DefaultConcurrency,
+		handler: func(jetstream.JetStream) consumer.Handler {
+			return func(_ context.Context, m *consumer.Msg, out *consumer.Outputs) error {
+				o, err := consumer.ValueAs[*events.Outcome](m)
+				if err != nil {
+					return consumer.DeadLetter(err.Error())
 				}
-			}},
-		{name: "bench-plumb-decide", stream: benchPlumbClassified, like: topology.ConsumerScheduler,
-			concurrency: scheduler.DefaultConcurrency,
-			key: func(m *consumer.Msg) string {
+				c := classify.Classify(o)
+				out.Publish(benchPlumbClassifiedPrefix+"."+events.Token(o.Provider)+"."+events.Token(c.Class), &c, "")
+				return nil
+			}
+		}},
+	{name: "bench-plumb-decide", stream: benchPlumbClassified, like: topology.ConsumerScheduler,
+		concurrency: scheduler.DefaultConcurrency, key: scheduler.BudgetLane,
+		handler: func(js jetstream.JetStream) consumer.Handler {
+			pol := retry.Default().Resolve("")
+			return func(ctx context.Context, m *consumer.Msg, out *consumer.Outputs) error {
 				c, err := consumer.ValueAs[*events.Classification](m)
 				if err != nil {
-					return ""
+					return consumer.DeadLetter(err.Error())
 				}
-				return c.Agent + "\x00" + c.Session + "\x00" + c.Provider
-			},
-			handler: func(js jetstream.JetStream) consumer.Handler {
-				return func(ctx context.Context, m *consumer.Msg, out *consumer.Outputs) error {
-					c, err := consumer.ValueAs[*events.Classification](m)
-					if err != nil {
-						return consumer.DeadLetter(err.Error())
-					}
-					d := events.Decision{OutcomeID: c.OutcomeID, At: c.At, Agent: c.Agent, Provider: c.Provider, Class: c.Class, Action: events.ActionGiveUp}
-					subject := benchPlumbDecisionsPrefix + "." + events.Token(c.Agent)
-					if !pol.IsRetryable(c.Class) {
-						out.Publish(subject, &d, "decision")
-						return nil
-					}
-					return plumbRetry(ctx, js, m.ID(), &d, subject)
-				}
-			}},
-		{name: "bench-plumb-read", stream: benchPlumbDecisions, like: topology.ConsumerRecoveryDecisions,
-			concurrency: benchPlumbReadConcurrency,
-			handler: func(jetstream.JetStream) consumer.Handler {
-				return func(_ context.Context, m *consumer.Msg, _ *consumer.Outputs) error {
-					d, err := consumer.ValueAs[*events.Decision](m)
-					if err != nil {
-						return consumer.DeadLetter(err.Error())
-					}
-					readMu.Lock()
-					read[d.OutcomeID] = struct{}{}
-					readMu.Unlock()
+				d := events.Decision{OutcomeID: c.OutcomeID, At: c.At, Agent: c.Agent, Provider: c.Provider, Class: c.Class, Action: events.ActionGiveUp}
+				subject := benchPlumbDecisionsPrefix + "." + events.Token(c.Agent)
+				if !pol.IsRetryable(c.Class) {
+					out.Publish(subject, &d, "decision")
 					return nil
 				}
-			}},
-	}
+				return plumbRetry(ctx, js, m.ID(), &d, subject)
+			}
+		}},
+	{name: "bench-plumb-read", stream: benchPlumbDecisions, like: topology.ConsumerRecoveryDecisions,
+		concurrency: recovery.DecisionConcurrency,
+		handler: func(jetstream.JetStream) consumer.Handler {
+			return func(_ context.Context, m *consumer.Msg, _ *consumer.Outputs) error {
+				if _, err := consumer.ValueAs[*events.Decision](m); err != nil {
+					return consumer.DeadLetter(err.Error())
+				}
+				return nil
+			}
+		}},
+}
 
+// plumbing publishes msgs (copies of the round's outcomes under ids of
+// their own) to the raw scratch stream and returns the time until a
+// decision of each is stored and the three stages have acknowledged
+// everything, and the CPU time the process spent meanwhile (zero where
+// cpuTime reports nothing).
+func (r *benchRunner) plumbing(ctx context.Context, msgs []*nats.Msg) (elapsed, cpu time.Duration, err error) {
 	rctx, stop := context.WithCancel(ctx)
-	defer stop()
-	// Runners started, and those seen to stop early (runnerStopped).
-	done := make(chan error, len(stages))
-	started, stopped := 0, 0
-	runnerStopped := func() error {
-		select {
-		case err := <-done:
-			stopped++
-			return fmt.Errorf("a plumbing runner stopped: %v", err)
-		default:
-			return nil
-		}
-	}
-	var conns []*nats.Conn
+	finished := make(chan struct{}) // closed once every runner has returned
+	var (
+		conns   []*nats.Conn
+		runners []consumer.Runnable
+		cons    []jetstream.Consumer
+		running bool // RunAll started: finished closes
+		runErr  error
+	)
 	defer func() {
 		stop()
-		for ; stopped < started; stopped++ {
-			<-done
+		if running {
+			<-finished
 		}
 		for _, nc := range conns {
 			nc.Close()
 		}
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
-		for _, s := range stages {
+		for _, s := range benchPlumbStages {
 			_ = r.js.DeleteConsumer(dctx, s.stream, s.name)
 		}
 		// Nothing of the plumbing stays for later measurements (its
@@ -165,8 +143,7 @@ func (r *benchRunner) plumbing(ctx context.Context, msgs []*nats.Msg) (elapsed, 
 			}
 		}
 	}()
-	var watched []jetstream.Consumer
-	for _, s := range stages {
+	for _, s := range benchPlumbStages {
 		_, cc, ok := topology.Consumer(s.like)
 		if !ok {
 			return 0, 0, fmt.Errorf("plumbing: no topology consumer %s", s.like)
@@ -176,9 +153,15 @@ func (r *benchRunner) plumbing(ctx context.Context, msgs []*nats.Msg) (elapsed, 
 			return 0, 0, fmt.Errorf("plumbing: %s: %w", s.stream, err)
 		}
 		// From the stream's next message: each round's consumer is new.
+		last := st.CachedInfo().State.LastSeq
 		cc.Durable, cc.Name, cc.FilterSubject, cc.FilterSubjects = s.name, "", "", nil
-		cc.DeliverPolicy, cc.OptStartSeq = jetstream.DeliverByStartSequencePolicy, st.CachedInfo().State.LastSeq+1
+		cc.DeliverPolicy, cc.OptStartSeq = jetstream.DeliverByStartSequencePolicy, last+1
 		cc.Description = "failbus bench plumbing, configured like " + s.like
+		c, err := r.js.CreateConsumer(ctx, s.stream, cc)
+		if err != nil {
+			return 0, 0, fmt.Errorf("plumbing: consumer %s: %w", s.name, err)
+		}
+		cons = append(cons, c)
 		nc, err := r.b.Srv.Connect(nats.Name("failbus-" + s.name))
 		if err != nil {
 			return 0, 0, fmt.Errorf("plumbing: connect: %w", err)
@@ -189,50 +172,43 @@ func (r *benchRunner) plumbing(ctx context.Context, msgs []*nats.Msg) (elapsed, 
 			return 0, 0, fmt.Errorf("plumbing: %w", err)
 		}
 		run, err := consumer.New(js, consumer.Config{
-			Service: s.name, Stream: s.stream, Consumer: s.name, ConsumerConfig: &cc,
+			Service: s.name, Stream: s.stream, Consumer: s.name,
 			Concurrency: s.concurrency, Key: s.key,
 		}, s.handler(js))
 		if err != nil {
 			return 0, 0, fmt.Errorf("plumbing: %w", err)
 		}
-		go func() { done <- run.Run(rctx) }()
-		started++
+		runners = append(runners, run)
 	}
-	// The consumers exist once each runner has bound it.
-	if err := r.poll(ctx, "the plumbing's consumers", func() (bool, error) {
-		if err := runnerStopped(); err != nil {
-			return false, err
-		}
-		for _, s := range stages[len(watched):] {
-			c, err := r.js.Consumer(ctx, s.stream, s.name)
-			if err != nil {
-				return false, nil
-			}
-			watched = append(watched, c)
-		}
-		return true, nil
-	}); err != nil {
+	go func() {
+		runErr = consumer.RunAll(rctx, runners...)
+		close(finished)
+	}()
+	running = true
+
+	decisionsBefore, err := r.streamMsgs(ctx, benchPlumbDecisions)
+	if err != nil {
 		return 0, 0, err
 	}
-
 	cpu0, _ := cpuTime()
 	t0 := time.Now()
 	if err := r.publishAll(ctx, msgs); err != nil {
 		return 0, 0, fmt.Errorf("plumbing publish: %w", err)
 	}
-	want := len(msgs)
-	if err := r.poll(ctx, "the plumbing to read every decision", func() (bool, error) {
-		if err := runnerStopped(); err != nil {
+	want := decisionsBefore + uint64(len(msgs))
+	if err := r.poll(ctx, "the plumbing to decide and read every outcome", func() (bool, error) {
+		select {
+		case <-finished:
+			return false, fmt.Errorf("the plumbing's runners stopped: %w", runErr)
+		default:
+		}
+		// One decision per outcome (their ids deduplicate), every stage
+		// caught up: every decision read and acknowledged.
+		if got, err := r.streamMsgs(ctx, benchPlumbDecisions); err != nil || got < want {
 			return false, err
 		}
-		readMu.Lock()
-		n := len(read)
-		readMu.Unlock()
-		if n < want {
-			return false, nil
-		}
-		for i, s := range stages {
-			if ok, err := embedded.ConsumerCaughtUp(ctx, r.js, s.stream, watched[i]); err != nil || !ok {
+		for i, s := range benchPlumbStages {
+			if ok, err := embedded.ConsumerCaughtUp(ctx, r.js, s.stream, cons[i]); err != nil || !ok {
 				return false, err
 			}
 		}
@@ -253,17 +229,12 @@ func (r *benchRunner) plumbing(ctx context.Context, msgs []*nats.Msg) (elapsed, 
 func plumbRetry(ctx context.Context, js jetstream.JetStream, id string, d *events.Decision, subject string) error {
 	d.Action, d.RetryID = events.ActionRetry, "plumb-"+id
 	due := events.RetryDue{RetryID: d.RetryID, Agent: d.Agent, OutcomeID: d.OutcomeID, DueAt: events.At(time.Now().Add(benchPlumbScheduleAhead))}
-	ledger, err := consumer.NewMsg(benchSchedPrefix+".plumb.ledger."+events.Token(id), &due, "bench-plumb:"+id+":ledger", nil)
-	if err != nil {
+	if _, err := consumer.Publish(ctx, js, benchSchedPrefix+".plumb.ledger."+events.Token(id), &due, "bench-plumb:"+id+":ledger", nil,
+		jetstream.WithExpectLastSequencePerSubject(0)); err != nil {
 		return err
 	}
-	if _, err := js.PublishMsg(ctx, ledger, jetstream.WithExpectLastSequencePerSubject(0)); err != nil {
-		return fmt.Errorf("plumbing ledger: %w", err)
-	}
 	hdr := nats.Header{}
-	hdr.Set(scheduler.HeaderSchedule, scheduler.ScheduleHeader(due.DueAt.Time))
-	hdr.Set(scheduler.HeaderScheduleTarget, benchSchedPrefix+".plumb.due."+events.Token(d.Agent))
-	hdr.Set(scheduler.HeaderTTL, "never")
+	scheduler.SetSchedule(hdr, due.DueAt.Time, benchSchedPrefix+".plumb.due."+events.Token(d.Agent))
 	sched, err := consumer.NewMsg(benchSchedPrefix+".plumb.schedule."+events.Token(id), &due, "bench-plumb:"+id+":schedule", hdr)
 	if err != nil {
 		return err
@@ -281,12 +252,8 @@ func plumbRetry(ctx context.Context, js jetstream.JetStream, id string, d *event
 		fs = append(fs, f)
 	}
 	for _, f := range fs {
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			return fmt.Errorf("plumbing publish %s: %w", f.Msg().Subject, err)
-		case <-ctx.Done():
-			return ctx.Err()
+		if err := consumer.AwaitPub(ctx, f); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -296,10 +263,7 @@ func plumbRetry(ctx context.Context, js jetstream.JetStream, id string, d *event
 func plumbMsgs(raw []*nats.Msg) []*nats.Msg {
 	out := make([]*nats.Msg, len(raw))
 	for i, m := range raw {
-		h := nats.Header{}
-		for k, v := range m.Header {
-			h[k] = v
-		}
+		h := maps.Clone(m.Header)
 		h.Set(events.HeaderMsgID, "plumb-"+m.Header.Get(events.HeaderMsgID))
 		out[i] = &nats.Msg{Subject: m.Subject, Header: h, Data: m.Data}
 	}

@@ -64,6 +64,9 @@ const (
 	// DefaultResync is how often the driver looks at every provider even
 	// when no record changed (a lapsed lease of a dead replica).
 	DefaultResync = 2 * time.Second
+	// DecisionConcurrency is how many decisions the decisions runner
+	// notes at once (the bench's plumbing reads decisions alike).
+	DecisionConcurrency = 4
 	// DefaultPublishTimeout bounds one publish.
 	DefaultPublishTimeout = 10 * time.Second
 )
@@ -194,7 +197,7 @@ func New(ctx context.Context, js jetstream.JetStream, opts Options) (*Service, e
 		{HeartbeatName, 4, s.handleHeartbeat},
 		{ReportName, 1, s.handleReport},
 		{TaskName, 1, s.handleTask},
-		{DecisionName, 4, s.handleDecision},
+		{DecisionName, DecisionConcurrency, s.handleDecision},
 	} {
 		c := rc
 		c.Service, c.Consumer, c.Concurrency = r.name, r.name, r.concurrency

@@ -17,7 +17,7 @@ import (
 // records published, then its retry stage and the retry's schedule and
 // decision (see the package doc).
 func (s *Service) handleClassified(ctx context.Context, m *consumer.Msg, out *consumer.Outputs) error {
-	c, err := consumer.ValueAs[*events.Classification](m) // decoded once, by budgetLane
+	c, err := consumer.ValueAs[*events.Classification](m) // decoded once, by BudgetLane
 	if err != nil {
 		return consumer.DeadLetter("decode classification: " + err.Error())
 	}
@@ -46,7 +46,7 @@ func (s *Service) handleClassified(ctx context.Context, m *consumer.Msg, out *co
 	return s.decide(ctx, m, out, *c, obs)
 }
 
-// budgetLane is the runner's Key for classifications: agent, session and
+// BudgetLane is the runner's Key for classifications: agent, session and
 // provider. A session's classifications of one provider are observed and
 // decided one at a time, in delivery order, so they reach the provider's
 // fault scope in the order simulate reads them (the scope counts each at
@@ -60,7 +60,7 @@ func (s *Service) handleClassified(ctx context.Context, m *consumer.Msg, out *co
 // no key (any worker): the handler dead-letters it. The decoded
 // classification is left in m.Value for the handler, so it is decoded
 // once.
-func budgetLane(m *consumer.Msg) string {
+func BudgetLane(m *consumer.Msg) string {
 	c, err := consumer.ValueAs[*events.Classification](m)
 	if err != nil {
 		return ""
@@ -187,18 +187,12 @@ func (s *Service) scheduleAndDecide(ctx context.Context, e *LedgerEntry, d *even
 	return nil
 }
 
-// awaitPub waits for an async publish to be stored.
+// awaitPub waits at most publishTimeout for an async publish to be
+// stored.
 func awaitPub(ctx context.Context, f jetstream.PubAckFuture) error {
 	ctx, cancel := context.WithTimeout(ctx, publishTimeout)
 	defer cancel()
-	select {
-	case <-f.Ok():
-		return nil
-	case err := <-f.Err():
-		return fmt.Errorf("publish %s: %w", f.Msg().Subject, err)
-	case <-ctx.Done():
-		return fmt.Errorf("publish %s: no acknowledgement: %w", f.Msg().Subject, ctx.Err())
-	}
+	return consumer.AwaitPub(ctx, f)
 }
 
 // publishTimeout bounds the wait for an async publish's acknowledgement.

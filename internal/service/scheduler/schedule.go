@@ -44,6 +44,16 @@ const (
 // (nanosecond) precision.
 func ScheduleHeader(t time.Time) string { return "@at " + t.UTC().Format(time.RFC3339Nano) }
 
+// SetSchedule makes a message stored with h a schedule that fires once at
+// at onto target (a subject of the same stream), and that the stream's
+// MaxAge never removes before it fires: the headers of every retry's
+// schedule (and of the bench's raw `@at` baselines, so both are alike).
+func SetSchedule(h nats.Header, at time.Time, target string) {
+	h.Set(HeaderSchedule, ScheduleHeader(at))
+	h.Set(HeaderScheduleTarget, target)
+	h.Set(HeaderTTL, "never")
+}
+
 // schedule publishes the due message of e on its schedule subject. A
 // re-publish within the duplicate window is dropped by its Nats-Msg-Id.
 func (s *Service) schedule(ctx context.Context, e *LedgerEntry) error {
@@ -63,9 +73,7 @@ func (s *Service) schedule(ctx context.Context, e *LedgerEntry) error {
 func (s *Service) scheduleMsg(e *LedgerEntry) (*nats.Msg, error) {
 	due := e.Due()
 	extra := nats.Header{}
-	extra.Set(HeaderSchedule, ScheduleHeader(e.DueAt.Time))
-	extra.Set(HeaderScheduleTarget, events.RetryDueSubject(e.Agent))
-	extra.Set(HeaderTTL, "never")
+	SetSchedule(extra, e.DueAt.Time, events.RetryDueSubject(e.Agent))
 	m, err := consumer.NewMsg(events.RetryScheduleSubject(e.Agent, e.RetryID), &due, Name+":"+e.RetryID+":schedule", extra)
 	if err != nil {
 		return nil, fmt.Errorf("schedule of %s: %w", e.RetryID, err)

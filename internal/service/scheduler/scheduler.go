@@ -134,7 +134,7 @@ const (
 	DefaultOpsAddr = "127.0.0.1:9402"
 	// DefaultConcurrency is how many classifications are handled at once:
 	// the runner's workers; one session's classifications of a provider
-	// (budgetLane) one at a time and in order, the others in parallel.
+	// (BudgetLane) one at a time and in order, the others in parallel.
 	// Each failure waits on JetStream round trips (the fault-scope write,
 	// shared by the provider's waiting classifications, lanes.go; the
 	// ledger write of a retry, its schedule and decision), so the
@@ -364,7 +364,7 @@ func New(js jetstream.JetStream, opts Config) (*Service, error) {
 	if cc.Concurrency == 0 {
 		cc.Concurrency = DefaultConcurrency
 	}
-	cc.Key = budgetLane
+	cc.Key = BudgetLane
 	if s.classified, err = consumer.New(js, cc, s.handleClassified); err != nil {
 		return nil, fmt.Errorf("scheduler: %w", err)
 	}
