@@ -252,8 +252,6 @@ func waitSettled(ctx context.Context, t *testing.T, js jetstream.JetStream, cons
 	}
 }
 
-// simulateRecords runs input through `failbus simulate` with the policy
-// file and returns its records by type, canonical.
 // policyBus starts a bus running specs under the policy file polFile (as
 // `failbus dev --policy`), stopped when the test ends: the bus side of a
 // differential test against simulateRecords.
@@ -275,6 +273,8 @@ func policyBus(t *testing.T, name, polFile string, specs ...servicemain.Spec) *d
 	return bus
 }
 
+// simulateRecords runs input through `failbus simulate` with the policy
+// file and returns its records by type, canonical.
 func simulateRecords(t *testing.T, polFile, input string) map[string][]string {
 	t.Helper()
 	var simOut, simErr bytes.Buffer

@@ -166,7 +166,8 @@ func (p *Store) Get(ctx context.Context, provider string) (*engine.ProviderRecor
 
 // Update implements engine.Providers: read (or start from the record this
 // Store wrote last), fn, compare-and-set write; on a conflict again from a
-// fresh read.
+// fresh read, and the key is read first for a while. A run of fn that
+// writes nothing is not checked against the key.
 func (p *Store) Update(ctx context.Context, provider string, fn func(*engine.ProviderRecord) (bool, error)) error {
 	key := Key(provider)
 	for attempt := range engine.MaxConflicts {
@@ -205,13 +206,14 @@ func (p *Store) Update(ctx context.Context, provider string, fn func(*engine.Pro
 			newRev, err = p.kv.Update(ctx, key, data, rev)
 		}
 		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) || isWrongLastSeq(err) {
+			// Another writer has the key either way: read it before each
+			// update for a while.
 			if fromCache {
 				p.stale.Inc()
-				p.readFirst(key)
 			} else {
 				p.conflicts.Inc()
-				p.forget(key)
 			}
+			p.readFirst(key)
 			continue
 		}
 		if err != nil {

@@ -77,7 +77,11 @@ type Providers interface {
 	// provider set when it has none) and stores what fn left in it when fn
 	// returns true, with compare-and-set: when another writer changed the
 	// record first, fn runs again on a fresh copy. fn may run several times
-	// and must not keep anything from a run that was not stored.
+	// and must not keep anything from a run that was not stored. When fn
+	// stores nothing, nothing checks its copy: a store may have started
+	// it from its own last write (scopestore), so such a run must not act
+	// on the record being the latest (Settle only clears an outbox up to a
+	// sequence, which only grows).
 	//
 	// One Update can fold many classifications of the provider (one lane
 	// per provider, one write per batch): ObserveBatch does.

@@ -45,15 +45,6 @@ const DefaultOpsAddr = "127.0.0.1:9401"
 // (see New).
 const DefaultConcurrency = 4
 
-// DefaultMaxInFlight is the classifier's window (consumer.Config.MaxInFlight)
-// unless the caller sets one: the runner's default. It was 64 while an
-// input waiting in the window ran its AckWait with no heartbeat (a hostile
-// outcome near the payload limit takes up to a second on a loaded machine,
-// and 256 of them behind four workers were redelivered); the runner now
-// keeps queued inputs alive, and the wider window lets the pull run ahead
-// of the workers.
-const DefaultMaxInFlight = consumer.DefaultMaxInFlight
-
 // ClassifyFunc classifies one outcome; classify.Classify and
 // (*classify.Classifier).Classify fit.
 type ClassifyFunc func(*events.Outcome) events.Classification
@@ -100,17 +91,15 @@ func New(js jetstream.JetStream, opts Config) (*Service, error) {
 	if cfg.Concurrency == 0 {
 		cfg.Concurrency = DefaultConcurrency
 	}
-	if cfg.MaxInFlight == 0 {
-		cfg.MaxInFlight = DefaultMaxInFlight
-	}
 	if cfg.Key == nil {
 		// One lane per outcome subject (provider and agent): an agent's
 		// classifications of a provider are stored in the order of its
-		// outcomes, the order `failbus simulate` reads them in. Workers
-		// taking any outcome stored a backlog of one agent's failures in
-		// any order, and the fault scope (which the scheduler feeds in
-		// that order, a session on one worker) then began the outage a
-		// failure late, deciding differently from simulate.
+		// outcomes, the order `failbus simulate` reads them in, so the
+		// decisions of one agent's backlog match simulate's. (The fault
+		// scope counts each failure at its own `at` whatever the order,
+		// but declares an outage only once every failure of the rule has
+		// arrived: stored in any order, a backlog's outage could begin a
+		// few decisions later than simulate says.)
 		cfg.Key = subjectLane
 	}
 	if cfg.Registerer == nil {

@@ -17,10 +17,11 @@ const maxIndexedBudgets = 4096
 // never change once stored, so what it remembers stays true; what it has
 // not seen is read from the watermark on. With it, engine.Decide's
 // Latest-then-Find costs one read of the last entry instead of a walk of
-// the whole budget, and the first failure of a budget no read beyond that
-// (the index knows an empty budget is empty). Safe for concurrent use;
-// compare-and-set on the subject still decides every write, so an index
-// that lags (another replica appended) only makes Find read more.
+// the whole budget, and the first Decide of a failure may take the
+// index's word without reading at all (guess.go). Safe for concurrent use;
+// compare-and-set on the subject still decides every write: an index that
+// lags (another replica appended) makes Find read more, or makes a guessed
+// decision's append fail and the failure be decided again from reads.
 type ledgerIndex struct {
 	mu  sync.Mutex
 	m   map[string]*list.Element // budget token → *budgetIndex
@@ -32,8 +33,9 @@ type budgetIndex struct {
 	// through: every entry of the subject up to this sequence is in
 	// byOutcome (0: none seen, or the budget was empty).
 	through uint64
-	// last is the budget's last sequence as ledgerLast last read it (0:
-	// untouched); known is false until it has read it once.
+	// last is the budget's last sequence as far as this replica knows
+	// (ledgerLast's read, or its own appends and scans; 0: untouched);
+	// known is false until it has read or written it once.
 	last  uint64
 	known bool
 	// lastEntry is the entry at sequence last when the index has it.
@@ -138,12 +140,13 @@ func (x *ledgerIndex) appended(token string, expect uint64, r *ledgerRead) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	b := x.budget(token)
-	b.keep(r)
-	if expect == 0 && b.through == 0 {
+	if expect == 0 {
 		// Compare-and-set on 0 succeeded: the budget was empty, so r is
-		// all of it.
-		b.known = true
+		// all of it; whatever was remembered was removed meanwhile (a
+		// purge, MaxAge), as sawLast(nil) says.
+		b.known, b.through, b.last, b.lastEntry, b.byOutcome = true, 0, 0, nil, map[string]*ledgerRead{}
 	}
+	b.keep(r)
 	if b.known && b.through >= expect {
 		b.through = r.seq
 	}

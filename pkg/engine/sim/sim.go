@@ -11,9 +11,10 @@
 // handles a late message at its own now. The fault scope is the exception:
 // it counts the line at its own `at`, on its provider's clock (the latest
 // `at` of that provider's lines), as the scheduler does however its lanes
-// interleave providers (scope.ProviderState.Observe). Before a timed line is handled,
-// every pending retry whose due time is at or before the line's time comes
-// due, in due order, each as a retry_due record stamped with its due time.
+// interleave providers (scope.ProviderState.Observe). Before a timed line
+// is handled, every pending retry whose due time is at or before the
+// line's time comes due, in due order, each as a retry_due record stamped
+// with its due time.
 //
 // Randomness (the backoff jitter) comes from a seeded generator or a
 // function the caller passes, so a run is reproducible.

@@ -1,8 +1,9 @@
 // Package scope is the fault scope (seed 002, DESIGN.md §4
 // "Classification", correlation): before choosing how to recover, ask where the fault lives. It is a pure
 // state machine per provider over classified outcomes on the provider's own
-// clock: the latest own time (`at`) of its outcomes, never later than the
-// `now` the caller passes. Network failures and successes count at their
+// clock: the latest own time (`at`) of its outcomes, each believed within
+// events.EventTime's bounds around the `now` the caller passes (a stored
+// clock already ahead of that now stays). Network failures and successes count at their
 // own times, so the order in which outcomes of several agents reach the
 // scope, or how far other providers have moved the caller's clock, does
 // not decide whether failures are an outage.

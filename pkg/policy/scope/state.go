@@ -142,11 +142,8 @@ func (s *ProviderState) Observe(cfg Config, c events.Classification, now time.Ti
 	// news. An `at` after now, or more than events.MaxAtBehind before it,
 	// is not believed (CONTRACT.md, events.EventTime): the outcome counts
 	// at now. now becomes the provider's clock.
-	t := c.At.Time
-	if t.IsZero() || t.After(now) || t.Before(now.Add(-events.MaxAtBehind)) {
-		t = now
-	}
-	now = t
+	now, _ = events.EventTime(c.At, now)
+	t := now
 	if now.Before(s.Clock.Time) {
 		now = s.Clock.Time
 	}
