@@ -52,8 +52,8 @@ type Options struct {
 	// Auth, when set, runs the server with these users (auth.Init's
 	// directory; `failbus dev --auth`): a connection without credentials
 	// is refused, the topology is applied as the admin, and each service
-	// connects as its own role, with only that role's permissions. JS is
-	// then the admin's.
+	// connects as its own role, with only that role's permissions. Without
+	// it each service still has a connection of its own (as deployed).
 	Auth *auth.Set
 }
 
@@ -62,7 +62,8 @@ type Options struct {
 type Bus struct {
 	// Srv is the embedded server.
 	Srv *embedded.Server
-	// JS is the services' JetStream context.
+	// JS is the admin's JetStream context (the topology, tools, tests);
+	// each service has its own connection.
 	JS jetstream.JetStream
 	// Registry holds every service's metrics.
 	Registry *prometheus.Registry
@@ -131,7 +132,7 @@ func Start(o Options) (_ *Bus, err error) {
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	b.cancel = stop
-	env := servicemain.Env{JS: b.JS, Policy: pol, PolicyFile: o.PolicyFile, Log: o.Log, Registry: reg}
+	env := servicemain.Env{Policy: pol, PolicyFile: o.PolicyFile, Log: o.Log, Registry: reg}
 	for _, spec := range specs {
 		var err error
 		labelled(spec.Name, func() { err = b.startService(ctx, spec, env, o) })
@@ -185,10 +186,9 @@ func (b *Bus) startService(ctx context.Context, spec servicemain.Spec, env servi
 	if env.JS, err = jetstream.New(c.Conn); err != nil {
 		return fmt.Errorf("%s: jetstream: %w", spec.Name, err)
 	}
-	explain := c.Explain
 	svc, err := spec.Build(ctx, env)
 	if err != nil {
-		return fmt.Errorf("%s: %w", spec.Name, explain(err))
+		return fmt.Errorf("%s: %w", spec.Name, c.Explain(err))
 	}
 	b.Names = append(b.Names, spec.Name)
 	b.health = append(b.health, svc.Healthy)
@@ -268,7 +268,7 @@ func (b *Bus) waitHealthy(limit time.Duration) error {
 func (b *Bus) Healthy() error { return consumer.AllHealthy(b.health...)() }
 
 // Stop drains every service (each finishes its in-flight messages), then
-// closes the connection and shuts the server down. It returns the errors of
+// closes the connections and shuts the server down. It returns the errors of
 // services that stopped on their own before.
 func (b *Bus) Stop() error {
 	if b.cancel != nil {
