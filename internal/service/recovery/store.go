@@ -196,18 +196,17 @@ func (s *Store) SaveProvider(ctx context.Context, r *recovery.ProviderRecord, re
 	return putKV(ctx, s.state, ProviderKey(r.Provider), r, rev)
 }
 
-// ListProviders implements recovery.Providers.
+// ListProviders implements recovery.Providers. It reads the records (one
+// batch read, topology.LatestEntries) rather than listing keys: a key
+// listing creates and deletes a consumer, and a submitted task asks.
 func (s *Store) ListProviders(ctx context.Context) ([]string, error) {
-	l, err := s.state.ListKeysFiltered(ctx, provPrefix+">")
+	es, err := topology.LatestEntries(ctx, s.js, s.state, provPrefix+">")
 	if err != nil {
-		if errors.Is(err, jetstream.ErrNoKeysFound) {
-			return nil, nil
-		}
 		return nil, fmt.Errorf("list providers: %w", err)
 	}
 	var out []string
-	for k := range l.Keys() {
-		name, err := unpart(strings.TrimPrefix(k, provPrefix))
+	for _, e := range es {
+		name, err := unpart(strings.TrimPrefix(e.Key(), provPrefix))
 		if err != nil {
 			continue
 		}
@@ -262,7 +261,7 @@ func (s *Store) PutHeartbeat(ctx context.Context, h events.Heartbeat) error {
 // (a watch that delivers every current value, then stops).
 func (s *Store) LatestHeartbeats(ctx context.Context) ([]events.Heartbeat, error) {
 	var out []events.Heartbeat
-	err := snapshot(ctx, s.heartbeats, hbPrefix+">", func(v []byte) {
+	err := s.snapshot(ctx, s.heartbeats, hbPrefix+">", func(v []byte) {
 		var h events.Heartbeat
 		if msgpack.Unmarshal(v, &h) == nil {
 			out = append(out, h)
@@ -271,27 +270,17 @@ func (s *Store) LatestHeartbeats(ctx context.Context) ([]events.Heartbeat, error
 	return out, err
 }
 
-// snapshot calls fn with every current value under filter.
-func snapshot(ctx context.Context, kv jetstream.KeyValue, filter string, fn func([]byte)) error {
-	w, err := kv.WatchFiltered(ctx, []string{filter}, jetstream.IgnoreDeletes())
+// snapshot calls fn with every current value under filter (one batch read,
+// topology.LatestEntries).
+func (s *Store) snapshot(ctx context.Context, kv jetstream.KeyValue, filter string, fn func([]byte)) error {
+	es, err := topology.LatestEntries(ctx, s.js, kv, filter)
 	if err != nil {
 		return fmt.Errorf("read %s: %w", kv.Bucket(), err)
 	}
-	defer w.Stop()
-	for {
-		select {
-		case e, ok := <-w.Updates():
-			if !ok {
-				return fmt.Errorf("read %s: watch closed", kv.Bucket())
-			}
-			if e == nil {
-				return nil // every current value delivered
-			}
-			fn(e.Value())
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+	for _, e := range es {
+		fn(e.Value())
 	}
+	return nil
 }
 
 func cronKey(agent, cron string) string { return cronPrefix + part(agent) + "." + part(cron) }
@@ -351,7 +340,7 @@ func (s *Store) NoteCronRun(ctx context.Context, r events.CronRun) error {
 // CronStates implements recovery.Crons.
 func (s *Store) CronStates(ctx context.Context) ([]checklist.CronState, error) {
 	var out []checklist.CronState
-	err := snapshot(ctx, s.crons, cronPrefix+">", func(v []byte) {
+	err := s.snapshot(ctx, s.crons, cronPrefix+">", func(v []byte) {
 		var st checklist.CronState
 		if msgpack.Unmarshal(v, &st) == nil && st.Spec.Schedule != "" {
 			out = append(out, st)

@@ -31,6 +31,7 @@ const MaxAttempts = 100
 // one key never lose each other's count. It is safe for concurrent use.
 type Store struct {
 	kv jetstream.KeyValue
+	js jetstream.JetStream
 }
 
 // OpenStore binds the refusal bucket; apply the topology first.
@@ -39,7 +40,7 @@ func OpenStore(ctx context.Context, js jetstream.JetStream) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("refusals: open KV %s (apply the topology first): %w", topology.BucketRefusals, err)
 	}
-	return &Store{kv: kv}, nil
+	return &Store{kv: kv, js: js}, nil
 }
 
 // KV is the underlying bucket, for inspection in tests and tools.
@@ -157,41 +158,32 @@ func (s *Store) Update(ctx context.Context, key string, fn UpdateFunc) (conflict
 	return conflicts, fmt.Errorf("%w: key %s, %d attempts", ErrTooManyConflicts, key, MaxAttempts)
 }
 
-// Watch returns every live entry matching the KV key filter (with values
-// unless metaOnly), read once: a snapshot, not a subscription.
-func (s *Store) Watch(ctx context.Context, filter string, metaOnly bool) ([]Entry, error) {
-	opts := []jetstream.WatchOpt{jetstream.IgnoreDeletes()}
-	if metaOnly {
-		opts = append(opts, jetstream.MetaOnly())
-	}
-	w, err := s.kv.WatchFiltered(ctx, []string{filter}, opts...)
+// Entries returns every live entry matching the KV key filter (with values
+// unless metaOnly), read once: a snapshot, not a subscription. It is one
+// batch read (topology.LatestEntries), not a watch: a refusal that
+// notifies and every segment boundary ask for one, and a watch would
+// create and delete a consumer each time.
+func (s *Store) Entries(ctx context.Context, filter string, metaOnly bool) ([]Entry, error) {
+	kves, err := topology.LatestEntries(ctx, s.js, s.kv, filter)
 	if err != nil {
-		return nil, fmt.Errorf("refusals: watch %s: %w", filter, err)
+		return nil, fmt.Errorf("refusals: read %s: %w", filter, err)
 	}
-	defer func() { _ = w.Stop() }()
-	var out []Entry
-	for {
-		select {
-		case kve, ok := <-w.Updates():
-			if !ok || kve == nil {
-				return out, nil
-			}
-			if metaOnly {
-				out = append(out, Entry{Key: kve.Key(), Revision: kve.Revision(), Written: kve.Created()})
-			} else {
-				out = append(out, entryOf(kve))
-			}
-		case <-ctx.Done():
-			return nil, fmt.Errorf("refusals: watch %s: %w", filter, ctx.Err())
+	out := make([]Entry, 0, len(kves))
+	for _, kve := range kves {
+		if metaOnly {
+			out = append(out, Entry{Key: kve.Key(), Revision: kve.Revision(), Written: kve.Created()})
+		} else {
+			out = append(out, entryOf(kve))
 		}
 	}
+	return out, nil
 }
 
 // SegmentStates returns the state of every provider in segment
 // (`<session>#<n>`): what the notification dedupe key's provider list
 // (refusal.Peers) is computed from.
 func (s *Store) SegmentStates(ctx context.Context, segment string) ([]refusal.State, error) {
-	entries, err := s.Watch(ctx, SegmentFilter(segment), false)
+	entries, err := s.Entries(ctx, SegmentFilter(segment), false)
 	if err != nil {
 		return nil, err
 	}
@@ -207,7 +199,7 @@ func (s *Store) SegmentStates(ctx context.Context, segment string) ([]refusal.St
 // it deleted. The new segment and later ones are kept, so a boundary handled
 // late cannot wipe newer state; other sessions are left to the bucket TTL.
 func (s *Store) RetireBefore(ctx context.Context, session string, segment int) ([]string, error) {
-	entries, err := s.Watch(ctx, SessionFilter(session), true)
+	entries, err := s.Entries(ctx, SessionFilter(session), true)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,179 @@
+package topology
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// ErrBatchUnavailable says a batch read could not answer in one request:
+// more keys than one answer may carry (the server's 1024), more bytes than
+// its pending limit, a stream without direct gets, or a server without
+// batch reads (before 2.11). The caller reads another way; LatestEntries
+// does, with a watch.
+var ErrBatchUnavailable = errors.New("batch read unavailable")
+
+// LatestEntries returns every live entry of kv (bucket) whose key matches
+// keyFilter (KV wildcards `*` and `>`): what kv.WatchFiltered with
+// IgnoreDeletes delivers before its end-of-snapshot nil, without the watch.
+//
+// A watch creates an ephemeral consumer and deletes it again — server-side
+// work, two advisories and, on a cluster, a proposal to the meta leader
+// each time — for what is usually a handful of keys. LatestEntries asks
+// for the last message of every matching subject in one direct batch
+// request (JetStream's `multi_last`, served by any replica of the stream
+// and isolated from concurrent writes like the watch's snapshot), and falls
+// back to the watch only when the batch read is unavailable
+// (ErrBatchUnavailable). Deleted, purged and expired keys are left out.
+func LatestEntries(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, keyFilter string) ([]jetstream.KeyValueEntry, error) {
+	out, err := latestBatch(ctx, js, kv.Bucket(), keyFilter)
+	if !errors.Is(err, ErrBatchUnavailable) {
+		return out, err
+	}
+	return latestWatch(ctx, kv, keyFilter)
+}
+
+// latestWatch is LatestEntries with a watch.
+func latestWatch(ctx context.Context, kv jetstream.KeyValue, keyFilter string) ([]jetstream.KeyValueEntry, error) {
+	w, err := kv.WatchFiltered(ctx, []string{keyFilter}, jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, fmt.Errorf("read %s %s: %w", kv.Bucket(), keyFilter, err)
+	}
+	defer func() { _ = w.Stop() }()
+	var out []jetstream.KeyValueEntry
+	for {
+		select {
+		case e, ok := <-w.Updates():
+			if !ok {
+				return nil, fmt.Errorf("read %s %s: the watch closed before its snapshot ended", kv.Bucket(), keyFilter)
+			}
+			if e == nil {
+				return out, nil
+			}
+			out = append(out, e)
+		case <-ctx.Done():
+			return nil, fmt.Errorf("read %s %s: %w", kv.Bucket(), keyFilter, ctx.Err())
+		}
+	}
+}
+
+// multiLastRequest is the direct-get request for the last message of
+// every subject matching MultiLastFor.
+type multiLastRequest struct {
+	MultiLastFor []string `json:"multi_last"`
+}
+
+// latestBatch is LatestEntries with one multi_last direct get.
+func latestBatch(ctx context.Context, js jetstream.JetStream, bucket, keyFilter string) ([]jetstream.KeyValueEntry, error) {
+	pre := "$KV." + bucket + "."
+	req, err := json.Marshal(multiLastRequest{MultiLastFor: []string{pre + keyFilter}})
+	if err != nil {
+		return nil, err
+	}
+	nc := js.Conn()
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		timeout := js.Options().DefaultTimeout
+		if timeout <= 0 {
+			timeout = 5 * time.Second
+		}
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	inbox := nc.NewRespInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		return nil, fmt.Errorf("read %s %s: %w", bucket, keyFilter, err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	subj := apiPrefix(js.Options()) + "DIRECT.GET.KV_" + bucket
+	if err := nc.PublishMsg(&nats.Msg{Subject: subj, Reply: inbox, Data: req}); err != nil {
+		return nil, fmt.Errorf("read %s %s: %w", bucket, keyFilter, err)
+	}
+	var out []jetstream.KeyValueEntry
+	for {
+		m, err := sub.NextMsgWithContext(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("read %s %s: %w", bucket, keyFilter, err)
+		}
+		if len(m.Data) == 0 && m.Header.Get("Status") != "" {
+			switch m.Header.Get("Status") {
+			case "204": // end of batch: complete unless the byte limit cut it
+				if m.Header.Get("Nats-Num-Pending") != "0" {
+					return nil, fmt.Errorf("%w: %s %s: cut short with %s pending", ErrBatchUnavailable, bucket, keyFilter, m.Header.Get("Nats-Num-Pending"))
+				}
+				return out, nil
+			case "404": // no subject matches
+				return nil, nil
+			default: // 413 too many results, 503 no responders (no direct gets), …
+				return nil, fmt.Errorf("%w: %s %s: %s %s", ErrBatchUnavailable, bucket, keyFilter, m.Header.Get("Status"), m.Header.Get("Description"))
+			}
+		}
+		e, err := batchEntry(bucket, pre, m)
+		if err != nil {
+			return nil, err
+		}
+		if e != nil {
+			out = append(out, e)
+		}
+	}
+}
+
+// batchEntry reads one answer of a batch read: nil for a deleted, purged
+// or expired key.
+func batchEntry(bucket, pre string, m *nats.Msg) (jetstream.KeyValueEntry, error) {
+	if m.Header.Get("Nats-Num-Pending") == "" {
+		return nil, fmt.Errorf("%w: %s: the server answered without batch headers", ErrBatchUnavailable, bucket)
+	}
+	if m.Header.Get("KV-Operation") != "" || m.Header.Get(jetstream.MarkerReasonHeader) != "" {
+		return nil, nil
+	}
+	subj := m.Header.Get(jetstream.SubjectHeader)
+	key, ok := strings.CutPrefix(subj, pre)
+	if !ok {
+		return nil, fmt.Errorf("read %s: answer for subject %q outside the bucket", bucket, subj)
+	}
+	seq, err := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
+	if err != nil {
+		return nil, fmt.Errorf("read %s %s: sequence: %w", bucket, key, err)
+	}
+	at, err := time.Parse(time.RFC3339Nano, m.Header.Get(jetstream.TimeStampHeaer))
+	if err != nil {
+		return nil, fmt.Errorf("read %s %s: time stamp: %w", bucket, key, err)
+	}
+	return &latestEntry{bucket: bucket, key: key, value: m.Data, rev: seq, at: at}, nil
+}
+
+// apiPrefix is the JetStream API prefix js sends requests under.
+func apiPrefix(o jetstream.JetStreamOptions) string {
+	switch {
+	case o.APIPrefix != "":
+		return strings.TrimSuffix(o.APIPrefix, ".") + "."
+	case o.Domain != "":
+		return "$JS." + o.Domain + ".API."
+	}
+	return "$JS.API."
+}
+
+// latestEntry is one live entry read by a batch read.
+type latestEntry struct {
+	bucket, key string
+	value       []byte
+	rev         uint64
+	at          time.Time
+}
+
+func (e *latestEntry) Bucket() string                  { return e.bucket }
+func (e *latestEntry) Key() string                     { return e.key }
+func (e *latestEntry) Value() []byte                   { return e.value }
+func (e *latestEntry) Revision() uint64                { return e.rev }
+func (e *latestEntry) Created() time.Time              { return e.at }
+func (e *latestEntry) Delta() uint64                   { return 0 }
+func (e *latestEntry) Operation() jetstream.KeyValueOp { return jetstream.KeyValuePut }

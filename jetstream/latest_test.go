@@ -1,0 +1,154 @@
+package topology_test
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	topology "github.com/failbus/failbus/jetstream"
+)
+
+type kvRow struct {
+	key, value string
+	rev        uint64
+	created    time.Time
+}
+
+func rowsOf(es []jetstream.KeyValueEntry) []kvRow {
+	out := make([]kvRow, 0, len(es))
+	for _, e := range es {
+		out = append(out, kvRow{e.Key(), string(e.Value()), e.Revision(), e.Created().UTC()})
+	}
+	slices.SortFunc(out, func(a, b kvRow) int { return strings.Compare(a.key, b.key) })
+	return out
+}
+
+// watchRows is what a filtered watch with IgnoreDeletes delivers before
+// its end-of-snapshot nil: the answer LatestEntries must give.
+func watchRows(t *testing.T, b *bundle, kv jetstream.KeyValue, filter string) []kvRow {
+	t.Helper()
+	w, err := kv.WatchFiltered(b.ctx, []string{filter}, jetstream.IgnoreDeletes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	var es []jetstream.KeyValueEntry
+	for e := range w.Updates() {
+		if e == nil {
+			break
+		}
+		es = append(es, e)
+	}
+	return rowsOf(es)
+}
+
+// TestLatestEntries: the batch read answers what a watch's snapshot does —
+// the latest value and revision of every live key matching the filter,
+// deleted and purged keys left out — and creates no consumer doing it.
+func TestLatestEntries(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	kv, err := b.js.CreateKeyValue(b.ctx, jetstream.KeyValueConfig{Bucket: "LATEST"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kvp := range [][2]string{
+		{"s1.1.p1", "a"}, {"s1.1.p2", "b"}, {"s1.1.p1", "a2"}, {"s1.2.p1", "c"},
+		{"s1.1.p3", "d"}, {"s2.1.p1", "e"}, {"s1.2.p2", "f"}, {"s1.1.p1", "a3"},
+	} {
+		if _, err := kv.Put(b.ctx, kvp[0], []byte(kvp[1])); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := kv.Delete(b.ctx, "s1.1.p2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.Purge(b.ctx, "s1.2.p2"); err != nil {
+		t.Fatal(err)
+	}
+
+	tests := []struct {
+		filter string
+		keys   []string
+	}{
+		{"s1.1.*", []string{"s1.1.p1", "s1.1.p3"}},
+		{"s1.>", []string{"s1.1.p1", "s1.1.p3", "s1.2.p1"}},
+		{">", []string{"s1.1.p1", "s1.1.p3", "s1.2.p1", "s2.1.p1"}},
+		{"s1.1.p2", nil}, // deleted
+		{"s1.2.*", []string{"s1.2.p1"}},
+		{"s3.>", nil}, // never written
+	}
+	for _, tt := range tests {
+		got, err := topology.LatestEntries(b.ctx, b.js, kv, tt.filter)
+		if err != nil {
+			t.Fatalf("%s: %v", tt.filter, err)
+		}
+		rows := rowsOf(got)
+		var keys []string
+		for _, r := range rows {
+			keys = append(keys, r.key)
+		}
+		if !slices.Equal(keys, tt.keys) {
+			t.Errorf("%s: keys %v, want %v", tt.filter, keys, tt.keys)
+		}
+		if want := watchRows(t, b, kv, tt.filter); !slices.Equal(rows, want) {
+			t.Errorf("%s: %v, the watch says %v", tt.filter, rows, want)
+		}
+		for _, e := range got {
+			if e.Bucket() != "LATEST" || e.Operation() != jetstream.KeyValuePut {
+				t.Errorf("%s: entry %s of bucket %q, operation %v", tt.filter, e.Key(), e.Bucket(), e.Operation())
+			}
+		}
+	}
+	if rows := rowsOf(must(topology.LatestEntries(b.ctx, b.js, kv, "s1.1.p1"))); len(rows) != 1 || rows[0].value != "a3" {
+		t.Errorf("s1.1.p1: %v, want its latest value a3", rows)
+	}
+
+	// The point of it: no consumer was created. A watch's consumer is
+	// gone again once it stops, so count the JetStream API requests: a
+	// watch makes at least two (create, delete), a direct get none.
+	before := must(b.js.AccountInfo(b.ctx)).API.Total
+	for range 3 {
+		if _, err := topology.LatestEntries(b.ctx, b.js, kv, "s1.>"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if after := must(b.js.AccountInfo(b.ctx)).API.Total; after != before+1 {
+		t.Errorf("%d JetStream API requests for 3 reads (one is the account info): the batch read must not watch", after-before)
+	}
+}
+
+// TestLatestEntriesBeyondOneBatch: more matching keys than one batch answer
+// may carry (the server's 1024) are still all read — by a watch.
+func TestLatestEntriesBeyondOneBatch(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	kv, err := b.js.CreateKeyValue(b.ctx, jetstream.KeyValueConfig{Bucket: "MANY"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 1100
+	for i := range n {
+		if _, err := kv.Put(b.ctx, fmt.Sprintf("k.%04d", i), []byte{byte(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := topology.LatestEntries(b.ctx, b.js, kv, "k.*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rows, want := rowsOf(got), watchRows(t, b, kv, "k.*"); len(rows) != n || !slices.Equal(rows, want) {
+		t.Errorf("%d entries, want %d as the watch reads them", len(rows), n)
+	}
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
