@@ -70,85 +70,119 @@ type multiLastRequest struct {
 	MultiLastFor []string `json:"multi_last"`
 }
 
-// latestBatch is LatestEntries with one multi_last direct get.
-func latestBatch(ctx context.Context, js jetstream.JetStream, bucket, keyFilter string) ([]jetstream.KeyValueEntry, error) {
-	pre := "$KV." + bucket + "."
-	req, err := json.Marshal(multiLastRequest{MultiLastFor: []string{pre + keyFilter}})
+// multiLast sends one multi_last direct get for filters to stream and calls
+// fn with each answer (headers Nats-Subject, Nats-Sequence, Nats-Time-Stamp
+// and Nats-Num-Pending merged into the message's own). No subject matching
+// is no call and no error; an answer the server could not give whole is
+// ErrBatchUnavailable.
+func multiLast(ctx context.Context, js jetstream.JetStream, stream string, filters []string, fn func(*nats.Msg) error) error {
+	req, err := json.Marshal(multiLastRequest{MultiLastFor: filters})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	nc := js.Conn()
 	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
 		timeout := js.Options().DefaultTimeout
 		if timeout <= 0 {
 			timeout = 5 * time.Second
 		}
+		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
 	}
 	inbox := nc.NewRespInbox()
-	sub, err := nc.SubscribeSync(inbox)
+	// Room for every answer the server may send, the end-of-batch
+	// included, so none is dropped (a SubscribeSync allocates a channel of
+	// 64k per request: most of this read's cost, measured).
+	ch := make(chan *nats.Msg, maxBatchAnswers+1)
+	sub, err := nc.ChanSubscribe(inbox, ch)
 	if err != nil {
-		return nil, fmt.Errorf("read %s %s: %w", bucket, keyFilter, err)
+		return err
 	}
 	defer func() { _ = sub.Unsubscribe() }()
-	subj := apiPrefix(js.Options()) + "DIRECT.GET.KV_" + bucket
-	if err := nc.PublishMsg(&nats.Msg{Subject: subj, Reply: inbox, Data: req}); err != nil {
-		return nil, fmt.Errorf("read %s %s: %w", bucket, keyFilter, err)
+	if err := nc.PublishMsg(&nats.Msg{Subject: apiPrefix(js.Options()) + "DIRECT.GET." + stream, Reply: inbox, Data: req}); err != nil {
+		return err
 	}
-	var out []jetstream.KeyValueEntry
 	for {
-		m, err := sub.NextMsgWithContext(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("read %s %s: %w", bucket, keyFilter, err)
+		var m *nats.Msg
+		select {
+		case m = <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
 		}
 		if len(m.Data) == 0 && m.Header.Get("Status") != "" {
 			switch m.Header.Get("Status") {
 			case "204": // end of batch: complete unless the byte limit cut it
-				if m.Header.Get("Nats-Num-Pending") != "0" {
-					return nil, fmt.Errorf("%w: %s %s: cut short with %s pending", ErrBatchUnavailable, bucket, keyFilter, m.Header.Get("Nats-Num-Pending"))
+				if np := m.Header.Get("Nats-Num-Pending"); np != "0" {
+					return fmt.Errorf("%w: cut short with %s pending", ErrBatchUnavailable, np)
 				}
-				return out, nil
+				return nil
 			case "404": // no subject matches
-				return nil, nil
+				return nil
 			default: // 413 too many results, 503 no responders (no direct gets), …
-				return nil, fmt.Errorf("%w: %s %s: %s %s", ErrBatchUnavailable, bucket, keyFilter, m.Header.Get("Status"), m.Header.Get("Description"))
+				return fmt.Errorf("%w: %s %s", ErrBatchUnavailable, m.Header.Get("Status"), m.Header.Get("Description"))
 			}
 		}
-		e, err := batchEntry(bucket, pre, m)
-		if err != nil {
-			return nil, err
+		if m.Header.Get("Nats-Num-Pending") == "" {
+			return fmt.Errorf("%w: the server answered without batch headers", ErrBatchUnavailable)
 		}
-		if e != nil {
-			out = append(out, e)
+		if err := fn(m); err != nil {
+			return err
 		}
 	}
 }
 
-// batchEntry reads one answer of a batch read: nil for a deleted, purged
-// or expired key.
-func batchEntry(bucket, pre string, m *nats.Msg) (jetstream.KeyValueEntry, error) {
-	if m.Header.Get("Nats-Num-Pending") == "" {
-		return nil, fmt.Errorf("%w: %s: the server answered without batch headers", ErrBatchUnavailable, bucket)
+// latestBatch is LatestEntries with one multi_last direct get.
+func latestBatch(ctx context.Context, js jetstream.JetStream, bucket, keyFilter string) ([]jetstream.KeyValueEntry, error) {
+	pre := "$KV." + bucket + "."
+	var out []jetstream.KeyValueEntry
+	err := multiLast(ctx, js, "KV_"+bucket, []string{pre + keyFilter}, func(m *nats.Msg) error {
+		e, err := batchEntry(bucket, pre, m)
+		if e != nil {
+			out = append(out, e)
+		}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read %s %s: %w", bucket, keyFilter, err)
 	}
-	if m.Header.Get("KV-Operation") != "" || m.Header.Get(jetstream.MarkerReasonHeader) != "" {
-		return nil, nil
-	}
+	return out, nil
+}
+
+// maxBatchAnswers is the most messages nats-server answers one batch
+// request with (its maxAllowedResponses), before the end-of-batch; more
+// matching subjects are answered 413 Too Many Results.
+const maxBatchAnswers = 1024
+
+// rawMsg reads one answer of a batch read as a stream message.
+func rawMsg(m *nats.Msg) (*jetstream.RawStreamMsg, error) {
 	subj := m.Header.Get(jetstream.SubjectHeader)
-	key, ok := strings.CutPrefix(subj, pre)
-	if !ok {
-		return nil, fmt.Errorf("read %s: answer for subject %q outside the bucket", bucket, subj)
-	}
 	seq, err := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
 	if err != nil {
-		return nil, fmt.Errorf("read %s %s: sequence: %w", bucket, key, err)
+		return nil, fmt.Errorf("answer for %s: sequence: %w", subj, err)
 	}
 	at, err := time.Parse(time.RFC3339Nano, m.Header.Get(jetstream.TimeStampHeaer))
 	if err != nil {
-		return nil, fmt.Errorf("read %s %s: time stamp: %w", bucket, key, err)
+		return nil, fmt.Errorf("answer for %s: time stamp: %w", subj, err)
 	}
-	return &latestEntry{bucket: bucket, key: key, value: m.Data, rev: seq, at: at}, nil
+	return &jetstream.RawStreamMsg{Subject: subj, Sequence: seq, Header: m.Header, Data: m.Data, Time: at}, nil
+}
+
+// batchEntry reads one answer of a batch read of bucket: nil for a
+// deleted, purged or expired key.
+func batchEntry(bucket, pre string, m *nats.Msg) (jetstream.KeyValueEntry, error) {
+	if m.Header.Get("KV-Operation") != "" || m.Header.Get(jetstream.MarkerReasonHeader) != "" {
+		return nil, nil
+	}
+	r, err := rawMsg(m)
+	if err != nil {
+		return nil, err
+	}
+	key, ok := strings.CutPrefix(r.Subject, pre)
+	if !ok {
+		return nil, fmt.Errorf("answer for subject %q outside the bucket", r.Subject)
+	}
+	return &latestEntry{bucket: bucket, key: key, value: r.Data, rev: r.Sequence, at: r.Time}, nil
 }
 
 // apiPrefix is the JetStream API prefix js sends requests under.
