@@ -368,6 +368,15 @@ type benchRound struct {
 	RawCPUUS      float64 `json:"raw_cpu_us_per_msg"`
 	PlumbingCPUUS float64 `json:"plumbing_cpu_us_per_outcome"`
 	FailbusCPUUS  float64 `json:"failbus_cpu_us_per_outcome"`
+	// Heap allocations of the whole process over the same spans, objects
+	// and bytes per message (raw) or outcome: the collector's work, and
+	// the hot path's allocations as a whole bus makes them.
+	RawAllocs          float64 `json:"raw_allocs_per_msg"`
+	RawAllocBytes      float64 `json:"raw_alloc_bytes_per_msg"`
+	PlumbingAllocs     float64 `json:"plumbing_allocs_per_outcome"`
+	PlumbingAllocBytes float64 `json:"plumbing_alloc_bytes_per_outcome"`
+	FailbusAllocs      float64 `json:"failbus_allocs_per_outcome"`
+	FailbusAllocBytes  float64 `json:"failbus_alloc_bytes_per_outcome"`
 	// RawThird is RawPublish / 3: an outcome costs at least three stream
 	// writes (outcome, classification, decision), so raw/3 is the ceiling
 	// the issue's goals are ratios of.
@@ -588,6 +597,7 @@ func (r *benchRunner) round(ctx context.Context, round int) (benchRound, error) 
 	first := rawSt.CachedInfo().State.LastSeq + 1
 	rv0, _ := r.b.Srv.NATS().Varz(nil)
 	cpu0, _ := cpuTime()
+	am := startAllocs()
 	t0 := time.Now()
 	if err := r.publishAll(ctx, raw); err != nil {
 		return out, fmt.Errorf("raw publish: %w", err)
@@ -600,6 +610,7 @@ func (r *benchRunner) round(ctx context.Context, round int) (benchRound, error) 
 	if cpu1, ok := cpuTime(); ok {
 		out.RawCPUUS = float64((cpu1-cpu0)/time.Microsecond) / n
 	}
+	out.RawAllocs, out.RawAllocBytes = am.per(n)
 	if rv1, err := r.b.Srv.NATS().Varz(nil); err == nil && rv0 != nil {
 		out.RawServerIn, out.RawServerOut = float64(rv1.InMsgs-rv0.InMsgs)/n, float64(rv1.OutMsgs-rv0.OutMsgs)/n
 	}
@@ -610,11 +621,12 @@ func (r *benchRunner) round(ctx context.Context, round int) (benchRound, error) 
 		return out, fmt.Errorf("raw relay: %w", err)
 	}
 	out.RawRelay = n / relay.Seconds()
-	plumb, cpu, err := r.plumbing(ctx, plumbMsgs(raw))
+	plumb, use, err := r.plumbing(ctx, plumbMsgs(raw))
 	if err != nil {
 		return out, fmt.Errorf("plumbing: %w", err)
 	}
-	out.Plumbing, out.PlumbingCPUUS = n/plumb.Seconds(), float64(cpu/time.Microsecond)/n
+	out.Plumbing, out.PlumbingCPUUS = n/plumb.Seconds(), float64(use.cpu/time.Microsecond)/n
+	out.PlumbingAllocs, out.PlumbingAllocBytes = use.allocs/n, use.allocBytes/n
 
 	// 2. failbus ingest.
 	classifiedBefore, err := r.streamMsgs(ctx, topology.StreamClassified)
@@ -633,6 +645,7 @@ func (r *benchRunner) round(ctx context.Context, round int) (benchRound, error) 
 	}
 	defer stopProfile()
 	cpu0, _ = cpuTime()
+	am = startAllocs()
 	t0 = time.Now()
 	if err := r.publishAll(ctx, ingest); err != nil {
 		return out, fmt.Errorf("ingest publish: %w", err)
@@ -653,6 +666,7 @@ func (r *benchRunner) round(ctx context.Context, round int) (benchRound, error) 
 	if cpu1, ok := cpuTime(); ok {
 		out.FailbusCPUUS = float64((cpu1-cpu0)/time.Microsecond) / n
 	}
+	out.FailbusAllocs, out.FailbusAllocBytes = am.per(n)
 	if v1, err := r.b.Srv.NATS().Varz(nil); err == nil && v0 != nil {
 		out.ServerIn, out.ServerOut = float64(v1.InMsgs-v0.InMsgs)/n, float64(v1.OutMsgs-v0.OutMsgs)/n
 	}
@@ -1317,6 +1331,12 @@ var benchFigures = []func(*benchRound) *float64{
 	func(r *benchRound) *float64 { return &r.Plumbing },
 	func(r *benchRound) *float64 { return &r.PlumbingThirdRatio },
 	func(r *benchRound) *float64 { return &r.SettledPlumbingRatio },
+	func(r *benchRound) *float64 { return &r.RawAllocs },
+	func(r *benchRound) *float64 { return &r.RawAllocBytes },
+	func(r *benchRound) *float64 { return &r.PlumbingAllocs },
+	func(r *benchRound) *float64 { return &r.PlumbingAllocBytes },
+	func(r *benchRound) *float64 { return &r.FailbusAllocs },
+	func(r *benchRound) *float64 { return &r.FailbusAllocBytes },
 	func(r *benchRound) *float64 { return &r.RawCPUUS },
 	func(r *benchRound) *float64 { return &r.PlumbingCPUUS },
 	func(r *benchRound) *float64 { return &r.FailbusCPUUS },
@@ -1383,6 +1403,9 @@ func printBench(w io.Writer, rep *benchReport) {
 		t.add("CPU per outcome, the whole process", fmt.Sprintf("%.0f µs", med.FailbusCPUUS), fmt.Sprintf("%.0f µs", lo.FailbusCPUUS), fmt.Sprintf("%.0f µs", hi.FailbusCPUUS), "failbus",
 			fmt.Sprintf("plumbing %.0f µs; raw publish + consume %.0f µs per message (×3 = %.0f)", med.PlumbingCPUUS, med.RawCPUUS, 3*med.RawCPUUS))
 	}
+	t.add("heap allocations per outcome, the whole process", fmt.Sprintf("%.0f (%s)", med.FailbusAllocs, kib(med.FailbusAllocBytes)),
+		fmt.Sprintf("%.0f", lo.FailbusAllocs), fmt.Sprintf("%.0f", hi.FailbusAllocs), "failbus",
+		fmt.Sprintf("plumbing %.0f (%s); raw publish + consume %.0f (%s) per message", med.PlumbingAllocs, kib(med.PlumbingAllocBytes), med.RawAllocs, kib(med.RawAllocBytes)))
 	row("classify only (classify.Classify, 1 goroutine)", func(r *benchRound) float64 { return r.Classify }, "/s per core",
 		fmt.Sprintf("%.0f ns/op, %.1f allocs/op", med.ClassifyNsOp, med.ClassifyAllocOp))
 	t.write(w)
@@ -1416,6 +1439,9 @@ func printBench(w io.Writer, rep *benchReport) {
 
 // benchTable is a plain-text table: column i is left-aligned when align[i]
 // is 'l', right-aligned otherwise.
+// kib formats a byte count per outcome.
+func kib(b float64) string { return fmt.Sprintf("%.1f KiB", b/1024) }
+
 type benchTable struct {
 	align string
 	rows  [][]string

@@ -41,6 +41,13 @@ import (
 // services and their KV state), and the gap between it and raw/3 is what
 // the plumbing costs.
 
+// plumbUse is what a plumbing run cost the whole process: CPU time (zero
+// where cpuTime reports none) and heap allocations, objects and bytes.
+type plumbUse struct {
+	cpu                time.Duration
+	allocs, allocBytes float64
+}
+
 // Scratch streams of the plumbing, configured like the failbus streams
 // they stand for; the ledger and schedules go to benchSchedStream.
 const (
@@ -108,9 +115,8 @@ var benchPlumbStages = []benchPlumbStage{
 // plumbing publishes msgs (copies of the round's outcomes under ids of
 // their own) to the raw scratch stream and returns the time until a
 // decision of each is stored and the three stages have acknowledged
-// everything, and the CPU time the process spent meanwhile (zero where
-// cpuTime reports nothing).
-func (r *benchRunner) plumbing(ctx context.Context, msgs []*nats.Msg) (elapsed, cpu time.Duration, err error) {
+// everything, and what the process spent meanwhile.
+func (r *benchRunner) plumbing(ctx context.Context, msgs []*nats.Msg) (elapsed time.Duration, use plumbUse, err error) {
 	rctx, stop := context.WithCancel(ctx)
 	finished := make(chan struct{}) // closed once every runner has returned
 	var (
@@ -146,11 +152,11 @@ func (r *benchRunner) plumbing(ctx context.Context, msgs []*nats.Msg) (elapsed, 
 	for _, s := range benchPlumbStages {
 		_, cc, ok := topology.Consumer(s.like)
 		if !ok {
-			return 0, 0, fmt.Errorf("plumbing: no topology consumer %s", s.like)
+			return 0, use, fmt.Errorf("plumbing: no topology consumer %s", s.like)
 		}
 		st, err := r.js.Stream(ctx, s.stream)
 		if err != nil {
-			return 0, 0, fmt.Errorf("plumbing: %s: %w", s.stream, err)
+			return 0, use, fmt.Errorf("plumbing: %s: %w", s.stream, err)
 		}
 		// From the stream's next message: each round's consumer is new.
 		last := st.CachedInfo().State.LastSeq
@@ -159,24 +165,24 @@ func (r *benchRunner) plumbing(ctx context.Context, msgs []*nats.Msg) (elapsed, 
 		cc.Description = "failbus bench plumbing, configured like " + s.like
 		c, err := r.js.CreateConsumer(ctx, s.stream, cc)
 		if err != nil {
-			return 0, 0, fmt.Errorf("plumbing: consumer %s: %w", s.name, err)
+			return 0, use, fmt.Errorf("plumbing: consumer %s: %w", s.name, err)
 		}
 		cons = append(cons, c)
 		nc, err := r.b.Srv.Connect(nats.Name("failbus-" + s.name))
 		if err != nil {
-			return 0, 0, fmt.Errorf("plumbing: connect: %w", err)
+			return 0, use, fmt.Errorf("plumbing: connect: %w", err)
 		}
 		conns = append(conns, nc)
 		js, err := jetstream.New(nc)
 		if err != nil {
-			return 0, 0, fmt.Errorf("plumbing: %w", err)
+			return 0, use, fmt.Errorf("plumbing: %w", err)
 		}
 		run, err := consumer.New(js, consumer.Config{
 			Service: s.name, Stream: s.stream, Consumer: s.name,
 			Concurrency: s.concurrency, Key: s.key,
 		}, s.handler(js))
 		if err != nil {
-			return 0, 0, fmt.Errorf("plumbing: %w", err)
+			return 0, use, fmt.Errorf("plumbing: %w", err)
 		}
 		runners = append(runners, run)
 	}
@@ -188,12 +194,13 @@ func (r *benchRunner) plumbing(ctx context.Context, msgs []*nats.Msg) (elapsed, 
 
 	decisionsBefore, err := r.streamMsgs(ctx, benchPlumbDecisions)
 	if err != nil {
-		return 0, 0, err
+		return 0, use, err
 	}
 	cpu0, _ := cpuTime()
+	am := startAllocs()
 	t0 := time.Now()
 	if err := r.publishAll(ctx, msgs); err != nil {
-		return 0, 0, fmt.Errorf("plumbing publish: %w", err)
+		return 0, use, fmt.Errorf("plumbing publish: %w", err)
 	}
 	want := decisionsBefore + uint64(len(msgs))
 	if err := r.poll(ctx, "the plumbing to decide and read every outcome", func() (bool, error) {
@@ -214,13 +221,14 @@ func (r *benchRunner) plumbing(ctx context.Context, msgs []*nats.Msg) (elapsed, 
 		}
 		return true, nil
 	}); err != nil {
-		return 0, 0, err
+		return 0, use, err
 	}
 	elapsed = time.Since(t0)
 	if cpu1, ok := cpuTime(); ok {
-		cpu = cpu1 - cpu0
+		use.cpu = cpu1 - cpu0
 	}
-	return elapsed, cpu, nil
+	use.allocs, use.allocBytes = am.per(1)
+	return elapsed, use, nil
 }
 
 // plumbRetry stores a retry the way the scheduler does, without deciding

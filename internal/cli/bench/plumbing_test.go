@@ -69,12 +69,15 @@ func TestPlumbing(t *testing.T) {
 			t.Fatalf("round %d: %d retries of %d: the corpus should mix", round, retries, n)
 		}
 		before := streamTotals(t, ctx, js)
-		_, cpu, err := r.plumbing(ctx, plumbMsgs(raw))
+		_, use, err := r.plumbing(ctx, plumbMsgs(raw))
 		if err != nil {
 			t.Fatalf("round %d: %v", round, err)
 		}
-		if _, ok := cpuTime(); ok && cpu <= 0 {
-			t.Errorf("round %d: the plumbing's CPU time is %v", round, cpu)
+		if _, ok := cpuTime(); ok && use.cpu <= 0 {
+			t.Errorf("round %d: the plumbing's CPU time is %v", round, use.cpu)
+		}
+		if use.allocs <= 0 || use.allocBytes < use.allocs {
+			t.Errorf("round %d: the plumbing allocated %v objects, %v bytes", round, use.allocs, use.allocBytes)
 		}
 		after := streamTotals(t, ctx, js)
 		// Purged after the run, so what was stored shows in the
