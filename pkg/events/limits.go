@@ -194,16 +194,17 @@ type scanner struct {
 	pos    int
 	values int
 	stack  []scanFrame
-	// field is the last key read from a top-level map; topKey is true
-	// while that key itself is being read.
-	field  string
-	topKey bool
+	// field is where the last key read from a top-level map lies in
+	// data (the bytes, not a string: made only for an error); topKey is
+	// true while that key itself is being read.
+	fieldFrom, fieldTo int
+	topKey             bool
 }
 
 func (s *scanner) fail(err error, limit, got int64, at int) error {
 	e := &LimitError{Err: err, Limit: limit, Got: got, Offset: at}
 	if len(s.stack) > 0 && s.stack[0].isMap && (len(s.stack) > 1 || !s.topKey) {
-		e.Field = s.field
+		e.Field = string(s.data[s.fieldFrom:s.fieldTo])
 	}
 	return e
 }
@@ -308,7 +309,7 @@ func (s *scanner) value() error {
 		n = v
 	}
 	if s.topKey {
-		s.field = ""
+		s.fieldFrom, s.fieldTo = 0, 0
 	}
 	left := uint64(len(s.data) - s.pos)
 	switch {
@@ -321,7 +322,7 @@ func (s *scanner) value() error {
 			return s.fail(ErrTruncated, int64(left), clampInt64(n), start)
 		}
 		if s.topKey && isStr {
-			s.field = string(s.data[s.pos : s.pos+int(min(n, maxFieldName))])
+			s.fieldFrom, s.fieldTo = s.pos, s.pos+int(min(n, maxFieldName))
 		}
 		s.pos += int(n)
 	case isCont:

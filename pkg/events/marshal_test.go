@@ -34,6 +34,34 @@ func BenchmarkMarshal(b *testing.B) {
 	}
 }
 
+// BenchmarkDecode is what every consumed input pays: the limits scan
+// (CheckMsgpack) and the decoding. Allocations per message show here with
+// -benchmem.
+func BenchmarkDecode(b *testing.B) {
+	o := sample()
+	data, hdr, err := events.Encode(o)
+	if err != nil {
+		b.Fatal(err)
+	}
+	subject := events.OutcomeSubject(o.Provider, o.Agent)
+	b.Run("outcome", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := events.Decode(subject, hdr, data); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("check only", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := events.CheckMsgpack(data, events.Limits{}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
 // Marshal reuses its encoders and their buffers: what it returned must
 // stay as it was when later calls, on any goroutine, encode other
 // messages.
