@@ -376,12 +376,16 @@ func (pl *pipeline) finish(m *Msg, result, reason string, herr error, start time
 	pl.release()
 }
 
+// stallWait is the async publish option every output is stored with,
+// made once (an option is a closure: one allocation per call).
+var stallWait = jetstream.WithStallWait(settleTimeout)
+
 // publishAsync starts storing every output; the futures say when each is
 // stored. The window bounds how many are in flight.
 func (r *Runner) publishAsync(out *Outputs) ([]jetstream.PubAckFuture, error) {
 	futures := make([]jetstream.PubAckFuture, 0, len(out.outs))
 	for _, o := range out.outs {
-		f, err := r.js.PublishMsgAsync(&nats.Msg{Subject: o.subject, Header: o.header, Data: o.data}, jetstream.WithStallWait(settleTimeout))
+		f, err := r.js.PublishMsgAsync(&nats.Msg{Subject: o.subject, Header: o.header, Data: o.data}, stallWait)
 		if err != nil {
 			return nil, fmt.Errorf("%s (%s): %w", o.subject, o.msgID, err)
 		}

@@ -63,6 +63,11 @@ func tokenByte(c byte) bool {
 
 func join(prefix string, tokens ...string) string {
 	var b strings.Builder
+	n := len(prefix)
+	for _, t := range tokens {
+		n += 1 + max(len(t), 1) // Token's result is never longer
+	}
+	b.Grow(n)
 	b.WriteString(prefix)
 	for _, t := range tokens {
 		b.WriteByte('.')

@@ -167,11 +167,11 @@ func (s *Service) scheduleAndDecide(ctx context.Context, e *LedgerEntry, d *even
 	}
 	// The connection's async window is shared with every runner on it:
 	// wait for room rather than fail after nats.go's default 200 ms.
-	sf, err := s.js.PublishMsgAsync(sched, jetstream.WithStallWait(publishTimeout))
+	sf, err := s.js.PublishMsgAsync(sched, stallWait)
 	if err != nil {
 		return fmt.Errorf("publish schedule %s: %w", sched.Subject, err)
 	}
-	df, err := s.js.PublishMsgAsync(dec, jetstream.WithStallWait(publishTimeout))
+	df, err := s.js.PublishMsgAsync(dec, stallWait)
 	if err != nil {
 		return fmt.Errorf("publish decision %s: %w", dec.Subject, err)
 	}
@@ -197,6 +197,10 @@ func awaitPub(ctx context.Context, f jetstream.PubAckFuture) error {
 
 // publishTimeout bounds the wait for an async publish's acknowledgement.
 const publishTimeout = 10 * time.Second
+
+// stallWait waits up to publishTimeout for room in the async window; made
+// once (an option is a closure: one allocation per call).
+var stallWait = jetstream.WithStallWait(publishTimeout)
 
 // retryMsgID is the Nats-Msg-Id of a retry decision.
 func retryMsgID(retryID string) string { return Name + ":" + retryID + ":decision" }
