@@ -183,6 +183,8 @@ type benchConfig struct {
 	blockProfile         string
 	// cpuProfileFailbus: --cpuprofile-failbus.
 	cpuProfileFailbus string
+	// allocProfileFailbus: --allocprofile-failbus.
+	allocProfileFailbus string
 }
 
 // run is `failbus bench`.
@@ -203,6 +205,7 @@ func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 	verbose := fs.Bool("verbose", false, "print the services' logs on stderr")
 	blockProfile := fs.String("blockprofile", "", "write a profile of where goroutines waited (channels, locks, replies) over the whole run to this file, for go tool pprof (written at the end, as --memprofile): a bus that waits on round trips shows them here, not in --cpuprofile")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run (bus, services and load) to this file, for go tool pprof; go tool pprof -tags FILE splits it by the label failbus: nats-server, each service, admin and bench (the load and the raw JetStream client), the rest (no label) being the Go runtime's own work, mostly garbage collection")
+	fs.StringVar(&c.allocProfileFailbus, "allocprofile-failbus", "", "write the heap allocations of the first round's failbus step (the same span as --cpuprofile-failbus) to this file, and those before it to this file + .base: go tool pprof -sample_index=alloc_objects -base FILE.base FILE")
 	fs.StringVar(&c.cpuProfileFailbus, "cpuprofile-failbus", "", "write a CPU profile of the first round's failbus step only (from the first outcome published until every service caught up: no raw phase, no plumbing) to this file, for go tool pprof -tags; not with --cpuprofile")
 	memProfile := fs.String("memprofile", "", "write a heap profile at the end of the run (with --pending: the retries still pending) to this file, for go tool pprof -sample_index=inuse_space")
 	if rest, code, done := cli.Parse(fs, args); done {
@@ -691,10 +694,18 @@ func (r *benchRunner) round(ctx context.Context, round int) (benchRound, error) 
 }
 
 // startStepProfile starts --cpuprofile-failbus's profile in the first
-// round; stop ends it (once, whoever calls it first).
+// round and writes --allocprofile-failbus's base; stop ends them (once,
+// whoever calls it first).
 func (r *benchRunner) startStepProfile(round int) (stop func(), err error) {
-	if r.cfg.cpuProfileFailbus == "" || round != 0 {
+	if round != 0 {
 		return func() {}, nil
+	}
+	stopAllocs, err := r.startAllocProfile()
+	if err != nil {
+		return nil, err
+	}
+	if r.cfg.cpuProfileFailbus == "" {
+		return stopAllocs, nil
 	}
 	f, err := os.Create(r.cfg.cpuProfileFailbus)
 	if err != nil {
@@ -709,8 +720,44 @@ func (r *benchRunner) startStepProfile(round int) (stop func(), err error) {
 		once.Do(func() {
 			pprof.StopCPUProfile()
 			f.Close()
+			stopAllocs()
 		})
 	}, nil
+}
+
+// startAllocProfile writes --allocprofile-failbus's base (the allocations
+// so far); stop writes the profile itself. The allocs profile counts from
+// the start of the process, so the step's own are the difference: pprof's
+// -base takes it. Stop reports a failure with the progress lines rather
+// than losing the round's figures.
+func (r *benchRunner) startAllocProfile() (stop func(), err error) {
+	path := r.cfg.allocProfileFailbus
+	if path == "" {
+		return func() {}, nil
+	}
+	if err := writeAllocProfile(path + ".base"); err != nil {
+		return nil, fmt.Errorf("--allocprofile-failbus: %w", err)
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			if err := writeAllocProfile(path); err != nil {
+				fmt.Fprintf(r.progress, "failbus bench: --allocprofile-failbus: %v\n", err)
+			}
+		})
+	}, nil
+}
+
+func writeAllocProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // ingestMsgs builds a round's messages before any clock starts: the

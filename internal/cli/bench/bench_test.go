@@ -26,6 +26,7 @@ var benchTiny = []string{"--n", "200", "--rounds", "2", "--k", "20", "--delay-mi
 func TestBench(t *testing.T) {
 	t.Parallel()
 	stepProfile := filepath.Join(t.TempDir(), "failbus-step.prof")
+	allocProfile := filepath.Join(t.TempDir(), "failbus-step.allocs")
 	tests := []struct {
 		name  string
 		args  []string
@@ -68,10 +69,19 @@ func TestBench(t *testing.T) {
 				t.Errorf("output lacks the failbus/raw ratios")
 			}
 		}},
-		{"one JSON object with every figure", append([]string{"--json", "--cpuprofile-failbus", stepProfile}, benchTiny...), func(t *testing.T, out string) {
-			// A profile of the failbus step: pprof's gzipped protobuf.
-			if prof, err := os.ReadFile(stepProfile); err != nil || len(prof) < 100 || prof[0] != 0x1f || prof[1] != 0x8b {
-				t.Errorf("--cpuprofile-failbus wrote %d bytes (%v), want a gzipped profile", len(prof), err)
+		{"one JSON object with every figure", append([]string{"--json", "--cpuprofile-failbus", stepProfile, "--allocprofile-failbus", allocProfile}, benchTiny...), func(t *testing.T, out string) {
+			// Profiles of the failbus step: pprof's gzipped protobuf; the
+			// allocations as two, before and after the step.
+			for _, p := range []struct{ flag, path string }{
+				{"--cpuprofile-failbus", stepProfile}, {"--allocprofile-failbus", allocProfile}, {"--allocprofile-failbus base", allocProfile + ".base"},
+			} {
+				if prof, err := os.ReadFile(p.path); err != nil || len(prof) < 100 || prof[0] != 0x1f || prof[1] != 0x8b {
+					t.Errorf("%s wrote %d bytes (%v), want a gzipped profile", p.flag, len(prof), err)
+				}
+			}
+			after, _ := os.ReadFile(allocProfile)
+			if base, _ := os.ReadFile(allocProfile + ".base"); bytes.Equal(after, base) {
+				t.Errorf("--allocprofile-failbus: the profile after the step is its base")
 			}
 			var rep benchReport
 			dec := json.NewDecoder(strings.NewReader(out))
