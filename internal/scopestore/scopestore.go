@@ -8,7 +8,6 @@
 package scopestore
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -23,6 +22,7 @@ import (
 	"github.com/failbus/failbus/internal/kvkey"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/engine"
+	"github.com/failbus/failbus/pkg/events"
 )
 
 // Store is engine.Providers on FAILBUS_SCOPE. It is safe for concurrent
@@ -103,16 +103,17 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Store, er
 func Key(provider string) string { return kvkey.Escape(provider) }
 
 // EncodeRecord is the stored form of a provider's record: msgpack
-// with snake_case keys, map keys sorted, so equal records store equal
-// bytes.
+// with snake_case keys, on a pooled encoder (one is most of an encoding's
+// allocations, and every fault-scope write encodes). SetSortMapKeys only
+// sorts maps of strings, bools and interfaces: the profile and model maps
+// are written in Go's map order, so equal records need not store equal
+// bytes (nothing compares them: compare-and-set is on revisions).
 func EncodeRecord(rec *engine.ProviderRecord) ([]byte, error) {
-	var buf bytes.Buffer
-	enc := msgpack.NewEncoder(&buf)
-	enc.SetSortMapKeys(true)
-	if err := enc.Encode(rec); err != nil {
+	data, err := events.MarshalSorted(rec)
+	if err != nil {
 		return nil, fmt.Errorf("encode fault scope of %s: %w", rec.State.Provider, err)
 	}
-	return buf.Bytes(), nil
+	return data, nil
 }
 
 // DecodeRecord reads a stored record.

@@ -137,6 +137,21 @@ func Marshal(m Message) ([]byte, error) {
 	return bytes.Clone(e.buf.Bytes()), nil
 }
 
+// MarshalSorted encodes v as msgpack with SetSortMapKeys (maps of
+// strings, bools and interfaces in key order; msgpack writes other maps in
+// Go's map order) and integers at their full width: for state kept in KV,
+// written on every change. It shares Marshal's pooled encoders.
+func MarshalSorted(v any) ([]byte, error) {
+	e := encoders.Get().(*pooledEncoder)
+	defer e.put()
+	e.enc.Reset(&e.buf)
+	e.enc.SetSortMapKeys(true)
+	if err := e.enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.Clone(e.buf.Bytes()), nil
+}
+
 // encoders keeps msgpack encoders with their buffers between Marshal
 // calls: every stored output is encoded, and a new encoder writing into a
 // buffer grown from empty was a quarter of an encoding's allocations
