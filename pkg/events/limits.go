@@ -177,7 +177,9 @@ func CheckMsgpack(data []byte, lim Limits) error {
 	if len(data) > lim.MaxBytes {
 		return &LimitError{Err: ErrTooLarge, Limit: int64(lim.MaxBytes), Got: int64(len(data))}
 	}
-	s := scanner{data: data, lim: lim, stack: make([]scanFrame, 0, min(lim.MaxDepth, 16))}
+	// failbus messages nest three deep at most (the top map, a map or
+	// list in it, its elements); deeper input grows the stack.
+	s := scanner{data: data, lim: lim, stack: make([]scanFrame, 0, min(lim.MaxDepth, 4))}
 	if err := s.run(); err != nil {
 		return err
 	}
