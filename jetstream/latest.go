@@ -21,17 +21,20 @@ import (
 var ErrBatchUnavailable = errors.New("batch read unavailable")
 
 // LatestEntries returns every live entry of kv (bucket) whose key matches
-// keyFilter (KV wildcards `*` and `>`): what kv.WatchFiltered with
-// IgnoreDeletes delivers before its end-of-snapshot nil, without the watch.
+// keyFilter (KV wildcards `*` and `>`): the keys, values and revisions
+// kv.WatchFiltered with IgnoreDeletes delivers before its end-of-snapshot
+// nil, without the watch. (Of the entries' other fields, Delta is 0 and
+// Created is in UTC; no caller reads them.)
 //
 // A watch creates an ephemeral consumer and deletes it again — server-side
 // work, two advisories and, on a cluster, a proposal to the meta leader
 // each time — for what is usually a handful of keys. LatestEntries asks
 // for the last message of every matching subject in one direct batch
-// request (JetStream's `multi_last`, served by any replica of the stream
-// and isolated from concurrent writes like the watch's snapshot), and falls
-// back to the watch only when the batch read is unavailable
-// (ErrBatchUnavailable). Deleted, purged and expired keys are left out.
+// request (JetStream's `multi_last`, which the server answers from one
+// consistent view of the stream; like any direct get, possibly a
+// follower's, which may lag the leader as kv.Get's may), and falls back to
+// the watch only when the batch read is unavailable (ErrBatchUnavailable).
+// Deleted, purged and expired keys are left out.
 func LatestEntries(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, keyFilter string) ([]jetstream.KeyValueEntry, error) {
 	out, err := latestBatch(ctx, js, kv.Bucket(), keyFilter)
 	if !errors.Is(err, ErrBatchUnavailable) {
@@ -90,7 +93,9 @@ func multiLast(ctx context.Context, js jetstream.JetStream, stream string, filte
 		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
 	}
-	inbox := nc.NewRespInbox()
+	// An inbox of its own: under the connection's request mux
+	// (NewRespInbox) every answer would be delivered twice.
+	inbox := nc.NewInbox()
 	// Room for every answer the server may send, the end-of-batch
 	// included, so none is dropped (a SubscribeSync allocates a channel of
 	// 64k per request: most of this read's cost, measured).
@@ -103,7 +108,7 @@ func multiLast(ctx context.Context, js jetstream.JetStream, stream string, filte
 	if err := nc.PublishMsg(&nats.Msg{Subject: apiPrefix(js.Options()) + "DIRECT.GET." + stream, Reply: inbox, Data: req}); err != nil {
 		return err
 	}
-	for {
+	for answers := 0; ; answers++ {
 		var m *nats.Msg
 		select {
 		case m = <-ch:
@@ -117,8 +122,12 @@ func multiLast(ctx context.Context, js jetstream.JetStream, stream string, filte
 					return fmt.Errorf("%w: cut short with %s pending", ErrBatchUnavailable, np)
 				}
 				return nil
-			case "404": // no subject matches
-				return nil
+			case "404":
+				if answers == 0 { // no subject matches
+					return nil
+				}
+				// A message that failed to load after others were sent.
+				return fmt.Errorf("%w: 404 %s after %d answers", ErrBatchUnavailable, m.Header.Get("Description"), answers)
 			default: // 413 too many results, 503 no responders (no direct gets), …
 				return fmt.Errorf("%w: %s %s", ErrBatchUnavailable, m.Header.Get("Status"), m.Header.Get("Description"))
 			}

@@ -108,6 +108,18 @@ func TestLatestEntries(t *testing.T) {
 		t.Errorf("s1.1.p1: %v, want its latest value a3", rows)
 	}
 
+	// Each answer reaches the client once: s1.> is five subjects (two of
+	// them a delete and a purge marker) and the end of the batch. (An
+	// inbox under the connection's request mux, which the bucket's
+	// creation started, would get every answer twice.)
+	in := b.nc.Stats().InMsgs
+	if _, err := topology.LatestEntries(b.ctx, b.js, kv, "s1.>"); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.nc.Stats().InMsgs - in; got != 6 {
+		t.Errorf("%d messages received for 5 subjects' answers and the end of the batch, want 6", got)
+	}
+
 	// The point of it: no consumer was created. A watch's consumer is
 	// gone again once it stops, so count the JetStream API requests: a
 	// watch makes at least two (create, delete), a direct get none.
@@ -122,8 +134,9 @@ func TestLatestEntries(t *testing.T) {
 	}
 }
 
-// TestLatestEntriesBeyondOneBatch: more matching keys than one batch answer
-// may carry (the server's 1024) are still all read — by a watch.
+// TestLatestEntriesBeyondOneBatch: as many keys as one batch answer may
+// carry (the server's 1024) are read in one batch; more are still all
+// read — by a watch.
 func TestLatestEntriesBeyondOneBatch(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -131,18 +144,64 @@ func TestLatestEntriesBeyondOneBatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const n = 1100
-	for i := range n {
-		if _, err := kv.Put(b.ctx, fmt.Sprintf("k.%04d", i), []byte{byte(i)}); err != nil {
-			t.Fatal(err)
+	put := func(from, to int) {
+		for i := from; i < to; i++ {
+			if _, err := kv.Put(b.ctx, fmt.Sprintf("k.%04d", i), []byte{byte(i)}); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
-	got, err := topology.LatestEntries(b.ctx, b.js, kv, "k.*")
+	for _, tt := range []struct {
+		n       int
+		watches bool
+	}{{1024, false}, {1100, true}} {
+		put(0, tt.n)
+		before := must(b.js.AccountInfo(b.ctx)).API.Total
+		got, err := topology.LatestEntries(b.ctx, b.js, kv, "k.*")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rows, want := rowsOf(got), watchRows(t, b, kv, "k.*"); len(rows) != tt.n || !slices.Equal(rows, want) {
+			t.Errorf("%d keys: %d entries, want %d as the watch reads them", tt.n, len(rows), tt.n)
+		}
+		// The watch of watchRows and the account info: 3 requests or
+		// more; LatestEntries' own watch adds as many again.
+		api := must(b.js.AccountInfo(b.ctx)).API.Total - before
+		if watched := api > 4; watched != tt.watches {
+			t.Errorf("%d keys: %d JetStream API requests; want LatestEntries to watch: %v", tt.n, api, tt.watches)
+		}
+	}
+}
+
+// TestLatestEntriesWithoutDirectGets: a bucket whose stream does not
+// answer direct gets is read by the watch.
+func TestLatestEntriesWithoutDirectGets(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	kv, err := b.js.CreateKeyValue(b.ctx, jetstream.KeyValueConfig{Bucket: "NODIRECT"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rows, want := rowsOf(got), watchRows(t, b, kv, "k.*"); len(rows) != n || !slices.Equal(rows, want) {
-		t.Errorf("%d entries, want %d as the watch reads them", len(rows), n)
+	st, err := b.js.Stream(b.ctx, "KV_NODIRECT")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := st.CachedInfo().Config
+	cfg.AllowDirect = false
+	if _, err := b.js.UpdateStream(b.ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"a.1", "a.2", "b.1"} {
+		if _, err := kv.Put(b.ctx, k, []byte(k)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := topology.LatestEntries(b.ctx, b.js, kv, "a.*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rows, want := rowsOf(got), watchRows(t, b, kv, "a.*"); len(rows) != 2 || !slices.Equal(rows, want) {
+		t.Errorf("%v, want %v", rows, want)
 	}
 }
 

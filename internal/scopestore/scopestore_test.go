@@ -218,6 +218,11 @@ func TestEncodeRecordOnPooledEncoders(t *testing.T) {
 	}
 	kept := bytes.Clone(first)
 	for _, keys := range [][]string{{"b"}, {"a", "b", "c", "d", "e", "f"}, {"zz"}} {
+		// Marshal, on the same pool, sets compact integers: its setting
+		// must not reach a record (Seq 7 is one byte compact, nine not).
+		if _, err := events.Marshal(&events.Decision{OutcomeID: "o", Agent: "a", Action: events.ActionGiveUp, Retry: 300}); err != nil {
+			t.Fatal(err)
+		}
 		want := rec(keys...)
 		got, err := scopestore.EncodeRecord(want)
 		if err != nil {

@@ -665,11 +665,11 @@ func (r *benchRunner) round(ctx context.Context, round int) (benchRound, error) 
 		return out, err
 	}
 	settled := time.Since(t0)
-	stopProfile()
 	if cpu1, ok := cpuTime(); ok {
 		out.FailbusCPUUS = float64((cpu1-cpu0)/time.Microsecond) / n
 	}
 	out.FailbusAllocs, out.FailbusAllocBytes = am.per(n)
+	stopProfile() // after the figures: writing a profile costs CPU and allocations
 	if v1, err := r.b.Srv.NATS().Varz(nil); err == nil && v0 != nil {
 		out.ServerIn, out.ServerOut = float64(v1.InMsgs-v0.InMsgs)/n, float64(v1.OutMsgs-v0.OutMsgs)/n
 	}
@@ -748,7 +748,10 @@ func (r *benchRunner) startAllocProfile() (stop func(), err error) {
 	}, nil
 }
 
+// writeAllocProfile writes the allocs profile as of a collection now (the
+// profile is only as recent as the last one).
 func writeAllocProfile(path string) error {
+	runtime.GC()
 	f, err := os.Create(path)
 	if err != nil {
 		return err
@@ -1484,11 +1487,11 @@ func printBench(w io.Writer, rep *benchReport) {
 	printGoals(w, rep.Goals)
 }
 
-// benchTable is a plain-text table: column i is left-aligned when align[i]
-// is 'l', right-aligned otherwise.
 // kib formats a byte count per outcome.
 func kib(b float64) string { return fmt.Sprintf("%.1f KiB", b/1024) }
 
+// benchTable is a plain-text table: column i is left-aligned when align[i]
+// is 'l', right-aligned otherwise.
 type benchTable struct {
 	align string
 	rows  [][]string

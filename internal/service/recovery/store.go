@@ -258,7 +258,7 @@ func (s *Store) PutHeartbeat(ctx context.Context, h events.Heartbeat) error {
 }
 
 // LatestHeartbeats implements recovery.Heartbeats: a snapshot of the bucket
-// (a watch that delivers every current value, then stops).
+// (every current value, topology.LatestEntries).
 func (s *Store) LatestHeartbeats(ctx context.Context) ([]events.Heartbeat, error) {
 	var out []events.Heartbeat
 	err := s.snapshot(ctx, s.heartbeats, hbPrefix+">", func(v []byte) {
