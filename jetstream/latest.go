@@ -163,9 +163,17 @@ func latestBatch(ctx context.Context, js jetstream.JetStream, bucket, keyFilter 
 // matching subjects are answered 413 Too Many Results.
 const maxBatchAnswers = 1024
 
-// rawMsg reads one answer of a batch read as a stream message.
-func rawMsg(m *nats.Msg) (*jetstream.RawStreamMsg, error) {
+// batchEntry reads one answer of a batch read of bucket: nil for a
+// deleted, purged or expired key.
+func batchEntry(bucket, pre string, m *nats.Msg) (jetstream.KeyValueEntry, error) {
+	if m.Header.Get("KV-Operation") != "" || m.Header.Get(jetstream.MarkerReasonHeader) != "" {
+		return nil, nil
+	}
 	subj := m.Header.Get(jetstream.SubjectHeader)
+	key, ok := strings.CutPrefix(subj, pre)
+	if !ok {
+		return nil, fmt.Errorf("answer for subject %q outside the bucket", subj)
+	}
 	seq, err := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
 	if err != nil {
 		return nil, fmt.Errorf("answer for %s: sequence: %w", subj, err)
@@ -174,24 +182,7 @@ func rawMsg(m *nats.Msg) (*jetstream.RawStreamMsg, error) {
 	if err != nil {
 		return nil, fmt.Errorf("answer for %s: time stamp: %w", subj, err)
 	}
-	return &jetstream.RawStreamMsg{Subject: subj, Sequence: seq, Header: m.Header, Data: m.Data, Time: at}, nil
-}
-
-// batchEntry reads one answer of a batch read of bucket: nil for a
-// deleted, purged or expired key.
-func batchEntry(bucket, pre string, m *nats.Msg) (jetstream.KeyValueEntry, error) {
-	if m.Header.Get("KV-Operation") != "" || m.Header.Get(jetstream.MarkerReasonHeader) != "" {
-		return nil, nil
-	}
-	r, err := rawMsg(m)
-	if err != nil {
-		return nil, err
-	}
-	key, ok := strings.CutPrefix(r.Subject, pre)
-	if !ok {
-		return nil, fmt.Errorf("answer for subject %q outside the bucket", r.Subject)
-	}
-	return &latestEntry{bucket: bucket, key: key, value: r.Data, rev: r.Sequence, at: r.Time}, nil
+	return &latestEntry{bucket: bucket, key: key, value: m.Data, rev: seq, at: at}, nil
 }
 
 // apiPrefix is the JetStream API prefix js sends requests under.

@@ -52,10 +52,7 @@ func watchRows(t *testing.T, b *bundle, kv jetstream.KeyValue, filter string) []
 func TestLatestEntries(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	kv, err := b.js.CreateKeyValue(b.ctx, jetstream.KeyValueConfig{Bucket: "LATEST"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	kv := newBucket(t, b, "LATEST")
 	for _, kvp := range [][2]string{
 		{"s1.1.p1", "a"}, {"s1.1.p2", "b"}, {"s1.1.p1", "a2"}, {"s1.2.p1", "c"},
 		{"s1.1.p3", "d"}, {"s2.1.p1", "e"}, {"s1.2.p2", "f"}, {"s1.1.p1", "a3"},
@@ -140,10 +137,7 @@ func TestLatestEntries(t *testing.T) {
 func TestLatestEntriesBeyondOneBatch(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	kv, err := b.js.CreateKeyValue(b.ctx, jetstream.KeyValueConfig{Bucket: "MANY"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	kv := newBucket(t, b, "MANY")
 	put := func(from, to int) {
 		for i := from; i < to; i++ {
 			if _, err := kv.Put(b.ctx, fmt.Sprintf("k.%04d", i), []byte{byte(i)}); err != nil {
@@ -178,10 +172,7 @@ func TestLatestEntriesBeyondOneBatch(t *testing.T) {
 func TestLatestEntriesWithoutDirectGets(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	kv, err := b.js.CreateKeyValue(b.ctx, jetstream.KeyValueConfig{Bucket: "NODIRECT"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	kv := newBucket(t, b, "NODIRECT")
 	st, err := b.js.Stream(b.ctx, "KV_NODIRECT")
 	if err != nil {
 		t.Fatal(err)
@@ -203,6 +194,16 @@ func TestLatestEntriesWithoutDirectGets(t *testing.T) {
 	if rows, want := rowsOf(got), watchRows(t, b, kv, "a.*"); len(rows) != 2 || !slices.Equal(rows, want) {
 		t.Errorf("%v, want %v", rows, want)
 	}
+}
+
+// newBucket creates a KV bucket with nats.go's defaults (direct gets on).
+func newBucket(t *testing.T, b *bundle, name string) jetstream.KeyValue {
+	t.Helper()
+	kv, err := b.js.CreateKeyValue(b.ctx, jetstream.KeyValueConfig{Bucket: name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kv
 }
 
 func must[T any](v T, err error) T {

@@ -124,17 +124,11 @@ func ParseSchemaHeader(v string) (name string, version int, err error) {
 // Marshal encodes m as msgpack. Most callers want Encode, which also builds
 // the headers.
 func Marshal(m Message) ([]byte, error) {
-	e := encoders.Get().(*pooledEncoder)
-	defer e.put()
-	// Each call starts from a fresh encoder's state: a type of another
-	// package may intern strings (the dictionary would outlive its call)
-	// or change settings in its own EncodeMsgpack.
-	e.enc.Reset(&e.buf)
-	e.enc.UseCompactInts(true)
-	if err := e.enc.Encode(m); err != nil {
+	data, err := marshalPooled(m, func(enc *msgpack.Encoder) { enc.UseCompactInts(true) })
+	if err != nil {
 		return nil, fmt.Errorf("encode %s: %w", m.SchemaName(), err)
 	}
-	return bytes.Clone(e.buf.Bytes()), nil
+	return data, nil
 }
 
 // MarshalSorted encodes v as msgpack with SetSortMapKeys (maps of
@@ -142,10 +136,19 @@ func Marshal(m Message) ([]byte, error) {
 // Go's map order) and integers at their full width: for state kept in KV,
 // written on every change. It shares Marshal's pooled encoders.
 func MarshalSorted(v any) ([]byte, error) {
+	return marshalPooled(v, func(enc *msgpack.Encoder) { enc.SetSortMapKeys(true) })
+}
+
+// marshalPooled encodes v on a pooled encoder set up by configure and
+// returns a copy of the bytes. Each call starts from a fresh encoder's
+// state (Reset clears every setting): a type of another package may intern
+// strings (the dictionary would outlive its call) or change settings in
+// its own EncodeMsgpack.
+func marshalPooled(v any, configure func(*msgpack.Encoder)) ([]byte, error) {
 	e := encoders.Get().(*pooledEncoder)
 	defer e.put()
 	e.enc.Reset(&e.buf)
-	e.enc.SetSortMapKeys(true)
+	configure(e.enc)
 	if err := e.enc.Encode(v); err != nil {
 		return nil, err
 	}

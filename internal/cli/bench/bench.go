@@ -74,6 +74,11 @@ const (
 	benchStallWait = time.Minute
 )
 
+// benchStall is the option every bench publish waits for a slot with,
+// made once like the services' (an option is a closure: the bench's
+// publisher runs inside the measured spans).
+var benchStall = jetstream.WithStallWait(benchStallWait)
+
 // Names the bench uses: scratch streams for the raw baselines, and the
 // agents and provider of its own outcomes (a provider no corpus row names,
 // so the ingest rounds' fault scope cannot hold the retries back).
@@ -599,8 +604,7 @@ func (r *benchRunner) round(ctx context.Context, round int) (benchRound, error) 
 	}
 	first := rawSt.CachedInfo().State.LastSeq + 1
 	rv0, _ := r.b.Srv.NATS().Varz(nil)
-	cpu0, _ := cpuTime()
-	am := startAllocs()
+	rawMeter := startMeter()
 	t0 := time.Now()
 	if err := r.publishAll(ctx, raw); err != nil {
 		return out, fmt.Errorf("raw publish: %w", err)
@@ -610,10 +614,8 @@ func (r *benchRunner) round(ctx context.Context, round int) (benchRound, error) 
 	if err != nil {
 		return out, fmt.Errorf("raw consume: %w", err)
 	}
-	if cpu1, ok := cpuTime(); ok {
-		out.RawCPUUS = float64((cpu1-cpu0)/time.Microsecond) / n
-	}
-	out.RawAllocs, out.RawAllocBytes = am.per(n)
+	rawUse := rawMeter.since()
+	out.RawCPUUS, out.RawAllocs, out.RawAllocBytes = rawUse.cpuUSPer(n), rawUse.allocs/n, rawUse.allocBytes/n
 	if rv1, err := r.b.Srv.NATS().Varz(nil); err == nil && rv0 != nil {
 		out.RawServerIn, out.RawServerOut = float64(rv1.InMsgs-rv0.InMsgs)/n, float64(rv1.OutMsgs-rv0.OutMsgs)/n
 	}
@@ -628,7 +630,7 @@ func (r *benchRunner) round(ctx context.Context, round int) (benchRound, error) 
 	if err != nil {
 		return out, fmt.Errorf("plumbing: %w", err)
 	}
-	out.Plumbing, out.PlumbingCPUUS = n/plumb.Seconds(), float64(use.cpu/time.Microsecond)/n
+	out.Plumbing, out.PlumbingCPUUS = n/plumb.Seconds(), use.cpuUSPer(n)
 	out.PlumbingAllocs, out.PlumbingAllocBytes = use.allocs/n, use.allocBytes/n
 
 	// 2. failbus ingest.
@@ -647,8 +649,7 @@ func (r *benchRunner) round(ctx context.Context, round int) (benchRound, error) 
 		return out, err
 	}
 	defer stopProfile()
-	cpu0, _ = cpuTime()
-	am = startAllocs()
+	stepMeter := startMeter()
 	t0 = time.Now()
 	if err := r.publishAll(ctx, ingest); err != nil {
 		return out, fmt.Errorf("ingest publish: %w", err)
@@ -665,10 +666,8 @@ func (r *benchRunner) round(ctx context.Context, round int) (benchRound, error) 
 		return out, err
 	}
 	settled := time.Since(t0)
-	if cpu1, ok := cpuTime(); ok {
-		out.FailbusCPUUS = float64((cpu1-cpu0)/time.Microsecond) / n
-	}
-	out.FailbusAllocs, out.FailbusAllocBytes = am.per(n)
+	stepUse := stepMeter.since()
+	out.FailbusCPUUS, out.FailbusAllocs, out.FailbusAllocBytes = stepUse.cpuUSPer(n), stepUse.allocs/n, stepUse.allocBytes/n
 	stopProfile() // after the figures: writing a profile costs CPU and allocations
 	if v1, err := r.b.Srv.NATS().Varz(nil); err == nil && v0 != nil {
 		out.ServerIn, out.ServerOut = float64(v1.InMsgs-v0.InMsgs)/n, float64(v1.OutMsgs-v0.OutMsgs)/n
@@ -798,7 +797,7 @@ func (r *benchRunner) ingestMsgs(round int) (raw, ingest []*nats.Msg, err error)
 func (r *benchRunner) publishAll(ctx context.Context, msgs []*nats.Msg) error {
 	futures := make([]jetstream.PubAckFuture, 0, len(msgs))
 	for _, m := range msgs {
-		f, err := r.js.PublishMsgAsync(m, jetstream.WithStallWait(benchStallWait))
+		f, err := r.js.PublishMsgAsync(m, benchStall)
 		if err != nil {
 			return fmt.Errorf("publish to %s: %w", m.Subject, err)
 		}

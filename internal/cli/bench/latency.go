@@ -123,7 +123,7 @@ func (r *benchRunner) pace(ctx context.Context, msgs []*nats.Msg, rate int, sent
 			return 0, ctx.Err()
 		}
 		sent(i, time.Now())
-		if _, err := r.js.PublishMsgAsync(m, jetstream.WithStallWait(benchStallWait)); err != nil {
+		if _, err := r.js.PublishMsgAsync(m, benchStall); err != nil {
 			return 0, fmt.Errorf("publish to %s: %w", m.Subject, err)
 		}
 	}
@@ -208,7 +208,7 @@ func (r *benchRunner) rawRelayLatency(ctx context.Context, rate, n int) ([]time.
 		id := m.Headers().Get(events.HeaderMsgID)
 		h := nats.Header{}
 		h.Set(events.HeaderMsgID, id)
-		f, err := r.js.PublishMsgAsync(&nats.Msg{Subject: benchRelayPrefix + "." + tag + ".x", Header: h, Data: m.Data()}, jetstream.WithStallWait(benchStallWait))
+		f, err := r.js.PublishMsgAsync(&nats.Msg{Subject: benchRelayPrefix + "." + tag + ".x", Header: h, Data: m.Data()}, benchStall)
 		if err != nil {
 			return
 		}

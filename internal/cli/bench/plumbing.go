@@ -41,13 +41,6 @@ import (
 // services and their KV state), and the gap between it and raw/3 is what
 // the plumbing costs.
 
-// plumbUse is what a plumbing run cost the whole process: CPU time (zero
-// where cpuTime reports none) and heap allocations, objects and bytes.
-type plumbUse struct {
-	cpu                time.Duration
-	allocs, allocBytes float64
-}
-
 // Scratch streams of the plumbing, configured like the failbus streams
 // they stand for; the ledger and schedules go to benchSchedStream.
 const (
@@ -116,7 +109,7 @@ var benchPlumbStages = []benchPlumbStage{
 // their own) to the raw scratch stream and returns the time until a
 // decision of each is stored and the three stages have acknowledged
 // everything, and what the process spent meanwhile.
-func (r *benchRunner) plumbing(ctx context.Context, msgs []*nats.Msg) (elapsed time.Duration, use plumbUse, err error) {
+func (r *benchRunner) plumbing(ctx context.Context, msgs []*nats.Msg) (elapsed time.Duration, use usage, err error) {
 	rctx, stop := context.WithCancel(ctx)
 	finished := make(chan struct{}) // closed once every runner has returned
 	var (
@@ -196,8 +189,7 @@ func (r *benchRunner) plumbing(ctx context.Context, msgs []*nats.Msg) (elapsed t
 	if err != nil {
 		return 0, use, err
 	}
-	cpu0, _ := cpuTime()
-	am := startAllocs()
+	m := startMeter()
 	t0 := time.Now()
 	if err := r.publishAll(ctx, msgs); err != nil {
 		return 0, use, fmt.Errorf("plumbing publish: %w", err)
@@ -224,11 +216,7 @@ func (r *benchRunner) plumbing(ctx context.Context, msgs []*nats.Msg) (elapsed t
 		return 0, use, err
 	}
 	elapsed = time.Since(t0)
-	if cpu1, ok := cpuTime(); ok {
-		use.cpu = cpu1 - cpu0
-	}
-	use.allocs, use.allocBytes = am.per(1)
-	return elapsed, use, nil
+	return elapsed, m.since(), nil
 }
 
 // plumbRetry stores a retry the way the scheduler does, without deciding
@@ -253,7 +241,7 @@ func plumbRetry(ctx context.Context, js jetstream.JetStream, id string, d *event
 	}
 	var fs []jetstream.PubAckFuture
 	for _, m := range []*nats.Msg{sched, dec} {
-		f, err := js.PublishMsgAsync(m, jetstream.WithStallWait(benchStallWait))
+		f, err := js.PublishMsgAsync(m, benchStall)
 		if err != nil {
 			return fmt.Errorf("plumbing publish %s: %w", m.Subject, err)
 		}

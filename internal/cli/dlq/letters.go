@@ -351,33 +351,23 @@ func getMark(ctx context.Context, js jetstream.JetStream, key string) (*Mark, ui
 	return &mk, e.Revision(), nil
 }
 
-// readMarks reads every mark, keyed by KV key.
+// readMarks reads every mark, keyed by KV key (one batch read,
+// topology.LatestEntries).
 func readMarks(ctx context.Context, js jetstream.JetStream) (map[string]Mark, error) {
 	kv, err := marksBucket(ctx, js)
 	if err != nil {
 		return nil, err
 	}
-	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	es, err := topology.LatestEntries(ctx, js, kv, ">")
 	if err != nil {
 		return nil, fmt.Errorf("read the requeue marks: %w", err)
 	}
-	defer func() { _ = w.Stop() }()
-	out := map[string]Mark{}
-	for {
-		select {
-		case e, ok := <-w.Updates():
-			if !ok {
-				return out, fmt.Errorf("read the requeue marks: the watch ended")
-			}
-			if e == nil {
-				return out, nil // every current value seen
-			}
-			var mk Mark
-			if json.Unmarshal(e.Value(), &mk) == nil {
-				out[e.Key()] = mk
-			}
-		case <-ctx.Done():
-			return out, ctx.Err()
+	out := make(map[string]Mark, len(es))
+	for _, e := range es {
+		var mk Mark
+		if json.Unmarshal(e.Value(), &mk) == nil {
+			out[e.Key()] = mk
 		}
 	}
+	return out, nil
 }
