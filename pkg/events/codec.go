@@ -301,14 +301,38 @@ func UnmarshalLimits(data []byte, m Message, lim Limits) error {
 	if err := CheckMsgpack(data, lim); err != nil {
 		return err
 	}
-	dec := msgpack.NewDecoder(bytes.NewReader(data))
-	if err := dec.Decode(m); err != nil {
+	d := decoders.Get().(*pooledDecoder)
+	defer d.put()
+	d.r.Reset(data)
+	d.dec.Reset(&d.r)
+	if err := d.dec.Decode(m); err != nil {
 		if f := msgpackField(data, m); f != "" {
 			return &FieldError{Field: f, Problem: cleanErr(err), Err: causeOf(err)}
 		}
 		return fmt.Errorf("%w: decode %s: %s", ErrNotFailbus, m.SchemaName(), cleanErr(err))
 	}
 	return nil
+}
+
+// decoders keeps msgpack decoders with their readers between Unmarshal
+// calls, as encoders does for Marshal: every message a service reads is
+// decoded once.
+var decoders = sync.Pool{New: func() any {
+	d := &pooledDecoder{}
+	d.dec = msgpack.NewDecoder(&d.r)
+	return d
+}}
+
+type pooledDecoder struct {
+	r   bytes.Reader
+	dec *msgpack.Decoder
+}
+
+// put drops the payload (the pool must not keep it alive) and returns d.
+func (d *pooledDecoder) put() {
+	d.r.Reset(nil)
+	d.dec.Reset(&d.r)
+	decoders.Put(d)
 }
 
 // msgpackField finds which key of a msgpack map fails to decode into m's type,

@@ -1,0 +1,368 @@
+package events
+
+import (
+	"fmt"
+	"io"
+	"reflect"
+	"sync"
+
+	"github.com/vmihailenco/msgpack/v5"
+	"github.com/vmihailenco/msgpack/v5/msgpcode"
+)
+
+// The three types every outcome crosses the bus as (Outcome, then
+// Classification, then Decision) encode and decode through field tables
+// instead of msgpack's reflection: reflection was most of their codec cost
+// (boxing each field to test omitempty, a reflect.Value per field), and
+// each outcome is encoded and decoded several times on its way through the
+// services (issue 11, `failbus bench --cpuprofile-failbus`).
+//
+// The tables write the bytes msgpack's reflection writes for the same
+// struct tags (same keys in field order, same omitempty, same integer
+// widths) and read what it reads (any key order, unknown keys skipped,
+// nil for a whole struct, the array form). TestWireCodecMatchesReflection
+// and FuzzWireDecode hold them to that against mirror types without these
+// methods, and fail when a field is added to a type but not to its table.
+
+// wireField is one struct field: its msgpack key, whether an omitempty
+// field is empty (nil: never omitted), and how it is written and read.
+type wireField[T any] struct {
+	name  string
+	empty func(*T) bool
+	enc   func(*msgpack.Encoder, *T) error
+	dec   func(*msgpack.Decoder, *T) error
+}
+
+// wireStruct is a type's table, in field order.
+type wireStruct[T any] struct {
+	fields []wireField[T]
+	index  map[string]int
+}
+
+func newWireStruct[T any](fields ...wireField[T]) *wireStruct[T] {
+	s := &wireStruct[T]{fields: fields, index: make(map[string]int, len(fields))}
+	for i, f := range fields {
+		s.index[f.name] = i
+	}
+	return s
+}
+
+// encode writes v as a map of its non-empty fields.
+func (s *wireStruct[T]) encode(enc *msgpack.Encoder, v *T) error {
+	if v == nil {
+		return enc.EncodeNil()
+	}
+	n := 0
+	for i := range s.fields {
+		if f := &s.fields[i]; f.empty == nil || !f.empty(v) {
+			n++
+		}
+	}
+	if err := enc.EncodeMapLen(n); err != nil {
+		return err
+	}
+	for i := range s.fields {
+		f := &s.fields[i]
+		if f.empty != nil && f.empty(v) {
+			continue
+		}
+		if err := enc.EncodeString(f.name); err != nil {
+			return err
+		}
+		if err := f.enc(enc, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// maxWireKey is the longest key of any table; a longer key is unknown.
+const maxWireKey = 32
+
+// keys holds the buffers keys are read into: one on the stack escapes
+// (Decoder.ReadFull reads through an interface), an allocation per struct.
+var keys = sync.Pool{New: func() any { return new([maxWireKey]byte) }}
+
+// decode reads a map (or nil, or the array form) into v, as msgpack's
+// decodeStructValue does.
+func (s *wireStruct[T]) decode(dec *msgpack.Decoder, v *T) error {
+	c, err := dec.PeekCode()
+	if err != nil {
+		return err
+	}
+	switch {
+	case c == msgpcode.Nil || msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32:
+		n, err := dec.DecodeMapLen()
+		if err != nil {
+			return err
+		}
+		if n == -1 {
+			*v = *new(T)
+			return nil
+		}
+		key := keys.Get().(*[maxWireKey]byte)
+		defer keys.Put(key)
+		for range n {
+			kn, err := dec.DecodeBytesLen()
+			if err != nil {
+				return err
+			}
+			var name []byte
+			if kn > 0 {
+				if kn > len(key) {
+					if err := discard(dec, kn); err != nil {
+						return err
+					}
+					if err := dec.Skip(); err != nil { // an unknown key's value
+						return err
+					}
+					continue
+				}
+				name = key[:kn]
+				if err := dec.ReadFull(name); err != nil {
+					return err
+				}
+			}
+			i, ok := s.index[string(name)]
+			if !ok {
+				if err := dec.Skip(); err != nil {
+					return err
+				}
+				continue
+			}
+			if err := s.fields[i].dec(dec, v); err != nil {
+				return err
+			}
+		}
+		return nil
+	case msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32:
+		n, err := dec.DecodeArrayLen()
+		if err != nil {
+			return err
+		}
+		if n <= 0 {
+			*v = *new(T)
+			return nil
+		}
+		if n != len(s.fields) {
+			return errArrayStruct
+		}
+		for i := range s.fields {
+			if err := s.fields[i].dec(dec, v); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return fmt.Errorf("msgpack: invalid code=%x decoding map length", c)
+}
+
+// errArrayStruct is msgpack's error for an array form of the wrong length.
+var errArrayStruct = fmt.Errorf("msgpack: number of fields in array-encoded struct has changed")
+
+// discard reads n bytes of a key too long to be a field's.
+func discard(dec *msgpack.Decoder, n int) error {
+	var buf [256]byte
+	for n > 0 {
+		k := min(n, len(buf))
+		if err := dec.ReadFull(buf[:k]); err != nil {
+			if err == io.EOF {
+				return io.ErrUnexpectedEOF
+			}
+			return err
+		}
+		n -= k
+	}
+	return nil
+}
+
+// Field kinds. Each reads and writes as msgpack's reflection does for
+// that Go kind: strings with EncodeString/DecodeString, int with EncodeInt
+// (always compact), int64 through EncodeValue (compact only when the
+// encoder is set to compact ints), bools, Time with its own methods, and
+// anything else (maps, slices, pointers to structs) through reflection,
+// which is rare on the hot path.
+
+func wireString[T any](name string, omitEmpty bool, p func(*T) *string) wireField[T] {
+	f := wireField[T]{
+		name: name,
+		enc:  func(enc *msgpack.Encoder, v *T) error { return enc.EncodeString(*p(v)) },
+		dec: func(dec *msgpack.Decoder, v *T) error {
+			s, err := dec.DecodeString()
+			if err != nil {
+				return err
+			}
+			*p(v) = s
+			return nil
+		},
+	}
+	if omitEmpty {
+		f.empty = func(v *T) bool { return *p(v) == "" }
+	}
+	return f
+}
+
+func wireInt[T any](name string, omitEmpty bool, p func(*T) *int) wireField[T] {
+	f := wireField[T]{
+		name: name,
+		enc:  func(enc *msgpack.Encoder, v *T) error { return enc.EncodeInt(int64(*p(v))) },
+		dec: func(dec *msgpack.Decoder, v *T) error {
+			n, err := dec.DecodeInt64()
+			if err != nil {
+				return err
+			}
+			*p(v) = int(n)
+			return nil
+		},
+	}
+	if omitEmpty {
+		f.empty = func(v *T) bool { return *p(v) == 0 }
+	}
+	return f
+}
+
+func wireBool[T any](name string, omitEmpty bool, p func(*T) *bool) wireField[T] {
+	f := wireField[T]{
+		name: name,
+		enc:  func(enc *msgpack.Encoder, v *T) error { return enc.EncodeBool(*p(v)) },
+		dec: func(dec *msgpack.Decoder, v *T) error {
+			b, err := dec.DecodeBool()
+			if err != nil {
+				return err
+			}
+			*p(v) = b
+			return nil
+		},
+	}
+	if omitEmpty {
+		f.empty = func(v *T) bool { return !*p(v) }
+	}
+	return f
+}
+
+func wireTime[T any](name string, omitEmpty bool, p func(*T) *Time) wireField[T] {
+	f := wireField[T]{
+		name: name,
+		enc:  func(enc *msgpack.Encoder, v *T) error { return p(v).EncodeMsgpack(enc) },
+		dec:  func(dec *msgpack.Decoder, v *T) error { return p(v).DecodeMsgpack(dec) },
+	}
+	if omitEmpty {
+		f.empty = func(v *T) bool { return p(v).IsZero() }
+	}
+	return f
+}
+
+// wireReflect is a field msgpack's reflection writes and reads, through
+// the same per-type function a struct field of its type goes through: p
+// returns a pointer to it, empty whether omitempty leaves it out.
+func wireReflect[T any, F any](name string, empty func(*T) bool, p func(*T) *F) wireField[T] {
+	return wireField[T]{
+		name:  name,
+		empty: empty,
+		enc:   func(enc *msgpack.Encoder, v *T) error { return enc.EncodeValue(reflect.ValueOf(p(v)).Elem()) },
+		dec:   func(dec *msgpack.Decoder, v *T) error { return dec.DecodeValue(reflect.ValueOf(p(v)).Elem()) },
+	}
+}
+
+// wireInt64 goes through EncodeValue so that it is compact exactly when
+// the encoder is (msgpack writes a full-width int64 otherwise).
+func wireInt64[T any](name string, omitEmpty bool, p func(*T) *int64) wireField[T] {
+	f := wireReflect(name, nil, p)
+	if omitEmpty {
+		f.empty = func(v *T) bool { return *p(v) == 0 }
+	}
+	return f
+}
+
+var outcomeWire = newWireStruct(
+	wireString("id", false, func(o *Outcome) *string { return &o.ID }),
+	wireTime("at", false, func(o *Outcome) *Time { return &o.At }),
+	wireString("agent", false, func(o *Outcome) *string { return &o.Agent }),
+	wireString("session", true, func(o *Outcome) *string { return &o.Session }),
+	wireInt("segment", true, func(o *Outcome) *int { return &o.Segment }),
+	wireInt("turn", true, func(o *Outcome) *int { return &o.Turn }),
+	wireInt("step", true, func(o *Outcome) *int { return &o.Step }),
+	wireString("provider", false, func(o *Outcome) *string { return &o.Provider }),
+	wireString("model", true, func(o *Outcome) *string { return &o.Model }),
+	wireString("profile", true, func(o *Outcome) *string { return &o.Profile }),
+	wireBool("ok", false, func(o *Outcome) *bool { return &o.OK }),
+	wireInt("status", true, func(o *Outcome) *int { return &o.Status }),
+	wireString("body", true, func(o *Outcome) *string { return &o.Body }),
+	wireReflect("headers", func(o *Outcome) bool { return len(o.Headers) == 0 }, func(o *Outcome) *map[string]string { return &o.Headers }),
+	wireString("transport_error", true, func(o *Outcome) *string { return &o.TransportError }),
+	wireString("upstream_code", true, func(o *Outcome) *string { return &o.UpstreamCode }),
+	wireString("stop_reason", true, func(o *Outcome) *string { return &o.StopReason }),
+	wireString("refusal_scope", true, func(o *Outcome) *string { return &o.RefusalScope }),
+	wireInt("request_tokens", true, func(o *Outcome) *int { return &o.RequestTokens }),
+	wireInt("context_window", true, func(o *Outcome) *int { return &o.ContextWindow }),
+	wireInt("max_output_tokens", true, func(o *Outcome) *int { return &o.MaxOutputTokens }),
+	wireReflect("origin", func(o *Outcome) bool { return o.Origin == nil }, func(o *Outcome) **Origin { return &o.Origin }),
+)
+
+var classificationWire = newWireStruct(
+	wireString("outcome_id", false, func(c *Classification) *string { return &c.OutcomeID }),
+	wireTime("at", true, func(c *Classification) *Time { return &c.At }),
+	wireString("agent", true, func(c *Classification) *string { return &c.Agent }),
+	wireString("provider", true, func(c *Classification) *string { return &c.Provider }),
+	wireString("model", true, func(c *Classification) *string { return &c.Model }),
+	wireString("profile", true, func(c *Classification) *string { return &c.Profile }),
+	wireString("class", false, func(c *Classification) *string { return &c.Class }),
+	wireBool("retryable", false, func(c *Classification) *bool { return &c.Retryable }),
+	wireString("scope", true, func(c *Classification) *string { return &c.Scope }),
+	wireString("rule", false, func(c *Classification) *string { return &c.Rule }),
+	wireReflect("evidence", func(c *Classification) bool { return len(c.Evidence) == 0 }, func(c *Classification) *[]string { return &c.Evidence }),
+	wireString("overruled", true, func(c *Classification) *string { return &c.Overruled }),
+	wireReflect("hints", func(c *Classification) bool { return c.Hints == nil }, func(c *Classification) **RetryHints { return &c.Hints }),
+	wireString("session", true, func(c *Classification) *string { return &c.Session }),
+	wireInt("segment", true, func(c *Classification) *int { return &c.Segment }),
+	wireInt("turn", true, func(c *Classification) *int { return &c.Turn }),
+	wireInt("step", true, func(c *Classification) *int { return &c.Step }),
+	wireString("refusal_scope", true, func(c *Classification) *string { return &c.RefusalScope }),
+)
+
+var decisionWire = newWireStruct(
+	wireString("outcome_id", false, func(d *Decision) *string { return &d.OutcomeID }),
+	wireTime("at", true, func(d *Decision) *Time { return &d.At }),
+	wireString("agent", false, func(d *Decision) *string { return &d.Agent }),
+	wireString("action", false, func(d *Decision) *string { return &d.Action }),
+	wireString("reason", true, func(d *Decision) *string { return &d.Reason }),
+	wireString("class", true, func(d *Decision) *string { return &d.Class }),
+	wireInt64("delay_ms", true, func(d *Decision) *int64 { return &d.DelayMS }),
+	wireTime("due_at", true, func(d *Decision) *Time { return &d.DueAt }),
+	wireInt("retry", true, func(d *Decision) *int { return &d.Retry }),
+	wireString("retry_id", true, func(d *Decision) *string { return &d.RetryID }),
+	wireString("provider", true, func(d *Decision) *string { return &d.Provider }),
+	wireString("model", true, func(d *Decision) *string { return &d.Model }),
+	wireString("profile", true, func(d *Decision) *string { return &d.Profile }),
+)
+
+var (
+	_ msgpack.CustomEncoder = (*Outcome)(nil)
+	_ msgpack.CustomDecoder = (*Outcome)(nil)
+	_ msgpack.CustomEncoder = (*Classification)(nil)
+	_ msgpack.CustomDecoder = (*Classification)(nil)
+	_ msgpack.CustomEncoder = (*Decision)(nil)
+	_ msgpack.CustomDecoder = (*Decision)(nil)
+)
+
+// EncodeMsgpack writes the outcome without reflection (wirecodec.go).
+func (o *Outcome) EncodeMsgpack(enc *msgpack.Encoder) error { return outcomeWire.encode(enc, o) }
+
+// DecodeMsgpack reads an outcome without reflection (wirecodec.go).
+func (o *Outcome) DecodeMsgpack(dec *msgpack.Decoder) error { return outcomeWire.decode(dec, o) }
+
+// EncodeMsgpack writes the classification without reflection (wirecodec.go).
+func (c *Classification) EncodeMsgpack(enc *msgpack.Encoder) error {
+	return classificationWire.encode(enc, c)
+}
+
+// DecodeMsgpack reads a classification without reflection (wirecodec.go).
+func (c *Classification) DecodeMsgpack(dec *msgpack.Decoder) error {
+	return classificationWire.decode(dec, c)
+}
+
+// EncodeMsgpack writes the decision without reflection (wirecodec.go).
+func (d *Decision) EncodeMsgpack(enc *msgpack.Encoder) error { return decisionWire.encode(enc, d) }
+
+// DecodeMsgpack reads a decision without reflection (wirecodec.go).
+func (d *Decision) DecodeMsgpack(dec *msgpack.Decoder) error { return decisionWire.decode(dec, d) }
