@@ -1,9 +1,12 @@
 package refusals
 
 import (
+	"bytes"
 	"encoding/json"
+	"fmt"
 	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -245,3 +248,120 @@ func mustState(t *testing.T, s refusal.State) []byte {
 
 // codecT0 is the time the codec tests store.
 var codecT0 = time.Date(2025, 10, 7, 9, 0, 0, 0, time.UTC)
+
+// mergedRecord is how EncodeRecord wrote a record before recordWire: the
+// state and the extras each encoded and merged in a map (then encoded with
+// SetSortMapKeys, which leaves a map of RawMessage in Go's map order, so
+// its bytes were never stable). Kept here as the reference the one-pass
+// form must equal, key for key and value byte for value byte.
+func mergedRecord(t *testing.T, r refusal.Record) map[string]msgpack.RawMessage {
+	t.Helper()
+	fields := map[string]msgpack.RawMessage{}
+	for _, v := range []any{ptr(wireOf(r.State)), ptr(extrasOf(r))} {
+		if err := msgpack.Unmarshal(mustMsgpack(t, v), &fields); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return fields
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// TestRecordWireMatchesMerge: for records with and without each part (a
+// legacy state, a claim, applied refusals with peers), EncodeRecord writes
+// the bytes the merged form wrote, and DecodeRecord's one pass reads what
+// the two passes (state, then extras) read. A value whose extras are
+// unreadable still gives its state, with the error.
+func TestRecordWireMatchesMerge(t *testing.T) {
+	cfg := refusal.DefaultConfig()
+	var recs []refusal.Record
+	for i := range 24 {
+		var r refusal.Record
+		r.State = refusal.State{Segment: fmt.Sprintf("s%d#%d", i, i%3), Provider: "p"}
+		if i%2 == 1 {
+			r.State.Agent = "a"
+		}
+		for k := range i % 4 {
+			var ev refusal.Event
+			r, ev = r.Refused(fmt.Sprintf("a%d", k), refusal.ScopeHistory, "3.1", codecT0.Add(time.Duration(k)*time.Minute), cfg)
+			if i%3 != 0 {
+				r = r.Remember(fmt.Sprintf("o-%d", k), ev, []string{"p", "q"}[:k%3%2+1])
+			}
+		}
+		if i%5 == 0 {
+			r.State.Legacy = true
+		}
+		if i%4 == 1 {
+			r.Claim = refusal.Claim{Agent: "b", Until: codecT0.Add(20 * time.Minute)}
+		}
+		recs = append(recs, r)
+	}
+	for i, r := range recs {
+		got, err := EncodeRecord(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var gotFields map[string]msgpack.RawMessage
+		if err := msgpack.Unmarshal(got, &gotFields); err != nil {
+			t.Fatal(err)
+		}
+		if want := mergedRecord(t, r); !reflect.DeepEqual(gotFields, want) {
+			t.Fatalf("record %d: one pass wrote\n%x\nthe merge wrote\n%x", i, gotFields, want)
+		}
+		if keys := msgpackKeys(t, got); !slices.IsSorted(keys) {
+			t.Fatalf("record %d: keys %v, want them sorted", i, keys)
+		}
+		back, err := DecodeRecord(got)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := refusal.Record{State: mustDecodeState(t, got)}
+		var x recordExtras
+		if err := msgpack.Unmarshal(got, &x); err != nil {
+			t.Fatal(err)
+		}
+		x.apply(&want)
+		if !reflect.DeepEqual(back, want) {
+			t.Fatalf("record %d: one pass read\n%+v\ntwo passes read\n%+v", i, back, want)
+		}
+	}
+
+	// Extras that cannot be read: the state is kept, the error says so.
+	bad := mustMsgpack(t, map[string]any{"segment": "s#1", "provider": "p", "refusals": 1, "refused_at": codecT0.UnixMilli(), "applied": "not a list"})
+	r, err := DecodeRecord(bad)
+	if err == nil || !strings.Contains(err.Error(), "claim and applied refusals dropped") {
+		t.Errorf("unreadable applied: error %v, want it to say the extras were dropped", err)
+	}
+	if want := (refusal.State{Segment: "s#1", Provider: "p", Refusals: 1, RefusedAt: events.At(codecT0)}); !reflect.DeepEqual(r.State, want) {
+		t.Errorf("unreadable applied: state %+v, want %+v", r.State, want)
+	}
+}
+
+// msgpackKeys are the keys of a msgpack map, in the order written.
+func msgpackKeys(t *testing.T, data []byte) []string {
+	t.Helper()
+	dec := msgpack.NewDecoder(bytes.NewReader(data))
+	n, err := dec.DecodeMapLen()
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := make([]string, n)
+	for i := range keys {
+		if keys[i], err = dec.DecodeString(); err != nil {
+			t.Fatal(err)
+		}
+		if err := dec.Skip(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return keys
+}
+
+func mustDecodeState(t *testing.T, data []byte) refusal.State {
+	t.Helper()
+	s, err := DecodeState(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
