@@ -13,16 +13,24 @@ import (
 	"github.com/failbus/failbus/pkg/events"
 )
 
+// hotMessages are the three types every outcome crosses the bus as, as the
+// services write them (wirecodec.go encodes and decodes them).
+func hotMessages() map[string]events.Message {
+	when := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	return map[string]events.Message{
+		"outcome": sample(),
+		"classification": &events.Classification{OutcomeID: "o-1", At: events.At(when), Agent: "agent-17", Provider: "openai", Model: "gpt", Profile: "key-1",
+			Class: events.ClassRateLimit, Retryable: true, Scope: events.ScopeProfile, Rule: "status-429", Evidence: []string{"status 429", "retry-after-ms: 1500"},
+			Hints: &events.RetryHints{AfterMS: 1500, Source: "retry-after-ms"}, Session: "s-3", Turn: 7, Step: 1},
+		"decision": &events.Decision{OutcomeID: "o-1", At: events.At(when), Agent: "agent-17", Action: events.ActionRetry,
+			Reason: "rate_limit: retry 1 of 10 after 1.5s (retry-after)", DelayMS: 1500, DueAt: events.At(when.Add(1500 * time.Millisecond)), Retry: 1, RetryID: "r-0123456789abcdef"},
+	}
+}
+
 // BenchmarkMarshal is the encoding every stored output pays (a decision, a
 // classification): allocations per message show here with -benchmem.
 func BenchmarkMarshal(b *testing.B) {
-	when := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
-	msgs := map[string]events.Message{
-		"decision": &events.Decision{OutcomeID: "o-1", At: events.At(when), Agent: "agent-17", Action: events.ActionRetry,
-			Reason: "rate_limit: retry 1 of 10 after 1.5s (retry-after)", DelayMS: 1500, DueAt: events.At(when.Add(1500 * time.Millisecond)), Retry: 1, RetryID: "r-0123456789abcdef"},
-		"outcome": sample(),
-	}
-	for name, m := range msgs {
+	for name, m := range hotMessages() {
 		b.Run(name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
@@ -38,20 +46,29 @@ func BenchmarkMarshal(b *testing.B) {
 // (CheckMsgpack) and the decoding. Allocations per message show here with
 // -benchmem.
 func BenchmarkDecode(b *testing.B) {
-	o := sample()
-	data, hdr, err := events.Encode(o)
+	subjects := map[string]string{
+		"outcome":        events.OutcomeSubject("my-gateway", "agent/1"),
+		"classification": events.ClassifiedSubject("openai", events.ClassRateLimit),
+		"decision":       events.DecisionSubject("agent-17"),
+	}
+	for name, m := range hotMessages() {
+		data, hdr, err := events.Encode(m)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := events.Decode(subjects[name], hdr, data); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+	data, _, err := events.Encode(sample())
 	if err != nil {
 		b.Fatal(err)
 	}
-	subject := events.OutcomeSubject(o.Provider, o.Agent)
-	b.Run("outcome", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			if _, err := events.Decode(subject, hdr, data); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
 	b.Run("check only", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {

@@ -102,6 +102,7 @@ func (s *wireStruct[T]) decode(dec *msgpack.Decoder, v *T) error {
 		}
 		key := keys.Get().(*[maxWireKey]byte)
 		defer keys.Put(key)
+		next := 0 // keys come in table order when the tables wrote them
 		for range n {
 			kn, err := dec.DecodeBytesLen()
 			if err != nil {
@@ -123,8 +124,8 @@ func (s *wireStruct[T]) decode(dec *msgpack.Decoder, v *T) error {
 					return err
 				}
 			}
-			i, ok := s.index[string(name)]
-			if !ok {
+			i := s.after(next, name)
+			if i < 0 {
 				if err := dec.Skip(); err != nil {
 					return err
 				}
@@ -133,6 +134,7 @@ func (s *wireStruct[T]) decode(dec *msgpack.Decoder, v *T) error {
 			if err := s.fields[i].dec(dec, v); err != nil {
 				return err
 			}
+			next = i + 1
 		}
 		return nil
 	case msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32:
@@ -155,6 +157,21 @@ func (s *wireStruct[T]) decode(dec *msgpack.Decoder, v *T) error {
 		return nil
 	}
 	return fmt.Errorf("msgpack: invalid code=%x decoding map length", c)
+}
+
+// after finds the field named name: first among the fields from next on
+// (in order, as the tables write them, it is usually the first compared),
+// then by name; -1 when there is none.
+func (s *wireStruct[T]) after(next int, name []byte) int {
+	for j := next; j < len(s.fields); j++ {
+		if s.fields[j].name == string(name) {
+			return j
+		}
+	}
+	if i, ok := s.index[string(name)]; ok {
+		return i
+	}
+	return -1
 }
 
 // errArrayStruct is msgpack's error for an array form of the wrong length.
