@@ -536,6 +536,7 @@ func bench(ctx context.Context, cfg benchConfig, corpus []events.Outcome, source
 		if err != nil {
 			return nil, err
 		}
+		l.CoresNeeded = float64(rate) * rep.Median.FailbusCPUUS / 1e6
 		rep.Latency = append(rep.Latency, l)
 	}
 	if cfg.pending > 0 {

@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -54,7 +55,7 @@ func TestBench(t *testing.T) {
 				"failbus − raw",
 				"failbus end to end", "published at once",
 				"raw/3", "× raw/3",
-				"DECISION LATENCY (publish → stored)", "100/s", "200/s", "raw p99", "failbus p99",
+				"DECISION LATENCY (publish → stored)", "100/s", "200/s", "raw p99", "failbus p99", "cores needed", " of ",
 				"WITH 100 RETRIES PENDING (failbus) AND 100 RAW @at SCHEDULES", "process RSS", "Go heap",
 				"the failbus step's live objects by who allocated them (heap profile)", "nats-server ", "scheduler ", "runner ",
 				"LATENESS WITH THEM PENDING (20 each)",
@@ -125,6 +126,11 @@ func TestBench(t *testing.T) {
 				// Every message of the rate measured: 0.5 s of it.
 				if lt.Raw.N != lt.Rate/2 || lt.Failbus.N != lt.Rate/2 || !(lt.AchievedPerS > 0) || lt.Failbus.P50MS > lt.Failbus.P99MS {
 					t.Errorf("latency at %d/s: %+v", lt.Rate, lt)
+				}
+				// The CPU the rate needs: the rate × the throughput rounds'
+				// failbus CPU per outcome.
+				if want := float64(lt.Rate) * rep.Median.FailbusCPUUS / 1e6; !(want > 0) || math.Abs(lt.CoresNeeded-want) > 1e-9 {
+					t.Errorf("latency at %d/s: cores needed %v, want %v (CPU per outcome %v µs)", lt.Rate, lt.CoresNeeded, want, rep.Median.FailbusCPUUS)
 				}
 			}
 			p := rep.Pending

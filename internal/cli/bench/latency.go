@@ -41,6 +41,12 @@ type benchLatency struct {
 	Failbus benchPercentiles `json:"failbus"`
 	// AchievedPerS is the rate the failbus outcomes were published at.
 	AchievedPerS float64 `json:"achieved_per_s"`
+	// CoresNeeded is the CPU the whole process (server, every service,
+	// the load) needs to keep up with Rate: Rate × the failbus CPU per
+	// outcome of the throughput rounds (median). Above GOMAXPROCS the
+	// decisions' queue can only grow for as long as the rate lasts, so
+	// p99 measures the run's length more than the bus.
+	CoresNeeded float64 `json:"cores_needed"`
 }
 
 // benchPending is the run with many retries pending.
@@ -395,13 +401,16 @@ func memory() (rss, heap float64) {
 func printLatency(w io.Writer, rep *benchReport) {
 	if len(rep.Latency) > 0 {
 		fmt.Fprintln(w)
-		t := benchTable{align: "lrrrrrr"}
-		t.add("DECISION LATENCY (publish → stored)", "rate", "achieved", "raw p50", "raw p99", "failbus p50", "failbus p99")
+		t := benchTable{align: "lrrrrrrr"}
+		t.add("DECISION LATENCY (publish → stored)", "rate", "achieved", "raw p50", "raw p99", "failbus p50", "failbus p99", "cores needed")
 		for _, l := range rep.Latency {
-			t.add("", strconv.Itoa(l.Rate)+"/s", human(l.AchievedPerS)+"/s", fmtMS(l.Raw.P50MS), fmtMS(l.Raw.P99MS), fmtMS(l.Failbus.P50MS), fmtMS(l.Failbus.P99MS))
+			t.add("", strconv.Itoa(l.Rate)+"/s", human(l.AchievedPerS)+"/s", fmtMS(l.Raw.P50MS), fmtMS(l.Raw.P99MS), fmtMS(l.Failbus.P50MS), fmtMS(l.Failbus.P99MS),
+				fmt.Sprintf("%.2f of %d", l.CoresNeeded, rep.Machine.GOMAXPROCS))
 		}
 		t.write(w)
 		fmt.Fprintln(w, "raw: a relay (pull, async publish to a second stream, ack once stored); failbus: outcome → classifier → scheduler → decision stored.")
+		fmt.Fprintln(w, "cores needed: the rate × failbus CPU per outcome in the throughput rounds (median; batches there are larger than at a paced rate,")
+		fmt.Fprintln(w, "so it is a floor), for the server, every service and the load together: at or above GOMAXPROCS the decisions queue for as long as the rate lasts.")
 	}
 	if p := rep.Pending; p != nil {
 		fmt.Fprintln(w)
