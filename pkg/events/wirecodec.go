@@ -10,45 +10,53 @@ import (
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
 )
 
-// The three types every outcome crosses the bus as (Outcome, then
-// Classification, then Decision) encode and decode through field tables
-// instead of msgpack's reflection: reflection was most of their codec cost
-// (boxing each field to test omitempty, a reflect.Value per field), and
-// each outcome is encoded and decoded several times on its way through the
-// services (issue 11, `failbus bench --cpuprofile-failbus`).
+// The records every outcome crosses the bus as (Outcome, then
+// Classification, then Decision, and the scheduler's ledger entries)
+// encode and decode through field tables instead of msgpack's reflection:
+// reflection was most of their codec cost (boxing each field to test
+// omitempty, a reflect.Value per field), and each outcome is encoded and
+// decoded several times on its way through the services (issue 11,
+// `failbus bench --cpuprofile-failbus`).
 //
-// The tables write the bytes msgpack's reflection writes for the same
+// A table writes the bytes msgpack's reflection writes for the same
 // struct tags (same keys in field order, same omitempty, same integer
-// widths) and read what it reads (any key order, unknown keys skipped,
-// nil for a whole struct, the array form). TestWireCodecMatchesReflection
-// and FuzzWireDecode hold them to that against mirror types without these
-// methods, and fail when a field is added to a type but not to its table.
+// widths) and reads what it reads (any key order, unknown keys skipped,
+// nil for a whole struct, the array form). internal/wirecheck holds a
+// table to that against a mirror type without its methods, and fails when
+// a field is added to a type but not to its table (TestWireCodecMatches-
+// Reflection, FuzzWireDecode).
 
-// wireField is one struct field: its msgpack key, whether an omitempty
-// field is empty (nil: never omitted), and how it is written and read.
-type wireField[T any] struct {
+// Field is one struct field of a FieldTable: its msgpack key, whether an
+// omitempty field is empty (nil: never omitted), and how it is written
+// and read. The constructors below make one per Go kind.
+type Field[T any] struct {
 	name  string
 	empty func(*T) bool
 	enc   func(*msgpack.Encoder, *T) error
 	dec   func(*msgpack.Decoder, *T) error
 }
 
-// wireStruct is a type's table, in field order.
-type wireStruct[T any] struct {
-	fields []wireField[T]
+// FieldTable is a type's msgpack codec: its fields in struct order, as
+// msgpack's reflection would write them. A type's EncodeMsgpack and
+// DecodeMsgpack call Encode and Decode.
+type FieldTable[T any] struct {
+	fields []Field[T]
 	index  map[string]int
 }
 
-func newWireStruct[T any](fields ...wireField[T]) *wireStruct[T] {
-	s := &wireStruct[T]{fields: fields, index: make(map[string]int, len(fields))}
+// NewFieldTable is the table of fields, which must be every field of T
+// that msgpack would write, in struct order.
+func NewFieldTable[T any](fields ...Field[T]) *FieldTable[T] {
+	s := &FieldTable[T]{fields: fields, index: make(map[string]int, len(fields))}
 	for i, f := range fields {
 		s.index[f.name] = i
 	}
 	return s
 }
 
-// encode writes v as a map of its non-empty fields.
-func (s *wireStruct[T]) encode(enc *msgpack.Encoder, v *T) error {
+// Encode writes v as a map of its fields, omitempty ones left out when
+// empty.
+func (s *FieldTable[T]) Encode(enc *msgpack.Encoder, v *T) error {
 	if v == nil {
 		return enc.EncodeNil()
 	}
@@ -83,9 +91,9 @@ const maxWireKey = 32
 // (Decoder.ReadFull reads through an interface), an allocation per struct.
 var keys = sync.Pool{New: func() any { return new([maxWireKey]byte) }}
 
-// decode reads a map (or nil, or the array form) into v, as msgpack's
+// Decode reads a map (or nil, or the array form) into v, as msgpack's
 // decodeStructValue does.
-func (s *wireStruct[T]) decode(dec *msgpack.Decoder, v *T) error {
+func (s *FieldTable[T]) Decode(dec *msgpack.Decoder, v *T) error {
 	c, err := dec.PeekCode()
 	if err != nil {
 		return err
@@ -162,7 +170,7 @@ func (s *wireStruct[T]) decode(dec *msgpack.Decoder, v *T) error {
 // after finds the field named name: first among the fields from next on
 // (in order, as the tables write them, it is usually the first compared),
 // then by name; -1 when there is none.
-func (s *wireStruct[T]) after(next int, name []byte) int {
+func (s *FieldTable[T]) after(next int, name []byte) int {
 	for j := next; j < len(s.fields); j++ {
 		if s.fields[j].name == string(name) {
 			return j
@@ -195,13 +203,15 @@ func discard(dec *msgpack.Decoder, n int) error {
 
 // Field kinds. Each reads and writes as msgpack's reflection does for
 // that Go kind: strings with EncodeString/DecodeString, int with EncodeInt
-// (always compact), int64 through EncodeValue (compact only when the
-// encoder is set to compact ints), bools, Time with its own methods, and
-// anything else (maps, slices, pointers to structs) through reflection,
-// which is rare on the hot path.
+// (always compact), int64 and uint64 through EncodeValue (compact only
+// when the encoder is set to compact ints), bools, Time with its own
+// methods, and anything else (maps, slices, pointers to structs) through
+// reflection, which is rare on the hot path. name is the msgpack key,
+// omitEmpty its tag's omitempty, p the field's address in a *T.
 
-func wireString[T any](name string, omitEmpty bool, p func(*T) *string) wireField[T] {
-	f := wireField[T]{
+// StringField is a string field.
+func StringField[T any](name string, omitEmpty bool, p func(*T) *string) Field[T] {
+	f := Field[T]{
 		name: name,
 		enc:  func(enc *msgpack.Encoder, v *T) error { return enc.EncodeString(*p(v)) },
 		dec: func(dec *msgpack.Decoder, v *T) error {
@@ -219,8 +229,9 @@ func wireString[T any](name string, omitEmpty bool, p func(*T) *string) wireFiel
 	return f
 }
 
-func wireInt[T any](name string, omitEmpty bool, p func(*T) *int) wireField[T] {
-	f := wireField[T]{
+// IntField is an int field.
+func IntField[T any](name string, omitEmpty bool, p func(*T) *int) Field[T] {
+	f := Field[T]{
 		name: name,
 		enc:  func(enc *msgpack.Encoder, v *T) error { return enc.EncodeInt(int64(*p(v))) },
 		dec: func(dec *msgpack.Decoder, v *T) error {
@@ -238,8 +249,9 @@ func wireInt[T any](name string, omitEmpty bool, p func(*T) *int) wireField[T] {
 	return f
 }
 
-func wireBool[T any](name string, omitEmpty bool, p func(*T) *bool) wireField[T] {
-	f := wireField[T]{
+// BoolField is a bool field.
+func BoolField[T any](name string, omitEmpty bool, p func(*T) *bool) Field[T] {
+	f := Field[T]{
 		name: name,
 		enc:  func(enc *msgpack.Encoder, v *T) error { return enc.EncodeBool(*p(v)) },
 		dec: func(dec *msgpack.Decoder, v *T) error {
@@ -257,8 +269,9 @@ func wireBool[T any](name string, omitEmpty bool, p func(*T) *bool) wireField[T]
 	return f
 }
 
-func wireTime[T any](name string, omitEmpty bool, p func(*T) *Time) wireField[T] {
-	f := wireField[T]{
+// TimeField is a Time field.
+func TimeField[T any](name string, omitEmpty bool, p func(*T) *Time) Field[T] {
+	f := Field[T]{
 		name: name,
 		enc:  func(enc *msgpack.Encoder, v *T) error { return p(v).EncodeMsgpack(enc) },
 		dec:  func(dec *msgpack.Decoder, v *T) error { return p(v).DecodeMsgpack(dec) },
@@ -269,11 +282,11 @@ func wireTime[T any](name string, omitEmpty bool, p func(*T) *Time) wireField[T]
 	return f
 }
 
-// wireReflect is a field msgpack's reflection writes and reads, through
-// the same per-type function a struct field of its type goes through: p
-// returns a pointer to it, empty whether omitempty leaves it out.
-func wireReflect[T any, F any](name string, empty func(*T) bool, p func(*T) *F) wireField[T] {
-	return wireField[T]{
+// ReflectField is a field msgpack's reflection writes and reads, through
+// the same per-type function a struct field of its type goes through;
+// empty says whether omitempty leaves it out (nil: never).
+func ReflectField[T any, F any](name string, empty func(*T) bool, p func(*T) *F) Field[T] {
+	return Field[T]{
 		name:  name,
 		empty: empty,
 		enc:   func(enc *msgpack.Encoder, v *T) error { return enc.EncodeValue(reflect.ValueOf(p(v)).Elem()) },
@@ -281,76 +294,95 @@ func wireReflect[T any, F any](name string, empty func(*T) bool, p func(*T) *F) 
 	}
 }
 
-// wireInt64 goes through EncodeValue so that it is compact exactly when
-// the encoder is (msgpack writes a full-width int64 otherwise).
-func wireInt64[T any](name string, omitEmpty bool, p func(*T) *int64) wireField[T] {
-	f := wireReflect(name, nil, p)
+// Int64Field is an int64 field. It goes through EncodeValue so that it
+// is compact exactly when the encoder is (msgpack writes a full-width
+// int64 otherwise).
+func Int64Field[T any](name string, omitEmpty bool, p func(*T) *int64) Field[T] {
+	f := ReflectField(name, nil, p)
 	if omitEmpty {
 		f.empty = func(v *T) bool { return *p(v) == 0 }
 	}
 	return f
 }
 
-var outcomeWire = newWireStruct(
-	wireString("id", false, func(o *Outcome) *string { return &o.ID }),
-	wireTime("at", false, func(o *Outcome) *Time { return &o.At }),
-	wireString("agent", false, func(o *Outcome) *string { return &o.Agent }),
-	wireString("session", true, func(o *Outcome) *string { return &o.Session }),
-	wireInt("segment", true, func(o *Outcome) *int { return &o.Segment }),
-	wireInt("turn", true, func(o *Outcome) *int { return &o.Turn }),
-	wireInt("step", true, func(o *Outcome) *int { return &o.Step }),
-	wireString("provider", false, func(o *Outcome) *string { return &o.Provider }),
-	wireString("model", true, func(o *Outcome) *string { return &o.Model }),
-	wireString("profile", true, func(o *Outcome) *string { return &o.Profile }),
-	wireBool("ok", false, func(o *Outcome) *bool { return &o.OK }),
-	wireInt("status", true, func(o *Outcome) *int { return &o.Status }),
-	wireString("body", true, func(o *Outcome) *string { return &o.Body }),
-	wireReflect("headers", func(o *Outcome) bool { return len(o.Headers) == 0 }, func(o *Outcome) *map[string]string { return &o.Headers }),
-	wireString("transport_error", true, func(o *Outcome) *string { return &o.TransportError }),
-	wireString("upstream_code", true, func(o *Outcome) *string { return &o.UpstreamCode }),
-	wireString("stop_reason", true, func(o *Outcome) *string { return &o.StopReason }),
-	wireString("refusal_scope", true, func(o *Outcome) *string { return &o.RefusalScope }),
-	wireInt("request_tokens", true, func(o *Outcome) *int { return &o.RequestTokens }),
-	wireInt("context_window", true, func(o *Outcome) *int { return &o.ContextWindow }),
-	wireInt("max_output_tokens", true, func(o *Outcome) *int { return &o.MaxOutputTokens }),
-	wireReflect("origin", func(o *Outcome) bool { return o.Origin == nil }, func(o *Outcome) **Origin { return &o.Origin }),
+// Uint64Field is a uint64 field, compact exactly when the encoder is.
+func Uint64Field[T any](name string, omitEmpty bool, p func(*T) *uint64) Field[T] {
+	f := ReflectField(name, nil, p)
+	if omitEmpty {
+		f.empty = func(v *T) bool { return *p(v) == 0 }
+	}
+	return f
+}
+
+// Keys are the table's msgpack keys in order, each with whether it is
+// omitted when empty: a test compares them with the type's struct tags.
+func (s *FieldTable[T]) Keys() (names []string, omitEmpty []bool) {
+	for _, f := range s.fields {
+		names, omitEmpty = append(names, f.name), append(omitEmpty, f.empty != nil)
+	}
+	return names, omitEmpty
+}
+
+var outcomeWire = NewFieldTable(
+	StringField("id", false, func(o *Outcome) *string { return &o.ID }),
+	TimeField("at", false, func(o *Outcome) *Time { return &o.At }),
+	StringField("agent", false, func(o *Outcome) *string { return &o.Agent }),
+	StringField("session", true, func(o *Outcome) *string { return &o.Session }),
+	IntField("segment", true, func(o *Outcome) *int { return &o.Segment }),
+	IntField("turn", true, func(o *Outcome) *int { return &o.Turn }),
+	IntField("step", true, func(o *Outcome) *int { return &o.Step }),
+	StringField("provider", false, func(o *Outcome) *string { return &o.Provider }),
+	StringField("model", true, func(o *Outcome) *string { return &o.Model }),
+	StringField("profile", true, func(o *Outcome) *string { return &o.Profile }),
+	BoolField("ok", false, func(o *Outcome) *bool { return &o.OK }),
+	IntField("status", true, func(o *Outcome) *int { return &o.Status }),
+	StringField("body", true, func(o *Outcome) *string { return &o.Body }),
+	ReflectField("headers", func(o *Outcome) bool { return len(o.Headers) == 0 }, func(o *Outcome) *map[string]string { return &o.Headers }),
+	StringField("transport_error", true, func(o *Outcome) *string { return &o.TransportError }),
+	StringField("upstream_code", true, func(o *Outcome) *string { return &o.UpstreamCode }),
+	StringField("stop_reason", true, func(o *Outcome) *string { return &o.StopReason }),
+	StringField("refusal_scope", true, func(o *Outcome) *string { return &o.RefusalScope }),
+	IntField("request_tokens", true, func(o *Outcome) *int { return &o.RequestTokens }),
+	IntField("context_window", true, func(o *Outcome) *int { return &o.ContextWindow }),
+	IntField("max_output_tokens", true, func(o *Outcome) *int { return &o.MaxOutputTokens }),
+	ReflectField("origin", func(o *Outcome) bool { return o.Origin == nil }, func(o *Outcome) **Origin { return &o.Origin }),
 )
 
-var classificationWire = newWireStruct(
-	wireString("outcome_id", false, func(c *Classification) *string { return &c.OutcomeID }),
-	wireTime("at", true, func(c *Classification) *Time { return &c.At }),
-	wireString("agent", true, func(c *Classification) *string { return &c.Agent }),
-	wireString("provider", true, func(c *Classification) *string { return &c.Provider }),
-	wireString("model", true, func(c *Classification) *string { return &c.Model }),
-	wireString("profile", true, func(c *Classification) *string { return &c.Profile }),
-	wireString("class", false, func(c *Classification) *string { return &c.Class }),
-	wireBool("retryable", false, func(c *Classification) *bool { return &c.Retryable }),
-	wireString("scope", true, func(c *Classification) *string { return &c.Scope }),
-	wireString("rule", false, func(c *Classification) *string { return &c.Rule }),
-	wireReflect("evidence", func(c *Classification) bool { return len(c.Evidence) == 0 }, func(c *Classification) *[]string { return &c.Evidence }),
-	wireString("overruled", true, func(c *Classification) *string { return &c.Overruled }),
-	wireReflect("hints", func(c *Classification) bool { return c.Hints == nil }, func(c *Classification) **RetryHints { return &c.Hints }),
-	wireString("session", true, func(c *Classification) *string { return &c.Session }),
-	wireInt("segment", true, func(c *Classification) *int { return &c.Segment }),
-	wireInt("turn", true, func(c *Classification) *int { return &c.Turn }),
-	wireInt("step", true, func(c *Classification) *int { return &c.Step }),
-	wireString("refusal_scope", true, func(c *Classification) *string { return &c.RefusalScope }),
+var classificationWire = NewFieldTable(
+	StringField("outcome_id", false, func(c *Classification) *string { return &c.OutcomeID }),
+	TimeField("at", true, func(c *Classification) *Time { return &c.At }),
+	StringField("agent", true, func(c *Classification) *string { return &c.Agent }),
+	StringField("provider", true, func(c *Classification) *string { return &c.Provider }),
+	StringField("model", true, func(c *Classification) *string { return &c.Model }),
+	StringField("profile", true, func(c *Classification) *string { return &c.Profile }),
+	StringField("class", false, func(c *Classification) *string { return &c.Class }),
+	BoolField("retryable", false, func(c *Classification) *bool { return &c.Retryable }),
+	StringField("scope", true, func(c *Classification) *string { return &c.Scope }),
+	StringField("rule", false, func(c *Classification) *string { return &c.Rule }),
+	ReflectField("evidence", func(c *Classification) bool { return len(c.Evidence) == 0 }, func(c *Classification) *[]string { return &c.Evidence }),
+	StringField("overruled", true, func(c *Classification) *string { return &c.Overruled }),
+	ReflectField("hints", func(c *Classification) bool { return c.Hints == nil }, func(c *Classification) **RetryHints { return &c.Hints }),
+	StringField("session", true, func(c *Classification) *string { return &c.Session }),
+	IntField("segment", true, func(c *Classification) *int { return &c.Segment }),
+	IntField("turn", true, func(c *Classification) *int { return &c.Turn }),
+	IntField("step", true, func(c *Classification) *int { return &c.Step }),
+	StringField("refusal_scope", true, func(c *Classification) *string { return &c.RefusalScope }),
 )
 
-var decisionWire = newWireStruct(
-	wireString("outcome_id", false, func(d *Decision) *string { return &d.OutcomeID }),
-	wireTime("at", true, func(d *Decision) *Time { return &d.At }),
-	wireString("agent", false, func(d *Decision) *string { return &d.Agent }),
-	wireString("action", false, func(d *Decision) *string { return &d.Action }),
-	wireString("reason", true, func(d *Decision) *string { return &d.Reason }),
-	wireString("class", true, func(d *Decision) *string { return &d.Class }),
-	wireInt64("delay_ms", true, func(d *Decision) *int64 { return &d.DelayMS }),
-	wireTime("due_at", true, func(d *Decision) *Time { return &d.DueAt }),
-	wireInt("retry", true, func(d *Decision) *int { return &d.Retry }),
-	wireString("retry_id", true, func(d *Decision) *string { return &d.RetryID }),
-	wireString("provider", true, func(d *Decision) *string { return &d.Provider }),
-	wireString("model", true, func(d *Decision) *string { return &d.Model }),
-	wireString("profile", true, func(d *Decision) *string { return &d.Profile }),
+var decisionWire = NewFieldTable(
+	StringField("outcome_id", false, func(d *Decision) *string { return &d.OutcomeID }),
+	TimeField("at", true, func(d *Decision) *Time { return &d.At }),
+	StringField("agent", false, func(d *Decision) *string { return &d.Agent }),
+	StringField("action", false, func(d *Decision) *string { return &d.Action }),
+	StringField("reason", true, func(d *Decision) *string { return &d.Reason }),
+	StringField("class", true, func(d *Decision) *string { return &d.Class }),
+	Int64Field("delay_ms", true, func(d *Decision) *int64 { return &d.DelayMS }),
+	TimeField("due_at", true, func(d *Decision) *Time { return &d.DueAt }),
+	IntField("retry", true, func(d *Decision) *int { return &d.Retry }),
+	StringField("retry_id", true, func(d *Decision) *string { return &d.RetryID }),
+	StringField("provider", true, func(d *Decision) *string { return &d.Provider }),
+	StringField("model", true, func(d *Decision) *string { return &d.Model }),
+	StringField("profile", true, func(d *Decision) *string { return &d.Profile }),
 )
 
 var (
@@ -363,23 +395,23 @@ var (
 )
 
 // EncodeMsgpack writes the outcome without reflection (wirecodec.go).
-func (o *Outcome) EncodeMsgpack(enc *msgpack.Encoder) error { return outcomeWire.encode(enc, o) }
+func (o *Outcome) EncodeMsgpack(enc *msgpack.Encoder) error { return outcomeWire.Encode(enc, o) }
 
 // DecodeMsgpack reads an outcome without reflection (wirecodec.go).
-func (o *Outcome) DecodeMsgpack(dec *msgpack.Decoder) error { return outcomeWire.decode(dec, o) }
+func (o *Outcome) DecodeMsgpack(dec *msgpack.Decoder) error { return outcomeWire.Decode(dec, o) }
 
 // EncodeMsgpack writes the classification without reflection (wirecodec.go).
 func (c *Classification) EncodeMsgpack(enc *msgpack.Encoder) error {
-	return classificationWire.encode(enc, c)
+	return classificationWire.Encode(enc, c)
 }
 
 // DecodeMsgpack reads a classification without reflection (wirecodec.go).
 func (c *Classification) DecodeMsgpack(dec *msgpack.Decoder) error {
-	return classificationWire.decode(dec, c)
+	return classificationWire.Decode(dec, c)
 }
 
 // EncodeMsgpack writes the decision without reflection (wirecodec.go).
-func (d *Decision) EncodeMsgpack(enc *msgpack.Encoder) error { return decisionWire.encode(enc, d) }
+func (d *Decision) EncodeMsgpack(enc *msgpack.Encoder) error { return decisionWire.Encode(enc, d) }
 
 // DecodeMsgpack reads a decision without reflection (wirecodec.go).
-func (d *Decision) DecodeMsgpack(dec *msgpack.Decoder) error { return decisionWire.decode(dec, d) }
+func (d *Decision) DecodeMsgpack(dec *msgpack.Decoder) error { return decisionWire.Decode(dec, d) }
