@@ -158,10 +158,15 @@ func Match[T any](t *testing.T, seed uint64, n int, mirror func(*T) any, newMirr
 	for i := range n {
 		v := new(T)
 		Fill(r, reflect.ValueOf(v).Elem())
-		got, want := Encodings(t, v), Encodings(t, mirror(v))
+		// Through a pointer, and as a value (not addressable: a map
+		// value, a struct passed by value), both as reflection writes.
+		got, byValue, want := Encodings(t, v), Encodings(t, *v), Encodings(t, mirror(v))
 		for k := range got {
 			if !bytes.Equal(got[k], want[k]) {
 				t.Fatalf("%T value %d, encoder set-up %d: the table wrote\n%x\nreflection wrote\n%x\nfor %+v", v, i, k, got[k], want[k], v)
+			}
+			if !bytes.Equal(byValue[k], want[k]) {
+				t.Fatalf("%T value %d by value, encoder set-up %d: the table wrote\n%x\nreflection wrote\n%x\nfor %+v", v, i, k, byValue[k], want[k], v)
 			}
 		}
 		back, backMir := new(T), newMirror()

@@ -149,7 +149,13 @@ func marshalPooled(v any, configure func(*msgpack.Encoder)) ([]byte, error) {
 	defer e.put()
 	e.enc.Reset(&e.buf)
 	configure(e.enc)
-	if err := e.enc.Encode(v); err != nil {
+	var err error
+	if w, ok := v.(tableEncoder); ok {
+		err = w.encodeTable(e.enc) // the table on the pointer: no copy
+	} else {
+		err = e.enc.Encode(v)
+	}
+	if err != nil {
 		return nil, err
 	}
 	return bytes.Clone(e.buf.Bytes()), nil
@@ -302,7 +308,7 @@ func UnmarshalLimits(data []byte, m Message, lim Limits) error {
 		return err
 	}
 	d := decoders.Get().(*pooledDecoder)
-	defer d.put()
+	defer d.put(len(data))
 	d.r.Reset(data)
 	d.dec.Reset(&d.r)
 	if err := d.dec.Decode(m); err != nil {
@@ -328,10 +334,16 @@ type pooledDecoder struct {
 	dec *msgpack.Decoder
 }
 
-// put drops the payload (the pool must not keep it alive) and returns d.
-func (d *pooledDecoder) put() {
+// put drops the payload (the pool must not keep it alive) and returns d,
+// unless the payload was large: the decoder keeps the last strings it
+// read in a buffer of its own, which must not stay grown (or hold a large
+// body) in the pool.
+func (d *pooledDecoder) put(payload int) {
 	d.r.Reset(nil)
 	d.dec.Reset(&d.r)
+	if payload > maxPooledBuffer {
+		return
+	}
 	decoders.Put(d)
 }
 

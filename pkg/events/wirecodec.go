@@ -20,11 +20,20 @@ import (
 //
 // A table writes the bytes msgpack's reflection writes for the same
 // struct tags (same keys in field order, same omitempty, same integer
-// widths) and reads what it reads (any key order, unknown keys skipped,
-// nil for a whole struct, the array form). internal/wirecheck holds a
-// table to that against a mirror type without its methods, and fails when
-// a field is added to a type but not to its table (TestWireCodecMatches-
-// Reflection, FuzzWireDecode).
+// widths), through a pointer or as a value, and reads what it reads (any
+// key order, unknown keys skipped, nil for a whole struct, the array
+// form), under the encoder and decoder settings failbus uses: compact
+// integers or not, sorted map keys or not. It does not follow the
+// settings nothing here turns on: DisallowUnknownFields,
+// UseArrayEncodedStructs, SetOmitEmpty, custom struct tags.
+// internal/wirecheck holds a table to reflection on a mirror type without
+// its methods, and fails when a field is added to a type but not to its
+// table (TestWireCodecMatchesReflection, FuzzWireDecode).
+//
+// The types' EncodeMsgpack has a value receiver (a value that is not
+// addressable, such as a map's, encodes too); like any method, it is
+// promoted to a struct that embeds the type, and would then write only
+// the embedded fields: give such a struct a named field instead.
 
 // Field is one struct field of a FieldTable: its msgpack key, whether an
 // omitempty field is empty (nil: never omitted), and how it is written
@@ -394,15 +403,27 @@ var (
 	_ msgpack.CustomDecoder = (*Decision)(nil)
 )
 
+// tableEncoder is a type of this package encoded by a table: Marshal
+// calls the table on the pointer it was given, where msgpack would call
+// EncodeMsgpack on a copy (a value receiver, so that a value that is not
+// addressable encodes too).
+type tableEncoder interface{ encodeTable(*msgpack.Encoder) error }
+
+func (o *Outcome) encodeTable(enc *msgpack.Encoder) error { return outcomeWire.Encode(enc, o) }
+func (c *Classification) encodeTable(enc *msgpack.Encoder) error {
+	return classificationWire.Encode(enc, c)
+}
+func (d *Decision) encodeTable(enc *msgpack.Encoder) error { return decisionWire.Encode(enc, d) }
+
 // EncodeMsgpack writes the outcome without reflection (wirecodec.go).
-func (o *Outcome) EncodeMsgpack(enc *msgpack.Encoder) error { return outcomeWire.Encode(enc, o) }
+func (o Outcome) EncodeMsgpack(enc *msgpack.Encoder) error { return outcomeWire.Encode(enc, &o) }
 
 // DecodeMsgpack reads an outcome without reflection (wirecodec.go).
 func (o *Outcome) DecodeMsgpack(dec *msgpack.Decoder) error { return outcomeWire.Decode(dec, o) }
 
 // EncodeMsgpack writes the classification without reflection (wirecodec.go).
-func (c *Classification) EncodeMsgpack(enc *msgpack.Encoder) error {
-	return classificationWire.Encode(enc, c)
+func (c Classification) EncodeMsgpack(enc *msgpack.Encoder) error {
+	return classificationWire.Encode(enc, &c)
 }
 
 // DecodeMsgpack reads a classification without reflection (wirecodec.go).
@@ -411,7 +432,7 @@ func (c *Classification) DecodeMsgpack(dec *msgpack.Decoder) error {
 }
 
 // EncodeMsgpack writes the decision without reflection (wirecodec.go).
-func (d *Decision) EncodeMsgpack(enc *msgpack.Encoder) error { return decisionWire.Encode(enc, d) }
+func (d Decision) EncodeMsgpack(enc *msgpack.Encoder) error { return decisionWire.Encode(enc, &d) }
 
 // DecodeMsgpack reads a decision without reflection (wirecodec.go).
 func (d *Decision) DecodeMsgpack(dec *msgpack.Decoder) error { return decisionWire.Decode(dec, d) }

@@ -536,7 +536,7 @@ func bench(ctx context.Context, cfg benchConfig, corpus []events.Outcome, source
 		if err != nil {
 			return nil, err
 		}
-		l.CoresNeeded = float64(rate) * rep.Median.FailbusCPUUS / 1e6
+		l.CoresNeeded = float64(rate) * rep.Median.FailbusCPUUS / 1e6 // 0 where CPU time is not measured
 		rep.Latency = append(rep.Latency, l)
 	}
 	if cfg.pending > 0 {

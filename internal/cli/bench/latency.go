@@ -405,7 +405,7 @@ func printLatency(w io.Writer, rep *benchReport) {
 		t.add("DECISION LATENCY (publish → stored)", "rate", "achieved", "raw p50", "raw p99", "failbus p50", "failbus p99", "cores needed")
 		for _, l := range rep.Latency {
 			t.add("", strconv.Itoa(l.Rate)+"/s", human(l.AchievedPerS)+"/s", fmtMS(l.Raw.P50MS), fmtMS(l.Raw.P99MS), fmtMS(l.Failbus.P50MS), fmtMS(l.Failbus.P99MS),
-				fmt.Sprintf("%.2f of %d", l.CoresNeeded, rep.Machine.GOMAXPROCS))
+				coresNeeded(l.CoresNeeded, rep.Machine.GOMAXPROCS))
 		}
 		t.write(w)
 		fmt.Fprintln(w, "raw: a relay (pull, async publish to a second stream, ack once stored); failbus: outcome → classifier → scheduler → decision stored.")
@@ -456,4 +456,13 @@ func writeProfile(path, name string) error {
 		return fmt.Errorf("%s profile: %w", name, err)
 	}
 	return nil
+}
+
+// coresNeeded shows a rate's CPU need against GOMAXPROCS; "n/a" where the
+// process's CPU time is not measured (not unix).
+func coresNeeded(cores float64, procs int) string {
+	if cores <= 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.2f of %d", cores, procs)
 }

@@ -216,15 +216,21 @@ func EncodeRecord(r refusal.Record) ([]byte, error) {
 	return b, nil
 }
 
+// isMsgpackMap: data starts a msgpack map (fixmap, map16, map32).
+func isMsgpackMap(data []byte) bool {
+	return len(data) > 0 && (data[0]&0xf0 == 0x80 || data[0] == 0xde || data[0] == 0xdf)
+}
+
 // DecodeRecord reads a KV value written by EncodeRecord, by
 // EncodeState (no claim, nothing applied) or by an operator as JSON.
 // The state follows DecodeState: unreadable means Legacy (frozen),
 // returned with the error. Unreadable extra keys are dropped and reported
 // in the error too, with the state kept.
 func DecodeRecord(data []byte) (refusal.Record, error) {
-	if t := bytes.TrimLeft(data, " \t\r\n"); len(t) == 0 || t[0] != '{' {
-		// One pass for what EncodeRecord wrote; a value it cannot read
-		// whole is read in two below, to keep what can be kept.
+	if isMsgpackMap(data) {
+		// One pass for what EncodeRecord wrote (a map); a value it cannot
+		// read whole, or another shape, is read in two below, to keep
+		// what can be kept.
 		var w recordWire
 		if msgpack.Unmarshal(data, &w) == nil {
 			sw, x := w.split()

@@ -326,6 +326,13 @@ func TestRecordWireMatchesMerge(t *testing.T) {
 		}
 	}
 
+	// An array as long as recordWire's fields is not a record: read as
+	// the two passes read it (frozen, with the error), not field by field.
+	arr := mustMsgpack(t, []any{"a", nil, "", "", nil, "p", 2, codecT0.UnixMilli(), 0, "s#1"})
+	if r, err := DecodeRecord(arr); err == nil || !r.State.Legacy {
+		t.Errorf("a 10-element array read as %+v, %v; want a frozen state and an error", r.State, err)
+	}
+
 	// Extras that cannot be read: the state is kept, the error says so.
 	bad := mustMsgpack(t, map[string]any{"segment": "s#1", "provider": "p", "refusals": 1, "refused_at": codecT0.UnixMilli(), "applied": "not a list"})
 	r, err := DecodeRecord(bad)

@@ -43,7 +43,7 @@ var (
 )
 
 // EncodeMsgpack writes the entry without reflection (ledgerWire).
-func (e *LedgerEntry) EncodeMsgpack(enc *msgpack.Encoder) error { return ledgerWire.Encode(enc, e) }
+func (e LedgerEntry) EncodeMsgpack(enc *msgpack.Encoder) error { return ledgerWire.Encode(enc, &e) }
 
 // DecodeMsgpack reads an entry without reflection (ledgerWire).
 func (e *LedgerEntry) DecodeMsgpack(dec *msgpack.Decoder) error { return ledgerWire.Decode(dec, e) }
