@@ -1,0 +1,74 @@
+package scope
+
+import (
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/failbus/failbus/pkg/events"
+)
+
+// The fault scope's state is stored on every batch the scheduler observes
+// (internal/scopestore) and read back when another replica wrote it: its
+// records encode and decode through field tables (events.FieldTable), not
+// msgpack's reflection, which was most of that cost (a provider's record
+// holds an Entry per profile and per model). TestCodecMatchesReflection
+// holds each table to what reflection writes and reads.
+
+var entryWire = events.NewFieldTable(
+	events.StringField("last_id", true, func(e *Entry) *string { return &e.LastID }),
+	events.TimeField("last_seen", true, func(e *Entry) *events.Time { return &e.LastSeen }),
+	events.TimeField("last_at", false, func(e *Entry) *events.Time { return &e.LastAt }),
+	events.BoolField("last_ok", false, func(e *Entry) *bool { return &e.LastOK }),
+	events.StringField("last_class", false, func(e *Entry) *string { return &e.LastClass }),
+	events.BoolField("last_network", true, func(e *Entry) *bool { return &e.LastNetwork }),
+	events.TimeField("fault_since", true, func(e *Entry) *events.Time { return &e.FaultSince }),
+	events.StringField("fault_class", true, func(e *Entry) *string { return &e.FaultClass }),
+	events.TimeField("cooldown_until", true, func(e *Entry) *events.Time { return &e.CooldownUntil }),
+)
+
+var markWire = events.NewFieldTable(
+	events.StringField("id", false, func(m *Mark) *string { return &m.ID }),
+	events.TimeField("at", false, func(m *Mark) *events.Time { return &m.At }),
+)
+
+var stateWire = events.NewFieldTable(
+	events.StringField("provider", false, func(s *ProviderState) *string { return &s.Provider }),
+	events.TimeField("clock", true, func(s *ProviderState) *events.Time { return &s.Clock }),
+	events.BoolField("outage", true, func(s *ProviderState) *bool { return &s.Outage }),
+	events.TimeField("outage_since", true, func(s *ProviderState) *events.Time { return &s.OutageSince }),
+	events.StringField("outage_reason", true, func(s *ProviderState) *string { return &s.OutageReason }),
+	events.TimeField("recovering_since", true, func(s *ProviderState) *events.Time { return &s.RecoveringSince }),
+	events.IntField("recovery_successes", true, func(s *ProviderState) *int { return &s.RecoverySuccesses }),
+	events.ReflectField("streak", func(s *ProviderState) bool { return len(s.Streak) == 0 }, func(s *ProviderState) *[]string { return &s.Streak }),
+	events.BoolField("rate_limited", true, func(s *ProviderState) *bool { return &s.RateLimited }),
+	events.TimeField("last_success", true, func(s *ProviderState) *events.Time { return &s.LastSuccess }),
+	events.ReflectField("net_failures", func(s *ProviderState) bool { return len(s.NetFailures) == 0 }, func(s *ProviderState) *[]Mark { return &s.NetFailures }),
+	events.ReflectField("profiles", func(s *ProviderState) bool { return len(s.Profiles) == 0 }, func(s *ProviderState) *map[string]*Entry { return &s.Profiles }),
+	events.ReflectField("models", func(s *ProviderState) bool { return len(s.Models) == 0 }, func(s *ProviderState) *map[string]*Entry { return &s.Models }),
+)
+
+var (
+	_ msgpack.CustomEncoder = (*Entry)(nil)
+	_ msgpack.CustomDecoder = (*Entry)(nil)
+	_ msgpack.CustomEncoder = (*Mark)(nil)
+	_ msgpack.CustomDecoder = (*Mark)(nil)
+	_ msgpack.CustomEncoder = (*ProviderState)(nil)
+	_ msgpack.CustomDecoder = (*ProviderState)(nil)
+)
+
+// EncodeMsgpack writes the entry without reflection (entryWire).
+func (e Entry) EncodeMsgpack(enc *msgpack.Encoder) error { return entryWire.Encode(enc, &e) }
+
+// DecodeMsgpack reads an entry without reflection (entryWire).
+func (e *Entry) DecodeMsgpack(dec *msgpack.Decoder) error { return entryWire.Decode(dec, e) }
+
+// EncodeMsgpack writes the mark without reflection (markWire).
+func (m Mark) EncodeMsgpack(enc *msgpack.Encoder) error { return markWire.Encode(enc, &m) }
+
+// DecodeMsgpack reads a mark without reflection (markWire).
+func (m *Mark) DecodeMsgpack(dec *msgpack.Decoder) error { return markWire.Decode(dec, m) }
+
+// EncodeMsgpack writes the state without reflection (stateWire).
+func (s ProviderState) EncodeMsgpack(enc *msgpack.Encoder) error { return stateWire.Encode(enc, &s) }
+
+// DecodeMsgpack reads a state without reflection (stateWire).
+func (s *ProviderState) DecodeMsgpack(dec *msgpack.Decoder) error { return stateWire.Decode(dec, s) }
