@@ -237,3 +237,14 @@ func TagKeys(typ reflect.Type) (names []string, omitEmpty []bool) {
 	}
 	return names, omitEmpty
 }
+
+// CoversTags fails t unless a table's keys (its Keys method: names and
+// omitempty, in order) are typ's struct tags (TagKeys).
+func CoversTags(t testing.TB, typ reflect.Type, keys func() ([]string, []bool)) {
+	t.Helper()
+	names, omitEmpty := keys()
+	wantNames, wantOmit := TagKeys(typ)
+	if !slices.Equal(names, wantNames) || !slices.Equal(omitEmpty, wantOmit) {
+		t.Errorf("%s: table %v %v, struct tags %v %v", typ, names, omitEmpty, wantNames, wantOmit)
+	}
+}

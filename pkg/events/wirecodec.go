@@ -220,60 +220,43 @@ func discard(dec *msgpack.Decoder, n int) error {
 
 // StringField is a string field.
 func StringField[T any](name string, omitEmpty bool, p func(*T) *string) Field[T] {
-	f := Field[T]{
-		name: name,
-		enc:  func(enc *msgpack.Encoder, v *T) error { return enc.EncodeString(*p(v)) },
-		dec: func(dec *msgpack.Decoder, v *T) error {
-			s, err := dec.DecodeString()
-			if err != nil {
-				return err
-			}
-			*p(v) = s
-			return nil
-		},
-	}
-	if omitEmpty {
-		f.empty = func(v *T) bool { return *p(v) == "" }
-	}
-	return f
+	return scalarField(name, omitEmpty, p, (*msgpack.Encoder).EncodeString, (*msgpack.Decoder).DecodeString)
 }
 
 // IntField is an int field.
 func IntField[T any](name string, omitEmpty bool, p func(*T) *int) Field[T] {
-	f := Field[T]{
-		name: name,
-		enc:  func(enc *msgpack.Encoder, v *T) error { return enc.EncodeInt(int64(*p(v))) },
-		dec: func(dec *msgpack.Decoder, v *T) error {
+	return scalarField(name, omitEmpty, p,
+		func(enc *msgpack.Encoder, n int) error { return enc.EncodeInt(int64(n)) },
+		func(dec *msgpack.Decoder) (int, error) {
 			n, err := dec.DecodeInt64()
-			if err != nil {
-				return err
-			}
-			*p(v) = int(n)
-			return nil
-		},
-	}
-	if omitEmpty {
-		f.empty = func(v *T) bool { return *p(v) == 0 }
-	}
-	return f
+			return int(n), err
+		})
 }
 
 // BoolField is a bool field.
 func BoolField[T any](name string, omitEmpty bool, p func(*T) *bool) Field[T] {
+	return scalarField(name, omitEmpty, p, (*msgpack.Encoder).EncodeBool, (*msgpack.Decoder).DecodeBool)
+}
+
+// scalarField is a field of a comparable kind written by enc and read by
+// dec; empty is its zero value. A failed read leaves the field as it was.
+func scalarField[T any, F comparable](name string, omitEmpty bool, p func(*T) *F,
+	enc func(*msgpack.Encoder, F) error, dec func(*msgpack.Decoder) (F, error)) Field[T] {
 	f := Field[T]{
 		name: name,
-		enc:  func(enc *msgpack.Encoder, v *T) error { return enc.EncodeBool(*p(v)) },
-		dec: func(dec *msgpack.Decoder, v *T) error {
-			b, err := dec.DecodeBool()
+		enc:  func(e *msgpack.Encoder, v *T) error { return enc(e, *p(v)) },
+		dec: func(d *msgpack.Decoder, v *T) error {
+			x, err := dec(d)
 			if err != nil {
 				return err
 			}
-			*p(v) = b
+			*p(v) = x
 			return nil
 		},
 	}
 	if omitEmpty {
-		f.empty = func(v *T) bool { return !*p(v) }
+		var zero F
+		f.empty = func(v *T) bool { return *p(v) == zero }
 	}
 	return f
 }
@@ -307,18 +290,20 @@ func ReflectField[T any, F any](name string, empty func(*T) bool, p func(*T) *F)
 // is compact exactly when the encoder is (msgpack writes a full-width
 // int64 otherwise).
 func Int64Field[T any](name string, omitEmpty bool, p func(*T) *int64) Field[T] {
-	f := ReflectField(name, nil, p)
-	if omitEmpty {
-		f.empty = func(v *T) bool { return *p(v) == 0 }
-	}
-	return f
+	return reflectScalar(name, omitEmpty, p)
 }
 
 // Uint64Field is a uint64 field, compact exactly when the encoder is.
 func Uint64Field[T any](name string, omitEmpty bool, p func(*T) *uint64) Field[T] {
+	return reflectScalar(name, omitEmpty, p)
+}
+
+// reflectScalar is ReflectField for a comparable kind, empty at its zero.
+func reflectScalar[T any, F comparable](name string, omitEmpty bool, p func(*T) *F) Field[T] {
 	f := ReflectField(name, nil, p)
 	if omitEmpty {
-		f.empty = func(v *T) bool { return *p(v) == 0 }
+		var zero F
+		f.empty = func(v *T) bool { return *p(v) == zero }
 	}
 	return f
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"math/rand/v2"
 	"reflect"
-	"slices"
 	"testing"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -84,20 +83,9 @@ func TestWireDecodeNil(t *testing.T) {
 // TestWireCodecTablesCoverEveryField: each table has one entry per
 // msgpack key of its type, in field order, with the type's omitempty.
 func TestWireCodecTablesCoverEveryField(t *testing.T) {
-	for _, c := range []struct {
-		typ  reflect.Type
-		keys func() ([]string, []bool)
-	}{
-		{reflect.TypeFor[Outcome](), outcomeWire.Keys},
-		{reflect.TypeFor[Classification](), classificationWire.Keys},
-		{reflect.TypeFor[Decision](), decisionWire.Keys},
-	} {
-		names, omit := c.keys()
-		wantNames, wantOmit := wirecheck.TagKeys(c.typ)
-		if !slices.Equal(names, wantNames) || !slices.Equal(omit, wantOmit) {
-			t.Errorf("%s: table %v %v, struct tags %v %v", c.typ, names, omit, wantNames, wantOmit)
-		}
-	}
+	wirecheck.CoversTags(t, reflect.TypeFor[Outcome](), outcomeWire.Keys)
+	wirecheck.CoversTags(t, reflect.TypeFor[Classification](), classificationWire.Keys)
+	wirecheck.CoversTags(t, reflect.TypeFor[Decision](), decisionWire.Keys)
 }
 
 // FuzzWireDecode: for any bytes within the default Limits (what a service

@@ -2,7 +2,6 @@ package scheduler
 
 import (
 	"reflect"
-	"slices"
 	"testing"
 
 	"github.com/failbus/failbus/internal/wirecheck"
@@ -22,11 +21,7 @@ func ledgerMir(e *LedgerEntry) any { return (*ledgerMirror)(e) }
 // struct's, in order, retry.Record's inlined.
 func TestLedgerCodecMatchesReflection(t *testing.T) {
 	wirecheck.Match(t, 11, 3000, ledgerMir, func() any { return new(ledgerMirror) })
-	names, omit := ledgerWire.Keys()
-	wantNames, wantOmit := wirecheck.TagKeys(reflect.TypeFor[LedgerEntry]())
-	if !slices.Equal(names, wantNames) || !slices.Equal(omit, wantOmit) {
-		t.Errorf("table %v %v, struct tags %v %v", names, omit, wantNames, wantOmit)
-	}
+	wirecheck.CoversTags(t, reflect.TypeFor[LedgerEntry](), ledgerWire.Keys)
 }
 
 // FuzzLedgerDecode: for any bytes within the default Limits, ledgerWire

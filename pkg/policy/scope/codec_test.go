@@ -2,7 +2,6 @@ package scope
 
 import (
 	"reflect"
-	"slices"
 	"testing"
 
 	"github.com/failbus/failbus/internal/wirecheck"
@@ -30,20 +29,9 @@ func TestCodecMatchesReflection(t *testing.T) {
 	t.Run("entry", func(t *testing.T) { wirecheck.Match(t, 21, 2000, entryMir, func() any { return new(entryMirror) }) })
 	t.Run("mark", func(t *testing.T) { wirecheck.Match(t, 22, 500, markMir, func() any { return new(markMirror) }) })
 	t.Run("state", func(t *testing.T) { wirecheck.Match(t, 23, 2000, stateMir, func() any { return new(stateMirror) }) })
-	for _, c := range []struct {
-		typ  reflect.Type
-		keys func() ([]string, []bool)
-	}{
-		{reflect.TypeFor[Entry](), entryWire.Keys},
-		{reflect.TypeFor[Mark](), markWire.Keys},
-		{reflect.TypeFor[ProviderState](), stateWire.Keys},
-	} {
-		names, omit := c.keys()
-		wantNames, wantOmit := wirecheck.TagKeys(c.typ)
-		if !slices.Equal(names, wantNames) || !slices.Equal(omit, wantOmit) {
-			t.Errorf("%s: table %v %v, struct tags %v %v", c.typ, names, omit, wantNames, wantOmit)
-		}
-	}
+	wirecheck.CoversTags(t, reflect.TypeFor[Entry](), entryWire.Keys)
+	wirecheck.CoversTags(t, reflect.TypeFor[Mark](), markWire.Keys)
+	wirecheck.CoversTags(t, reflect.TypeFor[ProviderState](), stateWire.Keys)
 }
 
 // FuzzCodecDecode: for any bytes within the default Limits, the tables and
