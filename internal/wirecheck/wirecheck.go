@@ -183,20 +183,47 @@ func Match[T any](t *testing.T, seed uint64, n int, mirror func(*T) any, newMirr
 }
 
 // Seeds are encodings of n random values of T (reflection's, by way of
-// mirror), for a fuzz test's corpus.
+// mirror) of at most 4 KiB each (a long one slows the fuzzer down), then
+// the edge shapes every table must read as reflection does, for a fuzz
+// test's corpus.
 func Seeds[T any](seed uint64, n int, mirror func(*T) any) [][]byte {
 	r := rand.New(rand.NewPCG(seed, seed))
 	var out [][]byte
-	for range n {
+	for len(out) < n {
 		v := new(T)
 		Fill(r, reflect.ValueOf(v).Elem())
 		b, err := msgpack.Marshal(mirror(v))
 		if err != nil {
 			panic(err)
 		}
-		out = append(out, b)
+		if len(b) <= 4<<10 {
+			out = append(out, b)
+		}
 	}
-	return out
+	keys, _ := TagKeys(reflect.TypeFor[T]())
+	return append(out, edgeSeeds(len(keys))...)
+}
+
+// edgeSeeds are shapes beside a plain map, for a struct of fields keys.
+func edgeSeeds(fields int) [][]byte {
+	array := func(n int) []byte { // the array form, every field nil
+		b, err := msgpack.Marshal(make([]any, n))
+		if err != nil {
+			panic(err)
+		}
+		return b
+	}
+	return [][]byte{
+		{0xc0},             // nil
+		{0x90},             // an empty array
+		array(fields),      // the array form
+		array(fields + 1),  // an array one too long
+		array(fields - 1),  // one too short
+		{0x81, 0xc0, 0x01}, // a nil key
+		{0x82, 0xa2, 'i', 'd', 0xa1, 'a', 0xa2, 'i', 'd', 0xa1, 'b'},          // a key twice
+		append(append([]byte{0x81, 0xd9, 0x28}, make([]byte, 0x28)...), 0x01), // a long unknown key
+		{0xd4, 0x01, 0x01}, // an ext where a map belongs
+	}
 }
 
 // SameDecode reports, for data, whether T's codec and reflection (into a

@@ -25,7 +25,11 @@ import (
 // form), under the encoder and decoder settings failbus uses: compact
 // integers or not, sorted map keys or not. It does not follow the
 // settings nothing here turns on: DisallowUnknownFields,
-// UseArrayEncodedStructs, SetOmitEmpty, custom struct tags.
+// UseArrayEncodedStructs, SetOmitEmpty, custom struct tags, interned
+// strings (an interned key is an error). One input reads differently:
+// reflection also takes an inlined embedded struct's own name as a key
+// ({"Record": {…}} into a LedgerEntry's retry.Record), which a table
+// skips as unknown; failbus never writes that key.
 // internal/wirecheck holds a table to reflection on a mirror type without
 // its methods, and fails when a field is added to a type but not to its
 // table (TestWireCodecMatchesReflection, FuzzWireDecode).

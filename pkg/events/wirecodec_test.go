@@ -88,6 +88,36 @@ func TestWireCodecTablesCoverEveryField(t *testing.T) {
 	wirecheck.CoversTags(t, reflect.TypeFor[Decision](), decisionWire.Keys)
 }
 
+// TestWireArrayForm: a struct in msgpack's array form reads as reflection
+// reads it: every field in order when the length is the struct's, an
+// error when it is not.
+func TestWireArrayForm(t *testing.T) {
+	for _, b := range edgeArrays(reflect.TypeFor[Decision]().NumField()) {
+		if err := wirecheck.SameDecode(b, decisionMir, func() any { return new(decisionMirror) }); err != nil {
+			t.Error(err)
+		}
+	}
+	full, _ := msgpack.Marshal([]any{"o", nil, "a", "retry", "", "", 5, nil, 2, "r", "p", "m", "k"})
+	var d Decision
+	if err := msgpack.Unmarshal(full, &d); err != nil || d.OutcomeID != "o" || d.DelayMS != 5 || d.Retry != 2 || d.Profile != "k" {
+		t.Errorf("array form read as %+v, %v", d, err)
+	}
+	long, _ := msgpack.Marshal(append([]any{"o", nil, "a", "retry", "", "", 5, nil, 2, "r", "p", "m", "k"}, "extra"))
+	if err := msgpack.Unmarshal(long, &d); err == nil {
+		t.Errorf("an array one longer than the struct read without an error: %+v", d)
+	}
+}
+
+// edgeArrays are arrays of n-1, n and n+1 nils.
+func edgeArrays(n int) [][]byte {
+	var out [][]byte
+	for _, k := range []int{n - 1, n, n + 1} {
+		b, _ := msgpack.Marshal(make([]any, k))
+		out = append(out, b)
+	}
+	return out
+}
+
 // FuzzWireDecode: for any bytes within the default Limits (what a service
 // decodes: UnmarshalLimits scans first, so nesting deep enough to exhaust
 // the stack never reaches either decoder), the tables and reflection
