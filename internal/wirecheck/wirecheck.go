@@ -150,9 +150,8 @@ func Encodings(t testing.TB, v any) [3][]byte {
 // writes equal what reflection writes for mirror(v), under each of
 // Encodings' set-ups, and what T's codec reads back equals what reflection
 // reads into a fresh mirror. mirror converts a *T to a pointer to its
-// mirror type (a Go conversion: the types have identical fields);
-// newMirror returns a fresh one.
-func Match[T any](t *testing.T, seed uint64, n int, mirror func(*T) any, newMirror func() any) {
+// mirror type (a Go conversion: the types have identical fields).
+func Match[T any](t *testing.T, seed uint64, n int, mirror func(*T) any) {
 	t.Helper()
 	r := rand.New(rand.NewPCG(seed, seed))
 	for i := range n {
@@ -169,7 +168,7 @@ func Match[T any](t *testing.T, seed uint64, n int, mirror func(*T) any, newMirr
 				t.Fatalf("%T value %d by value, encoder set-up %d: the table wrote\n%x\nreflection wrote\n%x\nfor %+v", v, i, k, byValue[k], want[k], v)
 			}
 		}
-		back, backMir := new(T), newMirror()
+		back, backMir := new(T), freshMirror(mirror)
 		if err := msgpack.Unmarshal(got[1], back); err != nil {
 			t.Fatalf("%T value %d: decode: %v", v, i, err)
 		}
@@ -201,11 +200,14 @@ func Seeds[T any](seed uint64, n int, mirror func(*T) any) [][]byte {
 		}
 	}
 	keys, _ := TagKeys(reflect.TypeFor[T]())
-	return append(out, edgeSeeds(len(keys))...)
+	return append(out, EdgeSeeds(len(keys))...)
 }
 
-// edgeSeeds are shapes beside a plain map, for a struct of fields keys.
-func edgeSeeds(fields int) [][]byte {
+// EdgeSeeds are the shapes beside a plain map that a table must read as
+// reflection does, for a struct of fields keys: nil, arrays (empty, of
+// its length and one off), a nil key, a key twice, a long unknown key, an
+// ext where a map belongs.
+func EdgeSeeds(fields int) [][]byte {
 	array := func(n int) []byte { // the array form, every field nil
 		b, err := msgpack.Marshal(make([]any, n))
 		if err != nil {
@@ -226,10 +228,15 @@ func edgeSeeds(fields int) [][]byte {
 	}
 }
 
+// freshMirror is a new zero value of the mirror type mirror converts to.
+func freshMirror[T any](mirror func(*T) any) any {
+	return reflect.New(reflect.TypeOf(mirror(new(T))).Elem()).Interface()
+}
+
 // SameDecode reports, for data, whether T's codec and reflection (into a
 // fresh mirror) agree: both fail, or both succeed with equal values.
-func SameDecode[T any](data []byte, mirror func(*T) any, newMirror func() any) error {
-	got, want := new(T), newMirror()
+func SameDecode[T any](data []byte, mirror func(*T) any) error {
+	got, want := new(T), freshMirror(mirror)
 	gotErr, wantErr := msgpack.Unmarshal(data, got), msgpack.Unmarshal(data, want)
 	if (gotErr == nil) != (wantErr == nil) {
 		return fmt.Errorf("%T: %x: table error %v, reflection error %v", got, data, gotErr, wantErr)

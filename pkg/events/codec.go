@@ -149,13 +149,7 @@ func marshalPooled(v any, configure func(*msgpack.Encoder)) ([]byte, error) {
 	defer e.put()
 	e.enc.Reset(&e.buf)
 	configure(e.enc)
-	var err error
-	if w, ok := v.(tableEncoder); ok {
-		err = w.encodeTable(e.enc) // the table on the pointer: no copy
-	} else {
-		err = e.enc.Encode(v)
-	}
-	if err != nil {
+	if err := e.enc.Encode(v); err != nil {
 		return nil, err
 	}
 	return bytes.Clone(e.buf.Bytes()), nil
@@ -301,8 +295,8 @@ func UnmarshalLimits(data []byte, m Message, lim Limits) error {
 	if len(data) == 0 {
 		return fmt.Errorf("%w: empty payload", ErrNotFailbus)
 	}
-	if c := data[0]; !(c >= 0x80 && c <= 0x8f) && c != 0xde && c != 0xdf {
-		return fmt.Errorf("%w: payload is not a msgpack map (first byte 0x%02x)", ErrNotFailbus, c)
+	if !IsMsgpackMap(data) {
+		return fmt.Errorf("%w: payload is not a msgpack map (first byte 0x%02x)", ErrNotFailbus, data[0])
 	}
 	if err := CheckMsgpack(data, lim); err != nil {
 		return err
@@ -318,6 +312,12 @@ func UnmarshalLimits(data []byte, m Message, lim Limits) error {
 		return fmt.Errorf("%w: decode %s: %s", ErrNotFailbus, m.SchemaName(), cleanErr(err))
 	}
 	return nil
+}
+
+// IsMsgpackMap reports whether data starts a msgpack map (fixmap, map16,
+// map32): the shape of every failbus record, and never of JSON text.
+func IsMsgpackMap(data []byte) bool {
+	return len(data) > 0 && (data[0]&0xf0 == 0x80 || data[0] == 0xde || data[0] == 0xdf)
 }
 
 // decoders keeps msgpack decoders with their readers between Unmarshal

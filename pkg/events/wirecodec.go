@@ -392,18 +392,6 @@ var (
 	_ msgpack.CustomDecoder = (*Decision)(nil)
 )
 
-// tableEncoder is a type of this package encoded by a table: Marshal
-// calls the table on the pointer it was given, where msgpack would call
-// EncodeMsgpack on a copy (a value receiver, so that a value that is not
-// addressable encodes too).
-type tableEncoder interface{ encodeTable(*msgpack.Encoder) error }
-
-func (o *Outcome) encodeTable(enc *msgpack.Encoder) error { return outcomeWire.Encode(enc, o) }
-func (c *Classification) encodeTable(enc *msgpack.Encoder) error {
-	return classificationWire.Encode(enc, c)
-}
-func (d *Decision) encodeTable(enc *msgpack.Encoder) error { return decisionWire.Encode(enc, d) }
-
 // EncodeMsgpack writes the outcome without reflection (wirecodec.go).
 func (o Outcome) EncodeMsgpack(enc *msgpack.Encoder) error { return outcomeWire.Encode(enc, &o) }
 

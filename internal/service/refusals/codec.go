@@ -169,7 +169,8 @@ func (x recordExtras) apply(r *refusal.Record) {
 // again: five passes on every refusal the tiers store, and the keys were
 // in Go's map order, not sorted as this doc said (SetSortMapKeys does not
 // sort a map of RawMessage).
-// TestRecordWireMatchesMerge holds it to the merged form, byte for byte.
+// TestRecordWireMatchesMerge holds it to the merged form, key for key and
+// value byte for value byte, and checks the keys are sorted.
 type recordWire struct {
 	Agent      string        `msgpack:"agent,omitempty"`
 	Applied    []appliedWire `msgpack:"applied,omitempty"`
@@ -216,18 +217,13 @@ func EncodeRecord(r refusal.Record) ([]byte, error) {
 	return b, nil
 }
 
-// isMsgpackMap: data starts a msgpack map (fixmap, map16, map32).
-func isMsgpackMap(data []byte) bool {
-	return len(data) > 0 && (data[0]&0xf0 == 0x80 || data[0] == 0xde || data[0] == 0xdf)
-}
-
 // DecodeRecord reads a KV value written by EncodeRecord, by
 // EncodeState (no claim, nothing applied) or by an operator as JSON.
 // The state follows DecodeState: unreadable means Legacy (frozen),
 // returned with the error. Unreadable extra keys are dropped and reported
 // in the error too, with the state kept.
 func DecodeRecord(data []byte) (refusal.Record, error) {
-	if isMsgpackMap(data) {
+	if events.IsMsgpackMap(data) {
 		// One pass for what EncodeRecord wrote (a map); a value it cannot
 		// read whole, or another shape, is read in two below, to keep
 		// what can be kept.

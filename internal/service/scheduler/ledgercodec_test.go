@@ -20,7 +20,7 @@ func ledgerMir(e *LedgerEntry) any { return (*ledgerMirror)(e) }
 // encoder set-up and reads back what reflection reads; its keys are the
 // struct's, in order, retry.Record's inlined.
 func TestLedgerCodecMatchesReflection(t *testing.T) {
-	wirecheck.Match(t, 11, 3000, ledgerMir, func() any { return new(ledgerMirror) })
+	wirecheck.Match(t, 11, 3000, ledgerMir)
 	wirecheck.CoversTags(t, reflect.TypeFor[LedgerEntry](), ledgerWire.Keys)
 }
 
@@ -34,7 +34,7 @@ func FuzzLedgerDecode(f *testing.F) {
 		if events.CheckMsgpack(data, events.Limits{}) != nil {
 			return
 		}
-		if err := wirecheck.SameDecode(data, ledgerMir, func() any { return new(ledgerMirror) }); err != nil {
+		if err := wirecheck.SameDecode(data, ledgerMir); err != nil {
 			t.Fatal(err)
 		}
 	})

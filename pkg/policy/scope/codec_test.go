@@ -26,9 +26,9 @@ func stateMir(s *ProviderState) any { return (*stateMirror)(s) }
 // encoder set-up, reads what reflection reads, and has the struct's keys
 // in order.
 func TestCodecMatchesReflection(t *testing.T) {
-	t.Run("entry", func(t *testing.T) { wirecheck.Match(t, 21, 2000, entryMir, func() any { return new(entryMirror) }) })
-	t.Run("mark", func(t *testing.T) { wirecheck.Match(t, 22, 500, markMir, func() any { return new(markMirror) }) })
-	t.Run("state", func(t *testing.T) { wirecheck.Match(t, 23, 2000, stateMir, func() any { return new(stateMirror) }) })
+	t.Run("entry", func(t *testing.T) { wirecheck.Match(t, 21, 2000, entryMir) })
+	t.Run("mark", func(t *testing.T) { wirecheck.Match(t, 22, 500, markMir) })
+	t.Run("state", func(t *testing.T) { wirecheck.Match(t, 23, 2000, stateMir) })
 	wirecheck.CoversTags(t, reflect.TypeFor[Entry](), entryWire.Keys)
 	wirecheck.CoversTags(t, reflect.TypeFor[Mark](), markWire.Keys)
 	wirecheck.CoversTags(t, reflect.TypeFor[ProviderState](), stateWire.Keys)
@@ -47,9 +47,9 @@ func FuzzCodecDecode(f *testing.F) {
 			return
 		}
 		for _, err := range []error{
-			wirecheck.SameDecode(data, entryMir, func() any { return new(entryMirror) }),
-			wirecheck.SameDecode(data, markMir, func() any { return new(markMirror) }),
-			wirecheck.SameDecode(data, stateMir, func() any { return new(stateMirror) }),
+			wirecheck.SameDecode(data, entryMir),
+			wirecheck.SameDecode(data, markMir),
+			wirecheck.SameDecode(data, stateMir),
 		} {
 			if err != nil {
 				t.Fatal(err)
