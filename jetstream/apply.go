@@ -27,7 +27,9 @@ const kvStreamPrefix = "KV_"
 // existing resource can be updated in place; if any cannot, it returns every
 // such problem as an *IncompatibleError (joined; use errors.As) and changes
 // nothing. Then it creates or updates streams, consumers and buckets in that
-// order, stopping at the first error, which names the resource. Running
+// order, stopping at the first error, which names the resource, and
+// deletes the durable consumers earlier versions had and this one retired
+// (names.go). Running
 // Apply from several processes at once is safe: each converges on the same
 // configuration.
 func Apply(ctx context.Context, js jetstream.JetStream, opts Options) error {
@@ -112,6 +114,11 @@ func Apply(ctx context.Context, js jetstream.JetStream, opts Options) error {
 	for _, want := range r.buckets {
 		if _, err := js.CreateOrUpdateKeyValue(ctx, want); err != nil {
 			return fmt.Errorf("topology: create or update bucket %s: %w", want.Bucket, replicasError(js, r.replicas, err))
+		}
+	}
+	for _, c := range retired {
+		if err := js.DeleteConsumer(ctx, c.stream, c.name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return fmt.Errorf("topology: delete retired consumer %s on %s: %w", c.name, c.stream, err)
 		}
 	}
 	return nil

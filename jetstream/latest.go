@@ -20,6 +20,11 @@ import (
 // does, with a watch.
 var ErrBatchUnavailable = errors.New("batch read unavailable")
 
+// ErrTooManySubjects is the ErrBatchUnavailable of a batch read whose
+// filters match more subjects than one answer may carry (the server's
+// 1024): read a shorter range of the stream (LastPerSubject's from).
+var ErrTooManySubjects = fmt.Errorf("%w: more subjects than one answer carries", ErrBatchUnavailable)
+
 // LatestEntries returns every live entry of kv (bucket) whose key matches
 // keyFilter (KV wildcards `*` and `>`): the keys, values and revisions
 // kv.WatchFiltered with IgnoreDeletes delivers before its end-of-snapshot
@@ -67,10 +72,15 @@ func latestWatch(ctx context.Context, kv jetstream.KeyValue, keyFilter string) (
 	}
 }
 
-// multiLastRequest is the direct-get request for the last message of
-// every subject matching MultiLastFor.
-type multiLastRequest struct {
-	MultiLastFor []string `json:"multi_last"`
+// batchRequest is a direct-get batch request: the last message of every
+// subject matching MultiLastFor, or up to Batch messages matching NextFor
+// from Seq on.
+type batchRequest struct {
+	MultiLastFor []string `json:"multi_last,omitempty"`
+	NextFor      string   `json:"next_by_subj,omitempty"`
+	Batch        int      `json:"batch,omitempty"`
+	// Seq is the first sequence looked at (0: the stream's first).
+	Seq uint64 `json:"seq,omitempty"`
 }
 
 // multiLast sends one multi_last direct get for filters to stream and calls
@@ -78,8 +88,16 @@ type multiLastRequest struct {
 // and Nats-Num-Pending merged into the message's own). No subject matching
 // is no call and no error; an answer the server could not give whole is
 // ErrBatchUnavailable.
-func multiLast(ctx context.Context, js jetstream.JetStream, stream string, filters []string, fn func(*nats.Msg) error) error {
-	req, err := json.Marshal(multiLastRequest{MultiLastFor: filters})
+func multiLast(ctx context.Context, js jetstream.JetStream, stream string, filters []string, from uint64, fn func(*nats.Msg) error) error {
+	return directBatch(ctx, js, stream, batchRequest{MultiLastFor: filters, Seq: from}, maxBatchAnswers, false, fn)
+}
+
+// directBatch sends req, a batch direct get of at most answers messages, to
+// stream and calls fn with each answer. An answer cut short (by the
+// server's byte limit, or a Batch below what matches) is
+// ErrBatchUnavailable unless partial.
+func directBatch(ctx context.Context, js jetstream.JetStream, stream string, req batchRequest, answers int, partial bool, fn func(*nats.Msg) error) error {
+	body, err := json.Marshal(req)
 	if err != nil {
 		return err
 	}
@@ -99,16 +117,16 @@ func multiLast(ctx context.Context, js jetstream.JetStream, stream string, filte
 	// Room for every answer the server may send, the end-of-batch
 	// included, so none is dropped (a SubscribeSync allocates a channel of
 	// 64k per request: most of this read's cost, measured).
-	ch := make(chan *nats.Msg, maxBatchAnswers+1)
+	ch := make(chan *nats.Msg, answers+1)
 	sub, err := nc.ChanSubscribe(inbox, ch)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = sub.Unsubscribe() }()
-	if err := nc.PublishMsg(&nats.Msg{Subject: apiPrefix(js.Options()) + "DIRECT.GET." + stream, Reply: inbox, Data: req}); err != nil {
+	if err := nc.PublishMsg(&nats.Msg{Subject: apiPrefix(js.Options()) + "DIRECT.GET." + stream, Reply: inbox, Data: body}); err != nil {
 		return err
 	}
-	for answers := 0; ; answers++ {
+	for got := 0; ; got++ {
 		var m *nats.Msg
 		select {
 		case m = <-ch:
@@ -117,18 +135,20 @@ func multiLast(ctx context.Context, js jetstream.JetStream, stream string, filte
 		}
 		if len(m.Data) == 0 && m.Header.Get("Status") != "" {
 			switch m.Header.Get("Status") {
-			case "204": // end of batch: complete unless the byte limit cut it
-				if np := m.Header.Get("Nats-Num-Pending"); np != "0" {
+			case "204": // end of batch: complete unless a limit cut it
+				if np := m.Header.Get("Nats-Num-Pending"); np != "0" && !partial {
 					return fmt.Errorf("%w: cut short with %s pending", ErrBatchUnavailable, np)
 				}
 				return nil
 			case "404":
-				if answers == 0 { // no subject matches
+				if got == 0 { // nothing matches
 					return nil
 				}
 				// A message that failed to load after others were sent.
-				return fmt.Errorf("%w: 404 %s after %d answers", ErrBatchUnavailable, m.Header.Get("Description"), answers)
-			default: // 413 too many results, 503 no responders (no direct gets), …
+				return fmt.Errorf("%w: 404 %s after %d answers", ErrBatchUnavailable, m.Header.Get("Description"), got)
+			case "413":
+				return fmt.Errorf("%w: %s", ErrTooManySubjects, m.Header.Get("Description"))
+			default: // 503 no responders (no direct gets), …
 				return fmt.Errorf("%w: %s %s", ErrBatchUnavailable, m.Header.Get("Status"), m.Header.Get("Description"))
 			}
 		}
@@ -141,11 +161,86 @@ func multiLast(ctx context.Context, js jetstream.JetStream, stream string, filte
 	}
 }
 
+// ReadFrom calls fn with the messages of stream matching filter (wildcards
+// allowed) from sequence from on, in order, at most n of them (at most
+// 4096), in one direct batch read: fewer when the server's byte limit cuts
+// the answer. The last-of-each read for more subjects than LastPerSubject
+// answers: the tail of a stream, from LastSeq back.
+func ReadFrom(ctx context.Context, js jetstream.JetStream, stream, filter string, from uint64, n int, fn func(*nats.Msg) error) error {
+	n = min(n, maxReadFrom)
+	if n <= 0 {
+		return nil
+	}
+	if err := directBatch(ctx, js, stream, batchRequest{NextFor: filter, Seq: max(from, 1), Batch: n}, n, true, fn); err != nil {
+		return fmt.Errorf("read %s in %s from %d: %w", filter, stream, from, err)
+	}
+	return nil
+}
+
+// maxReadFrom bounds ReadFrom's batch (and its channel).
+const maxReadFrom = 4096
+
+// LastPerSubject calls fn with the last message of every subject of stream
+// matching filters (wildcards allowed), among the messages from sequence
+// from on (0: the whole stream), in one direct batch read: a stream's
+// "latest per key" without a consumer, for what is read now and then (the
+// recovery service's probe targets, read from the outcomes and decisions
+// stored anyway). Each message carries the headers Nats-Subject,
+// Nats-Sequence and Nats-Time-Stamp. More than 1024 matching subjects is
+// ErrTooManySubjects; a stream without direct gets, or a server before
+// 2.11, ErrBatchUnavailable.
+func LastPerSubject(ctx context.Context, js jetstream.JetStream, stream string, filters []string, from uint64, fn func(*nats.Msg) error) error {
+	if err := multiLast(ctx, js, stream, filters, from, fn); err != nil {
+		return fmt.Errorf("read the last of %s in %s: %w", strings.Join(filters, " "), stream, err)
+	}
+	return nil
+}
+
+// directLastRequest is the direct-get request for the last message of a
+// subject.
+type directLastRequest struct {
+	LastFor string `json:"last_by_subj"`
+}
+
+// LastSeq returns the stream sequence of the last message of stream whose
+// subject matches subject (wildcards allowed); 0 when none does. One direct
+// get, which needs the stream's allow_direct.
+func LastSeq(ctx context.Context, js jetstream.JetStream, stream, subject string) (uint64, error) {
+	req, err := json.Marshal(directLastRequest{LastFor: subject})
+	if err != nil {
+		return 0, err
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		timeout := js.Options().DefaultTimeout
+		if timeout <= 0 {
+			timeout = 5 * time.Second
+		}
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	m, err := js.Conn().RequestWithContext(ctx, apiPrefix(js.Options())+"DIRECT.GET."+stream, req)
+	if err != nil {
+		return 0, fmt.Errorf("last sequence of %s in %s: %w", subject, stream, err)
+	}
+	if st := m.Header.Get("Status"); st != "" && len(m.Data) == 0 {
+		if st == "404" {
+			return 0, nil
+		}
+		return 0, fmt.Errorf("last sequence of %s in %s: %s %s", subject, stream, st, m.Header.Get("Description"))
+	}
+	seq, err := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("last sequence of %s in %s: %w", subject, stream, err)
+	}
+	return seq, nil
+}
+
 // latestBatch is LatestEntries with one multi_last direct get.
 func latestBatch(ctx context.Context, js jetstream.JetStream, bucket, keyFilter string) ([]jetstream.KeyValueEntry, error) {
 	pre := "$KV." + bucket + "."
 	var out []jetstream.KeyValueEntry
-	err := multiLast(ctx, js, "KV_"+bucket, []string{pre + keyFilter}, func(m *nats.Msg) error {
+	err := multiLast(ctx, js, "KV_"+bucket, []string{pre + keyFilter}, 0, func(m *nats.Msg) error {
 		e, err := batchEntry(bucket, pre, m)
 		if e != nil {
 			out = append(out, e)

@@ -1,12 +1,15 @@
 package topology_test
 
 import (
+	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	topology "github.com/failbus/failbus/jetstream"
@@ -211,4 +214,77 @@ func must[T any](v T, err error) T {
 		panic(err)
 	}
 	return v
+}
+
+// TestLastPerSubject: the last message of each matching subject, from a
+// sequence on; more subjects than one answer is ErrTooManySubjects (and
+// ErrBatchUnavailable), which a shorter range avoids; LastSeq names the
+// last matching message.
+func TestLastPerSubject(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if _, err := b.js.CreateStream(b.ctx, jetstream.StreamConfig{Name: "LAST", Subjects: []string{"last.>"}, AllowDirect: true}); err != nil {
+		t.Fatal(err)
+	}
+	pub := func(subj, data string) uint64 {
+		return must(b.js.Publish(b.ctx, subj, []byte(data))).Sequence
+	}
+	read := func(filter string, from uint64) (map[string]string, error) {
+		got := map[string]string{}
+		err := topology.LastPerSubject(b.ctx, b.js, "LAST", []string{filter}, from, func(m *nats.Msg) error {
+			got[m.Header.Get(jetstream.SubjectHeader)] = string(m.Data)
+			return nil
+		})
+		return got, err
+	}
+	pub("last.p.a", "a1")
+	pub("last.p.b", "b1")
+	mid := pub("last.q.a", "qa")
+	pub("last.p.a", "a2")
+	lastP := pub("last.p.c", "c1")
+	pub("last.q.b", "qb")
+
+	for _, tt := range []struct {
+		filter string
+		from   uint64
+		want   map[string]string
+	}{
+		{"last.p.*", 0, map[string]string{"last.p.a": "a2", "last.p.b": "b1", "last.p.c": "c1"}},
+		{"last.p.*", mid, map[string]string{"last.p.a": "a2", "last.p.c": "c1"}},
+		{"last.x.*", 0, map[string]string{}},
+	} {
+		got, err := read(tt.filter, tt.from)
+		if err != nil || !maps.Equal(got, tt.want) {
+			t.Errorf("%s from %d: %v, %v; want %v", tt.filter, tt.from, got, err, tt.want)
+		}
+	}
+	for filter, want := range map[string]uint64{"last.p.*": lastP, "last.p.b": 2, "last.x.*": 0} {
+		if got, err := topology.LastSeq(b.ctx, b.js, "LAST", filter); err != nil || got != want {
+			t.Errorf("LastSeq %s = %d, %v; want %d", filter, got, err, want)
+		}
+	}
+
+	first := pub("last.many.0", "0")
+	for i := 1; i < 1100; i++ {
+		pub(fmt.Sprintf("last.many.%d", i), fmt.Sprint(i))
+	}
+	_, err := read("last.many.*", 0)
+	if !errors.Is(err, topology.ErrTooManySubjects) || !errors.Is(err, topology.ErrBatchUnavailable) {
+		t.Fatalf("1100 subjects: %v, want ErrTooManySubjects", err)
+	}
+	last := must(topology.LastSeq(b.ctx, b.js, "LAST", "last.many.*"))
+	var tail []string
+	if err := topology.ReadFrom(b.ctx, b.js, "LAST", "last.many.*", last-99, 500, func(m *nats.Msg) error {
+		tail = append(tail, string(m.Data))
+		return nil
+	}); err != nil || len(tail) != 100 || tail[0] != "1000" || tail[99] != "1099" {
+		t.Errorf("the tail from %d: %d messages %v…, %v; want 1000 to 1099", last-99, len(tail), tail[:min(len(tail), 3)], err)
+	}
+	tail = nil
+	if err := topology.ReadFrom(b.ctx, b.js, "LAST", "last.many.*", first, 10, func(m *nats.Msg) error {
+		tail = append(tail, string(m.Data))
+		return nil
+	}); err != nil || !slices.Equal(tail, strings.Fields("0 1 2 3 4 5 6 7 8 9")) {
+		t.Errorf("10 from %d: %v, %v; want 0 to 9", first, tail, err)
+	}
 }

@@ -79,10 +79,22 @@ const (
 	// ConsumerRecoveryTasks reads StreamTasks one message at a time (max
 	// ack pending 1), so tasks are dispatched or held in submission order.
 	ConsumerRecoveryTasks = "recovery-tasks"
-	// ConsumerRecoveryDecisions reads StreamDecisions, so recovery knows
-	// which agents use, and hold on, which provider (probe targets).
-	ConsumerRecoveryDecisions = "recovery-decisions"
 )
+
+// Retired consumers: durables of earlier versions that Apply deletes where
+// it finds them, so nothing keeps counting messages nobody reads (a lag
+// alarm on them would never clear).
+const (
+	// RetiredRecoveryDecisions read StreamDecisions for the recovery
+	// service's probe targets, which it now reads from the outcomes and
+	// decisions when a probe is due.
+	RetiredRecoveryDecisions = "recovery-decisions"
+)
+
+// retired are the retired consumers and their streams.
+var retired = []struct{ stream, name string }{
+	{StreamDecisions, RetiredRecoveryDecisions},
+}
 
 // KV bucket names. The backing streams are named KV_<bucket> by JetStream.
 const (

@@ -282,7 +282,6 @@ func TestConsumers(t *testing.T) {
 		{topology.ConsumerRecoveryHeartbeats, topology.StreamLiveness, []string{"failbus.heartbeat.>"}},
 		{topology.ConsumerRecoveryReports, topology.StreamReports, []string{"failbus.cron.>", "failbus.write.>"}},
 		{topology.ConsumerRecoveryTasks, topology.StreamTasks, []string{"failbus.task.>"}},
-		{topology.ConsumerRecoveryDecisions, topology.StreamDecisions, []string{"failbus.decision.>"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -385,6 +384,32 @@ func TestApplyTwiceIsIdempotent(t *testing.T) {
 	}
 	if e, err := kv.Get(b.ctx, "active"); err != nil || string(e.Value()) != "v1" {
 		t.Errorf("policy bucket lost its key: %v", err)
+	}
+}
+
+// TestApplyDeletesRetiredConsumers: a bus set up by an earlier version
+// keeps the durables it had; Apply deletes those this version retired,
+// and leaves everything else, a durable of someone else's included.
+func TestApplyDeletesRetiredConsumers(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.apply(t, topology.Options{})
+	for _, name := range []string{topology.RetiredRecoveryDecisions, "someone-elses"} {
+		if _, err := b.js.CreateConsumer(b.ctx, topology.StreamDecisions, jetstream.ConsumerConfig{
+			Durable: name, AckPolicy: jetstream.AckExplicitPolicy, FilterSubject: "failbus.decision.>",
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.apply(t, topology.Options{})
+	if _, err := b.js.Consumer(b.ctx, topology.StreamDecisions, topology.RetiredRecoveryDecisions); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		t.Errorf("retired consumer %s after Apply: %v, want not found", topology.RetiredRecoveryDecisions, err)
+	}
+	if _, err := b.js.Consumer(b.ctx, topology.StreamDecisions, "someone-elses"); err != nil {
+		t.Errorf("Apply deleted a consumer it does not own: %v", err)
+	}
+	if _, _, ok := topology.Consumer(topology.RetiredRecoveryDecisions); ok {
+		t.Errorf("retired consumer %s is still in the topology", topology.RetiredRecoveryDecisions)
 	}
 }
 
@@ -693,7 +718,7 @@ func TestREADMENamesEveryResource(t *testing.T) {
 		names = append(names, "| "+b.Bucket+" |", "nats kv add "+b.Bucket+" ")
 	}
 	for _, c := range []string{topology.ConsumerClassifier, topology.ConsumerScheduler, topology.ConsumerRefusals, topology.ConsumerNotifier, topology.ConsumerRecovery,
-		topology.ConsumerRecoveryHeartbeats, topology.ConsumerRecoveryReports, topology.ConsumerRecoveryTasks, topology.ConsumerRecoveryDecisions} {
+		topology.ConsumerRecoveryHeartbeats, topology.ConsumerRecoveryReports, topology.ConsumerRecoveryTasks} {
 		names = append(names, "| "+c+" |")
 	}
 	for _, n := range names {

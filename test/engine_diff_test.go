@@ -221,7 +221,6 @@ func diffSettle(ctx context.Context, t *testing.T, js jetstream.JetStream) {
 		{topology.StreamOutcomes, topology.ConsumerRefusalBoundaries},
 		{topology.StreamNotify, topology.ConsumerNotifier},
 		{topology.StreamHealth, topology.ConsumerRecovery},
-		{topology.StreamDecisions, topology.ConsumerRecoveryDecisions},
 	}, func() bool { return recoverySettled(ctx, t, js) })
 }
 

@@ -689,7 +689,7 @@ func TestRecoveryStoryKilledAtEachStep(t *testing.T) {
 	t.Parallel()
 	b := recSetup(t, 4*time.Minute)
 	// Redeliver what a killed process held after 1 s instead of 30 s.
-	for _, name := range []string{topology.ConsumerRecovery, topology.ConsumerRecoveryHeartbeats, topology.ConsumerRecoveryReports, topology.ConsumerRecoveryTasks, topology.ConsumerRecoveryDecisions} {
+	for _, name := range []string{topology.ConsumerRecovery, topology.ConsumerRecoveryHeartbeats, topology.ConsumerRecoveryReports, topology.ConsumerRecoveryTasks} {
 		stream, cc, _ := topology.Consumer(name)
 		cc.AckWait, cc.BackOff = time.Second, nil
 		if _, err := b.js.UpdateConsumer(b.ctx, stream, cc); err != nil {
@@ -1101,7 +1101,7 @@ func TestRecoveryServiceUnderItsRoleKilled(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	t.Cleanup(cancel)
 	// What a killed replica held is redelivered after 1 s, not 30 s.
-	for _, name := range []string{topology.ConsumerRecovery, topology.ConsumerRecoveryHeartbeats, topology.ConsumerRecoveryReports, topology.ConsumerRecoveryTasks, topology.ConsumerRecoveryDecisions} {
+	for _, name := range []string{topology.ConsumerRecovery, topology.ConsumerRecoveryHeartbeats, topology.ConsumerRecoveryReports, topology.ConsumerRecoveryTasks} {
 		stream, cc, _ := topology.Consumer(name)
 		cc.AckWait, cc.BackOff = time.Second, nil
 		if _, err := bus.JS.UpdateConsumer(ctx, stream, cc); err != nil {

@@ -314,6 +314,18 @@ func lastMsg(stream, subject string) op {
 	}}
 }
 
+// lastPerSubject is the recovery service's read of its probe targets: a
+// multi_last batch read, then a last-by-subject direct get.
+func lastPerSubject(stream, filter string) op {
+	return op{"read the last of each " + filter + " on " + stream, func(ctx context.Context, _ *connect.Conn, js jetstream.JetStream) error {
+		if err := topology.LastPerSubject(ctx, js, stream, []string{filter}, 0, func(*nats.Msg) error { return nil }); err != nil {
+			return err
+		}
+		_, err := topology.LastSeq(ctx, js, stream, filter)
+		return err
+	}}
+}
+
 func streamInfo(stream string) op {
 	return op{"read the info of " + stream, func(ctx context.Context, _ *connect.Conn, js jetstream.JetStream) error {
 		_, err := js.Stream(ctx, stream)
@@ -605,7 +617,7 @@ func TestRoles(t *testing.T) {
 				fetchAck(topology.StreamLiveness, topology.ConsumerRecoveryHeartbeats),
 				fetchAck(topology.StreamReports, topology.ConsumerRecoveryReports),
 				fetchAck(topology.StreamTasks, topology.ConsumerRecoveryTasks),
-				fetchAck(sDec, topology.ConsumerRecoveryDecisions),
+				lastPerSubject(sOut, "failbus.outcome.openai.*"), lastPerSubject(sDec, events.DecisionSubject("a1")),
 				publish(events.DispatchSubject("a1")), publish(events.ControlSubject("a1")),
 				publish(events.RecoverySubject("openai")), publish(events.NotifySubject("normal")),
 				publish(events.OutcomeSubject("probe", "recovery")),
@@ -630,7 +642,7 @@ func TestRoles(t *testing.T) {
 		publish(events.AuditSubject("notifier", "sent")), publish(events.DLQSubject("classifier")),
 		read(sOut, "failbus.outcome.>"), read(sRet, "failbus.retry.>"),
 		streamInfo(sOut), streamInfo(topology.StreamHealth), lastMsg(sDec, events.DecisionSubject("a1")),
-		fetchAck(sRet, topology.ConsumerSchedulerControl), fetchAck(sDec, topology.ConsumerRecoveryDecisions),
+		fetchAck(sRet, topology.ConsumerSchedulerControl), lastPerSubject(sOut, "failbus.outcome.openai.*"),
 		durableFor(sRet, topology.ConsumerSchedulerControl, events.RetryDueSubject("a1")),
 		kvGet(topology.BucketRefusals), kvPut(topology.BucketHeartbeats),
 		serve(events.RefusalRouteSubject),

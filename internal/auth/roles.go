@@ -163,10 +163,10 @@ func serviceRoles() []Role {
 			// What CONTRACT.md § Recovery implies; the service is being
 			// built, and its engineer checks this against what it does.
 			Name: RoleRecovery,
-			Doc:  "the recovery service: reads health, heartbeats, cron and write reports, tasks and decisions; sends dispatches, controls, recovery steps and notifications",
+			Doc:  "the recovery service: reads health, heartbeats, cron and write reports and tasks, and looks up outcomes and decisions for its probes; sends dispatches, controls, recovery steps and notifications",
 			Consumers: []string{
 				topology.ConsumerRecovery, topology.ConsumerRecoveryHeartbeats, topology.ConsumerRecoveryReports,
-				topology.ConsumerRecoveryTasks, topology.ConsumerRecoveryDecisions,
+				topology.ConsumerRecoveryTasks,
 			},
 			Publish: append([]string{
 				events.DispatchPrefix + ".>", events.ControlPrefix + ".>", events.RecoveryPrefix + ".>",
@@ -175,11 +175,10 @@ func serviceRoles() []Role {
 				// Its built-in HTTP probes report like an agent (origin probe).
 				events.OutcomePrefix + ".>",
 			}, dlq(topology.ConsumerRecovery, topology.ConsumerRecoveryHeartbeats, topology.ConsumerRecoveryReports,
-				topology.ConsumerRecoveryTasks, topology.ConsumerRecoveryDecisions)...),
+				topology.ConsumerRecoveryTasks)...),
 			Read: []string{
 				events.HealthPrefix + ".>", events.HeartbeatPrefix + ".>", events.Prefix + ".cron.>", events.WritePrefix + ".>",
 				events.TaskPrefix + ".>", events.DispatchPrefix + ".>", events.RecoveryPrefix + ".>", events.ControlPrefix + ".>",
-				events.DecisionPrefix + ".>",
 				// Whether what it sent before a crash is stored.
 				events.NotifyPrefix + ".>",
 			},
@@ -187,6 +186,8 @@ func serviceRoles() []Role {
 			Lookup: []string{
 				topology.StreamHealth, topology.StreamTasks, topology.StreamDispatch, topology.StreamRecoveries,
 				topology.StreamControl, topology.StreamLiveness, topology.StreamReports,
+				// The probe targets: each agent's latest outcome and decision.
+				topology.StreamOutcomes, topology.StreamDecisions,
 			},
 			Buckets: []string{topology.BucketHeartbeats, topology.BucketCrons, topology.BucketRecovery},
 		},

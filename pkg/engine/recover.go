@@ -13,7 +13,7 @@ import (
 // The recovery stage (seed 002's checklist, issue #10): the core of
 // pkg/policy/recovery on the engine's Recovery store. Its inputs are the
 // agents' heartbeats, cron specs and runs, writes and tasks, and what the
-// other stages produced (provider health, decisions); its outputs are
+// other stages produced (outcomes, provider health, decisions); its outputs are
 // dispatches, control commands, step records and one notification per
 // recovery (admitted like every notification). Step drives it on the
 // virtual clock: before an input, whatever of it fell due (probes,
@@ -60,12 +60,19 @@ func (e *Engine) Recover(ctx context.Context, in recovery.Input, now time.Time) 
 	return out, err
 }
 
-// recoverFromOutcome feeds the recovery stage what an outcome's stages
-// produced: health changes (outages open and close episodes) and the
-// decision (who holds on which provider: the probe targets).
-func (e *Engine) recoverFromOutcome(ctx context.Context, fx *Effects, now time.Time) error {
+// recoverFromOutcome feeds the recovery stage the outcome and what its
+// stages produced: the outcome and the decision say who uses and holds on
+// which provider (the probe targets; the recovery service reads them from
+// the streams when a probe is due), health changes open and close
+// episodes.
+func (e *Engine) recoverFromOutcome(ctx context.Context, o *events.Outcome, fx *Effects, now time.Time) error {
 	if e.recoveryCore() == nil {
 		return nil
+	}
+	out, err := e.Recover(ctx, recovery.Input{Outcome: o}, now)
+	fx.Recovery = append(fx.Recovery, splitRecovery(out, fx)...)
+	if err != nil {
+		return err
 	}
 	for i := range fx.Health {
 		out, err := e.Recover(ctx, recovery.Input{Health: &fx.Health[i]}, now)

@@ -124,7 +124,7 @@ func (e *Engine) stepInput(ctx context.Context, in Input, now time.Time, fx *Eff
 		if err := e.stepOutcome(ctx, in.Outcome, now, fx); err != nil {
 			return err
 		}
-		return e.recoverFromOutcome(ctx, fx, now)
+		return e.recoverFromOutcome(ctx, in.Outcome, fx, now)
 	case in.Boundary != nil:
 		if err := in.Boundary.Validate(); err != nil {
 			return &InputError{Problem: "boundary: " + err.Error()}

@@ -120,7 +120,6 @@ var benchConsumers = []struct{ stream, name string }{
 	{topology.StreamNotify, topology.ConsumerNotifier},
 	{topology.StreamRetries, topology.ConsumerSchedulerControl},
 	{topology.StreamHealth, topology.ConsumerRecovery},
-	{topology.StreamDecisions, topology.ConsumerRecoveryDecisions},
 }
 
 // Command is `failbus bench`.

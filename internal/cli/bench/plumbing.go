@@ -11,7 +11,6 @@ import (
 
 	"github.com/failbus/failbus/internal/embedded"
 	"github.com/failbus/failbus/internal/service/classifier"
-	"github.com/failbus/failbus/internal/service/recovery"
 	"github.com/failbus/failbus/internal/service/scheduler"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
@@ -21,7 +20,7 @@ import (
 )
 
 // The plumbing: the bus's shape, on failbus's own consumer runner, with the
-// policy taken out. Three runners, each on a connection of its own, with
+// policy taken out. Two runners, each on a connection of its own, with
 // the consumer settings and concurrency of the stages they stand for:
 //
 //   - classify: outcomes → classify.Classify → one classification stored
@@ -31,9 +30,10 @@ import (
 //     before wait), then its schedule (`@at` an hour ahead) and the
 //     decision, stored together; otherwise a give_up decision — the
 //     scheduler's stream writes and round trips, without the fault scope,
-//     the ledger read-back, the budget or the refusal tiers;
-//   - read: every decision read and acknowledged (recovery's decisions
-//     consumer).
+//     the ledger read-back, the budget or the refusal tiers.
+//
+// (Nothing reads the decisions: the recovery service reads the few it
+// needs when a probe is due, not each as it is stored.)
 //
 // So the row says what JetStream and pkg/consumer cost for the messages an
 // outcome needs, measured in the same run: the gap between it and "every
@@ -60,7 +60,7 @@ type benchPlumbStage struct {
 	handler            func(js jetstream.JetStream) consumer.Handler
 }
 
-// benchPlumbStages are the plumbing's three runners.
+// benchPlumbStages are the plumbing's two runners.
 var benchPlumbStages = []benchPlumbStage{
 	{name: "bench-plumb-classify", stream: benchRawStream, like: topology.ConsumerClassifier,
 		concurrency: classifier.DefaultConcurrency,
@@ -93,21 +93,11 @@ var benchPlumbStages = []benchPlumbStage{
 				return plumbRetry(ctx, js, m.ID(), &d, subject)
 			}
 		}},
-	{name: "bench-plumb-read", stream: benchPlumbDecisions, like: topology.ConsumerRecoveryDecisions,
-		concurrency: recovery.DecisionConcurrency,
-		handler: func(jetstream.JetStream) consumer.Handler {
-			return func(_ context.Context, m *consumer.Msg, _ *consumer.Outputs) error {
-				if _, err := consumer.ValueAs[*events.Decision](m); err != nil {
-					return consumer.DeadLetter(err.Error())
-				}
-				return nil
-			}
-		}},
 }
 
 // plumbing publishes msgs (copies of the round's outcomes under ids of
 // their own) to the raw scratch stream and returns the time until a
-// decision of each is stored and the three stages have acknowledged
+// decision of each is stored and both stages have acknowledged
 // everything, and what the process spent meanwhile.
 func (r *benchRunner) plumbing(ctx context.Context, msgs []*nats.Msg) (elapsed time.Duration, use usage, err error) {
 	rctx, stop := context.WithCancel(ctx)
@@ -195,14 +185,14 @@ func (r *benchRunner) plumbing(ctx context.Context, msgs []*nats.Msg) (elapsed t
 		return 0, use, fmt.Errorf("plumbing publish: %w", err)
 	}
 	want := decisionsBefore + uint64(len(msgs))
-	if err := r.poll(ctx, "the plumbing to decide and read every outcome", func() (bool, error) {
+	if err := r.poll(ctx, "the plumbing to decide every outcome", func() (bool, error) {
 		select {
 		case <-finished:
 			return false, fmt.Errorf("the plumbing's runners stopped: %w", runErr)
 		default:
 		}
 		// One decision per outcome (their ids deduplicate), every stage
-		// caught up: every decision read and acknowledged.
+		// caught up.
 		if got, err := r.streamMsgs(ctx, benchPlumbDecisions); err != nil || got < want {
 			return false, err
 		}

@@ -96,7 +96,7 @@ func TestPlumbing(t *testing.T) {
 			}
 		}
 		for _, c := range []struct{ stream, name string }{
-			{benchRawStream, "bench-plumb-classify"}, {benchPlumbClassified, "bench-plumb-decide"}, {benchPlumbDecisions, "bench-plumb-read"},
+			{benchRawStream, "bench-plumb-classify"}, {benchPlumbClassified, "bench-plumb-decide"},
 		} {
 			if _, err := js.Consumer(ctx, c.stream, c.name); err == nil {
 				t.Errorf("round %d: consumer %s/%s left behind", round, c.stream, c.name)

@@ -4,10 +4,11 @@
 //
 //   - `recovery` reads FAILBUS_HEALTH: outages and recoveries open and close
 //     a provider's episodes (one at a time, in order).
-//   - `recovery-heartbeats` (FAILBUS_LIVENESS), `recovery-reports`
-//     (FAILBUS_REPORTS: cron specs, cron runs, writes) and
-//     `recovery-decisions` (FAILBUS_DECISIONS: who holds on which provider)
-//     keep what the checklist reads.
+//   - `recovery-heartbeats` (FAILBUS_LIVENESS) and `recovery-reports`
+//     (FAILBUS_REPORTS: cron specs, cron runs, writes) keep what the
+//     checklist reads. Who uses and holds on a provider (the probe
+//     targets) is read from FAILBUS_OUTCOMES and FAILBUS_DECISIONS when a
+//     probe is due (usage.go).
 //   - `recovery-tasks` reads FAILBUS_TASKS one task at a time (max ack
 //     pending 1, across replicas), dispatching it at once or holding it;
 //     held tasks stay in the stream.
@@ -50,7 +51,6 @@ const (
 	HeartbeatName = topology.ConsumerRecoveryHeartbeats
 	ReportName    = topology.ConsumerRecoveryReports
 	TaskName      = topology.ConsumerRecoveryTasks
-	DecisionName  = topology.ConsumerRecoveryDecisions
 )
 
 // Defaults of Options and of cmd/recovery.
@@ -64,9 +64,6 @@ const (
 	// DefaultResync is how often the driver looks at every provider even
 	// when no record changed (a lapsed lease of a dead replica).
 	DefaultResync = 2 * time.Second
-	// DecisionConcurrency is how many decisions the decisions runner
-	// notes at once (the bench's plumbing reads decisions alike).
-	DecisionConcurrency = 4
 	// DefaultPublishTimeout bounds one publish.
 	DefaultPublishTimeout = 10 * time.Second
 )
@@ -77,7 +74,7 @@ type Options struct {
 	// defaults.
 	Policy recovery.Config
 
-	// Runner holds the consumer runner settings shared by the five
+	// Runner holds the consumer runner settings shared by the four
 	// runners: Logger, Registerer, FetchWait, DrainTimeout, Backoff,
 	// MaxDeliver. Service, Stream, Consumer, ConsumerConfig, Decode and
 	// Concurrency are set here and must be left empty.
@@ -105,7 +102,7 @@ type Options struct {
 	CrashAt func(point, what string)
 }
 
-// Service is the recovery service: five consumer runners and the driver.
+// Service is the recovery service: four consumer runners and the driver.
 // Create it with New, start it with Run.
 type Service struct {
 	js      jetstream.JetStream
@@ -197,7 +194,6 @@ func New(ctx context.Context, js jetstream.JetStream, opts Options) (*Service, e
 		{HeartbeatName, 4, s.handleHeartbeat},
 		{ReportName, 1, s.handleReport},
 		{TaskName, 1, s.handleTask},
-		{DecisionName, DecisionConcurrency, s.handleDecision},
 	} {
 		c := rc
 		c.Service, c.Consumer, c.Concurrency = r.name, r.name, r.concurrency
@@ -384,14 +380,6 @@ func (s *Service) handleTask(ctx context.Context, m *consumer.Msg, _ *consumer.O
 	}
 	s.nudge()
 	return nil
-}
-
-func (s *Service) handleDecision(ctx context.Context, m *consumer.Msg, _ *consumer.Outputs) error {
-	d, err := events.DecodeAs[*events.Decision](m.Subject, m.Header, m.Data)
-	if err != nil {
-		return consumer.DeadLetter("decode: " + err.Error())
-	}
-	return invalidOrErr(s.core.Step(ctx, recovery.Input{Decision: d}, s.opts.Now()))
 }
 
 // publishOutcome publishes a built-in probe's outcome like an agent does.

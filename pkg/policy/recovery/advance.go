@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/failbus/failbus/pkg/events"
@@ -112,9 +114,12 @@ func (c *Core) probe(ctx context.Context, r *ProviderRecord, rev uint64, now tim
 	if now.Before(p.NextAt.Time) {
 		return nil
 	}
+	target, err := c.probeTarget(ctx, r, p.Seq+1)
+	if err != nil {
+		return fmt.Errorf("probe targets of %s: %w", r.Provider, err)
+	}
 	p.Seq++
 	p.NextAt = events.At(now.Add(c.cfg.ProbeInterval))
-	target := pickProbeTarget(r.Users, p.Seq)
 	p.LastAgent = target
 	if target != "" {
 		p.Pending = &Command{
@@ -127,7 +132,7 @@ func (c *Core) probe(ctx context.Context, r *ProviderRecord, rev uint64, now tim
 			},
 		}
 	}
-	rev, err := c.st.SaveProvider(ctx, r, rev)
+	rev, err = c.st.SaveProvider(ctx, r, rev)
 	if err != nil {
 		return ignoreConflict(err) // another replica claimed this probe
 	}
@@ -154,18 +159,76 @@ func ignoreConflict(err error) error {
 	return err
 }
 
+// probeTarget chooses the agent for probe seq among the provider's users:
+// those of its latest outcomes (Usage.RecentUsers) and those that reported
+// themselves (r.Users), at most MaxUsers, most recent first.
+func (c *Core) probeTarget(ctx context.Context, r *ProviderRecord, seq int) (string, error) {
+	recent, err := c.st.RecentUsers(ctx, r.Provider, MaxUsers+1) // +1: the probe agent's own
+	if err != nil {
+		return "", err
+	}
+	users := mergeUsers(slices.Concat(recent, r.Users), func(agent string) bool { return c.isProbeAgent(r.Provider, agent) })
+	if len(users) == 0 {
+		return "", nil
+	}
+	agents := make([]string, len(users))
+	for i, u := range users {
+		agents[i] = u.Agent
+	}
+	holding, err := c.st.Holding(ctx, r.Provider, agents)
+	if err != nil {
+		return "", err
+	}
+	return pickProbeTarget(users, holding, seq), nil
+}
+
+// mergeUsers keeps each agent once at its latest time, leaves out those
+// skip names, and returns at most MaxUsers, most recent first.
+func mergeUsers(all []User, skip func(string) bool) []User {
+	latest := make(map[string]time.Time, len(all))
+	for _, u := range all {
+		if skip(u.Agent) {
+			continue
+		}
+		if t, ok := latest[u.Agent]; !ok || u.At.After(t) {
+			latest[u.Agent] = u.At.Time
+		}
+	}
+	return LatestUsers(latest, MaxUsers)
+}
+
+// LatestUsers turns each agent's latest time into at most max Users, most
+// recent first, ties by name: every Usage store orders them alike, so the
+// services and simulate probe the same agents.
+func LatestUsers(latest map[string]time.Time, max int) []User {
+	out := make([]User, 0, len(latest))
+	for a, t := range latest {
+		out = append(out, User{Agent: a, At: events.At(t)})
+	}
+	slices.SortFunc(out, func(a, b User) int {
+		if c := b.At.Compare(a.At.Time); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Agent, b.Agent)
+	})
+	if len(out) > max {
+		out = out[:max]
+	}
+	return out
+}
+
 // pickProbeTarget chooses the agent for probe seq: agents holding on the
 // provider first (they are idle and waiting), then the others, most recent
 // first within each, in turn.
-func pickProbeTarget(users []User, seq int) string {
+func pickProbeTarget(users []User, holding map[string]bool, seq int) string {
 	var order []string
 	for _, u := range users {
-		if u.Holding {
+		if holding[u.Agent] {
 			order = append(order, u.Agent)
 		}
 	}
 	for _, u := range users {
-		if !u.Holding {
+		if !holding[u.Agent] {
 			order = append(order, u.Agent)
 		}
 	}

@@ -65,20 +65,12 @@ type Core struct {
 	pub  Publisher
 	opts Options
 
-	// notes remembers the user notes this core wrote or found needless,
-	// so the frequent inputs (heartbeats, decisions) do not read the
-	// provider's record each time only to change nothing. It only skips
-	// what noteUser would skip after reading.
+	// notes remembers, per (provider, agent), the user note this core
+	// wrote or found needless, so the frequent inputs (heartbeats) do not
+	// read the provider's record each time only to change nothing. It only
+	// skips what noteUser would skip after reading.
 	notesMu sync.Mutex
-	notes   map[[2]string]note
-}
-
-// note is what Core.notes remembers of an agent's user entry; holding is
-// only known once a decision said it.
-type note struct {
-	at           time.Time
-	holding      bool
-	holdingKnown bool
+	notes   map[[2]string]time.Time
 }
 
 // maxNotes bounds Core.notes; it is cleared when full.
@@ -136,9 +128,11 @@ func (c *Core) update(ctx context.Context, provider string, fn func(*ProviderRec
 	return nil, fmt.Errorf("recovery: provider %q: %w %d times in a row", provider, ErrConflict, maxCAS)
 }
 
-// noteUser remembers that agent used provider at `at` (a probe target).
-// holding, when set, is whether its latest decision was wait_provider.
-func (c *Core) noteUser(ctx context.Context, provider, agent string, at time.Time, holding *bool) error {
+// noteUser remembers that agent used provider at `at` (a probe target):
+// what the agent reported itself (heartbeats, cron and write reports).
+// Agents that only report outcomes are found when a probe is due
+// (Usage.RecentUsers).
+func (c *Core) noteUser(ctx context.Context, provider, agent string, at time.Time) error {
 	if provider == "" || agent == "" || c.isProbeAgent(provider, agent) {
 		return nil
 	}
@@ -146,26 +140,19 @@ func (c *Core) noteUser(ctx context.Context, provider, agent string, at time.Tim
 	c.notesMu.Lock()
 	last, ok := c.notes[key]
 	c.notesMu.Unlock()
-	if ok && (holding == nil || last.holdingKnown && *holding == last.holding) && (!at.After(last.at) || at.Sub(last.at) < c.cfg.ProbeInterval/2) {
+	if ok && (!at.After(last) || at.Sub(last) < c.cfg.ProbeInterval/2) {
 		return nil
 	}
 	_, err := c.update(ctx, provider, func(r *ProviderRecord) (bool, error) {
 		i := slices.IndexFunc(r.Users, func(u User) bool { return u.Agent == agent })
-		u := User{Agent: agent, At: events.At(at)}
 		if i >= 0 {
 			old := r.Users[i]
-			u.Holding = old.Holding
-			if holding != nil {
-				u.Holding = *holding
-			}
-			if u.Holding == old.Holding && (!at.After(old.At.Time) || at.Sub(old.At.Time) < c.cfg.ProbeInterval/2) {
+			if !at.After(old.At.Time) || at.Sub(old.At.Time) < c.cfg.ProbeInterval/2 {
 				return false, nil // nothing worth a write
 			}
 			r.Users = slices.Delete(r.Users, i, i+1)
-		} else if holding != nil {
-			u.Holding = *holding
 		}
-		r.Users = slices.Insert(r.Users, 0, u)
+		r.Users = slices.Insert(r.Users, 0, User{Agent: agent, At: events.At(at)})
 		if len(r.Users) > MaxUsers {
 			r.Users = r.Users[:MaxUsers]
 		}
@@ -174,18 +161,13 @@ func (c *Core) noteUser(ctx context.Context, provider, agent string, at time.Tim
 	if err == nil {
 		// What the record holds now for the agent (written, or found
 		// recent enough).
-		n := note{at: at}
-		if holding != nil {
-			n.holding, n.holdingKnown = *holding, true
-		} else if ok {
-			n.holding, n.holdingKnown = last.holding, last.holdingKnown
-		}
-		if ok && last.at.After(n.at) {
-			n.at = last.at
+		n := at
+		if ok && last.After(n) {
+			n = last
 		}
 		c.notesMu.Lock()
 		if c.notes == nil || len(c.notes) >= maxNotes {
-			c.notes = map[[2]string]note{}
+			c.notes = map[[2]string]time.Time{}
 		}
 		c.notes[key] = n
 		c.notesMu.Unlock()

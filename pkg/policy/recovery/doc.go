@@ -23,7 +23,10 @@
 //  3. Probes end an outage. While the provider is down, every
 //     recovery.probe_interval one agent that used it — those holding on
 //     wait_provider first, in turn — is asked for one real call (control
-//     probe); the compare-and-set on the provider's record is the claim, so
+//     probe). Who used it and who holds is read when the probe is due
+//     (Usage: each agent's latest outcome and latest decision), with the
+//     agents that reported themselves (heartbeats, cron and write
+//     reports); the compare-and-set on the provider's record is the claim, so
 //     one probe goes out per interval across replicas. A configured HTTP
 //     probe runs at the same times (service only).
 //  4. Flapping: outage → degraded → outage … is one episode (one recovery

@@ -29,7 +29,11 @@ type Input struct {
 	// dispatch and its ledger entry looks for it in the stream from then
 	// on, once the duplicate window may have forgotten it.
 	TaskStoredAt time.Time
-	Decision     *events.Decision
+	// Decision and Outcome are noted for the probe targets (Usage) by a
+	// store that keeps them; the bus's stores have them in their streams
+	// and the recovery service does not feed them.
+	Decision *events.Decision
+	Outcome  *events.Outcome
 }
 
 // invalid wraps a validation error.
@@ -54,6 +58,8 @@ func (in Input) At() events.Time {
 		return in.Task.At
 	case in.Decision != nil:
 		return in.Decision.At
+	case in.Outcome != nil:
+		return in.Outcome.At
 	}
 	return events.Time{}
 }
@@ -84,7 +90,7 @@ func (c *Core) Step(ctx context.Context, in Input, now time.Time) error {
 		if err := c.st.PutHeartbeat(ctx, h); err != nil {
 			return err
 		}
-		return c.noteUser(ctx, h.Provider, h.Agent, h.At.Time, nil)
+		return c.noteUser(ctx, h.Provider, h.Agent, h.At.Time)
 	case in.CronSpec != nil:
 		s := *in.CronSpec
 		if err := s.Validate(); err != nil {
@@ -96,7 +102,7 @@ func (c *Core) Step(ctx context.Context, in Input, now time.Time) error {
 		if err := c.st.PutCronSpec(ctx, s); err != nil {
 			return err
 		}
-		return c.noteUser(ctx, s.Provider, s.Agent, s.At.Time, nil)
+		return c.noteUser(ctx, s.Provider, s.Agent, s.At.Time)
 	case in.CronRun != nil:
 		r := *in.CronRun
 		if err := r.Validate(); err != nil {
@@ -108,7 +114,7 @@ func (c *Core) Step(ctx context.Context, in Input, now time.Time) error {
 		if err := c.st.NoteCronRun(ctx, r); err != nil {
 			return err
 		}
-		return c.noteUser(ctx, r.Provider, r.Agent, r.At.Time, nil)
+		return c.noteUser(ctx, r.Provider, r.Agent, r.At.Time)
 	case in.Write != nil:
 		w := *in.Write
 		if err := w.Validate(); err != nil {
@@ -120,18 +126,19 @@ func (c *Core) Step(ctx context.Context, in Input, now time.Time) error {
 		if err := c.st.NoteWrite(ctx, w); err != nil {
 			return err
 		}
-		return c.noteUser(ctx, w.Provider, w.Agent, w.At.Time, nil)
+		return c.noteUser(ctx, w.Provider, w.Agent, w.At.Time)
 	case in.Decision != nil:
-		d := in.Decision
-		if d.Provider == "" || d.Agent == "" {
+		if in.Decision.Agent == "" {
 			return nil
 		}
-		holding := d.Action == events.ActionWaitProvider
-		at := d.At.Time
-		if at.IsZero() {
-			at = now
+		return c.st.NoteDecision(ctx, *in.Decision)
+	case in.Outcome != nil:
+		// Stored now: the bus's store reads the time it stored the outcome.
+		o := in.Outcome
+		if o.Provider == "" || o.Agent == "" {
+			return nil
 		}
-		return c.noteUser(ctx, d.Provider, d.Agent, at, &holding)
+		return c.st.NoteOutcome(ctx, o.Provider, o.Agent, now)
 	case in.Task != nil:
 		t := *in.Task
 		if err := t.Validate(); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -307,5 +308,45 @@ func TestTwoOutagesKillASubagentWithoutProviderOnce(t *testing.T) {
 	}
 	if n := f.count(simulate.OutputNotification); n != 2 {
 		t.Fatalf("%d notifications, want one per provider", n)
+	}
+}
+
+// Probe targets (rule 3): the agents that called the provider, read when a
+// probe is due — those holding on it first (their latest decision, for
+// whichever provider, is wait_provider on it), then the others, most
+// recent first, in turn. An agent whose latest decision moved it to
+// another provider, or on from waiting, does not hold; one that never
+// called the provider is not asked.
+func TestProbeTargetsHoldersFirstThenMostRecent(t *testing.T) {
+	cfg := recovery.Config{ProbeInterval: 10 * time.Second}
+	f := newFeed(t, cfg)
+	t0 := time.Date(2026, 3, 2, 1, 0, 0, 0, time.UTC)
+	outcome := func(at time.Time, agent, provider string) {
+		f.step(at, recovery.Input{Outcome: &events.Outcome{ID: "o-" + agent + provider, At: events.At(at), Agent: agent, Provider: provider}})
+	}
+	decide := func(at time.Time, agent, action, provider string) {
+		f.step(at, recovery.Input{Decision: &events.Decision{OutcomeID: "d-" + agent, At: events.At(at), Agent: agent, Action: action, Provider: provider}})
+	}
+	outcome(t0.Add(-3*time.Minute), "busy", down)
+	outcome(t0.Add(-2*time.Minute), "idle", down)
+	outcome(t0.Add(-90*time.Second), "switcher", down)
+	outcome(t0.Add(-80*time.Second), "elsewhere", "anthropic")
+	decide(t0.Add(-70*time.Second), "busy", events.ActionWaitProvider, down)
+	decide(t0.Add(-60*time.Second), "busy", events.ActionRetry, down)
+	decide(t0.Add(-50*time.Second), "idle", events.ActionWaitProvider, down)
+	decide(t0.Add(-45*time.Second), "switcher", events.ActionWaitProvider, down)
+	decide(t0.Add(-40*time.Second), "switcher", events.ActionWaitProvider, "anthropic")
+	decide(t0.Add(-30*time.Second), "elsewhere", events.ActionWaitProvider, down)
+	f.step(t0, health(t0, events.HealthOutage))
+	f.tick(t0.Add(45 * time.Second))
+
+	var got []string
+	for _, o := range f.out {
+		if c, ok := o.Msg.(*events.Control); ok && c.Action == events.ControlProbe {
+			got = append(got, c.Agent)
+		}
+	}
+	if want := []string{"idle", "switcher", "busy", "idle"}; !slices.Equal(got, want) {
+		t.Errorf("probes went to %v, want %v", got, want)
 	}
 }

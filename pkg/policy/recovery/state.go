@@ -29,8 +29,10 @@ type ProviderRecord struct {
 	Queue Queue `msgpack:"queue" json:"queue"`
 	// Probe schedules the outage probes.
 	Probe ProbeState `msgpack:"probe" json:"probe"`
-	// Users are the agents seen using the provider, most recent first, at
-	// most MaxUsers: the probe targets.
+	// Users are the agents that reported using the provider themselves
+	// (heartbeats, cron and write reports), most recent first, at most
+	// MaxUsers. With the agents of its latest outcomes (Usage.RecentUsers)
+	// they are the probe targets.
 	Users []User `msgpack:"users,omitempty" json:"users,omitempty"`
 	// Lease keeps one replica driving the record at a time (an
 	// optimisation: compare-and-set and the ledger keep concurrent drivers
@@ -84,13 +86,10 @@ type ProbeState struct {
 	Pending *Command `msgpack:"pending,omitempty" json:"pending,omitempty"`
 }
 
-// User is an agent seen using a provider.
+// User is an agent seen using a provider, and when it last was.
 type User struct {
 	Agent string      `msgpack:"agent" json:"agent"`
 	At    events.Time `msgpack:"at" json:"at"`
-	// Holding: its latest decision for the provider was wait_provider, so
-	// it is idle and waiting — the best agent to ask for a probe.
-	Holding bool `msgpack:"holding,omitempty" json:"holding,omitempty"`
 }
 
 // MaxUsers bounds ProviderRecord.Users.

@@ -25,6 +25,7 @@ type Store interface {
 	Writes
 	Tasks
 	Ledger
+	Usage
 	// CaughtUp reports whether the heartbeats and cron specs kept here
 	// include every report stored on the bus when it was called: the
 	// checklist never decides on a lagging view (a subagent's "done" not
@@ -52,6 +53,27 @@ type Providers interface {
 	// being stored and the record here being updated by the consumer that
 	// applies it; an in-memory store, which has no such gap, returns nil.
 	LatestHealth(ctx context.Context, provider string) (*events.Health, error)
+}
+
+// Usage names the probe targets: the agents that called a provider lately
+// and whether they now hold on it. It is read only when a probe is due, so
+// a store that has the outcomes and decisions stored anyway (the bus's
+// streams) reads them back then, instead of following every decision as it
+// is made; the notes are for a store that keeps nothing else (memory).
+type Usage interface {
+	// NoteOutcome records that agent reported a call to provider at `at`
+	// (a stream-backed store has it already).
+	NoteOutcome(ctx context.Context, provider, agent string, at time.Time) error
+	// NoteDecision records a decision made for an agent (a stream-backed
+	// store has it already).
+	NoteDecision(ctx context.Context, d events.Decision) error
+	// RecentUsers returns up to max of the agents whose latest outcome on
+	// provider is the most recent, most recent first, with the time of
+	// that outcome (Holding unset).
+	RecentUsers(ctx context.Context, provider string, max int) ([]User, error)
+	// Holding returns which of agents hold on provider: their latest
+	// decision (whatever its provider) is wait_provider on it.
+	Holding(ctx context.Context, provider string, agents []string) (map[string]bool, error)
 }
 
 // Heartbeats keeps the latest heartbeat of every (agent, subagent).

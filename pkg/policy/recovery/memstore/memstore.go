@@ -7,6 +7,7 @@ package memstore
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -34,6 +35,10 @@ type Store struct {
 	tasks      []recovery.StoredTask // seq i+1 at index i
 	index      map[string]memEntry
 	ledger     map[string]time.Time
+	// used is the time of each agent's latest outcome per provider; held
+	// each agent's latest decision (Usage).
+	used map[string]map[string]time.Time
+	held map[string]events.Decision
 }
 
 type memEntry struct {
@@ -56,6 +61,8 @@ func New() *Store {
 		crons:      map[[2]string]checklist.CronState{},
 		index:      map[string]memEntry{},
 		ledger:     map[string]time.Time{},
+		used:       map[string]map[string]time.Time{},
+		held:       map[string]events.Decision{},
 	}
 }
 
@@ -334,5 +341,51 @@ func (s *Store) Clone() *Store {
 	for k, v := range s.ledger {
 		c.ledger[k] = v
 	}
+	for p, m := range s.used {
+		c.used[p] = maps.Clone(m)
+	}
+	maps.Copy(c.held, s.held)
 	return c
+}
+
+// NoteOutcome implements Usage: the latest noted is the latest, as in a
+// stream.
+func (s *Store) NoteOutcome(_ context.Context, provider, agent string, at time.Time) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := s.used[provider]
+	if m == nil {
+		m = map[string]time.Time{}
+		s.used[provider] = m
+	}
+	m[agent] = at
+	return nil
+}
+
+// NoteDecision implements Usage.
+func (s *Store) NoteDecision(_ context.Context, d events.Decision) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.held[d.Agent] = d
+	return nil
+}
+
+// RecentUsers implements Usage.
+func (s *Store) RecentUsers(_ context.Context, provider string, max int) ([]recovery.User, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return recovery.LatestUsers(s.used[provider], max), nil
+}
+
+// Holding implements Usage.
+func (s *Store) Holding(_ context.Context, provider string, agents []string) (map[string]bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string]bool{}
+	for _, a := range agents {
+		if d, ok := s.held[a]; ok && d.Action == events.ActionWaitProvider && d.Provider == provider {
+			out[a] = true
+		}
+	}
+	return out, nil
 }

@@ -48,7 +48,7 @@ func copyRecord(r *recovery.ProviderRecord) (*recovery.ProviderRecord, error) {
 	if len(r.Users) > 0 {
 		out.Users = make([]recovery.User, len(r.Users))
 		for i, u := range r.Users {
-			out.Users[i] = recovery.User{Agent: u.Agent, At: norm(u.At), Holding: u.Holding}
+			out.Users[i] = recovery.User{Agent: u.Agent, At: norm(u.At)}
 		}
 	}
 	out.Lease = recovery.Lease{Owner: r.Lease.Owner, Until: norm(r.Lease.Until)}

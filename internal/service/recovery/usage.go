@@ -1,0 +1,110 @@
+package recovery
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	topology "github.com/failbus/failbus/jetstream"
+	"github.com/failbus/failbus/pkg/events"
+	"github.com/failbus/failbus/pkg/policy/recovery"
+)
+
+// The probe targets (recovery.Usage) are read back, when a probe is due,
+// from what the bus stores anyway: each agent's latest outcome on the
+// provider in FAILBUS_OUTCOMES (failbus.outcome.<provider>.<agent>) and
+// each candidate's latest decision in FAILBUS_DECISIONS
+// (failbus.decision.<agent>), with JetStream's last-per-subject batch
+// read. Following every decision with a consumer of its own cost the bus
+// a delivery and an acknowledgement per outcome, for a list read once per
+// probe interval of an outage.
+
+// usageTail is how many of a provider's latest outcomes RecentUsers reads
+// when its agents are more than one last-per-subject answer carries.
+const usageTail = 4096
+
+// NoteOutcome implements recovery.Usage: the outcome is in FAILBUS_OUTCOMES.
+func (s *Store) NoteOutcome(context.Context, string, string, time.Time) error { return nil }
+
+// NoteDecision implements recovery.Usage: the decision is in
+// FAILBUS_DECISIONS.
+func (s *Store) NoteDecision(context.Context, events.Decision) error { return nil }
+
+// RecentUsers implements recovery.Usage from FAILBUS_OUTCOMES: the last
+// outcome of every agent on provider, at the time the bus stored it.
+// Subjects carry names as tokens (events.Token), so each outcome is decoded
+// for its real provider and agent; one that does not decode is skipped.
+func (s *Store) RecentUsers(ctx context.Context, provider string, max int) ([]recovery.User, error) {
+	filter := events.OutcomePrefix + "." + events.Token(provider) + ".*"
+	latest := map[string]time.Time{}
+	read := func(m *nats.Msg) error {
+		o, err := events.DecodeAs[*events.Outcome](m.Header.Get(jetstream.SubjectHeader), m.Header, m.Data)
+		if err != nil || o.Provider != provider || o.Agent == "" {
+			return nil
+		}
+		at, err := time.Parse(time.RFC3339Nano, m.Header.Get(jetstream.TimeStampHeaer))
+		if err != nil {
+			return fmt.Errorf("outcome at %s: time stamp: %w", m.Header.Get(jetstream.SequenceHeader), err)
+		}
+		if t, ok := latest[o.Agent]; !ok || at.After(t) {
+			latest[o.Agent] = at
+		}
+		return nil
+	}
+	err := topology.LastPerSubject(ctx, s.js, topology.StreamOutcomes, []string{filter}, 0, read)
+	if errors.Is(err, topology.ErrBatchUnavailable) {
+		// More agents (or bytes) than one answer carries: those of the
+		// provider's latest outcomes, read from the stream's tail (the 4096
+		// messages up to its last outcome, other providers' included).
+		clear(latest)
+		var last uint64
+		if last, err = topology.LastSeq(ctx, s.js, topology.StreamOutcomes, filter); err == nil {
+			from := uint64(1)
+			if last > usageTail {
+				from = last - usageTail + 1
+			}
+			err = topology.ReadFrom(ctx, s.js, topology.StreamOutcomes, filter, from, usageTail, read)
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	return recovery.LatestUsers(latest, max), nil
+}
+
+// Holding implements recovery.Usage from FAILBUS_DECISIONS: an agent holds
+// when the last decision on its subject is its own and says wait_provider
+// on provider.
+func (s *Store) Holding(ctx context.Context, provider string, agents []string) (map[string]bool, error) {
+	out := map[string]bool{}
+	if len(agents) == 0 {
+		return out, nil
+	}
+	want := make(map[string]bool, len(agents))
+	filters := make([]string, 0, len(agents))
+	for _, a := range agents {
+		want[a] = true
+		if f := events.DecisionSubject(a); !slices.Contains(filters, f) {
+			filters = append(filters, f)
+		}
+	}
+	err := topology.LastPerSubject(ctx, s.js, topology.StreamDecisions, filters, 0, func(m *nats.Msg) error {
+		d, err := events.DecodeAs[*events.Decision](m.Header.Get(jetstream.SubjectHeader), m.Header, m.Data)
+		if err != nil || !want[d.Agent] {
+			return nil
+		}
+		if d.Action == events.ActionWaitProvider && d.Provider == provider {
+			out[d.Agent] = true
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}

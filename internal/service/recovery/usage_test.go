@@ -1,0 +1,128 @@
+package recovery_test
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/failbus/failbus/pkg/events"
+	"github.com/failbus/failbus/pkg/policy/recovery"
+)
+
+func usageAgents(us []recovery.User) []string {
+	out := make([]string, len(us))
+	for i, u := range us {
+		out[i] = u.Agent
+	}
+	return out
+}
+
+// TestStoreUsageReadsTheStreams: the probe targets come from the outcomes
+// and decisions stored anyway. RecentUsers gives each agent's latest
+// outcome on the provider, most recent first, by the payload's names (two
+// providers whose subjects share a token stay apart); Holding is true only
+// for an agent whose latest decision is its own wait_provider on the
+// provider.
+func TestStoreUsageReadsTheStreams(t *testing.T) {
+	b := setup(t)
+	st := svcStore(b)
+	n := 0
+	outcome := func(provider, agent string) {
+		n++
+		o := &events.Outcome{ID: fmt.Sprintf("o-%d", n), Agent: agent, Provider: provider, Status: 503}
+		b.publish(events.OutcomeSubject(provider, agent), o, o.ID)
+	}
+	decision := func(agent, action, provider string) {
+		n++
+		d := &events.Decision{OutcomeID: fmt.Sprintf("o-%d", n), Agent: agent, Action: action, Provider: provider}
+		b.publish(events.DecisionSubject(agent), d, "")
+	}
+	outcome("openai", "a1")
+	outcome("openai", "a2")
+	outcome("anthropic", "a3")
+	outcome("openai", "a3")
+	outcome("openai", "a1") // a1 again: now the most recent
+	outcome("open.ai", "x") // the same subject token as open_ai
+	outcome("open_ai", "y")
+
+	for _, tt := range []struct {
+		provider string
+		max      int
+		want     []string
+	}{
+		{"openai", 16, []string{"a1", "a3", "a2"}},
+		{"openai", 2, []string{"a1", "a3"}},
+		{"anthropic", 16, []string{"a3"}},
+		{"open_ai", 16, []string{"y"}},
+		{"open.ai", 16, []string{"x"}},
+		{"nobody", 16, []string{}},
+	} {
+		got, err := st.RecentUsers(b.ctx, tt.provider, tt.max)
+		if err != nil || !slices.Equal(usageAgents(got), tt.want) {
+			t.Errorf("RecentUsers(%s, %d) = %v, %v; want %v", tt.provider, tt.max, usageAgents(got), err, tt.want)
+		}
+		for i := 1; i < len(got); i++ {
+			if got[i].At.After(got[i-1].At.Time) {
+				t.Errorf("RecentUsers(%s): %v not most recent first", tt.provider, got)
+			}
+		}
+	}
+
+	decision("a1", events.ActionWaitProvider, "openai")
+	decision("a2", events.ActionWaitProvider, "anthropic")
+	decision("a3", events.ActionWaitProvider, "openai")
+	decision("a3", events.ActionRetry, "openai") // no longer holding
+	decision("a4", events.ActionWaitProvider, "openai")
+	got, err := st.Holding(b.ctx, "openai", []string{"a1", "a2", "a3", "nobody"})
+	if want := map[string]bool{"a1": true}; err != nil || len(got) != len(want) || !got["a1"] {
+		t.Errorf("Holding(openai) = %v, %v; want %v (a4 was not asked)", got, err, want)
+	}
+	if got, err := st.Holding(b.ctx, "anthropic", []string{"a1", "a2"}); err != nil || len(got) != 1 || !got["a2"] {
+		t.Errorf("Holding(anthropic) = %v, %v; want a2", got, err)
+	}
+}
+
+// TestStoreRecentUsersOfAManyAgentProvider: more agents than one
+// last-per-subject answer carries (1024); the most recent are read from
+// the stream's tail.
+func TestStoreRecentUsersOfAManyAgentProvider(t *testing.T) {
+	b := setup(t)
+	st := svcStore(b)
+	const agents = 1100
+	var acks []jetstream.PubAckFuture
+	for i := range agents {
+		o := &events.Outcome{ID: fmt.Sprintf("o-%d", i), Agent: fmt.Sprintf("a%04d", i), Provider: "openai", Status: 503}
+		data, h, err := events.Encode(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := b.bus.JS.PublishMsgAsync(&nats.Msg{Subject: events.OutcomeSubject(o.Provider, o.Agent), Header: h, Data: data})
+		if err != nil {
+			t.Fatal(err)
+		}
+		acks = append(acks, f)
+	}
+	for _, f := range acks {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			t.Fatal(err)
+		case <-b.bus.Ctx.Done():
+			t.Fatal(b.bus.Ctx.Err())
+		}
+	}
+	got, err := st.RecentUsers(b.ctx, "openai", 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Stored within the same instant, several share a time stamp: the
+	// five are the latest, whatever their order among equals.
+	names := usageAgents(got)
+	slices.Sort(names)
+	if len(got) != 5 || names[0] < fmt.Sprintf("a%04d", agents-64) {
+		t.Errorf("RecentUsers of %d agents = %v; want 5 of the latest", agents, usageAgents(got))
+	}
+}
