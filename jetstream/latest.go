@@ -22,7 +22,8 @@ var ErrBatchUnavailable = errors.New("batch read unavailable")
 
 // ErrTooManySubjects is the ErrBatchUnavailable of a batch read whose
 // filters match more subjects than one answer may carry (the server's
-// 1024): read a shorter range of the stream (LastPerSubject's from).
+// 1024, counted over the whole stream whatever the first sequence asked
+// for): narrow the filters, or read the stream's tail (ReadFrom).
 var ErrTooManySubjects = fmt.Errorf("%w: more subjects than one answer carries", ErrBatchUnavailable)
 
 // LatestEntries returns every live entry of kv (bucket) whose key matches
@@ -81,6 +82,9 @@ type batchRequest struct {
 	Batch        int      `json:"batch,omitempty"`
 	// Seq is the first sequence looked at (0: the stream's first).
 	Seq uint64 `json:"seq,omitempty"`
+	// MaxBytes bounds one answer (0: the server's max pending, 64 MiB by
+	// default).
+	MaxBytes int `json:"max_bytes,omitempty"`
 }
 
 // multiLast sends one multi_last direct get for filters to stream and calls
@@ -89,17 +93,40 @@ type batchRequest struct {
 // is no call and no error; an answer the server could not give whole is
 // ErrBatchUnavailable.
 func multiLast(ctx context.Context, js jetstream.JetStream, stream string, filters []string, from uint64, fn func(*nats.Msg) error) error {
-	return directBatch(ctx, js, stream, batchRequest{MultiLastFor: filters, Seq: from}, maxBatchAnswers, false, fn)
+	end, err := directBatch(ctx, js, stream, batchRequest{MultiLastFor: filters, Seq: from}, maxBatchAnswers, fn)
+	if err == nil && end.pending > 0 {
+		return fmt.Errorf("%w: cut short with %d pending", ErrBatchUnavailable, end.pending)
+	}
+	return err
+}
+
+// batchEnd is how a batch answer ended: how many messages it carried, the
+// sequence of the last, and how many matching ones it left out (cut by its
+// byte limit or its batch size).
+type batchEnd struct {
+	answers int
+	lastSeq uint64
+	pending uint64
+}
+
+// ServerHeader returns the value of a header the server sets on a message
+// it answers with (Nats-Subject, Nats-Sequence, Nats-Time-Stamp): the last
+// one, since the server appends its own after any the publisher set.
+func ServerHeader(m *nats.Msg, name string) string {
+	vs := m.Header.Values(name)
+	if len(vs) == 0 {
+		return ""
+	}
+	return vs[len(vs)-1]
 }
 
 // directBatch sends req, a batch direct get of at most answers messages, to
-// stream and calls fn with each answer. An answer cut short (by the
-// server's byte limit, or a Batch below what matches) is
-// ErrBatchUnavailable unless partial.
-func directBatch(ctx context.Context, js jetstream.JetStream, stream string, req batchRequest, answers int, partial bool, fn func(*nats.Msg) error) error {
+// stream and calls fn with each answer.
+func directBatch(ctx context.Context, js jetstream.JetStream, stream string, req batchRequest, answers int, fn func(*nats.Msg) error) (batchEnd, error) {
+	var end batchEnd
 	body, err := json.Marshal(req)
 	if err != nil {
-		return err
+		return end, err
 	}
 	nc := js.Conn()
 	if _, ok := ctx.Deadline(); !ok {
@@ -120,65 +147,102 @@ func directBatch(ctx context.Context, js jetstream.JetStream, stream string, req
 	ch := make(chan *nats.Msg, answers+1)
 	sub, err := nc.ChanSubscribe(inbox, ch)
 	if err != nil {
-		return err
+		return end, err
 	}
 	defer func() { _ = sub.Unsubscribe() }()
 	if err := nc.PublishMsg(&nats.Msg{Subject: apiPrefix(js.Options()) + "DIRECT.GET." + stream, Reply: inbox, Data: body}); err != nil {
-		return err
+		return end, err
 	}
-	for got := 0; ; got++ {
+	for {
 		var m *nats.Msg
 		select {
 		case m = <-ch:
 		case <-ctx.Done():
-			return ctx.Err()
+			return end, ctx.Err()
 		}
-		if len(m.Data) == 0 && m.Header.Get("Status") != "" {
+		// A stored message always carries its sequence, a status answer
+		// (end of batch, 404, 413) never: a message stored with an empty
+		// body and a Status header of its own is not taken for one.
+		if seq := ServerHeader(m, jetstream.SequenceHeader); seq == "" {
 			switch m.Header.Get("Status") {
-			case "204": // end of batch: complete unless a limit cut it
-				if np := m.Header.Get("Nats-Num-Pending"); np != "0" && !partial {
-					return fmt.Errorf("%w: cut short with %s pending", ErrBatchUnavailable, np)
+			case "204": // end of batch
+				np, err := strconv.ParseUint(m.Header.Get("Nats-Num-Pending"), 10, 64)
+				if err != nil {
+					return end, fmt.Errorf("%w: end of batch without its pending count", ErrBatchUnavailable)
 				}
-				return nil
+				end.pending = np
+				return end, nil
 			case "404":
-				if got == 0 { // nothing matches
-					return nil
+				if end.answers == 0 { // nothing matches
+					return end, nil
 				}
 				// A message that failed to load after others were sent.
-				return fmt.Errorf("%w: 404 %s after %d answers", ErrBatchUnavailable, m.Header.Get("Description"), got)
+				return end, fmt.Errorf("%w: 404 %s after %d answers", ErrBatchUnavailable, m.Header.Get("Description"), end.answers)
 			case "413":
-				return fmt.Errorf("%w: %s", ErrTooManySubjects, m.Header.Get("Description"))
+				return end, fmt.Errorf("%w: %s", ErrTooManySubjects, m.Header.Get("Description"))
+			case "":
+				return end, fmt.Errorf("%w: an answer without its sequence", ErrBatchUnavailable)
 			default: // 503 no responders (no direct gets), …
-				return fmt.Errorf("%w: %s %s", ErrBatchUnavailable, m.Header.Get("Status"), m.Header.Get("Description"))
+				return end, fmt.Errorf("%w: %s %s", ErrBatchUnavailable, m.Header.Get("Status"), m.Header.Get("Description"))
 			}
+		} else if end.lastSeq, err = strconv.ParseUint(seq, 10, 64); err != nil {
+			return end, fmt.Errorf("%w: sequence %q", ErrBatchUnavailable, seq)
 		}
 		if m.Header.Get("Nats-Num-Pending") == "" {
-			return fmt.Errorf("%w: the server answered without batch headers", ErrBatchUnavailable)
+			return end, fmt.Errorf("%w: the server answered without batch headers", ErrBatchUnavailable)
 		}
+		end.answers++
 		if err := fn(m); err != nil {
-			return err
+			return end, err
 		}
 	}
 }
 
 // ReadFrom calls fn with the messages of stream matching filter (wildcards
-// allowed) from sequence from on, in order, at most n of them (at most
-// 4096), in one direct batch read: fewer when the server's byte limit cuts
-// the answer. The last-of-each read for more subjects than LastPerSubject
-// answers: the tail of a stream, from LastSeq back.
-func ReadFrom(ctx context.Context, js jetstream.JetStream, stream, filter string, from uint64, n int, fn func(*nats.Msg) error) error {
-	n = min(n, maxReadFrom)
-	if n <= 0 {
-		return nil
-	}
-	if err := directBatch(ctx, js, stream, batchRequest{NextFor: filter, Seq: max(from, 1), Batch: n}, n, true, fn); err != nil {
-		return fmt.Errorf("read %s in %s from %d: %w", filter, stream, from, err)
+// allowed) with a sequence in [from, upto] (upto 0: no bound), in order, at
+// most n of them: the last-of-each read for more subjects than
+// LastPerSubject answers, over a stream's tail (from LastSeq back). It
+// reads in direct batch gets of at most 4096 messages and 4 MiB, as many
+// as it takes.
+func ReadFrom(ctx context.Context, js jetstream.JetStream, stream, filter string, from, upto uint64, n int, fn func(*nats.Msg) error) error {
+	return readFrom(ctx, js, stream, filter, from, upto, n, readPageBytes, fn)
+}
+
+// readPageBytes bounds one answer of ReadFrom.
+const readPageBytes = 4 << 20
+
+// maxReadFrom bounds one batch of ReadFrom (and its channel).
+const maxReadFrom = 4096
+
+// errPastUpto stops a read at its upper bound.
+var errPastUpto = errors.New("past the upper bound")
+
+func readFrom(ctx context.Context, js jetstream.JetStream, stream, filter string, from, upto uint64, n, pageBytes int, fn func(*nats.Msg) error) error {
+	from = max(from, 1)
+	for n > 0 && (upto == 0 || from <= upto) {
+		batch := min(n, maxReadFrom)
+		end, err := directBatch(ctx, js, stream, batchRequest{NextFor: filter, Seq: from, Batch: batch, MaxBytes: pageBytes}, batch, func(m *nats.Msg) error {
+			if upto > 0 {
+				if seq, _ := strconv.ParseUint(ServerHeader(m, jetstream.SequenceHeader), 10, 64); seq > upto {
+					return errPastUpto
+				}
+			}
+			return fn(m)
+		})
+		if errors.Is(err, errPastUpto) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read %s in %s from %d: %w", filter, stream, from, err)
+		}
+		n -= end.answers
+		if end.pending == 0 || end.answers == 0 {
+			return nil
+		}
+		from = end.lastSeq + 1
 	}
 	return nil
 }
-
-// maxReadFrom bounds ReadFrom's batch (and its channel).
-const maxReadFrom = 4096
 
 // LastPerSubject calls fn with the last message of every subject of stream
 // matching filters (wildcards allowed), among the messages from sequence
@@ -264,16 +328,16 @@ func batchEntry(bucket, pre string, m *nats.Msg) (jetstream.KeyValueEntry, error
 	if m.Header.Get("KV-Operation") != "" || m.Header.Get(jetstream.MarkerReasonHeader) != "" {
 		return nil, nil
 	}
-	subj := m.Header.Get(jetstream.SubjectHeader)
+	subj := ServerHeader(m, jetstream.SubjectHeader)
 	key, ok := strings.CutPrefix(subj, pre)
 	if !ok {
 		return nil, fmt.Errorf("answer for subject %q outside the bucket", subj)
 	}
-	seq, err := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
+	seq, err := strconv.ParseUint(ServerHeader(m, jetstream.SequenceHeader), 10, 64)
 	if err != nil {
 		return nil, fmt.Errorf("answer for %s: sequence: %w", subj, err)
 	}
-	at, err := time.Parse(time.RFC3339Nano, m.Header.Get(jetstream.TimeStampHeaer))
+	at, err := time.Parse(time.RFC3339Nano, ServerHeader(m, jetstream.TimeStampHeaer))
 	if err != nil {
 		return nil, fmt.Errorf("answer for %s: time stamp: %w", subj, err)
 	}

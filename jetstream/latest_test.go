@@ -1,6 +1,7 @@
 package topology_test
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"maps"
@@ -218,8 +219,9 @@ func must[T any](v T, err error) T {
 
 // TestLastPerSubject: the last message of each matching subject, from a
 // sequence on; more subjects than one answer is ErrTooManySubjects (and
-// ErrBatchUnavailable), which a shorter range avoids; LastSeq names the
-// last matching message.
+// ErrBatchUnavailable), whatever the first sequence; LastSeq names the
+// last matching message; ReadFrom reads a range in order, in as many
+// answers as its byte limit takes.
 func TestLastPerSubject(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -268,23 +270,85 @@ func TestLastPerSubject(t *testing.T) {
 	for i := 1; i < 1100; i++ {
 		pub(fmt.Sprintf("last.many.%d", i), fmt.Sprint(i))
 	}
-	_, err := read("last.many.*", 0)
-	if !errors.Is(err, topology.ErrTooManySubjects) || !errors.Is(err, topology.ErrBatchUnavailable) {
-		t.Fatalf("1100 subjects: %v, want ErrTooManySubjects", err)
+	for _, from := range []uint64{0, first + 1000} {
+		if _, err := read("last.many.*", from); !errors.Is(err, topology.ErrTooManySubjects) || !errors.Is(err, topology.ErrBatchUnavailable) {
+			t.Fatalf("1100 subjects from %d: %v, want ErrTooManySubjects", from, err)
+		}
 	}
 	last := must(topology.LastSeq(b.ctx, b.js, "LAST", "last.many.*"))
-	var tail []string
-	if err := topology.ReadFrom(b.ctx, b.js, "LAST", "last.many.*", last-99, 500, func(m *nats.Msg) error {
-		tail = append(tail, string(m.Data))
-		return nil
-	}); err != nil || len(tail) != 100 || tail[0] != "1000" || tail[99] != "1099" {
-		t.Errorf("the tail from %d: %d messages %v…, %v; want 1000 to 1099", last-99, len(tail), tail[:min(len(tail), 3)], err)
+	nums := func(from, to int) []string {
+		var out []string
+		for i := from; i <= to; i++ {
+			out = append(out, fmt.Sprint(i))
+		}
+		return out
 	}
-	tail = nil
-	if err := topology.ReadFrom(b.ctx, b.js, "LAST", "last.many.*", first, 10, func(m *nats.Msg) error {
-		tail = append(tail, string(m.Data))
+	for _, tt := range []struct {
+		name         string
+		from, upto   uint64
+		n, pageBytes int
+		want         []string
+	}{
+		{"the tail", last - 99, 0, 500, 0, nums(1000, 1099)},
+		{"the first 10", first, 0, 10, 0, nums(0, 9)},
+		{"up to a bound", first + 990, first + 999, 500, 0, nums(990, 999)},
+		{"in pages of ~100 bytes", last - 199, 0, 500, 100, nums(900, 1099)},
+		{"in pages, the first 150", first, 0, 150, 100, nums(0, 149)},
+		{"in pages, up to a bound", first + 500, first + 799, 4096, 300, nums(500, 799)},
+	} {
+		var got []string
+		err := topology.ReadFromPaged(b.ctx, b.js, "LAST", "last.many.*", tt.from, tt.upto, tt.n, cmp.Or(tt.pageBytes, 4<<20), func(m *nats.Msg) error {
+			got = append(got, string(m.Data))
+			return nil
+		})
+		if err != nil || !slices.Equal(got, tt.want) {
+			t.Errorf("%s: %d messages %v…, %v; want %d from %s", tt.name, len(got), got[:min(len(got), 3)], err, len(tt.want), tt.want[0])
+		}
+	}
+}
+
+// TestBatchReadsTakeTheServersHeaders: a message published with headers
+// the server sets on its answers (Nats-Sequence, Nats-Time-Stamp,
+// Nats-Subject) or with an empty body and a Status header is read as the
+// message it is, with the server's values.
+func TestBatchReadsTakeTheServersHeaders(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	if _, err := b.js.CreateStream(b.ctx, jetstream.StreamConfig{Name: "HDR", Subjects: []string{"hdr.>"}, AllowDirect: true}); err != nil {
+		t.Fatal(err)
+	}
+	forged := nats.Header{}
+	forged.Set(jetstream.SequenceHeader, "999")
+	forged.Set(jetstream.TimeStampHeaer, "2000-01-01T00:00:00Z")
+	forged.Set(jetstream.SubjectHeader, "hdr.elsewhere")
+	status := nats.Header{}
+	status.Set("Status", "404")
+	seqs := map[string]uint64{}
+	for subj, h := range map[string]nats.Header{"hdr.forged": forged, "hdr.status": status} {
+		seqs[subj] = must(b.js.PublishMsg(b.ctx, &nats.Msg{Subject: subj, Header: h})).Sequence
+	}
+	check := func(how string, m *nats.Msg) {
+		subj := topology.ServerHeader(m, jetstream.SubjectHeader)
+		seq := topology.ServerHeader(m, jetstream.SequenceHeader)
+		at, err := time.Parse(time.RFC3339Nano, topology.ServerHeader(m, jetstream.TimeStampHeaer))
+		if want, ok := seqs[subj]; !ok || seq != fmt.Sprint(want) || err != nil || at.Year() < 2026 {
+			t.Errorf("%s: subject %q sequence %s time %v (%v); want the server's", how, subj, seq, at, err)
+		}
+	}
+	n := 0
+	if err := topology.LastPerSubject(b.ctx, b.js, "HDR", []string{"hdr.>"}, 0, func(m *nats.Msg) error {
+		n++
+		check("last per subject", m)
 		return nil
-	}); err != nil || !slices.Equal(tail, strings.Fields("0 1 2 3 4 5 6 7 8 9")) {
-		t.Errorf("10 from %d: %v, %v; want 0 to 9", first, tail, err)
+	}); err != nil || n != 2 {
+		t.Errorf("last per subject: %d messages, %v; want 2", n, err)
+	}
+	n = 0
+	if err := topology.ReadFrom(b.ctx, b.js, "HDR", "hdr.>", 0, 0, 10, func(m *nats.Msg) error {
+		n++
+		check("read from", m)
+		return nil
+	}); err != nil || n != 2 {
+		t.Errorf("read from: %d messages, %v; want 2", n, err)
 	}
 }

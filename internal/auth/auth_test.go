@@ -629,7 +629,7 @@ func TestRoles(t *testing.T) {
 				publish(events.HealthSubject("openai")), publish(events.DecisionSubject("a1")),
 				publish(events.RetryDueSubject("a1")), publish(events.TaskSubject("openai", "a1")),
 				kvGet(topology.BucketNotifyDedupe), kvPut(topology.BucketRefusals),
-				fetchAck(sCls, topology.ConsumerScheduler),
+				fetchAck(sCls, topology.ConsumerScheduler), fetchAck(sDec, topology.RetiredRecoveryDecisions),
 			}, servicesMayNot...))
 	})
 

@@ -138,9 +138,8 @@ so the ratios hold whatever the machine:
      double-ack);
      the plumbing: the same N again through the bus's shape on failbus's
      consumer runner with the policy taken out (classify, then a ledger
-     entry, a schedule and a decision per retry or a decision otherwise,
-     then every decision read), until its last stage has acknowledged
-     every one: what JetStream and the runner cost for an outcome's
+     entry, a schedule and a decision per retry or a decision otherwise),
+     until its last stage has acknowledged every one: what JetStream and the runner cost for an outcome's
      messages, so "every service caught up" over it is what failbus's own
      work costs;
   2. failbus ingest: the same N outcomes on failbus.outcome.*, until

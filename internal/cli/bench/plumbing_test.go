@@ -19,7 +19,7 @@ import (
 // TestPlumbing runs the plumbing twice (two rounds) and checks what the
 // row stands for: every outcome classified, a decision stored for each,
 // a ledger entry and a schedule for each retry the default policy allows,
-// every decision read and acknowledged; and that it leaves nothing for
+// every message acknowledged; and that it leaves nothing for
 // the measurements after it (its consumers, its messages, its pending
 // schedules).
 func TestPlumbing(t *testing.T) {

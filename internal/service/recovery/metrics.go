@@ -18,6 +18,7 @@ type metrics struct {
 	runs          *prometheus.CounterVec
 	probes        *prometheus.CounterVec
 	advanceErrors prometheus.Counter
+	usageErrors   prometheus.Counter
 	// providers caps the provider label (agents name providers): at most
 	// consumer.DefaultMaxLabelValues have series, least recently used
 	// evicted.
@@ -54,6 +55,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "failbus_recovery_step_errors_total",
 			Help: "Checklist, release or probe steps that failed (store or publish errors) and were retried.",
 		}),
+		usageErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "failbus_recovery_probe_target_errors_total",
+			Help: "Probes whose targets could not be read from FAILBUS_OUTCOMES and FAILBUS_DECISIONS (the probe went to an agent that reported itself, or to none).",
+		}),
 	}
 	var err error
 	register := func(c prometheus.Collector) prometheus.Collector {
@@ -76,6 +81,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.runs = register(m.runs).(*prometheus.CounterVec)
 	m.probes = register(m.probes).(*prometheus.CounterVec)
 	m.advanceErrors = register(m.advanceErrors).(prometheus.Counter)
+	m.usageErrors = register(m.usageErrors).(prometheus.Counter)
 	if err != nil {
 		return m, err
 	}

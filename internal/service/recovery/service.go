@@ -181,6 +181,10 @@ func New(ctx context.Context, js jetstream.JetStream, opts Options) (*Service, e
 	}
 	s.core, err = recovery.New(cfg, st, pub, recovery.Options{
 		Owner: opts.Owner, LeaseTTL: opts.LeaseTTL, DedupeWindow: dup, Hook: opts.CrashAt,
+		UsageError: func(provider string, err error) {
+			m.usageErrors.Inc()
+			s.log.Warn().Err(err).Str("provider", provider).Msg("probe targets unreadable: probing an agent that reported itself, or none")
+		},
 	})
 	if err != nil {
 		return nil, err

@@ -3,7 +3,6 @@ package recovery
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"time"
 
@@ -24,9 +23,18 @@ import (
 // a delivery and an acknowledgement per outcome, for a list read once per
 // probe interval of an outage.
 
-// usageTail is how many of a provider's latest outcomes RecentUsers reads
-// when its agents are more than one last-per-subject answer carries.
-const usageTail = 4096
+// usageTail and usageTailWindows: when a provider's agents are more than
+// one last-per-subject answer carries (1024), RecentUsers reads the stream
+// back from the provider's last outcome in windows of 4096 stream
+// messages, at most 8, until it has the agents it wants.
+const (
+	usageTail        = 4096
+	usageTailWindows = 8
+)
+
+// usageTimeout bounds each of RecentUsers and Holding: a probe waits no
+// longer for its targets (the core probes what it has instead).
+const usageTimeout = 3 * time.Second
 
 // NoteOutcome implements recovery.Usage: the outcome is in FAILBUS_OUTCOMES.
 func (s *Store) NoteOutcome(context.Context, string, string, time.Time) error { return nil }
@@ -40,16 +48,18 @@ func (s *Store) NoteDecision(context.Context, events.Decision) error { return ni
 // Subjects carry names as tokens (events.Token), so each outcome is decoded
 // for its real provider and agent; one that does not decode is skipped.
 func (s *Store) RecentUsers(ctx context.Context, provider string, max int) ([]recovery.User, error) {
+	ctx, cancel := context.WithTimeout(ctx, usageTimeout)
+	defer cancel()
 	filter := events.OutcomePrefix + "." + events.Token(provider) + ".*"
 	latest := map[string]time.Time{}
 	read := func(m *nats.Msg) error {
-		o, err := events.DecodeAs[*events.Outcome](m.Header.Get(jetstream.SubjectHeader), m.Header, m.Data)
+		o, err := events.DecodeAs[*events.Outcome](topology.ServerHeader(m, jetstream.SubjectHeader), m.Header, m.Data)
 		if err != nil || o.Provider != provider || o.Agent == "" {
 			return nil
 		}
-		at, err := time.Parse(time.RFC3339Nano, m.Header.Get(jetstream.TimeStampHeaer))
+		at, err := time.Parse(time.RFC3339Nano, topology.ServerHeader(m, jetstream.TimeStampHeaer))
 		if err != nil {
-			return fmt.Errorf("outcome at %s: time stamp: %w", m.Header.Get(jetstream.SequenceHeader), err)
+			return nil // not what the server stamps: skip it, read the rest
 		}
 		if t, ok := latest[o.Agent]; !ok || at.After(t) {
 			latest[o.Agent] = at
@@ -59,16 +69,24 @@ func (s *Store) RecentUsers(ctx context.Context, provider string, max int) ([]re
 	err := topology.LastPerSubject(ctx, s.js, topology.StreamOutcomes, []string{filter}, 0, read)
 	if errors.Is(err, topology.ErrBatchUnavailable) {
 		// More agents (or bytes) than one answer carries: those of the
-		// provider's latest outcomes, read from the stream's tail (the 4096
-		// messages up to its last outcome, other providers' included).
+		// provider's latest outcomes, read back from the stream's tail.
 		clear(latest)
-		var last uint64
-		if last, err = topology.LastSeq(ctx, s.js, topology.StreamOutcomes, filter); err == nil {
-			from := uint64(1)
-			if last > usageTail {
-				from = last - usageTail + 1
+		var end uint64
+		if end, err = topology.LastSeq(ctx, s.js, topology.StreamOutcomes, filter); err != nil {
+			return nil, err
+		}
+		for range usageTailWindows {
+			if end == 0 || len(latest) >= max {
+				break
 			}
-			err = topology.ReadFrom(ctx, s.js, topology.StreamOutcomes, filter, from, usageTail, read)
+			from := uint64(1)
+			if end > usageTail {
+				from = end - usageTail + 1
+			}
+			if err = topology.ReadFrom(ctx, s.js, topology.StreamOutcomes, filter, from, end, usageTail, read); err != nil {
+				return nil, err
+			}
+			end = from - 1
 		}
 	}
 	if err != nil {
@@ -81,6 +99,8 @@ func (s *Store) RecentUsers(ctx context.Context, provider string, max int) ([]re
 // when the last decision on its subject is its own and says wait_provider
 // on provider.
 func (s *Store) Holding(ctx context.Context, provider string, agents []string) (map[string]bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, usageTimeout)
+	defer cancel()
 	out := map[string]bool{}
 	if len(agents) == 0 {
 		return out, nil
@@ -94,7 +114,7 @@ func (s *Store) Holding(ctx context.Context, provider string, agents []string) (
 		}
 	}
 	err := topology.LastPerSubject(ctx, s.js, topology.StreamDecisions, filters, 0, func(m *nats.Msg) error {
-		d, err := events.DecodeAs[*events.Decision](m.Header.Get(jetstream.SubjectHeader), m.Header, m.Data)
+		d, err := events.DecodeAs[*events.Decision](topology.ServerHeader(m, jetstream.SubjectHeader), m.Header, m.Data)
 		if err != nil || !want[d.Agent] {
 			return nil
 		}

@@ -83,18 +83,27 @@ func TestStoreUsageReadsTheStreams(t *testing.T) {
 	if got, err := st.Holding(b.ctx, "anthropic", []string{"a1", "a2"}); err != nil || len(got) != 1 || !got["a2"] {
 		t.Errorf("Holding(anthropic) = %v, %v; want a2", got, err)
 	}
+	// a.5 and a_5 share a subject: the last decision on it is a.5's, and
+	// says nothing of a_5.
+	decision("a_5", events.ActionWaitProvider, "openai")
+	decision("a.5", events.ActionRetry, "openai")
+	decision("a.6", events.ActionWaitProvider, "openai")
+	if got, err := st.Holding(b.ctx, "openai", []string{"a_5", "a.5", "a_6", "a.6"}); err != nil || len(got) != 1 || !got["a.6"] {
+		t.Errorf("Holding(openai) of agents sharing subjects = %v, %v; want a.6 only", got, err)
+	}
 }
 
 // TestStoreRecentUsersOfAManyAgentProvider: more agents than one
-// last-per-subject answer carries (1024); the most recent are read from
-// the stream's tail.
+// last-per-subject answer carries (1024), their outcomes between five
+// times as many of another provider's: the most recent are read back from
+// the stream's tail, window by window (4096 stream messages each), as far
+// as it takes.
 func TestStoreRecentUsersOfAManyAgentProvider(t *testing.T) {
 	b := setup(t)
 	st := svcStore(b)
 	const agents = 1100
 	var acks []jetstream.PubAckFuture
-	for i := range agents {
-		o := &events.Outcome{ID: fmt.Sprintf("o-%d", i), Agent: fmt.Sprintf("a%04d", i), Provider: "openai", Status: 503}
+	publish := func(o *events.Outcome) {
 		data, h, err := events.Encode(o)
 		if err != nil {
 			t.Fatal(err)
@@ -105,6 +114,12 @@ func TestStoreRecentUsersOfAManyAgentProvider(t *testing.T) {
 		}
 		acks = append(acks, f)
 	}
+	for i := range agents {
+		publish(&events.Outcome{ID: fmt.Sprintf("o-%d", i), Agent: fmt.Sprintf("a%04d", i), Provider: "openai", Status: 503})
+		for j := range 5 {
+			publish(&events.Outcome{ID: fmt.Sprintf("x-%d-%d", i, j), Agent: fmt.Sprintf("b%d", j), Provider: "anthropic", Status: 200})
+		}
+	}
 	for _, f := range acks {
 		select {
 		case <-f.Ok():
@@ -114,15 +129,21 @@ func TestStoreRecentUsersOfAManyAgentProvider(t *testing.T) {
 			t.Fatal(b.bus.Ctx.Err())
 		}
 	}
-	got, err := st.RecentUsers(b.ctx, "openai", 5)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Stored within the same instant, several share a time stamp: the
-	// five are the latest, whatever their order among equals.
-	names := usageAgents(got)
-	slices.Sort(names)
-	if len(got) != 5 || names[0] < fmt.Sprintf("a%04d", agents-64) {
-		t.Errorf("RecentUsers of %d agents = %v; want 5 of the latest", agents, usageAgents(got))
+	// The latest window (4096 messages) holds ~683 of the agents: 5 take
+	// one window, 900 two.
+	for _, want := range []int{5, 900} {
+		got, err := st.RecentUsers(b.ctx, "openai", want)
+		if err != nil {
+			t.Fatal(err)
+		}
+		names := usageAgents(got)
+		var latest []string
+		for i := agents - want; i < agents; i++ {
+			latest = append(latest, fmt.Sprintf("a%04d", i))
+		}
+		slices.Sort(names)
+		if !slices.Equal(names, latest) {
+			t.Errorf("RecentUsers(openai, %d) of %d agents: %d, from %v to %v; want the %d latest", want, agents, len(names), names[:min(len(names), 1)], names[max(len(names)-1, 0):], want)
+		}
 	}
 }

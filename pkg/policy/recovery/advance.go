@@ -114,10 +114,7 @@ func (c *Core) probe(ctx context.Context, r *ProviderRecord, rev uint64, now tim
 	if now.Before(p.NextAt.Time) {
 		return nil
 	}
-	target, err := c.probeTarget(ctx, r, p.Seq+1)
-	if err != nil {
-		return fmt.Errorf("probe targets of %s: %w", r.Provider, err)
-	}
+	target := c.probeTarget(ctx, r, p.Seq+1)
 	p.Seq++
 	p.NextAt = events.At(now.Add(c.cfg.ProbeInterval))
 	p.LastAgent = target
@@ -132,7 +129,7 @@ func (c *Core) probe(ctx context.Context, r *ProviderRecord, rev uint64, now tim
 			},
 		}
 	}
-	rev, err = c.st.SaveProvider(ctx, r, rev)
+	rev, err := c.st.SaveProvider(ctx, r, rev)
 	if err != nil {
 		return ignoreConflict(err) // another replica claimed this probe
 	}
@@ -161,15 +158,19 @@ func ignoreConflict(err error) error {
 
 // probeTarget chooses the agent for probe seq among the provider's users:
 // those of its latest outcomes (Usage.RecentUsers) and those that reported
-// themselves (r.Users), at most MaxUsers, most recent first.
-func (c *Core) probeTarget(ctx context.Context, r *ProviderRecord, seq int) (string, error) {
+// themselves (r.Users), at most MaxUsers, most recent first. When the
+// store cannot say (Options.UsageError is told), it chooses among what it
+// has: the agents that reported themselves, holding unknown.
+func (c *Core) probeTarget(ctx context.Context, r *ProviderRecord, seq int) string {
+	skip := func(agent string) bool { return c.isProbeAgent(r.Provider, agent) }
 	recent, err := c.st.RecentUsers(ctx, r.Provider, MaxUsers+1) // +1: the probe agent's own
 	if err != nil {
-		return "", err
+		c.usageError(r.Provider, fmt.Errorf("recent users: %w", err))
+		return pickProbeTarget(mergeUsers(r.Users, skip), nil, seq)
 	}
-	users := mergeUsers(slices.Concat(recent, r.Users), func(agent string) bool { return c.isProbeAgent(r.Provider, agent) })
+	users := mergeUsers(slices.Concat(recent, r.Users), skip)
 	if len(users) == 0 {
-		return "", nil
+		return ""
 	}
 	agents := make([]string, len(users))
 	for i, u := range users {
@@ -177,9 +178,16 @@ func (c *Core) probeTarget(ctx context.Context, r *ProviderRecord, seq int) (str
 	}
 	holding, err := c.st.Holding(ctx, r.Provider, agents)
 	if err != nil {
-		return "", err
+		c.usageError(r.Provider, fmt.Errorf("holding: %w", err))
+		holding = nil
 	}
-	return pickProbeTarget(users, holding, seq), nil
+	return pickProbeTarget(users, holding, seq)
+}
+
+func (c *Core) usageError(provider string, err error) {
+	if c.opts.UsageError != nil {
+		c.opts.UsageError(provider, err)
+	}
 }
 
 // mergeUsers keeps each agent once at its latest time, leaves out those
@@ -198,8 +206,7 @@ func mergeUsers(all []User, skip func(string) bool) []User {
 }
 
 // LatestUsers turns each agent's latest time into at most max Users, most
-// recent first, ties by name: every Usage store orders them alike, so the
-// services and simulate probe the same agents.
+// recent first, ties by name: the order every Usage store gives.
 func LatestUsers(latest map[string]time.Time, max int) []User {
 	out := make([]User, 0, len(latest))
 	for a, t := range latest {

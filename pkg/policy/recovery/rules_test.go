@@ -350,3 +350,79 @@ func TestProbeTargetsHoldersFirstThenMostRecent(t *testing.T) {
 		t.Errorf("probes went to %v, want %v", got, want)
 	}
 }
+
+// brokenUsage is a store whose probe-target reads fail.
+type brokenUsage struct {
+	*memstore.Store
+	recentFails, holdingFails bool
+}
+
+func (b brokenUsage) RecentUsers(ctx context.Context, provider string, max int) ([]recovery.User, error) {
+	if b.recentFails {
+		return nil, errors.New("no direct gets")
+	}
+	return b.Store.RecentUsers(ctx, provider, max)
+}
+
+func (b brokenUsage) Holding(ctx context.Context, provider string, agents []string) (map[string]bool, error) {
+	if b.holdingFails {
+		return nil, errors.New("timed out")
+	}
+	return b.Store.Holding(ctx, provider, agents)
+}
+
+// An outage is probed even when the probe targets cannot be read: the
+// probe goes to an agent that reported itself (a heartbeat), or — when
+// only the holding is unknown — to the most recent user, and the failure
+// is reported (Options.UsageError), never returned.
+func TestProbeTargetsUnreadableStillProbe(t *testing.T) {
+	ctx := context.Background()
+	t0 := time.Date(2026, 3, 2, 1, 0, 0, 0, time.UTC)
+	cfg := recovery.Config{ProbeInterval: 10 * time.Second}
+	for _, tt := range []struct {
+		name  string
+		store brokenUsage
+		want  string
+	}{
+		{"recent users fail", brokenUsage{recentFails: true}, "beating"},
+		{"holding fails", brokenUsage{holdingFails: true}, "caller"},
+		{"nothing fails", brokenUsage{}, "holder"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			st := tt.store
+			st.Store = memstore.New()
+			rec := &simulate.Recorder{}
+			var reported []string
+			c, err := recovery.New(cfg, st, rec, recovery.Options{UsageError: func(p string, err error) { reported = append(reported, p+": "+err.Error()) }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			step := func(at time.Time, in recovery.Input) {
+				t.Helper()
+				if err := c.Step(ctx, in, at); err != nil {
+					t.Fatal(err)
+				}
+			}
+			step(t0.Add(-3*time.Minute), recovery.Input{Heartbeat: &events.Heartbeat{At: events.At(t0.Add(-3 * time.Minute)), Agent: "beating", Subagent: "s1", Provider: down}})
+			step(t0.Add(-2*time.Minute), recovery.Input{Outcome: &events.Outcome{ID: "o1", Agent: "holder", Provider: down}})
+			step(t0.Add(-time.Minute), recovery.Input{Outcome: &events.Outcome{ID: "o2", Agent: "caller", Provider: down}})
+			step(t0.Add(-time.Minute), recovery.Input{Decision: &events.Decision{OutcomeID: "o1", Agent: "holder", Action: events.ActionWaitProvider, Provider: down}})
+			step(t0, health(t0, events.HealthOutage))
+			if err := c.Advance(ctx, down, t0.Add(cfg.ProbeInterval)); err != nil {
+				t.Fatalf("Advance returned %v; a probe-target read must not stop the probe", err)
+			}
+			var probes []string
+			for _, o := range rec.Take() {
+				if ctl, ok := o.Msg.(*events.Control); ok && ctl.Action == events.ControlProbe {
+					probes = append(probes, ctl.Agent)
+				}
+			}
+			if !slices.Equal(probes, []string{tt.want}) {
+				t.Errorf("probes to %v, want [%s]", probes, tt.want)
+			}
+			if broken := st.recentFails || st.holdingFails; broken != (len(reported) == 1) {
+				t.Errorf("reported %v; want one report exactly when a read failed", reported)
+			}
+		})
+	}
+}

@@ -69,7 +69,7 @@ type Usage interface {
 	NoteDecision(ctx context.Context, d events.Decision) error
 	// RecentUsers returns up to max of the agents whose latest outcome on
 	// provider is the most recent, most recent first, with the time of
-	// that outcome (Holding unset).
+	// that outcome.
 	RecentUsers(ctx context.Context, provider string, max int) ([]User, error)
 	// Holding returns which of agents hold on provider: their latest
 	// decision (whatever its provider) is wait_provider on it.
