@@ -1440,7 +1440,7 @@ func printBench(w io.Writer, rep *benchReport) {
 		"consume → publish, wait for ack → double-ack")
 	row("raw/3: raw publish ÷ 3 (an outcome is 3 stream writes)", func(r *benchRound) float64 { return r.RawThird }, "msgs/s", "goal ceiling")
 	row("failbus plumbing: the bus's stream writes, no policy", func(r *benchRound) float64 { return r.Plumbing }, "outcomes/s",
-		fmt.Sprintf("%.2f× raw/3 (%.2f–%.2f); consumer runners, classify → ledger, schedule, decision → read", med.PlumbingThirdRatio, lo.PlumbingThirdRatio, hi.PlumbingThirdRatio))
+		fmt.Sprintf("%.2f× raw/3 (%.2f–%.2f); consumer runners, classify → ledger, schedule, decision", med.PlumbingThirdRatio, lo.PlumbingThirdRatio, hi.PlumbingThirdRatio))
 	row("failbus ingest → FAILBUS_CLASSIFIED", func(r *benchRound) float64 { return r.Ingest }, "outcomes/s",
 		fmt.Sprintf("%.2f× raw/3 (%.2f–%.2f); %.3f× baseline, %.2f× raw relay", med.IngestThirdRatio, lo.IngestThirdRatio, hi.IngestThirdRatio, med.IngestRatio, med.IngestRelayRatio))
 	row("failbus ingest → every service caught up", func(r *benchRound) float64 { return r.Settled }, "outcomes/s",
