@@ -2,14 +2,18 @@ package recovery_test
 
 import (
 	"fmt"
+	"maps"
+	"math/rand/v2"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy/recovery"
+	"github.com/failbus/failbus/pkg/policy/recovery/memstore"
 )
 
 func usageAgents(us []recovery.User) []string {
@@ -144,6 +148,64 @@ func TestStoreRecentUsersOfAManyAgentProvider(t *testing.T) {
 		slices.Sort(names)
 		if !slices.Equal(names, latest) {
 			t.Errorf("RecentUsers(openai, %d) of %d agents: %d, from %v to %v; want the %d latest", want, agents, len(names), names[:min(len(names), 1)], names[max(len(names)-1, 0):], want)
+		}
+	}
+}
+
+// TestStoreUsageAgreesWithMemstore: the bus's store (reading the streams)
+// and simulate's (memstore, noted as the engine feeds it) name the same
+// probe targets for the same outcomes and decisions, in the same order:
+// random agents on three providers, random decisions, read after each
+// batch.
+func TestStoreUsageAgreesWithMemstore(t *testing.T) {
+	b := setup(t)
+	st := svcStore(b)
+	mem := memstore.New()
+	rng := rand.New(rand.NewPCG(11, 12))
+	providers := []string{"openai", "anthropic", "groq"}
+	actions := []string{events.ActionWaitProvider, events.ActionRetry, events.ActionSwitchProvider, events.ActionGiveUp}
+	at := time.Date(2026, 3, 2, 0, 0, 0, 0, time.UTC)
+	var agents []string
+	for i := range 40 {
+		agents = append(agents, fmt.Sprintf("agent-%02d", i))
+	}
+	n := 0
+	for batch := range 6 {
+		for range 60 {
+			n++
+			a, p := agents[rng.IntN(len(agents))], providers[rng.IntN(len(providers))]
+			at = at.Add(time.Millisecond)
+			if rng.IntN(3) == 0 {
+				d := events.Decision{OutcomeID: fmt.Sprintf("d-%d", n), Agent: a, Action: actions[rng.IntN(len(actions))], Provider: p}
+				b.publish(events.DecisionSubject(a), &d, "")
+				if err := mem.NoteDecision(b.ctx, d); err != nil {
+					t.Fatal(err)
+				}
+				continue
+			}
+			o := events.Outcome{ID: fmt.Sprintf("o-%d", n), Agent: a, Provider: p, Status: 503}
+			b.publish(events.OutcomeSubject(p, a), &o, o.ID)
+			if err := mem.NoteOutcome(b.ctx, p, a, at); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, p := range providers {
+			busUsers, err := st.RecentUsers(b.ctx, p, recovery.MaxUsers)
+			if err != nil {
+				t.Fatal(err)
+			}
+			memUsers, _ := mem.RecentUsers(b.ctx, p, recovery.MaxUsers)
+			if got, want := usageAgents(busUsers), usageAgents(memUsers); !slices.Equal(got, want) {
+				t.Errorf("batch %d, %s: the bus's users %v, memstore's %v", batch, p, got, want)
+			}
+			busHeld, err := st.Holding(b.ctx, p, agents)
+			if err != nil {
+				t.Fatal(err)
+			}
+			memHeld, _ := mem.Holding(b.ctx, p, agents)
+			if !maps.Equal(busHeld, memHeld) {
+				t.Errorf("batch %d, %s: the bus holds %v, memstore %v", batch, p, busHeld, memHeld)
+			}
 		}
 	}
 }
