@@ -96,6 +96,18 @@ var retired = []struct{ stream, name string }{
 	{StreamDecisions, RetiredRecoveryDecisions},
 }
 
+// Retired reports whether name on stream is a durable an earlier version
+// created and this one retired: nothing reads it, and Apply deletes it
+// (`failbus lag` says so rather than counting it late forever).
+func Retired(stream, name string) bool {
+	for _, c := range retired {
+		if c.stream == stream && c.name == name {
+			return true
+		}
+	}
+	return false
+}
+
 // KV bucket names. The backing streams are named KV_<bucket> by JetStream.
 const (
 	// BucketRefusals holds refusal state per (segment, provider).

@@ -23,6 +23,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/failbus/failbus/internal/cli"
+	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
 )
 
@@ -82,6 +83,9 @@ type Lag struct {
 	// Paused is set while the consumer is paused (until PausedUntil).
 	Paused      bool        `json:"paused,omitempty"`
 	PausedUntil events.Time `json:"paused_until,omitzero"`
+	// Retired is set for a durable an earlier failbus created and this one
+	// retired: nothing reads it; `failbus apply` deletes it.
+	Retired bool `json:"retired,omitempty"`
 }
 
 // CaughtUp reports whether the consumer has processed everything stored.
@@ -173,6 +177,7 @@ func lagOf(ctx context.Context, s jetstream.Stream, ci *jetstream.ConsumerInfo, 
 		Waiting:     ci.NumWaiting,
 		AckFloorSeq: ci.AckFloor.Stream,
 		Paused:      ci.Paused,
+		Retired:     topology.Retired(ci.Stream, ci.Name),
 	}
 	if ci.AckFloor.Last != nil {
 		l.LastAckAt = events.At(*ci.AckFloor.Last)
@@ -331,6 +336,9 @@ func Table(w io.Writer, lags []Lag) error {
 		name := l.Durable
 		if l.Paused {
 			name += " (paused)"
+		}
+		if l.Retired {
+			name += " (retired: failbus apply deletes it)"
 		}
 		rows = append(rows, []string{l.Stream, name, strconv.FormatUint(l.Pending, 10), strconv.Itoa(l.AckPending),
 			strconv.Itoa(l.Redelivered), oldest, strconv.Itoa(l.Waiting), last})

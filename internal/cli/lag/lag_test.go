@@ -244,3 +244,33 @@ func TestAge(t *testing.T) {
 		}
 	}
 }
+
+// TestLagMarksARetiredConsumer: a durable an earlier version left behind
+// (an old recovery replica heals it back during a rolling upgrade) is
+// reported as retired, in the JSON and the table, and the topology's own
+// durables are not.
+func TestLagMarksARetiredConsumer(t *testing.T) {
+	t.Parallel()
+	b := bustest.Start(t, time.Minute)
+	if _, err := b.JS.CreateConsumer(b.Ctx, topology.StreamDecisions, jetstream.ConsumerConfig{
+		Durable: topology.RetiredRecoveryDecisions, AckPolicy: jetstream.AckExplicitPolicy, FilterSubject: "failbus.decision.>",
+	}); err != nil {
+		t.Fatal(err)
+	}
+	lags, err := Read(b.Ctx, b.JS, Options{}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range lags {
+		if want := l.Durable == topology.RetiredRecoveryDecisions; l.Retired != want {
+			t.Errorf("%s/%s: retired %v, want %v", l.Stream, l.Durable, l.Retired, want)
+		}
+	}
+	var out strings.Builder
+	if err := Table(&out, lags); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), topology.RetiredRecoveryDecisions+" (retired: failbus apply deletes it)") {
+		t.Errorf("the table does not say the consumer is retired:\n%s", out.String())
+	}
+}
