@@ -173,11 +173,15 @@ func directBatch(ctx context.Context, js jetstream.JetStream, stream string, req
 				end.pending = np
 				return end, nil
 			case "404":
-				if end.answers == 0 { // nothing matches
+				// Nothing matches: "No Results" for a multi_last, "Message
+				// Not Found" for a batch from a sequence. A multi_last's
+				// "Message Not Found" is a message that failed to load.
+				desc := m.Header.Get("Description")
+				if end.answers == 0 && (req.MultiLastFor == nil || desc == "No Results") {
 					return end, nil
 				}
 				// A message that failed to load after others were sent.
-				return end, fmt.Errorf("%w: 404 %s after %d answers", ErrBatchUnavailable, m.Header.Get("Description"), end.answers)
+				return end, fmt.Errorf("%w: 404 %s after %d answers", ErrBatchUnavailable, desc, end.answers)
 			case "413":
 				return end, fmt.Errorf("%w: %s", ErrTooManySubjects, m.Header.Get("Description"))
 			case "":
@@ -203,7 +207,8 @@ func directBatch(ctx context.Context, js jetstream.JetStream, stream string, req
 // most n of them: the last-of-each read for more subjects than
 // LastPerSubject answers, over a stream's tail (from LastSeq back). It
 // reads in direct batch gets of at most 4096 messages and 4 MiB, as many
-// as it takes.
+// as it takes. Each may be answered by another replica: one that lags
+// ends the read early (no message is skipped or read twice).
 func ReadFrom(ctx context.Context, js jetstream.JetStream, stream, filter string, from, upto uint64, n int, fn func(*nats.Msg) error) error {
 	return readFrom(ctx, js, stream, filter, from, upto, n, readPageBytes, fn)
 }
@@ -221,6 +226,11 @@ func readFrom(ctx context.Context, js jetstream.JetStream, stream, filter string
 	from = max(from, 1)
 	for n > 0 && (upto == 0 || from <= upto) {
 		batch := min(n, maxReadFrom)
+		if upto > 0 {
+			// The server ignores an upper bound for these reads: ask for
+			// no more than the range holds.
+			batch = int(min(uint64(batch), upto-from+1))
+		}
 		end, err := directBatch(ctx, js, stream, batchRequest{NextFor: filter, Seq: from, Batch: batch, MaxBytes: pageBytes}, batch, func(m *nats.Msg) error {
 			if upto > 0 {
 				if seq, _ := strconv.ParseUint(ServerHeader(m, jetstream.SequenceHeader), 10, 64); seq > upto {
@@ -287,13 +297,16 @@ func LastSeq(ctx context.Context, js jetstream.JetStream, stream, subject string
 	if err != nil {
 		return 0, fmt.Errorf("last sequence of %s in %s: %w", subject, stream, err)
 	}
-	if st := m.Header.Get("Status"); st != "" && len(m.Data) == 0 {
-		if st == "404" {
+	// As in directBatch: a stored message carries the server's sequence
+	// (after any header its publisher set), a status answer none.
+	raw := ServerHeader(m, jetstream.SequenceHeader)
+	if raw == "" {
+		if st := m.Header.Get("Status"); st == "404" {
 			return 0, nil
 		}
-		return 0, fmt.Errorf("last sequence of %s in %s: %s %s", subject, stream, st, m.Header.Get("Description"))
+		return 0, fmt.Errorf("last sequence of %s in %s: answer %q %s without a sequence", subject, stream, m.Header.Get("Status"), m.Header.Get("Description"))
 	}
-	seq, err := strconv.ParseUint(m.Header.Get(jetstream.SequenceHeader), 10, 64)
+	seq, err := strconv.ParseUint(raw, 10, 64)
 	if err != nil {
 		return 0, fmt.Errorf("last sequence of %s in %s: %w", subject, stream, err)
 	}

@@ -310,7 +310,8 @@ func TestLastPerSubject(t *testing.T) {
 // TestBatchReadsTakeTheServersHeaders: a message published with headers
 // the server sets on its answers (Nats-Sequence, Nats-Time-Stamp,
 // Nats-Subject) or with an empty body and a Status header is read as the
-// message it is, with the server's values.
+// message it is, with the server's values, by the batch reads and by
+// LastSeq.
 func TestBatchReadsTakeTheServersHeaders(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -350,5 +351,10 @@ func TestBatchReadsTakeTheServersHeaders(t *testing.T) {
 		return nil
 	}); err != nil || n != 2 {
 		t.Errorf("read from: %d messages, %v; want 2", n, err)
+	}
+	for subj, want := range seqs {
+		if got, err := topology.LastSeq(b.ctx, b.js, "HDR", subj); err != nil || got != want {
+			t.Errorf("LastSeq %s = %d, %v; want the server's %d", subj, got, err, want)
+		}
 	}
 }

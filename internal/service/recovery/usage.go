@@ -32,10 +32,6 @@ const (
 	usageTailWindows = 8
 )
 
-// usageTimeout bounds each of RecentUsers and Holding: a probe waits no
-// longer for its targets (the core probes what it has instead).
-const usageTimeout = 3 * time.Second
-
 // NoteOutcome implements recovery.Usage: the outcome is in FAILBUS_OUTCOMES.
 func (s *Store) NoteOutcome(context.Context, string, string, time.Time) error { return nil }
 
@@ -48,8 +44,6 @@ func (s *Store) NoteDecision(context.Context, events.Decision) error { return ni
 // Subjects carry names as tokens (events.Token), so each outcome is decoded
 // for its real provider and agent; one that does not decode is skipped.
 func (s *Store) RecentUsers(ctx context.Context, provider string, max int) ([]recovery.User, error) {
-	ctx, cancel := context.WithTimeout(ctx, usageTimeout)
-	defer cancel()
 	filter := events.OutcomePrefix + "." + events.Token(provider) + ".*"
 	latest := map[string]time.Time{}
 	read := func(m *nats.Msg) error {
@@ -84,6 +78,12 @@ func (s *Store) RecentUsers(ctx context.Context, provider string, max int) ([]re
 				from = end - usageTail + 1
 			}
 			if err = topology.ReadFrom(ctx, s.js, topology.StreamOutcomes, filter, from, end, usageTail, read); err != nil {
+				if len(latest) > 0 && ctx.Err() != nil {
+					// Out of time further back: the newer windows' agents
+					// are the ones a probe wants.
+					err = nil
+					break
+				}
 				return nil, err
 			}
 			end = from - 1
@@ -99,8 +99,6 @@ func (s *Store) RecentUsers(ctx context.Context, provider string, max int) ([]re
 // when the last decision on its subject is its own and says wait_provider
 // on provider.
 func (s *Store) Holding(ctx context.Context, provider string, agents []string) (map[string]bool, error) {
-	ctx, cancel := context.WithTimeout(ctx, usageTimeout)
-	defer cancel()
 	out := map[string]bool{}
 	if len(agents) == 0 {
 		return out, nil

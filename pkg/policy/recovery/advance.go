@@ -160,12 +160,17 @@ func ignoreConflict(err error) error {
 // those of its latest outcomes (Usage.RecentUsers) and those that reported
 // themselves (r.Users), at most MaxUsers, most recent first. When the
 // store cannot say (Options.UsageError is told), it chooses among what it
-// has: the agents that reported themselves, holding unknown.
+// has: the agents that reported themselves, holding unknown. Both reads
+// share a quarter of the lease (at least probeTargetBudget), so the probe
+// is claimed while this replica still drives the provider.
 func (c *Core) probeTarget(ctx context.Context, r *ProviderRecord, seq int) string {
+	parent := ctx
+	ctx, cancel := context.WithTimeout(ctx, max(c.opts.LeaseTTL/4, probeTargetBudget))
+	defer cancel()
 	skip := func(agent string) bool { return c.isProbeAgent(r.Provider, agent) }
 	recent, err := c.st.RecentUsers(ctx, r.Provider, MaxUsers+1) // +1: the probe agent's own
 	if err != nil {
-		c.usageError(r.Provider, fmt.Errorf("recent users: %w", err))
+		c.usageError(parent, r.Provider, fmt.Errorf("recent users: %w", err))
 		return pickProbeTarget(mergeUsers(r.Users, skip), nil, seq)
 	}
 	users := mergeUsers(slices.Concat(recent, r.Users), skip)
@@ -178,14 +183,19 @@ func (c *Core) probeTarget(ctx context.Context, r *ProviderRecord, seq int) stri
 	}
 	holding, err := c.st.Holding(ctx, r.Provider, agents)
 	if err != nil {
-		c.usageError(r.Provider, fmt.Errorf("holding: %w", err))
+		c.usageError(parent, r.Provider, fmt.Errorf("holding: %w", err))
 		holding = nil
 	}
 	return pickProbeTarget(users, holding, seq)
 }
 
-func (c *Core) usageError(provider string, err error) {
-	if c.opts.UsageError != nil {
+// probeTargetBudget is the least time the probe-target reads get, however
+// short the lease (tests run leases of a few hundred milliseconds).
+const probeTargetBudget = 500 * time.Millisecond
+
+// usageError tells Options.UsageError, unless the caller is stopping.
+func (c *Core) usageError(parent context.Context, provider string, err error) {
+	if c.opts.UsageError != nil && parent.Err() == nil {
 		c.opts.UsageError(provider, err)
 	}
 }

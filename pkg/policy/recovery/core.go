@@ -35,10 +35,10 @@ type Options struct {
 	// Defaults to 5 minutes.
 	ReportWindow time.Duration
 	// UsageError, when set, is told when the probe targets could not be
-	// read (Usage): the probe then goes to an agent that reported itself,
-	// or to none, and the HTTP probe runs all the same — an outage must
-	// never stop being probed because a read failed. The service logs and
-	// counts it.
+	// read (Usage) within a quarter of LeaseTTL (at least 500 ms): the
+	// probe then goes to an agent that reported itself, or to none, and
+	// the HTTP probe runs all the same — an outage must never stop being
+	// probed because a read failed. The service logs and counts it.
 	UsageError func(provider string, err error)
 }
 
