@@ -87,19 +87,6 @@ type batchRequest struct {
 	MaxBytes int `json:"max_bytes,omitempty"`
 }
 
-// multiLast sends one multi_last direct get for filters to stream and calls
-// fn with each answer (headers Nats-Subject, Nats-Sequence, Nats-Time-Stamp
-// and Nats-Num-Pending merged into the message's own). No subject matching
-// is no call and no error; an answer the server could not give whole is
-// ErrBatchUnavailable.
-func multiLast(ctx context.Context, js jetstream.JetStream, stream string, filters []string, from uint64, fn func(*nats.Msg) error) error {
-	end, err := directBatch(ctx, js, stream, batchRequest{MultiLastFor: filters, Seq: from}, maxBatchAnswers, fn)
-	if err == nil && end.pending > 0 {
-		return fmt.Errorf("%w: cut short with %d pending", ErrBatchUnavailable, end.pending)
-	}
-	return err
-}
-
 // batchEnd is how a batch answer ended: how many messages it carried, the
 // sequence of the last, and how many matching ones it left out (cut by its
 // byte limit or its batch size).
@@ -107,6 +94,19 @@ type batchEnd struct {
 	answers int
 	lastSeq uint64
 	pending uint64
+}
+
+// withDefaultTimeout bounds ctx by js's default API timeout when it has no
+// deadline, as nats.go's own requests do.
+func withDefaultTimeout(ctx context.Context, js jetstream.JetStream) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return ctx, func() {}
+	}
+	timeout := js.Options().DefaultTimeout
+	if timeout <= 0 {
+		timeout = 5 * time.Second
+	}
+	return context.WithTimeout(ctx, timeout)
 }
 
 // ServerHeader returns the value of a header the server sets on a message
@@ -129,15 +129,8 @@ func directBatch(ctx context.Context, js jetstream.JetStream, stream string, req
 		return end, err
 	}
 	nc := js.Conn()
-	if _, ok := ctx.Deadline(); !ok {
-		timeout := js.Options().DefaultTimeout
-		if timeout <= 0 {
-			timeout = 5 * time.Second
-		}
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, timeout)
-		defer cancel()
-	}
+	ctx, cancel := withDefaultTimeout(ctx, js)
+	defer cancel()
 	// An inbox of its own: under the connection's request mux
 	// (NewRespInbox) every answer would be delivered twice.
 	inbox := nc.NewInbox()
@@ -264,7 +257,11 @@ func readFrom(ctx context.Context, js jetstream.JetStream, stream, filter string
 // ErrTooManySubjects; a stream without direct gets, or a server before
 // 2.11, ErrBatchUnavailable.
 func LastPerSubject(ctx context.Context, js jetstream.JetStream, stream string, filters []string, from uint64, fn func(*nats.Msg) error) error {
-	if err := multiLast(ctx, js, stream, filters, from, fn); err != nil {
+	end, err := directBatch(ctx, js, stream, batchRequest{MultiLastFor: filters, Seq: from}, maxBatchAnswers, fn)
+	if err == nil && end.pending > 0 {
+		err = fmt.Errorf("%w: cut short with %d pending", ErrBatchUnavailable, end.pending)
+	}
+	if err != nil {
 		return fmt.Errorf("read the last of %s in %s: %w", strings.Join(filters, " "), stream, err)
 	}
 	return nil
@@ -284,15 +281,8 @@ func LastSeq(ctx context.Context, js jetstream.JetStream, stream, subject string
 	if err != nil {
 		return 0, err
 	}
-	if _, ok := ctx.Deadline(); !ok {
-		timeout := js.Options().DefaultTimeout
-		if timeout <= 0 {
-			timeout = 5 * time.Second
-		}
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, timeout)
-		defer cancel()
-	}
+	ctx, cancel := withDefaultTimeout(ctx, js)
+	defer cancel()
 	m, err := js.Conn().RequestWithContext(ctx, apiPrefix(js.Options())+"DIRECT.GET."+stream, req)
 	if err != nil {
 		return 0, fmt.Errorf("last sequence of %s in %s: %w", subject, stream, err)
@@ -313,11 +303,12 @@ func LastSeq(ctx context.Context, js jetstream.JetStream, stream, subject string
 	return seq, nil
 }
 
-// latestBatch is LatestEntries with one multi_last direct get.
+// latestBatch is LatestEntries with one multi_last direct get
+// (LastPerSubject).
 func latestBatch(ctx context.Context, js jetstream.JetStream, bucket, keyFilter string) ([]jetstream.KeyValueEntry, error) {
 	pre := "$KV." + bucket + "."
 	var out []jetstream.KeyValueEntry
-	err := multiLast(ctx, js, "KV_"+bucket, []string{pre + keyFilter}, 0, func(m *nats.Msg) error {
+	err := LastPerSubject(ctx, js, "KV_"+bucket, []string{pre + keyFilter}, 0, func(m *nats.Msg) error {
 		e, err := batchEntry(bucket, pre, m)
 		if e != nil {
 			out = append(out, e)
@@ -325,7 +316,7 @@ func latestBatch(ctx context.Context, js jetstream.JetStream, bucket, keyFilter 
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("read %s %s: %w", bucket, keyFilter, err)
+		return nil, err // names the bucket's stream and the filter
 	}
 	return out, nil
 }

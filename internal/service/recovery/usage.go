@@ -95,11 +95,11 @@ func (s *Store) RecentUsers(ctx context.Context, provider string, max int) ([]re
 	return recovery.LatestUsers(latest, max), nil
 }
 
-// Holding implements recovery.Usage from FAILBUS_DECISIONS: an agent holds
-// when the last decision on its subject is its own and says wait_provider
-// on provider.
-func (s *Store) Holding(ctx context.Context, provider string, agents []string) (map[string]bool, error) {
-	out := map[string]bool{}
+// LatestDecisions implements recovery.Usage from FAILBUS_DECISIONS: the
+// last decision on each agent's subject, when it is the agent's own (two
+// names that give the same subject token share one subject).
+func (s *Store) LatestDecisions(ctx context.Context, agents []string) (map[string]events.Decision, error) {
+	out := map[string]events.Decision{}
 	if len(agents) == 0 {
 		return out, nil
 	}
@@ -113,11 +113,8 @@ func (s *Store) Holding(ctx context.Context, provider string, agents []string) (
 	}
 	err := topology.LastPerSubject(ctx, s.js, topology.StreamDecisions, filters, 0, func(m *nats.Msg) error {
 		d, err := events.DecodeAs[*events.Decision](topology.ServerHeader(m, jetstream.SubjectHeader), m.Header, m.Data)
-		if err != nil || !want[d.Agent] {
-			return nil
-		}
-		if d.Action == events.ActionWaitProvider && d.Provider == provider {
-			out[d.Agent] = true
+		if err == nil && want[d.Agent] {
+			out[d.Agent] = *d
 		}
 		return nil
 	})

@@ -181,12 +181,28 @@ func (c *Core) probeTarget(ctx context.Context, r *ProviderRecord, seq int) stri
 	for i, u := range users {
 		agents[i] = u.Agent
 	}
-	holding, err := c.st.Holding(ctx, r.Provider, agents)
+	var holding map[string]bool
+	latest, err := c.st.LatestDecisions(ctx, agents)
 	if err != nil {
-		c.usageError(parent, r.Provider, fmt.Errorf("holding: %w", err))
-		holding = nil
+		c.usageError(parent, r.Provider, fmt.Errorf("latest decisions: %w", err))
+	}
+	for a, d := range latest {
+		if Holds(d, r.Provider) {
+			if holding == nil {
+				holding = map[string]bool{}
+			}
+			holding[a] = true
+		}
 	}
 	return pickProbeTarget(users, holding, seq)
+}
+
+// Holds reports whether an agent whose latest decision is d holds on
+// provider — idle and waiting for it, the best agent to ask for a probe:
+// d is wait_provider on that provider. An agent that moved on to another
+// provider, or from waiting to anything else, does not.
+func Holds(d events.Decision, provider string) bool {
+	return d.Action == events.ActionWaitProvider && d.Provider == provider
 }
 
 // probeTargetBudget is the least time the probe-target reads get, however

@@ -364,11 +364,11 @@ func (b brokenUsage) RecentUsers(ctx context.Context, provider string, max int) 
 	return b.Store.RecentUsers(ctx, provider, max)
 }
 
-func (b brokenUsage) Holding(ctx context.Context, provider string, agents []string) (map[string]bool, error) {
+func (b brokenUsage) LatestDecisions(ctx context.Context, agents []string) (map[string]events.Decision, error) {
 	if b.holdingFails {
 		return nil, errors.New("timed out")
 	}
-	return b.Store.Holding(ctx, provider, agents)
+	return b.Store.LatestDecisions(ctx, agents)
 }
 
 // An outage is probed even when the probe targets cannot be read: the

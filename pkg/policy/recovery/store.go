@@ -71,9 +71,10 @@ type Usage interface {
 	// provider is the most recent, most recent first, with the time of
 	// that outcome.
 	RecentUsers(ctx context.Context, provider string, max int) ([]User, error)
-	// Holding returns which of agents hold on provider: their latest
-	// decision (whatever its provider) is wait_provider on it.
-	Holding(ctx context.Context, provider string, agents []string) (map[string]bool, error)
+	// LatestDecisions returns the latest decision made for each of agents
+	// that has one (whatever its provider); the core reads from it who
+	// holds (Holds).
+	LatestDecisions(ctx context.Context, agents []string) (map[string]events.Decision, error)
 }
 
 // Heartbeats keeps the latest heartbeat of every (agent, subagent).

@@ -35,10 +35,10 @@ type Store struct {
 	tasks      []recovery.StoredTask // seq i+1 at index i
 	index      map[string]memEntry
 	ledger     map[string]time.Time
-	// used is the time of each agent's latest outcome per provider; held
-	// each agent's latest decision (Usage).
-	used map[string]map[string]time.Time
-	held map[string]events.Decision
+	// used is the time of each agent's latest outcome per provider;
+	// decided each agent's latest decision (Usage).
+	used    map[string]map[string]time.Time
+	decided map[string]events.Decision
 }
 
 type memEntry struct {
@@ -62,7 +62,7 @@ func New() *Store {
 		index:      map[string]memEntry{},
 		ledger:     map[string]time.Time{},
 		used:       map[string]map[string]time.Time{},
-		held:       map[string]events.Decision{},
+		decided:    map[string]events.Decision{},
 	}
 }
 
@@ -344,7 +344,7 @@ func (s *Store) Clone() *Store {
 	for p, m := range s.used {
 		c.used[p] = maps.Clone(m)
 	}
-	maps.Copy(c.held, s.held)
+	maps.Copy(c.decided, s.decided)
 	return c
 }
 
@@ -366,7 +366,7 @@ func (s *Store) NoteOutcome(_ context.Context, provider, agent string, at time.T
 func (s *Store) NoteDecision(_ context.Context, d events.Decision) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.held[d.Agent] = d
+	s.decided[d.Agent] = d
 	return nil
 }
 
@@ -377,14 +377,14 @@ func (s *Store) RecentUsers(_ context.Context, provider string, max int) ([]reco
 	return recovery.LatestUsers(s.used[provider], max), nil
 }
 
-// Holding implements Usage.
-func (s *Store) Holding(_ context.Context, provider string, agents []string) (map[string]bool, error) {
+// LatestDecisions implements Usage.
+func (s *Store) LatestDecisions(_ context.Context, agents []string) (map[string]events.Decision, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := map[string]bool{}
+	out := map[string]events.Decision{}
 	for _, a := range agents {
-		if d, ok := s.held[a]; ok && d.Action == events.ActionWaitProvider && d.Provider == provider {
-			out[a] = true
+		if d, ok := s.decided[a]; ok {
+			out[a] = d
 		}
 	}
 	return out, nil
