@@ -123,10 +123,9 @@ func ServerHeader(m *nats.Msg, name string) string {
 // directBatch sends req, a batch direct get of at most answers messages, to
 // stream and calls fn with each answer.
 func directBatch(ctx context.Context, js jetstream.JetStream, stream string, req batchRequest, answers int, fn func(*nats.Msg) error) (batchEnd, error) {
-	var end batchEnd
 	body, err := json.Marshal(req)
 	if err != nil {
-		return end, err
+		return batchEnd{}, err
 	}
 	nc := js.Conn()
 	ctx, cancel := withDefaultTimeout(ctx, js)
@@ -140,12 +139,20 @@ func directBatch(ctx context.Context, js jetstream.JetStream, stream string, req
 	ch := make(chan *nats.Msg, answers+1)
 	sub, err := nc.ChanSubscribe(inbox, ch)
 	if err != nil {
-		return end, err
+		return batchEnd{}, err
 	}
 	defer func() { _ = sub.Unsubscribe() }()
 	if err := nc.PublishMsg(&nats.Msg{Subject: apiPrefix(js.Options()) + "DIRECT.GET." + stream, Reply: inbox, Data: body}); err != nil {
-		return end, err
+		return batchEnd{}, err
 	}
+	return batchAnswers(ctx, ch, req.MultiLastFor != nil, fn)
+}
+
+// batchAnswers reads the answers of one batch direct get from ch, calling
+// fn with each stored message, until the end of the batch; multiLast says
+// the request was a multi_last.
+func batchAnswers(ctx context.Context, ch <-chan *nats.Msg, multiLast bool, fn func(*nats.Msg) error) (batchEnd, error) {
+	var end batchEnd
 	for {
 		var m *nats.Msg
 		select {
@@ -170,7 +177,7 @@ func directBatch(ctx context.Context, js jetstream.JetStream, stream string, req
 				// Not Found" for a batch from a sequence. A multi_last's
 				// "Message Not Found" is a message that failed to load.
 				desc := m.Header.Get("Description")
-				if end.answers == 0 && (req.MultiLastFor == nil || desc == "No Results") {
+				if end.answers == 0 && (!multiLast || desc == "No Results") {
 					return end, nil
 				}
 				// A message that failed to load after others were sent.
@@ -182,8 +189,11 @@ func directBatch(ctx context.Context, js jetstream.JetStream, stream string, req
 			default: // 503 no responders (no direct gets), …
 				return end, fmt.Errorf("%w: %s %s", ErrBatchUnavailable, m.Header.Get("Status"), m.Header.Get("Description"))
 			}
-		} else if end.lastSeq, err = strconv.ParseUint(seq, 10, 64); err != nil {
-			return end, fmt.Errorf("%w: sequence %q", ErrBatchUnavailable, seq)
+		} else {
+			var err error
+			if end.lastSeq, err = strconv.ParseUint(seq, 10, 64); err != nil {
+				return end, fmt.Errorf("%w: sequence %q", ErrBatchUnavailable, seq)
+			}
 		}
 		if m.Header.Get("Nats-Num-Pending") == "" {
 			return end, fmt.Errorf("%w: the server answered without batch headers", ErrBatchUnavailable)

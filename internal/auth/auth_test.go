@@ -326,6 +326,27 @@ func lastPerSubject(stream, filter string) op {
 	}}
 }
 
+// lastReads is the scheduler's read of budgets' ledgers
+// (topology.LastReader): a multi_last of literal subjects, as a batch
+// sends it, then a read alone.
+func lastReads(stream string, subjects ...string) op {
+	return op{"read the last of " + strings.Join(subjects, " ") + " on " + stream, func(ctx context.Context, _ *connect.Conn, js jetstream.JetStream) error {
+		if err := topology.LastPerSubject(ctx, js, stream, subjects, 0, func(*nats.Msg) error { return nil }); err != nil {
+			return err
+		}
+		s, err := js.Stream(ctx, stream)
+		if err != nil {
+			return err
+		}
+		r := topology.NewLastReader(js, s)
+		defer r.Close()
+		if _, err := r.Last(ctx, subjects[0]); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+			return err
+		}
+		return nil
+	}}
+}
+
 func streamInfo(stream string) op {
 	return op{"read the info of " + stream, func(ctx context.Context, _ *connect.Conn, js jetstream.JetStream) error {
 		_, err := js.Stream(ctx, stream)
@@ -557,6 +578,7 @@ func TestRoles(t *testing.T) {
 				publish(events.OutcomeSubject("openai", "a1")),
 				fetchAck(sCls, topology.ConsumerScheduler),
 				read(sOut, "failbus.outcome.>"),
+				lastReads(sRet, events.RetryLedgerSubject("k"), events.RetryLedgerSubject("k2")),
 				kvGet(topology.BucketNotifyDedupe), kvPut(topology.BucketNotifyDedupe), kvWatch(topology.BucketNotifyBudget),
 				kvGet(topology.BucketRefusals),
 				b.readInboxOf(auth.RoleScheduler), subscribe(">"),
@@ -575,6 +597,7 @@ func TestRoles(t *testing.T) {
 				publish(events.DLQSubject("refusals")),
 				read(sCls, "failbus.classified.>"), read(sHealth, "failbus.health.>"), read(sRet, events.RetryDueSubject("a1")),
 				lastMsg(sRet, events.RetryDueSubject("a1")), lastMsg(sHealth, events.HealthSubject("openai")),
+				lastReads(sRet, events.RetryLedgerSubject("k"), events.RetryLedgerSubject("k2")),
 				purge(sRet, events.RetryScheduleSubject("a1", "r1")),
 				kvGet(topology.BucketRefusals), kvPut(topology.BucketRefusals), kvWatch(topology.BucketRefusals),
 				kvWatch(topology.BucketPolicy),

@@ -1,6 +1,7 @@
 package scheduler_test
 
 import (
+	"strconv"
 	"testing"
 	"time"
 
@@ -222,4 +223,34 @@ func (b *bench) putOutagePolicy() (uint64, *policy.Policy) {
 		b.t.Fatal(err)
 	}
 	return b.putPolicy(outagePolicy), p
+}
+
+// A failure that appends nothing reads its budget's ledger before its
+// decision goes out; the reads of concurrent handlers go to the server
+// together (topology.LastReader), and every one is counted by how it
+// went.
+func TestLedgerReadsAreCounted(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	reg := prometheus.NewRegistry()
+	b.start(scheduler.Config{Runner: consumer.Config{Registerer: reg}})
+	const n = 30
+	for i := range n {
+		c := cls("r-"+strconv.Itoa(i), "ag", "openai", "k", events.ClassBadRequest, 1, i+1, 0)
+		c.Session = "s-" + strconv.Itoa(i) // each its own lane: decided concurrently
+		b.publish(c, "")
+	}
+	for i := range n {
+		if d := b.decisionOf("ag", "r-"+strconv.Itoa(i)); d.Action == events.ActionRetry {
+			t.Fatalf("bad request r-%d: %+v, want no retry", i, d)
+		}
+	}
+	reads := func(how string) float64 {
+		return labeledCounter(t, reg, "failbus_scheduler_ledger_reads_total", map[string]string{"how": how})
+	}
+	batched, alone, fallback := reads("batched"), reads("alone"), reads("fallback")
+	if batched+alone < n || fallback != 0 {
+		t.Errorf("ledger reads: %v batched, %v alone, %v fallen back; want at least %d (one per failure), none fallen back", batched, alone, fallback, n)
+	}
+	t.Logf("ledger reads: %v batched, %v alone", batched, alone)
 }

@@ -106,10 +106,11 @@ func decodeRaw(m *jetstream.RawStreamMsg) (*ledgerRead, error) {
 }
 
 // ledgerLast reads the budget's last entry; nil when the budget is
-// untouched. The index learns the budget's last sequence.
+// untouched. The index learns the budget's last sequence. Reads of
+// concurrent handlers go to the server together (topology.LastReader).
 func (s *Service) ledgerLast(ctx context.Context, token string) (*ledgerRead, error) {
 	subj := events.RetryLedgerSubject(token)
-	m, err := s.retries.GetLastMsgForSubject(ctx, subj)
+	m, err := s.ledgerReads.Load().Last(ctx, subj)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		s.index.sawLast(token, nil)
 		return nil, nil

@@ -278,6 +278,9 @@ type Service struct {
 	control    *consumer.Runner
 
 	retries jetstream.Stream // FAILBUS_RETRIES, set by Run before consuming
+	// ledgerReads reads budgets' last ledger entries, folding the reads
+	// of concurrent handlers into batches; set by Run with retries.
+	ledgerReads atomic.Pointer[topology.LastReader]
 	// index remembers the ledger entries this replica has read or
 	// written, per budget (ledgerindex.go).
 	index ledgerIndex
@@ -349,6 +352,9 @@ func New(js jetstream.JetStream, opts Config) (*Service, error) {
 		return nil, err
 	}
 	s.m = m
+	if err := s.registerLedgerReads(rc.Registerer); err != nil {
+		return nil, err
+	}
 	s.eng, err = engine.New(engine.Config{
 		Policy: base,
 		Stores: engine.Stores{Providers: &s.providers, Ledger: ledgerStore{s}},
@@ -405,6 +411,9 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		return fmt.Errorf("scheduler: open %s (apply the topology first): %w", topology.StreamRetries, err)
 	}
 	s.retries = retries
+	reads := topology.NewLastReader(s.js, retries)
+	defer reads.Close()
+	s.ledgerReads.Store(reads)
 	scope, err := scopestore.Open(ctx, s.js, scopestore.Options{Conflicts: s.m.scopeConflicts, Stale: s.m.scopeStale, Unreadable: s.m.scopeUnreadable, Log: s.log})
 	if err != nil {
 		return fmt.Errorf("scheduler: %w", err)
@@ -508,6 +517,46 @@ type metrics struct {
 	scopeConflicts  prometheus.Counter
 	scopeStale      prometheus.Counter
 	scopeUnreadable prometheus.Counter
+}
+
+// registerLedgerReads registers failbus_scheduler_ledger_reads_total, read
+// from the ledger's LastReader (zero before Run).
+func (s *Service) registerLedgerReads(reg prometheus.Registerer) error {
+	for _, how := range []struct {
+		label string
+		count func(topology.LastReaderStats) uint64
+	}{
+		{"batched", func(st topology.LastReaderStats) uint64 { return st.Batched }},
+		{"alone", func(st topology.LastReaderStats) uint64 { return st.Singles }},
+		{"fallback", func(st topology.LastReaderStats) uint64 { return st.Fallbacks }},
+	} {
+		_, err := consumer.Register(reg, prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "failbus_scheduler_ledger_reads_total",
+			Help:        "Reads of a budget's last ledger entry, by how they went to the server: batched (several budgets in one multi_last request; failbus_scheduler_ledger_read_batches_total counts the requests), alone (one request for the budget, when no other read was waiting), fallback (alone because a batch read was unavailable: a stream without direct gets or a server before 2.11; the reader tries batches again after a minute).",
+			ConstLabels: prometheus.Labels{"how": how.label},
+		}, func() float64 {
+			if r := s.ledgerReads.Load(); r != nil {
+				return float64(how.count(r.Stats()))
+			}
+			return 0
+		}))
+		if err != nil {
+			return fmt.Errorf("scheduler: %w", err)
+		}
+	}
+	_, err := consumer.Register(reg, prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "failbus_scheduler_ledger_read_batches_total",
+		Help: "multi_last requests that read the last ledger entry of several budgets at once (failbus_scheduler_ledger_reads_total{how=\"batched\"} counts the reads they carried).",
+	}, func() float64 {
+		if r := s.ledgerReads.Load(); r != nil {
+			return float64(r.Stats().Batches)
+		}
+		return 0
+	}))
+	if err != nil {
+		return fmt.Errorf("scheduler: %w", err)
+	}
+	return nil
 }
 
 func newMetrics(reg prometheus.Registerer, maxProviders int) (*metrics, error) {

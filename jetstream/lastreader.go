@@ -1,0 +1,392 @@
+package topology
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// LastReader reads the last message of a subject of one stream, as
+// jetstream.Stream's GetLastMsgForSubject does, but folds the reads asked
+// for while one is in flight into one direct batch request (JetStream's
+// multi_last): a service that reads many subjects' last message at once
+// (the scheduler reads a retry budget's ledger for most failures it
+// decides) then costs the server one request and one end-of-batch answer
+// per batch instead of a request and an answer per subject.
+//
+// The caller that finds the reader idle sends its read at once, alone (a
+// direct get with the subject in the request's subject, as
+// GetLastMsgForSubject sends it); reads asked for meanwhile wait for it,
+// and the first of them then sends them all, up to MaxLastBatch subjects,
+// in one multi_last. An idle bus therefore reads as before, one request
+// per read, and a busy one in batches that waited no longer than the round
+// trip before them. Answers are read by the server's own headers (the
+// last Nats-Subject, Nats-Sequence and Nats-Time-Stamp), which a
+// publisher's cannot override.
+//
+// Each answer is what the stream held when the server read it, possibly
+// on a replica that lags the leader, like any direct get: callers that
+// write after reading (compare-and-set on the subject's last sequence)
+// stay as safe as with GetLastMsgForSubject. On a stream without direct
+// gets every read is GetLastMsgForSubject's. A batch that cannot be
+// answered (ErrBatchUnavailable: a server before 2.11, a message that
+// failed to load) or is not answered within the connection's API timeout
+// (a connection whose permissions do not allow the request) makes each of
+// its reads go alone, and the reader sends reads alone for
+// lastReaderBackoff before it tries a batch again. Safe for concurrent
+// use.
+type LastReader struct {
+	js     jetstream.JetStream
+	stream jetstream.Stream
+	name   string
+	api    string // the direct get subject: $JS.API.DIRECT.GET.<stream>
+	direct bool   // the stream allows direct gets
+
+	mu      sync.Mutex
+	queue   []*lastRead
+	busy    bool // a read is in flight; queue waits for it
+	sub     *nats.Subscription
+	inbox   string // the batch answers' inbox, "<inbox>.", + batch number
+	answers chan *nats.Msg
+	batchN  uint64 // the batch in flight's number
+	reply   string // the batch in flight's reply subject: inbox + batchN
+	offTill time.Time
+	closed  bool
+
+	batches, batched, singles, fallbacks atomic.Uint64
+
+	// hookBatch, when set (tests), is called by a batch's leader before it
+	// takes the queue.
+	hookBatch func()
+}
+
+// MaxLastBatch bounds the subjects of one batch read of a LastReader,
+// below the 1024 answers nats-server sends one batch at most.
+const MaxLastBatch = 256
+
+// lastReaderBackoff is how long a LastReader reads one subject at a time
+// after a batch read was unavailable.
+const lastReaderBackoff = time.Minute
+
+// LastReaderStats counts what a LastReader did: Batches multi_last
+// requests, carrying Batched reads between them; Singles reads sent alone;
+// Fallbacks reads sent alone because a batch read was unavailable.
+type LastReaderStats struct {
+	Batches, Batched, Singles, Fallbacks uint64
+}
+
+// lastRead is one Last call.
+type lastRead struct {
+	subject string
+	lead    chan struct{} // closed: this call sends the next batch
+	done    chan struct{} // closed: msg and err are set
+	taken   bool          // in a batch (under LastReader.mu)
+	leading bool          // handed the lead (under LastReader.mu)
+	msg     *jetstream.RawStreamMsg
+	err     error
+	alone   bool // done without a result: read it alone (fallback)
+}
+
+// NewLastReader returns a LastReader of stream, whose name it takes from
+// the stream's cached info. It does no I/O; Close releases its
+// subscription.
+func NewLastReader(js jetstream.JetStream, stream jetstream.Stream) *LastReader {
+	cfg := stream.CachedInfo().Config
+	return &LastReader{js: js, stream: stream, name: cfg.Name, direct: cfg.AllowDirect, api: apiPrefix(js.Options()) + "DIRECT.GET." + cfg.Name}
+}
+
+// Stats returns the reader's counts so far.
+func (r *LastReader) Stats() LastReaderStats {
+	return LastReaderStats{Batches: r.batches.Load(), Batched: r.batched.Load(), Singles: r.singles.Load(), Fallbacks: r.fallbacks.Load()}
+}
+
+// Close unsubscribes the batch answers' inbox. Reads after Close are
+// sent alone.
+func (r *LastReader) Close() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.closed = true
+	if r.sub != nil {
+		_ = r.sub.Unsubscribe()
+		r.sub = nil
+	}
+}
+
+// Last returns the last message on subject (a literal subject of the
+// stream), or an error matching jetstream.ErrMsgNotFound when there is
+// none. A caller whose ctx ends while its read waits for the one in flight
+// leaves the queue; once its read is sent, it waits for the answer, which
+// the batch bounds by the connection's default API timeout.
+func (r *LastReader) Last(ctx context.Context, subject string) (*jetstream.RawStreamMsg, error) {
+	if subject == "" || strings.ContainsAny(subject, "*> \t\r\n") {
+		return nil, fmt.Errorf("read the last of %q in %s: not a literal subject", subject, r.name)
+	}
+	q := &lastRead{subject: subject, lead: make(chan struct{}), done: make(chan struct{})}
+	r.mu.Lock()
+	r.queue = append(r.queue, q)
+	if !r.busy {
+		r.busy, q.leading = true, true
+		close(q.lead)
+	}
+	r.mu.Unlock()
+	select {
+	case <-q.lead:
+		r.send(ctx)
+	case <-q.done:
+	case <-ctx.Done():
+		r.mu.Lock()
+		switch {
+		case q.leading:
+			r.mu.Unlock()
+			r.send(ctx) // handed the lead meanwhile: others wait on it
+		case q.taken:
+			r.mu.Unlock()
+			return nil, ctx.Err()
+		default:
+			for i, o := range r.queue {
+				if o == q {
+					r.queue = append(r.queue[:i], r.queue[i+1:]...)
+					break
+				}
+			}
+			r.mu.Unlock()
+			return nil, ctx.Err()
+		}
+	}
+	<-q.done
+	if q.alone {
+		r.fallbacks.Add(1)
+		return r.single(ctx, subject)
+	}
+	return q.msg, q.err
+}
+
+// single reads subject's last message alone: a direct get with the
+// subject in the request's own subject (as GetLastMsgForSubject sends
+// it), read by the server's headers as batch answers are; on a stream
+// without direct gets, GetLastMsgForSubject (the stream's JSON API).
+func (r *LastReader) single(ctx context.Context, subject string) (*jetstream.RawStreamMsg, error) {
+	if !r.direct {
+		return r.stream.GetLastMsgForSubject(ctx, subject)
+	}
+	ctx, cancel := withDefaultTimeout(ctx, r.js)
+	defer cancel()
+	m, err := r.js.Conn().RequestWithContext(ctx, r.api+"."+subject, nil)
+	if err != nil {
+		return nil, fmt.Errorf("read the last of %s in %s: %w", subject, r.name, err)
+	}
+	if ServerHeader(m, jetstream.SequenceHeader) == "" {
+		if m.Header.Get("Status") == "404" {
+			return nil, fmt.Errorf("read the last of %s in %s: %w", subject, r.name, jetstream.ErrMsgNotFound)
+		}
+		return nil, fmt.Errorf("read the last of %s in %s: answer %q %s", subject, r.name, m.Header.Get("Status"), m.Header.Get("Description"))
+	}
+	raw, err := rawFromDirect(m)
+	if err != nil {
+		return nil, fmt.Errorf("read the last of %s in %s: %w", subject, r.name, err)
+	}
+	return raw, nil
+}
+
+// send is the leader's work: it takes the queue (this call's read first),
+// reads it, answers every read taken, and hands the lead to the first read
+// queued meanwhile.
+func (r *LastReader) send(ctx context.Context) {
+	var batch []*lastRead
+	defer func() {
+		// Whatever happened (a panic included), every read taken is
+		// answered and the lead moves on.
+		for _, q := range batch {
+			select {
+			case <-q.done:
+			default:
+				q.err = fmt.Errorf("read the last of %s in %s: the batch read was interrupted", q.subject, r.name)
+				close(q.done)
+			}
+		}
+		r.mu.Lock()
+		if len(r.queue) == 0 {
+			r.busy = false
+		} else {
+			next := r.queue[0]
+			next.leading = true
+			close(next.lead)
+		}
+		r.mu.Unlock()
+	}()
+	if r.hookBatch != nil {
+		r.hookBatch()
+	}
+	r.mu.Lock()
+	n := min(len(r.queue), MaxLastBatch)
+	batch = make([]*lastRead, n)
+	copy(batch, r.queue)
+	r.queue = append(r.queue[:0], r.queue[n:]...)
+	for _, q := range batch {
+		q.taken = true
+	}
+	off := r.closed || !r.direct || time.Now().Before(r.offTill)
+	r.mu.Unlock()
+
+	// This call's own deadline must not cut the others' reads short, nor
+	// its cancellation fail them: the batch has the default API timeout.
+	bctx, cancel := withDefaultTimeout(context.WithoutCancel(ctx), r.js)
+	defer cancel()
+	bySubject := map[string][]*lastRead{}
+	for _, q := range batch {
+		bySubject[q.subject] = append(bySubject[q.subject], q)
+	}
+	switch {
+	case len(bySubject) == 1:
+		r.singles.Add(1)
+		m, err := r.single(bctx, batch[0].subject)
+		for _, q := range batch {
+			q.msg, q.err = m, err
+			close(q.done)
+		}
+	case off:
+		for _, q := range batch {
+			q.alone = true
+			close(q.done)
+		}
+	default:
+		r.batch(bctx, bySubject)
+	}
+}
+
+// batch reads the last message of every subject of bySubject with one
+// multi_last and answers their reads.
+func (r *LastReader) batch(ctx context.Context, bySubject map[string][]*lastRead) {
+	subjects := make([]string, 0, len(bySubject))
+	for s := range bySubject {
+		subjects = append(subjects, s)
+	}
+	found := map[string]*jetstream.RawStreamMsg{}
+	err := r.multiLast(ctx, subjects, func(m *nats.Msg) error {
+		raw, err := rawFromDirect(m)
+		if err != nil {
+			return err
+		}
+		if _, asked := bySubject[raw.Subject]; !asked {
+			return fmt.Errorf("%w: an answer for %s, which was not asked for", ErrBatchUnavailable, raw.Subject)
+		}
+		found[raw.Subject] = raw
+		return nil
+	})
+	if errors.Is(err, ErrBatchUnavailable) || (errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil) {
+		// Unavailable, or no answer within the API timeout (a request
+		// the connection may not send is dropped by the server without
+		// one): each read goes alone, with its caller's own deadline.
+		r.mu.Lock()
+		r.offTill = time.Now().Add(lastReaderBackoff)
+		r.mu.Unlock()
+		for _, qs := range bySubject {
+			for _, q := range qs {
+				q.alone = true
+				close(q.done)
+			}
+		}
+		return
+	}
+	r.batches.Add(1)
+	for s, qs := range bySubject {
+		for _, q := range qs {
+			r.batched.Add(1)
+			switch m := found[s]; {
+			case err != nil:
+				q.err = fmt.Errorf("read the last of %s in %s: %w", s, r.name, err)
+			case m == nil:
+				q.err = fmt.Errorf("read the last of %s in %s: %w", s, r.name, jetstream.ErrMsgNotFound)
+			default:
+				q.msg = m
+			}
+			close(q.done)
+		}
+	}
+}
+
+// multiLast sends one multi_last for subjects on the reader's inbox and
+// calls fn with each answer.
+func (r *LastReader) multiLast(ctx context.Context, subjects []string, fn func(*nats.Msg) error) error {
+	body, err := json.Marshal(batchRequest{MultiLastFor: subjects})
+	if err != nil {
+		return err
+	}
+	ch, reply, err := r.listen()
+	if err != nil {
+		return err
+	}
+	if err := r.js.Conn().PublishMsg(&nats.Msg{Subject: r.api, Reply: reply, Data: body}); err != nil {
+		return err
+	}
+	end, err := batchAnswers(ctx, ch, true, fn)
+	if err == nil && end.pending > 0 {
+		err = fmt.Errorf("%w: cut short with %d pending", ErrBatchUnavailable, end.pending)
+	}
+	return err
+}
+
+// listen returns the channel the batch in flight's answers arrive on and
+// its reply subject, subscribing the reader's inbox on first use. One
+// batch is in flight at a time: each has its own reply subject, so an
+// answer late for a batch that timed out is dropped, never taken for the
+// next one's.
+func (r *LastReader) listen() (<-chan *nats.Msg, string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.sub == nil {
+		nc := r.js.Conn()
+		r.inbox = nc.NewInbox() + "."
+		sub, err := nc.Subscribe(r.inbox+"*", r.deliver)
+		if err != nil {
+			return nil, "", fmt.Errorf("%w: subscribe its inbox: %v", ErrBatchUnavailable, err)
+		}
+		r.sub = sub
+	}
+	r.batchN++
+	// Room for every answer one batch may carry and its end, so deliver
+	// never blocks the connection's dispatch.
+	r.answers = make(chan *nats.Msg, MaxLastBatch+1)
+	r.reply = r.inbox + strconv.FormatUint(r.batchN, 10)
+	return r.answers, r.reply, nil
+}
+
+// deliver hands an answer to the batch in flight when it is that batch's.
+func (r *LastReader) deliver(m *nats.Msg) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if m.Subject != r.reply {
+		return // late, for a batch that is over
+	}
+	select {
+	case r.answers <- m:
+	default: // more answers than asked for: the batch fails on its end
+	}
+}
+
+// rawFromDirect is a direct get's answer as GetLastMsgForSubject returns it: the
+// subject, sequence and time the server stored it with (its own headers,
+// after any the publisher set).
+func rawFromDirect(m *nats.Msg) (*jetstream.RawStreamMsg, error) {
+	subject := ServerHeader(m, jetstream.SubjectHeader)
+	seqText := ServerHeader(m, jetstream.SequenceHeader)
+	seq, err := strconv.ParseUint(seqText, 10, 64)
+	if err != nil || subject == "" {
+		return nil, fmt.Errorf("%w: an answer without its subject or sequence", ErrBatchUnavailable)
+	}
+	var at time.Time
+	at, err = time.Parse(time.RFC3339Nano, ServerHeader(m, jetstream.TimeStampHeaer))
+	if err != nil {
+		return nil, fmt.Errorf("%w: an answer without its time: %v", ErrBatchUnavailable, err)
+	}
+	return &jetstream.RawStreamMsg{Subject: subject, Sequence: seq, Header: m.Header, Data: m.Data, Time: at}, nil
+}

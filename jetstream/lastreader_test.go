@@ -1,0 +1,205 @@
+package topology_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	topology "github.com/failbus/failbus/jetstream"
+)
+
+// lastReaderStream creates stream name on name.> (with direct gets or
+// without) and stores a few messages: two on .a, one on .b, and one on .c
+// whose publisher set the headers the server sets on a direct get's
+// answer, and a Status.
+// It returns the stream and, per subject, its last message as the
+// reader must answer it (lastText).
+func lastReaderStream(t *testing.T, b *bundle, name string, direct bool) (jetstream.Stream, map[string]string) {
+	t.Helper()
+	st, err := b.js.CreateStream(b.ctx, jetstream.StreamConfig{Name: name, Subjects: []string{name + ".>"}, AllowDirect: direct})
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := nats.Header{}
+	forged.Set(jetstream.SubjectHeader, name+".a")
+	forged.Set(jetstream.SequenceHeader, "1")
+	forged.Set(jetstream.TimeStampHeaer, "2001-01-01T00:00:00Z")
+	forged.Set("Status", "404")
+	want := map[string]string{}
+	for _, m := range []*nats.Msg{
+		{Subject: name + ".a", Data: []byte("a1")},
+		{Subject: name + ".b", Data: []byte("b1")},
+		{Subject: name + ".a", Data: []byte("a2")},
+		{Subject: name + ".c", Data: []byte("c1"), Header: forged},
+	} {
+		ack, err := b.js.PublishMsg(b.ctx, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[m.Subject] = fmt.Sprintf("%s #%d %q", m.Subject, ack.Sequence, m.Data)
+	}
+	return st, want
+}
+
+// wantLast is the answer for subject: its last message, or not found.
+func wantLast(want map[string]string, subject string) string {
+	if w, ok := want[subject]; ok {
+		return w
+	}
+	return "not found"
+}
+
+// lastText is a read's result as a comparable line: subject, sequence
+// and data, or that nothing is there. A message stored more than a minute
+// ago (the forged time) is an error.
+func lastText(m *jetstream.RawStreamMsg, err error) string {
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return "not found"
+	case err != nil:
+		return "error: " + err.Error()
+	case time.Since(m.Time) > time.Minute:
+		return "stored at " + m.Time.String()
+	}
+	return fmt.Sprintf("%s #%d %q", m.Subject, m.Sequence, m.Data)
+}
+
+// readMany holds the first read in flight (the leader's hook) until the
+// others are queued behind it, then lets it go: each read's answer, in
+// the order of subjects.
+func readMany(t *testing.T, b *bundle, r *topology.LastReader, subjects []string) []string {
+	t.Helper()
+	var once sync.Once
+	release := make(chan struct{})
+	topology.HookLastBatch(r, func() {
+		once.Do(func() { <-release })
+	})
+	got := make([]string, len(subjects))
+	var wg sync.WaitGroup
+	wg.Go(func() { got[0] = lastText(r.Last(b.ctx, subjects[0])) })
+	waitQueued(t, r, 1) // the first leads: its own read is queued until it takes the queue
+	for i := 1; i < len(subjects); i++ {
+		wg.Go(func() { got[i] = lastText(r.Last(b.ctx, subjects[i])) })
+	}
+	waitQueued(t, r, len(subjects))
+	close(release)
+	wg.Wait()
+	return got
+}
+
+// waitQueued polls until n reads wait in r's queue.
+func waitQueued(t *testing.T, r *topology.LastReader, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for topology.QueuedLastReads(r) != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d reads queued, want %d", topology.QueuedLastReads(r), n)
+		}
+		time.Sleep(time.Millisecond) // polling with a deadline
+	}
+}
+
+// TestLastReaderBatchesConcurrentReads: reads asked for while one is in
+// flight go in one multi_last, and each gets what GetLastMsgForSubject
+// answers: the last message, by the server's headers (not the forged
+// ones), or not found.
+func TestLastReaderBatchesConcurrentReads(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	st, want := lastReaderStream(t, b, "LR", true)
+	r := topology.NewLastReader(b.js, st)
+	defer r.Close()
+	subjects := []string{"LR.b", "LR.a", "LR.c", "LR.none", "LR.a", "LR.b", "LR.other"}
+	got := readMany(t, b, r, subjects)
+	for i, s := range subjects {
+		if w := wantLast(want, s); got[i] != w {
+			t.Errorf("Last(%s) = %s, want %s", s, got[i], w)
+		}
+	}
+	if st := r.Stats(); st != (topology.LastReaderStats{Batches: 1, Batched: uint64(len(subjects))}) {
+		t.Errorf("stats %+v, want one batch of %d reads", st, len(subjects))
+	}
+
+	// Idle again: a read goes alone.
+	for _, s := range []string{"LR.a", "LR.c", "LR.none"} {
+		if got, w := lastText(r.Last(b.ctx, s)), wantLast(want, s); got != w {
+			t.Errorf("alone: Last(%s) = %s, want %s", s, got, w)
+		}
+	}
+	if st := r.Stats(); st.Singles != 3 || st.Batches != 1 {
+		t.Errorf("stats %+v, want the lone reads sent alone", st)
+	}
+	if _, err := r.Last(b.ctx, "LR.*"); err == nil {
+		t.Error("a wildcard read: no error")
+	}
+}
+
+// TestLastReaderFallsBackWithoutDirectGets: on a stream without direct
+// gets the batch read is unavailable, so each read is sent alone (as
+// GetLastMsgForSubject does it there) and answers the same.
+func TestLastReaderFallsBackWithoutDirectGets(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	st, want := lastReaderStream(t, b, "LRN", false)
+	r := topology.NewLastReader(b.js, st)
+	defer r.Close()
+	subjects := []string{"LRN.a", "LRN.b", "LRN.none", "LRN.c"}
+	for round := range 2 { // the second while batches are off
+		got := readMany(t, b, r, subjects)
+		for i, s := range subjects {
+			if w := wantLast(want, s); got[i] != w {
+				t.Errorf("round %d: Last(%s) = %s, want %s", round, s, got[i], w)
+			}
+		}
+		if st := r.Stats(); st.Batches != 0 || st.Fallbacks != uint64((round+1)*len(subjects)) {
+			t.Errorf("round %d: stats %+v, want every read fallen back", round, st)
+		}
+	}
+}
+
+// TestLastReaderCancelWhileQueued: a read whose context ends while it
+// waits leaves the queue at once; the reads around it are answered.
+func TestLastReaderCancelWhileQueued(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	st, want := lastReaderStream(t, b, "LRC", true)
+	r := topology.NewLastReader(b.js, st)
+	defer r.Close()
+	release := make(chan struct{})
+	var once sync.Once
+	topology.HookLastBatch(r, func() { once.Do(func() { <-release }) })
+	var wg sync.WaitGroup
+	var first, third string
+	wg.Go(func() { first = lastText(r.Last(b.ctx, "LRC.a")) })
+	waitQueued(t, r, 1)
+	ctx, cancel := context.WithCancel(b.ctx)
+	cancelled := make(chan error, 1)
+	go func() {
+		_, err := r.Last(ctx, "LRC.b")
+		cancelled <- err
+	}()
+	waitQueued(t, r, 2)
+	wg.Go(func() { third = lastText(r.Last(b.ctx, "LRC.c")) })
+	waitQueued(t, r, 3)
+	cancel()
+	if err := <-cancelled; !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled read: %v, want context.Canceled", err)
+	}
+	waitQueued(t, r, 2)
+	close(release)
+	wg.Wait()
+	for s, got := range map[string]string{"LRC.a": first, "LRC.c": third} {
+		if w := wantLast(want, s); got != w {
+			t.Errorf("Last(%s) = %s, want %s", s, got, w)
+		}
+	}
+	if st := r.Stats(); st.Batched != 2 {
+		t.Errorf("stats %+v, want the two reads left batched", st)
+	}
+}
