@@ -4,9 +4,12 @@ package topology
 // sees it page.
 var ReadFromPaged = readFrom
 
-// HookLastBatch sets the function a LastReader's batch leader calls
-// before it takes the queue, so a test can hold a read in flight.
-func HookLastBatch(r *LastReader, hook func()) { r.hookBatch = hook }
+// HookLastTake sets the functions a LastReader's leader calls before it
+// takes the queue and once it has (with how many reads it took), so a
+// test can hold reads queued or a batch in flight.
+func HookLastTake(r *LastReader, before func(), after func(n int)) {
+	r.hookTake, r.hookTaken = before, after
+}
 
 // QueuedLastReads is how many reads wait in r's queue.
 func QueuedLastReads(r *LastReader) int {

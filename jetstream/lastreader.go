@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -50,6 +51,7 @@ type LastReader struct {
 	name   string
 	api    string // the direct get subject: $JS.API.DIRECT.GET.<stream>
 	direct bool   // the stream allows direct gets
+	opts   LastReaderOptions
 
 	mu      sync.Mutex
 	queue   []*lastRead
@@ -62,11 +64,23 @@ type LastReader struct {
 	offTill time.Time
 	closed  bool
 
-	batches, batched, singles, fallbacks atomic.Uint64
+	batches, batched, alone, fallbacks atomic.Uint64
 
-	// hookBatch, when set (tests), is called by a batch's leader before it
-	// takes the queue.
-	hookBatch func()
+	// hookTake and hookTaken, when set (tests), are called by a leader
+	// before it takes the queue and once it has, with the reads taken.
+	hookTake  func()
+	hookTaken func(n int)
+}
+
+// LastReaderOptions are what a LastReader reports to, for metrics. Each
+// may be nil.
+type LastReaderOptions struct {
+	// OnReads is called with how n reads went to the server: "batched"
+	// (in a multi_last), "alone" (a request of their own, no other read
+	// waiting) or "fallback" (alone because a batch read was unavailable).
+	OnReads func(how string, n int)
+	// OnBatch is called for each multi_last request sent.
+	OnBatch func()
 }
 
 // MaxLastBatch bounds the subjects of one batch read of a LastReader,
@@ -78,16 +92,17 @@ const MaxLastBatch = 256
 const lastReaderBackoff = time.Minute
 
 // LastReaderStats counts what a LastReader did: Batches multi_last
-// requests, carrying Batched reads between them; Singles reads sent alone;
-// Fallbacks reads sent alone because a batch read was unavailable.
+// requests sent, answering Batched reads between them; Alone reads sent
+// on their own with no other read waiting; Fallbacks reads sent on their
+// own because a batch read was unavailable.
 type LastReaderStats struct {
-	Batches, Batched, Singles, Fallbacks uint64
+	Batches, Batched, Alone, Fallbacks uint64
 }
 
 // lastRead is one Last call.
 type lastRead struct {
 	subject string
-	lead    chan struct{} // closed: this call sends the next batch
+	lead    chan struct{} // closed: this call leads the next batch
 	done    chan struct{} // closed: msg and err are set
 	taken   bool          // in a batch (under LastReader.mu)
 	leading bool          // handed the lead (under LastReader.mu)
@@ -96,17 +111,42 @@ type lastRead struct {
 	alone   bool // done without a result: read it alone (fallback)
 }
 
-// NewLastReader returns a LastReader of stream, whose name it takes from
-// the stream's cached info. It does no I/O; Close releases its
-// subscription.
-func NewLastReader(js jetstream.JetStream, stream jetstream.Stream) *LastReader {
+// answer sets q's result and closes done, once.
+func (q *lastRead) answer(m *jetstream.RawStreamMsg, err error) {
+	select {
+	case <-q.done:
+	default:
+		q.msg, q.err = m, err
+		close(q.done)
+	}
+}
+
+// NewLastReader returns a LastReader of stream, whose name and direct-get
+// setting it takes from the stream's cached info. It does no I/O; Close
+// releases its subscription.
+func NewLastReader(js jetstream.JetStream, stream jetstream.Stream, opts LastReaderOptions) *LastReader {
 	cfg := stream.CachedInfo().Config
-	return &LastReader{js: js, stream: stream, name: cfg.Name, direct: cfg.AllowDirect, api: apiPrefix(js.Options()) + "DIRECT.GET." + cfg.Name}
+	return &LastReader{js: js, stream: stream, name: cfg.Name, direct: cfg.AllowDirect, opts: opts, api: apiPrefix(js.Options()) + "DIRECT.GET." + cfg.Name}
 }
 
 // Stats returns the reader's counts so far.
 func (r *LastReader) Stats() LastReaderStats {
-	return LastReaderStats{Batches: r.batches.Load(), Batched: r.batched.Load(), Singles: r.singles.Load(), Fallbacks: r.fallbacks.Load()}
+	return LastReaderStats{Batches: r.batches.Load(), Batched: r.batched.Load(), Alone: r.alone.Load(), Fallbacks: r.fallbacks.Load()}
+}
+
+// count adds n reads that went how.
+func (r *LastReader) count(how string, n int) {
+	switch how {
+	case "batched":
+		r.batched.Add(uint64(n))
+	case "alone":
+		r.alone.Add(uint64(n))
+	case "fallback":
+		r.fallbacks.Add(uint64(n))
+	}
+	if r.opts.OnReads != nil {
+		r.opts.OnReads(how, n)
+	}
 }
 
 // Close unsubscribes the batch answers' inbox. Reads after Close are
@@ -123,9 +163,9 @@ func (r *LastReader) Close() {
 
 // Last returns the last message on subject (a literal subject of the
 // stream), or an error matching jetstream.ErrMsgNotFound when there is
-// none. A caller whose ctx ends while its read waits for the one in flight
-// leaves the queue; once its read is sent, it waits for the answer, which
-// the batch bounds by the connection's default API timeout.
+// none. It returns ctx's error as soon as ctx ends, whether its read
+// waits to be sent or is in flight (a batch's round trip goes on for the
+// other reads in it, bounded by the connection's default API timeout).
 func (r *LastReader) Last(ctx context.Context, subject string) (*jetstream.RawStreamMsg, error) {
 	if subject == "" || strings.ContainsAny(subject, "*> \t\r\n") {
 		return nil, fmt.Errorf("read the last of %q in %s: not a literal subject", subject, r.name)
@@ -140,34 +180,109 @@ func (r *LastReader) Last(ctx context.Context, subject string) (*jetstream.RawSt
 	r.mu.Unlock()
 	select {
 	case <-q.lead:
-		r.send(ctx)
+		r.lead(ctx, q)
 	case <-q.done:
 	case <-ctx.Done():
 		r.mu.Lock()
 		switch {
 		case q.leading:
 			r.mu.Unlock()
-			r.send(ctx) // handed the lead meanwhile: others wait on it
+			r.lead(ctx, q) // handed the lead meanwhile: the others wait on it
 		case q.taken:
 			r.mu.Unlock()
-			return nil, ctx.Err()
 		default:
-			for i, o := range r.queue {
-				if o == q {
-					r.queue = append(r.queue[:i], r.queue[i+1:]...)
-					break
-				}
-			}
+			r.queue = slices.DeleteFunc(r.queue, func(o *lastRead) bool { return o == q })
 			r.mu.Unlock()
 			return nil, ctx.Err()
 		}
 	}
-	<-q.done
+	select {
+	case <-q.done:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 	if q.alone {
-		r.fallbacks.Add(1)
+		r.count("fallback", 1)
 		return r.single(ctx, subject)
 	}
 	return q.msg, q.err
+}
+
+// lead is the leader's work: it takes the queue (its own read first). Its
+// own read alone it sends in this goroutine, under its own ctx, as
+// GetLastMsgForSubject would; a batch goes in the background, so the
+// leader waits for it like any read in it.
+func (r *LastReader) lead(ctx context.Context, me *lastRead) {
+	if r.hookTake != nil {
+		r.hookTake()
+	}
+	r.mu.Lock()
+	n := min(len(r.queue), MaxLastBatch)
+	batch := make([]*lastRead, n)
+	copy(batch, r.queue)
+	r.queue = append(r.queue[:0], r.queue[n:]...)
+	for _, q := range batch {
+		q.taken = true
+	}
+	off := r.closed || !r.direct || time.Now().Before(r.offTill)
+	r.mu.Unlock()
+	if r.hookTaken != nil {
+		r.hookTaken(n)
+	}
+	if n == 1 && batch[0] == me {
+		defer r.handOff(batch)
+		r.count("alone", 1)
+		me.answer(r.single(ctx, me.subject))
+		return
+	}
+	// The batch's round trip must not end with this call's context: it
+	// has the default API timeout.
+	bctx, cancel := withDefaultTimeout(context.WithoutCancel(ctx), r.js)
+	go func() {
+		defer cancel()
+		defer r.handOff(batch)
+		r.run(bctx, batch, off)
+	}()
+}
+
+// handOff answers any read of batch left unanswered (a panic) and hands
+// the lead to the first read queued meanwhile, or leaves the reader idle.
+func (r *LastReader) handOff(batch []*lastRead) {
+	for _, q := range batch {
+		q.answer(nil, fmt.Errorf("read the last of %s in %s: the read was interrupted", q.subject, r.name))
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.queue) == 0 {
+		r.busy = false
+		return
+	}
+	next := r.queue[0]
+	next.leading = true
+	close(next.lead)
+}
+
+// run reads a batch taken from the queue and answers its reads.
+func (r *LastReader) run(ctx context.Context, batch []*lastRead, off bool) {
+	bySubject := map[string][]*lastRead{}
+	for _, q := range batch {
+		bySubject[q.subject] = append(bySubject[q.subject], q)
+	}
+	switch {
+	case off:
+		for _, q := range batch {
+			q.alone = true
+			close(q.done)
+		}
+	case len(bySubject) == 1: // one subject read by several: one request
+		r.count("alone", len(batch))
+		m, err := r.single(ctx, batch[0].subject)
+		for _, q := range batch {
+			q.answer(m, err)
+		}
+	default:
+		r.batch(ctx, bySubject, len(batch))
+	}
 }
 
 // single reads subject's last message alone: a direct get with the
@@ -197,81 +312,15 @@ func (r *LastReader) single(ctx context.Context, subject string) (*jetstream.Raw
 	return raw, nil
 }
 
-// send is the leader's work: it takes the queue (this call's read first),
-// reads it, answers every read taken, and hands the lead to the first read
-// queued meanwhile.
-func (r *LastReader) send(ctx context.Context) {
-	var batch []*lastRead
-	defer func() {
-		// Whatever happened (a panic included), every read taken is
-		// answered and the lead moves on.
-		for _, q := range batch {
-			select {
-			case <-q.done:
-			default:
-				q.err = fmt.Errorf("read the last of %s in %s: the batch read was interrupted", q.subject, r.name)
-				close(q.done)
-			}
-		}
-		r.mu.Lock()
-		if len(r.queue) == 0 {
-			r.busy = false
-		} else {
-			next := r.queue[0]
-			next.leading = true
-			close(next.lead)
-		}
-		r.mu.Unlock()
-	}()
-	if r.hookBatch != nil {
-		r.hookBatch()
-	}
-	r.mu.Lock()
-	n := min(len(r.queue), MaxLastBatch)
-	batch = make([]*lastRead, n)
-	copy(batch, r.queue)
-	r.queue = append(r.queue[:0], r.queue[n:]...)
-	for _, q := range batch {
-		q.taken = true
-	}
-	off := r.closed || !r.direct || time.Now().Before(r.offTill)
-	r.mu.Unlock()
-
-	// This call's own deadline must not cut the others' reads short, nor
-	// its cancellation fail them: the batch has the default API timeout.
-	bctx, cancel := withDefaultTimeout(context.WithoutCancel(ctx), r.js)
-	defer cancel()
-	bySubject := map[string][]*lastRead{}
-	for _, q := range batch {
-		bySubject[q.subject] = append(bySubject[q.subject], q)
-	}
-	switch {
-	case len(bySubject) == 1:
-		r.singles.Add(1)
-		m, err := r.single(bctx, batch[0].subject)
-		for _, q := range batch {
-			q.msg, q.err = m, err
-			close(q.done)
-		}
-	case off:
-		for _, q := range batch {
-			q.alone = true
-			close(q.done)
-		}
-	default:
-		r.batch(bctx, bySubject)
-	}
-}
-
-// batch reads the last message of every subject of bySubject with one
-// multi_last and answers their reads.
-func (r *LastReader) batch(ctx context.Context, bySubject map[string][]*lastRead) {
+// batch reads the last message of every subject of bySubject (n reads)
+// with one multi_last and answers their reads.
+func (r *LastReader) batch(ctx context.Context, bySubject map[string][]*lastRead, n int) {
 	subjects := make([]string, 0, len(bySubject))
 	for s := range bySubject {
 		subjects = append(subjects, s)
 	}
 	found := map[string]*jetstream.RawStreamMsg{}
-	err := r.multiLast(ctx, subjects, func(m *nats.Msg) error {
+	sent, err := r.multiLast(ctx, subjects, func(m *nats.Msg) error {
 		raw, err := rawFromDirect(m)
 		if err != nil {
 			return err
@@ -282,10 +331,15 @@ func (r *LastReader) batch(ctx context.Context, bySubject map[string][]*lastRead
 		found[raw.Subject] = raw
 		return nil
 	})
-	if errors.Is(err, ErrBatchUnavailable) || (errors.Is(err, context.DeadlineExceeded) && ctx.Err() != nil) {
-		// Unavailable, or no answer within the API timeout (a request
-		// the connection may not send is dropped by the server without
-		// one): each read goes alone, with its caller's own deadline.
+	if sent {
+		r.batches.Add(1)
+		if r.opts.OnBatch != nil {
+			r.opts.OnBatch()
+		}
+	}
+	if errors.Is(err, ErrBatchUnavailable) || (errors.Is(err, context.DeadlineExceeded) && r.denied()) {
+		// Unavailable, or unanswered because the connection may not send
+		// the batch request (the server drops it): each read goes alone.
 		r.mu.Lock()
 		r.offTill = time.Now().Add(lastReaderBackoff)
 		r.mu.Unlock()
@@ -297,42 +351,47 @@ func (r *LastReader) batch(ctx context.Context, bySubject map[string][]*lastRead
 		}
 		return
 	}
-	r.batches.Add(1)
+	r.count("batched", n)
 	for s, qs := range bySubject {
 		for _, q := range qs {
-			r.batched.Add(1)
 			switch m := found[s]; {
 			case err != nil:
-				q.err = fmt.Errorf("read the last of %s in %s: %w", s, r.name, err)
+				q.answer(nil, fmt.Errorf("read the last of %s in %s: %w", s, r.name, err))
 			case m == nil:
-				q.err = fmt.Errorf("read the last of %s in %s: %w", s, r.name, jetstream.ErrMsgNotFound)
+				q.answer(nil, fmt.Errorf("read the last of %s in %s: %w", s, r.name, jetstream.ErrMsgNotFound))
 			default:
-				q.msg = m
+				q.answer(m, nil)
 			}
-			close(q.done)
 		}
 	}
 }
 
+// denied reports whether the connection's last error is the server
+// refusing the batch request's subject.
+func (r *LastReader) denied() bool {
+	err := r.js.Conn().LastError()
+	return errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), `"`+r.api+`"`)
+}
+
 // multiLast sends one multi_last for subjects on the reader's inbox and
-// calls fn with each answer.
-func (r *LastReader) multiLast(ctx context.Context, subjects []string, fn func(*nats.Msg) error) error {
+// calls fn with each answer; sent says the request went out.
+func (r *LastReader) multiLast(ctx context.Context, subjects []string, fn func(*nats.Msg) error) (sent bool, err error) {
 	body, err := json.Marshal(batchRequest{MultiLastFor: subjects})
 	if err != nil {
-		return err
+		return false, err
 	}
 	ch, reply, err := r.listen()
 	if err != nil {
-		return err
+		return false, err
 	}
 	if err := r.js.Conn().PublishMsg(&nats.Msg{Subject: r.api, Reply: reply, Data: body}); err != nil {
-		return err
+		return false, err
 	}
 	end, err := batchAnswers(ctx, ch, true, fn)
 	if err == nil && end.pending > 0 {
 		err = fmt.Errorf("%w: cut short with %d pending", ErrBatchUnavailable, end.pending)
 	}
-	return err
+	return true, err
 }
 
 // listen returns the channel the batch in flight's answers arrive on and
@@ -343,6 +402,9 @@ func (r *LastReader) multiLast(ctx context.Context, subjects []string, fn func(*
 func (r *LastReader) listen() (<-chan *nats.Msg, string, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.closed {
+		return nil, "", fmt.Errorf("%w: the reader is closed", ErrBatchUnavailable)
+	}
 	if r.sub == nil {
 		nc := r.js.Conn()
 		r.inbox = nc.NewInbox() + "."
@@ -369,7 +431,7 @@ func (r *LastReader) deliver(m *nats.Msg) {
 	}
 	select {
 	case r.answers <- m:
-	default: // more answers than asked for: the batch fails on its end
+	default: // cannot happen: room for a batch's every answer and its end
 	}
 }
 

@@ -8,9 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/failbus/failbus/internal/embedded"
 	topology "github.com/failbus/failbus/jetstream"
 )
 
@@ -77,9 +79,9 @@ func readMany(t *testing.T, b *bundle, r *topology.LastReader, subjects []string
 	t.Helper()
 	var once sync.Once
 	release := make(chan struct{})
-	topology.HookLastBatch(r, func() {
+	topology.HookLastTake(r, func() {
 		once.Do(func() { <-release })
-	})
+	}, nil)
 	got := make([]string, len(subjects))
 	var wg sync.WaitGroup
 	wg.Go(func() { got[0] = lastText(r.Last(b.ctx, subjects[0])) })
@@ -113,7 +115,7 @@ func TestLastReaderBatchesConcurrentReads(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	st, want := lastReaderStream(t, b, "LR", true)
-	r := topology.NewLastReader(b.js, st)
+	r := topology.NewLastReader(b.js, st, topology.LastReaderOptions{})
 	defer r.Close()
 	subjects := []string{"LR.b", "LR.a", "LR.c", "LR.none", "LR.a", "LR.b", "LR.other"}
 	got := readMany(t, b, r, subjects)
@@ -132,7 +134,7 @@ func TestLastReaderBatchesConcurrentReads(t *testing.T) {
 			t.Errorf("alone: Last(%s) = %s, want %s", s, got, w)
 		}
 	}
-	if st := r.Stats(); st.Singles != 3 || st.Batches != 1 {
+	if st := r.Stats(); st.Alone != 3 || st.Batches != 1 {
 		t.Errorf("stats %+v, want the lone reads sent alone", st)
 	}
 	if _, err := r.Last(b.ctx, "LR.*"); err == nil {
@@ -147,10 +149,10 @@ func TestLastReaderFallsBackWithoutDirectGets(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	st, want := lastReaderStream(t, b, "LRN", false)
-	r := topology.NewLastReader(b.js, st)
+	r := topology.NewLastReader(b.js, st, topology.LastReaderOptions{})
 	defer r.Close()
 	subjects := []string{"LRN.a", "LRN.b", "LRN.none", "LRN.c"}
-	for round := range 2 { // the second while batches are off
+	for round := range 2 { // without direct gets, no batch is ever tried
 		got := readMany(t, b, r, subjects)
 		for i, s := range subjects {
 			if w := wantLast(want, s); got[i] != w {
@@ -169,11 +171,11 @@ func TestLastReaderCancelWhileQueued(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	st, want := lastReaderStream(t, b, "LRC", true)
-	r := topology.NewLastReader(b.js, st)
+	r := topology.NewLastReader(b.js, st, topology.LastReaderOptions{})
 	defer r.Close()
 	release := make(chan struct{})
 	var once sync.Once
-	topology.HookLastBatch(r, func() { once.Do(func() { <-release }) })
+	topology.HookLastTake(r, func() { once.Do(func() { <-release }) }, nil)
 	var wg sync.WaitGroup
 	var first, third string
 	wg.Go(func() { first = lastText(r.Last(b.ctx, "LRC.a")) })
@@ -201,5 +203,99 @@ func TestLastReaderCancelWhileQueued(t *testing.T) {
 	}
 	if st := r.Stats(); st.Batched != 2 {
 		t.Errorf("stats %+v, want the two reads left batched", st)
+	}
+}
+
+// TestLastReaderHandsTheLeadOn: reads asked for while a lone read is in
+// flight wait for it, and the first of them then sends them all in one
+// batch.
+func TestLastReaderHandsTheLeadOn(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	st, want := lastReaderStream(t, b, "LRH", true)
+	r := topology.NewLastReader(b.js, st, topology.LastReaderOptions{})
+	defer r.Close()
+	taken, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	topology.HookLastTake(r, nil, func(int) { // the first read, taken, waits
+		once.Do(func() {
+			close(taken)
+			<-release
+		})
+	})
+	subjects := []string{"LRH.a", "LRH.b", "LRH.none", "LRH.c"}
+	got := make([]string, len(subjects))
+	var wg sync.WaitGroup
+	wg.Go(func() { got[0] = lastText(r.Last(b.ctx, subjects[0])) })
+	<-taken
+	for i := 1; i < len(subjects); i++ {
+		wg.Go(func() { got[i] = lastText(r.Last(b.ctx, subjects[i])) })
+	}
+	waitQueued(t, r, len(subjects)-1)
+	close(release)
+	wg.Wait()
+	for i, s := range subjects {
+		if w := wantLast(want, s); got[i] != w {
+			t.Errorf("Last(%s) = %s, want %s", s, got[i], w)
+		}
+	}
+	if st := r.Stats(); st != (topology.LastReaderStats{Alone: 1, Batches: 1, Batched: uint64(len(subjects) - 1)}) {
+		t.Errorf("stats %+v, want the first read alone, then one batch of the %d queued behind it", st, len(subjects)-1)
+	}
+}
+
+// TestLastReaderFallsBackWhenBatchesAreDenied: a connection allowed the
+// lone direct get but not the batch request gets no answer to a batch (the
+// server drops what it may not send); the reads go alone, answered right,
+// and the next batch is not tried.
+func TestLastReaderFallsBackWhenBatchesAreDenied(t *testing.T) {
+	t.Parallel()
+	srv := embedded.StartTestOpts(t, embedded.Options{Configure: func(o *server.Options) {
+		o.Users = []*server.User{
+			{Username: "admin", Password: "admin"},
+			{Username: "reader", Password: "reader", Permissions: &server.Permissions{
+				Publish: &server.SubjectPermission{Allow: []string{
+					"$JS.API.INFO", "$JS.API.STREAM.INFO.LRD", "$JS.API.DIRECT.GET.LRD.>",
+				}},
+				Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.>"}},
+			}},
+		}
+	}})
+	connect := func(user string, opts ...jetstream.JetStreamOpt) (*nats.Conn, jetstream.JetStream) {
+		nc, err := srv.Connect(nats.UserInfo(user, user))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		js, err := jetstream.New(nc, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return nc, js
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	anc, ajs := connect("admin")
+	_, want := lastReaderStream(t, &bundle{ctx: ctx, nc: anc, js: ajs}, "LRD", true)
+
+	_, js := connect("reader", jetstream.WithDefaultTimeout(time.Second))
+	st, err := js.Stream(ctx, "LRD")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := topology.NewLastReader(js, st, topology.LastReaderOptions{})
+	defer r.Close()
+	b := &bundle{ctx: ctx, js: js}
+	subjects := []string{"LRD.a", "LRD.b", "LRD.none", "LRD.c"}
+	for round := range 2 { // the second without trying a batch
+		got := readMany(t, b, r, subjects)
+		for i, s := range subjects {
+			if w := wantLast(want, s); got[i] != w {
+				t.Errorf("round %d: Last(%s) = %s, want %s", round, s, got[i], w)
+			}
+		}
+		if st := r.Stats(); st.Batches != 1 || st.Fallbacks != uint64((round+1)*len(subjects)) {
+			t.Errorf("round %d: stats %+v, want one batch tried, every read fallen back", round, st)
+		}
 	}
 }

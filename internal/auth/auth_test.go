@@ -327,8 +327,9 @@ func lastPerSubject(stream, filter string) op {
 }
 
 // lastReads is the scheduler's read of budgets' ledgers
-// (topology.LastReader): a multi_last of literal subjects, as a batch
-// sends it, then a read alone.
+// (topology.LastReader): the request a batch sends (a multi_last of
+// literal subjects, answered on an inbox), then a read alone through a
+// LastReader.
 func lastReads(stream string, subjects ...string) op {
 	return op{"read the last of " + strings.Join(subjects, " ") + " on " + stream, func(ctx context.Context, _ *connect.Conn, js jetstream.JetStream) error {
 		if err := topology.LastPerSubject(ctx, js, stream, subjects, 0, func(*nats.Msg) error { return nil }); err != nil {
@@ -338,7 +339,7 @@ func lastReads(stream string, subjects ...string) op {
 		if err != nil {
 			return err
 		}
-		r := topology.NewLastReader(js, s)
+		r := topology.NewLastReader(js, s, topology.LastReaderOptions{})
 		defer r.Close()
 		if _, err := r.Last(ctx, subjects[0]); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
 			return err

@@ -23,7 +23,10 @@
 //     (internal/service/refusals), never twice.
 //  2. engine.Decide reads the budget's ledger back (the last message on
 //     events.RetryLedgerSubject(budget token) in FAILBUS_RETRIES, a
-//     LedgerEntry) and decides with retry.Decide.
+//     LedgerEntry) and decides with retry.Decide. The reads of handlers
+//     running at the same time go to the server together, one multi_last
+//     per batch (topology.LastReader, counted in
+//     failbus_scheduler_ledger_reads_total{how}).
 //  3. A retry is persisted BEFORE it is scheduled: Decide appends the
 //     LedgerEntry with compare-and-set on the subject's last sequence
 //     (Nats-Expected-Last-Subject-Sequence), so two deliveries or replicas
@@ -352,9 +355,6 @@ func New(js jetstream.JetStream, opts Config) (*Service, error) {
 		return nil, err
 	}
 	s.m = m
-	if err := s.registerLedgerReads(rc.Registerer); err != nil {
-		return nil, err
-	}
 	s.eng, err = engine.New(engine.Config{
 		Policy: base,
 		Stores: engine.Stores{Providers: &s.providers, Ledger: ledgerStore{s}},
@@ -411,7 +411,10 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		return fmt.Errorf("scheduler: open %s (apply the topology first): %w", topology.StreamRetries, err)
 	}
 	s.retries = retries
-	reads := topology.NewLastReader(s.js, retries)
+	reads := topology.NewLastReader(s.js, retries, topology.LastReaderOptions{
+		OnReads: func(how string, n int) { s.m.ledgerReads.WithLabelValues(how).Add(float64(n)) },
+		OnBatch: s.m.ledgerBatches.Inc,
+	})
 	defer reads.Close()
 	s.ledgerReads.Store(reads)
 	scope, err := scopestore.Open(ctx, s.js, scopestore.Options{Conflicts: s.m.scopeConflicts, Stale: s.m.scopeStale, Unreadable: s.m.scopeUnreadable, Log: s.log})
@@ -503,13 +506,16 @@ type metrics struct {
 	decisions *prometheus.CounterVec
 	conflicts prometheus.Counter
 	replays   prometheus.Counter
-	guesses   *prometheus.CounterVec
-	restored  prometheus.Counter
-	controls  *prometheus.CounterVec
-	reloads   *prometheus.CounterVec
-	fileValid prometheus.Gauge
-	seeded    prometheus.Counter
-	outage    *prometheus.GaugeVec
+	// ledgerReads and ledgerBatches count the ledger's LastReader.
+	ledgerReads   *prometheus.CounterVec
+	ledgerBatches prometheus.Counter
+	guesses       *prometheus.CounterVec
+	restored      prometheus.Counter
+	controls      *prometheus.CounterVec
+	reloads       *prometheus.CounterVec
+	fileValid     prometheus.Gauge
+	seeded        prometheus.Counter
+	outage        *prometheus.GaugeVec
 	// providers caps the provider label of outage.
 	providers *consumer.LabelCap
 	evictions *prometheus.CounterVec
@@ -517,46 +523,6 @@ type metrics struct {
 	scopeConflicts  prometheus.Counter
 	scopeStale      prometheus.Counter
 	scopeUnreadable prometheus.Counter
-}
-
-// registerLedgerReads registers failbus_scheduler_ledger_reads_total, read
-// from the ledger's LastReader (zero before Run).
-func (s *Service) registerLedgerReads(reg prometheus.Registerer) error {
-	for _, how := range []struct {
-		label string
-		count func(topology.LastReaderStats) uint64
-	}{
-		{"batched", func(st topology.LastReaderStats) uint64 { return st.Batched }},
-		{"alone", func(st topology.LastReaderStats) uint64 { return st.Singles }},
-		{"fallback", func(st topology.LastReaderStats) uint64 { return st.Fallbacks }},
-	} {
-		_, err := consumer.Register(reg, prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name:        "failbus_scheduler_ledger_reads_total",
-			Help:        "Reads of a budget's last ledger entry, by how they went to the server: batched (several budgets in one multi_last request; failbus_scheduler_ledger_read_batches_total counts the requests), alone (one request for the budget, when no other read was waiting), fallback (alone because a batch read was unavailable: a stream without direct gets or a server before 2.11; the reader tries batches again after a minute).",
-			ConstLabels: prometheus.Labels{"how": how.label},
-		}, func() float64 {
-			if r := s.ledgerReads.Load(); r != nil {
-				return float64(how.count(r.Stats()))
-			}
-			return 0
-		}))
-		if err != nil {
-			return fmt.Errorf("scheduler: %w", err)
-		}
-	}
-	_, err := consumer.Register(reg, prometheus.NewCounterFunc(prometheus.CounterOpts{
-		Name: "failbus_scheduler_ledger_read_batches_total",
-		Help: "multi_last requests that read the last ledger entry of several budgets at once (failbus_scheduler_ledger_reads_total{how=\"batched\"} counts the reads they carried).",
-	}, func() float64 {
-		if r := s.ledgerReads.Load(); r != nil {
-			return float64(r.Stats().Batches)
-		}
-		return 0
-	}))
-	if err != nil {
-		return fmt.Errorf("scheduler: %w", err)
-	}
-	return nil
 }
 
 func newMetrics(reg prometheus.Registerer, maxProviders int) (*metrics, error) {
@@ -583,6 +549,8 @@ func newMetrics(reg prometheus.Registerer, maxProviders int) (*metrics, error) {
 	m.decisions = counterVec("failbus_scheduler_decisions_total", "Decisions stored, by action: one without a retry once, when its store is confirmed (a redelivery that finds it stored does not count it again); a retry decision also when a replay after a crash publishes it again.", "action")
 	m.conflicts = counter("failbus_scheduler_ledger_conflicts_total", "Ledger writes that lost a compare-and-set race and were decided again.")
 	m.guesses = counterVec("failbus_scheduler_ledger_guesses_total", "Decisions made first on the ledger index's word instead of a read, by result: confirmed by the append's compare-and-set (a read saved), wrong (the append failed; decided again from reads), unchecked (nothing appended; decided again from reads).", "result")
+	m.ledgerReads = counterVec("failbus_scheduler_ledger_reads_total", "Reads of a budget's last ledger entry, by how they went to the server: batched (in a multi_last request with other budgets' reads, which failbus_scheduler_ledger_read_batches_total counts), alone (a request of their own, no other read waiting), fallback (a request of their own because a batch read was unavailable: a stream without direct gets, a server before 2.11, a connection not allowed the batch request; batches are tried again after a minute).", "how")
+	m.ledgerBatches = counter("failbus_scheduler_ledger_read_batches_total", "multi_last requests sent, each reading the last ledger entry of several budgets at once.")
 	m.replays = counter("failbus_scheduler_replays_total", "Classifications whose outcome already had a ledger record: replayed, nothing spent again.")
 	m.restored = counter("failbus_scheduler_schedules_restored_total", "Replays that found the schedule neither pending, fired nor cancelled and published it.")
 	m.controls = counterVec("failbus_scheduler_controls_total", "Started and cancel records, by kind and result (marked, ignored).", "kind", "result")
