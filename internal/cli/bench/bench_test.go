@@ -57,6 +57,7 @@ func TestBench(t *testing.T) {
 				"failbus end to end", "published at once",
 				"raw/3", "× raw/3",
 				"DECISION LATENCY (publish → stored)", "100/s", "200/s", "raw p99", "failbus p99", "cores needed",
+				"FAILBUS BY HOP (p50 / p99)", "publish → outcome", "→ classified", "→ decided",
 				"WITH 100 RETRIES PENDING (failbus) AND 100 RAW @at SCHEDULES", "process RSS", "Go heap",
 				"the failbus step's live objects by who allocated them (heap profile)", "nats-server ", "scheduler ", "runner ",
 				"LATENESS WITH THEM PENDING (20 each)",
@@ -127,6 +128,12 @@ func TestBench(t *testing.T) {
 				// Every message of the rate measured: 0.5 s of it.
 				if lt.Raw.N != lt.Rate/2 || lt.Failbus.N != lt.Rate/2 || !(lt.AchievedPerS > 0) || lt.Failbus.P50MS > lt.Failbus.P99MS {
 					t.Errorf("latency at %d/s: %+v", lt.Rate, lt)
+				}
+				// By hop, every outcome: a classification is stored after
+				// its outcome, a decision after its classification.
+				if h := lt.Hops; h == nil || h.Publish.N != lt.Rate/2 || h.Classifier.N != lt.Rate/2 || h.Scheduler.N != lt.Rate/2 ||
+					h.Classifier.MinMS <= 0 || h.Scheduler.MinMS <= 0 || h.Scheduler.MaxMS > lt.Failbus.MaxMS {
+					t.Errorf("latency at %d/s by hop: %+v", lt.Rate, lt.Hops)
 				}
 				// The CPU the rate needs: the rate × the throughput rounds'
 				// failbus CPU per outcome.

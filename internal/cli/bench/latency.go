@@ -41,12 +41,25 @@ type benchLatency struct {
 	Failbus benchPercentiles `json:"failbus"`
 	// AchievedPerS is the rate the failbus outcomes were published at.
 	AchievedPerS float64 `json:"achieved_per_s"`
+	// Hops splits Failbus by where the time went, each outcome's stored
+	// times read back from the streams after the run (nothing reads them
+	// during it): publish → outcome stored, → its classification stored
+	// (the classifier), → its decision stored (the scheduler).
+	Hops *benchHops `json:"hops,omitempty"`
 	// CoresNeeded is the CPU the whole process (server, every service,
 	// the load) needs to keep up with Rate: Rate × the failbus CPU per
 	// outcome of the throughput rounds (median). Above GOMAXPROCS the
 	// decisions' queue can only grow for as long as the rate lasts, so
 	// p99 measures the run's length more than the bus.
 	CoresNeeded float64 `json:"cores_needed"`
+}
+
+// benchHops is a decision's latency by hop, from the stored times of the
+// outcome, its classification and its decision.
+type benchHops struct {
+	Publish    benchPercentiles `json:"publish"`    // publish → outcome stored
+	Classifier benchPercentiles `json:"classifier"` // outcome stored → classification stored
+	Scheduler  benchPercentiles `json:"scheduler"`  // classification stored → decision stored
 }
 
 // benchPending is the run with many retries pending.
@@ -107,11 +120,11 @@ func (r *benchRunner) latencyAt(ctx context.Context, rate int, secs float64) (be
 	if err != nil {
 		return out, fmt.Errorf("raw relay at %d/s: %w", rate, err)
 	}
-	fb, achieved, err := r.failbusDecisionLatency(ctx, rate, n)
+	fb, hops, achieved, err := r.failbusDecisionLatency(ctx, rate, n)
 	if err != nil {
 		return out, fmt.Errorf("failbus at %d/s: %w", rate, err)
 	}
-	out.Raw, out.Failbus, out.AchievedPerS = percentiles(raw), percentiles(fb), achieved
+	out.Raw, out.Failbus, out.Hops, out.AchievedPerS = percentiles(raw), percentiles(fb), hops, achieved
 	return out, nil
 }
 
@@ -143,11 +156,13 @@ type collector struct {
 	samples []time.Duration
 	want    int
 	full    chan struct{}
-	w       *watch.Watch
+	// storedAt is each message's stored time; read it once full.
+	storedAt map[string]time.Time
+	w        *watch.Watch
 }
 
 func newCollector(want int) *collector {
-	return &collector{sent: make(map[string]time.Time, want), want: want, full: make(chan struct{})}
+	return &collector{sent: make(map[string]time.Time, want), storedAt: make(map[string]time.Time, want), want: want, full: make(chan struct{})}
 }
 
 func (c *collector) markSent(id string, at time.Time) {
@@ -164,6 +179,7 @@ func (c *collector) stored(id string, at time.Time) {
 		return
 	}
 	delete(c.sent, id)
+	c.storedAt[id] = at
 	c.samples = append(c.samples, at.Sub(t))
 	if len(c.samples) == c.want {
 		close(c.full)
@@ -245,8 +261,8 @@ func (r *benchRunner) rawRelayLatency(ctx context.Context, rate, n int) ([]time.
 
 // failbusDecisionLatency: n failures (each its own step, a 429 asking for a
 // retry after a minute) paced at rate; latency is the decision's stored
-// time − the outcome's publish time.
-func (r *benchRunner) failbusDecisionLatency(ctx context.Context, rate, n int) ([]time.Duration, float64, error) {
+// time − the outcome's publish time, also split by hop (hopsOf).
+func (r *benchRunner) failbusDecisionLatency(ctx context.Context, rate, n int) ([]time.Duration, *benchHops, float64, error) {
 	agent := "bench-lat-" + strconv.Itoa(rate)
 	col := newCollector(n)
 	w, err := watch.Start(ctx, r.js, watch.Config{Stream: topology.StreamDecisions, Filters: []string{events.DecisionSubject(agent)}, Follow: true}, func(m jetstream.Msg) error {
@@ -260,19 +276,76 @@ func (r *benchRunner) failbusDecisionLatency(ctx context.Context, rate, n int) (
 		return nil
 	})
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, 0, err
 	}
 	defer func() { _ = w.Stop() }()
 	msgs, ids, err := failures(agent, n, 30*time.Second)
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, 0, err
 	}
-	achieved, err := r.pace(ctx, msgs, rate, func(i int, at time.Time) { col.markSent(ids[i], at) })
+	classified, err := topology.LastSeq(ctx, r.js, topology.StreamClassified, events.ClassifiedSubject(benchProvider, events.ClassRateLimit))
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, 0, err
+	}
+	sent := make(map[string]time.Time, n)
+	achieved, err := r.pace(ctx, msgs, rate, func(i int, at time.Time) {
+		sent[ids[i]] = at
+		col.markSent(ids[i], at)
+	})
+	if err != nil {
+		return nil, nil, 0, err
 	}
 	samples, err := col.wait(ctx)
-	return samples, achieved, err
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	hops, err := r.hopsOf(ctx, agent, classified+1, sent, col.storedAt)
+	return samples, hops, achieved, err
+}
+
+// hopsOf reads back, once the run is over, when each of agent's outcomes
+// and their classifications (from stream sequence fromClassified on) were
+// stored, and splits each outcome's latency from sent (publish time) to
+// decided (its decision's stored time) into its three hops.
+func (r *benchRunner) hopsOf(ctx context.Context, agent string, fromClassified uint64, sent, decided map[string]time.Time) (*benchHops, error) {
+	outcome := make(map[string]time.Time, len(sent))
+	err := watch.Read(ctx, r.js, watch.Config{Stream: topology.StreamOutcomes, Filters: []string{events.OutcomeSubject(benchProvider, agent)}, HeadersOnly: true}, func(m jetstream.Msg) error {
+		if meta, err := m.Metadata(); err == nil {
+			outcome[m.Headers().Get(events.HeaderMsgID)] = meta.Timestamp
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read back the outcomes of %s: %w", agent, err)
+	}
+	classified := make(map[string]time.Time, len(sent))
+	err = watch.Read(ctx, r.js, watch.Config{
+		Stream: topology.StreamClassified, Filters: []string{events.ClassifiedSubject(benchProvider, events.ClassRateLimit)},
+		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, StartSeq: fromClassified,
+	}, func(m jetstream.Msg) error {
+		meta, err := m.Metadata()
+		if err != nil {
+			return nil
+		}
+		if c, err := events.DecodeAs[*events.Classification](m.Subject(), m.Headers(), m.Data()); err == nil && c.Agent == agent {
+			classified[c.OutcomeID] = meta.Timestamp
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read back the classifications of %s: %w", agent, err)
+	}
+	var pub, cls, sch []time.Duration
+	for id, at := range sent {
+		o, ok1 := outcome[id]
+		c, ok2 := classified[id]
+		d, ok3 := decided[id]
+		if !ok1 || !ok2 || !ok3 {
+			return nil, fmt.Errorf("outcome %s: stored %v, classified %v, decided %v", id, ok1, ok2, ok3)
+		}
+		pub, cls, sch = append(pub, o.Sub(at)), append(cls, c.Sub(o)), append(sch, d.Sub(c))
+	}
+	return &benchHops{Publish: percentiles(pub), Classifier: percentiles(cls), Scheduler: percentiles(sch)}, nil
 }
 
 // failures builds n rate-limited outcomes of agent, each the first failure
@@ -409,6 +482,17 @@ func printLatency(w io.Writer, rep *benchReport) {
 		}
 		t.write(w)
 		fmt.Fprintln(w, "raw: a relay (pull, async publish to a second stream, ack once stored); failbus: outcome → classifier → scheduler → decision stored.")
+		h := benchTable{align: "lrrrrrrr"}
+		h.add("FAILBUS BY HOP (p50 / p99)", "rate", "publish → outcome", "→ classified", "→ decided")
+		for _, l := range rep.Latency {
+			if l.Hops == nil {
+				continue
+			}
+			pp := func(p benchPercentiles) string { return fmtMS(p.P50MS) + " / " + fmtMS(p.P99MS) }
+			h.add("", strconv.Itoa(l.Rate)+"/s", pp(l.Hops.Publish), pp(l.Hops.Classifier), pp(l.Hops.Scheduler))
+		}
+		h.write(w)
+		fmt.Fprintln(w, "each outcome's stored times read back from the streams after the run: the classifier's hop and the scheduler's (fault scope, ledger, schedule, decision).")
 		fmt.Fprintln(w, "cores needed: the rate × failbus CPU per outcome in the throughput rounds (median; batches there are larger than at a paced rate,")
 		fmt.Fprintln(w, "so it is a floor), for the server, every service and the load together: at or above GOMAXPROCS the decisions queue for as long as the rate lasts.")
 	}
