@@ -153,7 +153,9 @@ so the ratios hold whatever the machine:
      --delay-min to --delay-max ahead; p50 and p99 of stored time − due time;
   5. decision latency at each --rates rate (paced for --rate-seconds): a raw
      relay's publish → relayed copy stored, and failbus's outcome published
-     → decision stored, p50 and p99;
+     → decision stored, p50 and p99, and failbus's by hop (outcome stored,
+     classification stored, decision stored: read back from the streams
+     after the run);
   6. --pending retries through failbus and as many raw "@at" schedules, due
      in 50 minutes (the bench's bus allows retries an hour ahead): the
      process's RSS and Go heap before and after, the live heap split by
