@@ -109,16 +109,23 @@ type lastRead struct {
 	msg     *jetstream.RawStreamMsg
 	err     error
 	alone   bool // done without a result: read it alone (fallback)
+	once    sync.Once
 }
 
-// answer sets q's result and closes done, once.
+// answer sets q's result and closes done; only the first answer counts.
 func (q *lastRead) answer(m *jetstream.RawStreamMsg, err error) {
-	select {
-	case <-q.done:
-	default:
+	q.once.Do(func() {
 		q.msg, q.err = m, err
 		close(q.done)
-	}
+	})
+}
+
+// fallBack answers q with "read it alone" (a batch was unavailable).
+func (q *lastRead) fallBack() {
+	q.once.Do(func() {
+		q.alone = true
+		close(q.done)
+	})
 }
 
 // NewLastReader returns a LastReader of stream, whose name and direct-get
@@ -231,8 +238,11 @@ func (r *LastReader) lead(ctx context.Context, me *lastRead) {
 	}
 	if n == 1 && batch[0] == me {
 		defer r.handOff(batch)
-		r.count("alone", 1)
-		me.answer(r.single(ctx, me.subject))
+		m, err := r.single(ctx, me.subject)
+		if ctx.Err() == nil {
+			r.count("alone", 1)
+		}
+		me.answer(m, err)
 		return
 	}
 	// The batch's round trip must not end with this call's context: it
@@ -241,6 +251,15 @@ func (r *LastReader) lead(ctx context.Context, me *lastRead) {
 	go func() {
 		defer cancel()
 		defer r.handOff(batch)
+		defer func() {
+			// Off the caller's goroutine, a panic would end the process:
+			// the batch's reads fail instead (handOff answers them).
+			if p := recover(); p != nil {
+				for _, q := range batch {
+					q.answer(nil, fmt.Errorf("read the last of %s in %s: the batch read panicked: %v", q.subject, r.name, p))
+				}
+			}
+		}()
 		r.run(bctx, batch, off)
 	}()
 }
@@ -271,8 +290,7 @@ func (r *LastReader) run(ctx context.Context, batch []*lastRead, off bool) {
 	switch {
 	case off:
 		for _, q := range batch {
-			q.alone = true
-			close(q.done)
+			q.fallBack()
 		}
 	case len(bySubject) == 1: // one subject read by several: one request
 		r.count("alone", len(batch))
@@ -319,6 +337,12 @@ func (r *LastReader) batch(ctx context.Context, bySubject map[string][]*lastRead
 	for s := range bySubject {
 		subjects = append(subjects, s)
 	}
+	if r.denied() {
+		// Denied before (the connection's last error says so): no need to
+		// wait for another unanswered batch to find out.
+		r.fallBackAll(bySubject)
+		return
+	}
 	found := map[string]*jetstream.RawStreamMsg{}
 	sent, err := r.multiLast(ctx, subjects, func(m *nats.Msg) error {
 		raw, err := rawFromDirect(m)
@@ -340,18 +364,12 @@ func (r *LastReader) batch(ctx context.Context, bySubject map[string][]*lastRead
 	if errors.Is(err, ErrBatchUnavailable) || (errors.Is(err, context.DeadlineExceeded) && r.denied()) {
 		// Unavailable, or unanswered because the connection may not send
 		// the batch request (the server drops it): each read goes alone.
-		r.mu.Lock()
-		r.offTill = time.Now().Add(lastReaderBackoff)
-		r.mu.Unlock()
-		for _, qs := range bySubject {
-			for _, q := range qs {
-				q.alone = true
-				close(q.done)
-			}
-		}
+		r.fallBackAll(bySubject)
 		return
 	}
-	r.count("batched", n)
+	if sent {
+		r.count("batched", n)
+	}
 	for s, qs := range bySubject {
 		for _, q := range qs {
 			switch m := found[s]; {
@@ -366,8 +384,24 @@ func (r *LastReader) batch(ctx context.Context, bySubject map[string][]*lastRead
 	}
 }
 
+// fallBackAll sends every read of bySubject alone and stops batching
+// for lastReaderBackoff.
+func (r *LastReader) fallBackAll(bySubject map[string][]*lastRead) {
+	r.mu.Lock()
+	r.offTill = time.Now().Add(lastReaderBackoff)
+	r.mu.Unlock()
+	for _, qs := range bySubject {
+		for _, q := range qs {
+			q.fallBack()
+		}
+	}
+}
+
 // denied reports whether the connection's last error is the server
-// refusing the batch request's subject.
+// refusing the batch request's subject. (nats.go keeps one last error
+// until a reconnect: a denial can be hidden by a later error, and then a
+// batch times out and fails its reads, as an unanswered read would; or
+// outlive a permissions reload, and then reads go alone, as correct.)
 func (r *LastReader) denied() bool {
 	err := r.js.Conn().LastError()
 	return errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), `"`+r.api+`"`)

@@ -549,7 +549,12 @@ func newMetrics(reg prometheus.Registerer, maxProviders int) (*metrics, error) {
 	m.decisions = counterVec("failbus_scheduler_decisions_total", "Decisions stored, by action: one without a retry once, when its store is confirmed (a redelivery that finds it stored does not count it again); a retry decision also when a replay after a crash publishes it again.", "action")
 	m.conflicts = counter("failbus_scheduler_ledger_conflicts_total", "Ledger writes that lost a compare-and-set race and were decided again.")
 	m.guesses = counterVec("failbus_scheduler_ledger_guesses_total", "Decisions made first on the ledger index's word instead of a read, by result: confirmed by the append's compare-and-set (a read saved), wrong (the append failed; decided again from reads), unchecked (nothing appended; decided again from reads).", "result")
-	m.ledgerReads = counterVec("failbus_scheduler_ledger_reads_total", "Reads of a budget's last ledger entry, by how they went to the server: batched (in a multi_last request with other budgets' reads, which failbus_scheduler_ledger_read_batches_total counts), alone (a request of their own, no other read waiting), fallback (a request of their own because a batch read was unavailable: a stream without direct gets, a server before 2.11, a connection not allowed the batch request; batches are tried again after a minute).", "how")
+	m.ledgerReads = counterVec("failbus_scheduler_ledger_reads_total", "Reads of a budget's last ledger entry, by how they went to the server: batched (in a multi_last request with other budgets' reads, which failbus_scheduler_ledger_read_batches_total counts), alone (one request for one budget: no other budget's read was waiting), fallback (a request of their own because a batch read was unavailable: a stream without direct gets, a server before 2.11, a connection not allowed the batch request; batches are tried again after a minute).", "how")
+	if m.ledgerReads != nil {
+		for _, how := range []string{"batched", "alone", "fallback"} {
+			m.ledgerReads.WithLabelValues(how) // every series from the start, at 0
+		}
+	}
 	m.ledgerBatches = counter("failbus_scheduler_ledger_read_batches_total", "multi_last requests sent, each reading the last ledger entry of several budgets at once.")
 	m.replays = counter("failbus_scheduler_replays_total", "Classifications whose outcome already had a ledger record: replayed, nothing spent again.")
 	m.restored = counter("failbus_scheduler_schedules_restored_total", "Replays that found the schedule neither pending, fired nor cancelled and published it.")
