@@ -40,11 +40,13 @@ import (
 // stay as safe as with GetLastMsgForSubject. On a stream without direct
 // gets every read is GetLastMsgForSubject's. A batch that cannot be
 // answered (ErrBatchUnavailable: a server before 2.11, a message that
-// failed to load) or is not answered within the connection's API timeout
-// (a connection whose permissions do not allow the request) makes each of
-// its reads go alone, and the reader sends reads alone for
-// lastReaderBackoff before it tries a batch again. Safe for concurrent
-// use.
+// failed to load, an answer cut short) or that this connection may not
+// send (the server drops it without an answer; the connection's last
+// error names it) makes each of its reads go alone, and the reader sends
+// reads alone for lastReaderBackoff before it tries a batch again. A
+// batch unanswered within the connection's API timeout for any other
+// reason fails its reads, as an unanswered lone read would. Safe for
+// concurrent use.
 type LastReader struct {
 	js     jetstream.JetStream
 	stream jetstream.Stream
@@ -76,8 +78,9 @@ type LastReader struct {
 // may be nil.
 type LastReaderOptions struct {
 	// OnReads is called with how n reads went to the server: "batched"
-	// (in a multi_last), "alone" (a request of their own, no other read
-	// waiting) or "fallback" (alone because a batch read was unavailable).
+	// (in a multi_last), "alone" (one request for one subject: no other
+	// subject's read was waiting) or "fallback" (alone because a batch
+	// read was unavailable).
 	OnReads func(how string, n int)
 	// OnBatch is called for each multi_last request sent.
 	OnBatch func()
@@ -93,8 +96,9 @@ const lastReaderBackoff = time.Minute
 
 // LastReaderStats counts what a LastReader did: Batches multi_last
 // requests sent, answering Batched reads between them; Alone reads sent
-// on their own with no other read waiting; Fallbacks reads sent on their
-// own because a batch read was unavailable.
+// in a request for their subject alone (no other subject's read was
+// waiting); Fallbacks reads sent on their own because a batch read was
+// unavailable.
 type LastReaderStats struct {
 	Batches, Batched, Alone, Fallbacks uint64
 }
