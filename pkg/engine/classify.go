@@ -16,7 +16,7 @@ func (e *Engine) Classify(o *events.Outcome) events.Classification {
 	if o != nil {
 		Complete(&c, o)
 		if c.Class != events.ClassOK {
-			c.Retryable = cur.pol.RetryFor(o.Provider).IsRetryable(c.Class)
+			c.Retryable = cur.retryFor(o.Provider).IsRetryable(c.Class)
 		}
 	}
 	return c

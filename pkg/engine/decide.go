@@ -36,7 +36,7 @@ func (e *Engine) Decide(ctx context.Context, c events.Classification, verdict sc
 	if c.Class == events.ClassOK || c.Class == events.ClassContentRefusal {
 		return Decided{}, nil
 	}
-	rp := e.Policy().RetryFor(c.Provider)
+	rp := e.cur.Load().retryFor(c.Provider)
 	u := e.rand()
 	for range MaxConflicts {
 		var (
@@ -109,7 +109,7 @@ func (e *Engine) Succeeded(ctx context.Context, c events.Classification, now tim
 	if c.Class != events.ClassOK || retry.Positioned(c) || e.stores.Ledger == nil {
 		return nil
 	}
-	rp := e.Policy().RetryFor(c.Provider)
+	rp := e.cur.Load().retryFor(c.Provider)
 	if rp == nil {
 		return nil
 	}

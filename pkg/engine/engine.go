@@ -44,6 +44,7 @@ import (
 	"github.com/failbus/failbus/pkg/policy/classify"
 	"github.com/failbus/failbus/pkg/policy/recovery"
 	"github.com/failbus/failbus/pkg/policy/recovery/simulate"
+	"github.com/failbus/failbus/pkg/policy/retry"
 )
 
 // Config configures an Engine.
@@ -75,12 +76,42 @@ type Engine struct {
 	clock   simulate.Clock
 }
 
-// compiled is a policy with its classifier built once.
+// compiled is a policy with its classifier built once, and its retry
+// policy resolved once per provider (retryFor).
 type compiled struct {
 	pol *policy.Policy
 	cl  *classify.Classifier
 	// rec is the recovery stage's core; nil without a Recovery store.
 	rec *recovery.Core
+
+	retryMu sync.RWMutex
+	retry   map[string]*retry.Policy // provider → pol.RetryFor(provider)
+}
+
+// maxResolvedProviders bounds compiled.retry: agents name providers, so
+// past it a provider's retry policy is resolved at each use instead.
+const maxResolvedProviders = 1024
+
+// retryFor is pol.RetryFor(provider), resolved once per provider: every
+// classification and decision needs it, and resolving builds the
+// effective retryable set each time. The result is shared, read only.
+func (c *compiled) retryFor(provider string) *retry.Policy {
+	c.retryMu.RLock()
+	rp, ok := c.retry[provider]
+	c.retryMu.RUnlock()
+	if ok {
+		return rp
+	}
+	rp = c.pol.RetryFor(provider)
+	c.retryMu.Lock()
+	if c.retry == nil {
+		c.retry = map[string]*retry.Policy{}
+	}
+	if len(c.retry) < maxResolvedProviders {
+		c.retry[provider] = rp
+	}
+	c.retryMu.Unlock()
+	return rp
 }
 
 // New builds an engine running cfg.Policy on cfg.Stores.
