@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -66,8 +65,6 @@ type LastReader struct {
 	offTill time.Time
 	closed  bool
 
-	batches, batched, alone, fallbacks atomic.Uint64
-
 	// hookTake and hookTaken, when set (tests), are called by a leader
 	// before it takes the queue and once it has, with the reads taken.
 	hookTake  func()
@@ -93,15 +90,6 @@ const MaxLastBatch = 256
 // lastReaderBackoff is how long a LastReader reads one subject at a time
 // after a batch read was unavailable.
 const lastReaderBackoff = time.Minute
-
-// LastReaderStats counts what a LastReader did: Batches multi_last
-// requests sent, answering Batched reads between them; Alone reads sent
-// in a request for their subject alone (no other subject's read was
-// waiting); Fallbacks reads sent on their own because a batch read was
-// unavailable.
-type LastReaderStats struct {
-	Batches, Batched, Alone, Fallbacks uint64
-}
 
 // lastRead is one Last call.
 type lastRead struct {
@@ -140,21 +128,8 @@ func NewLastReader(js jetstream.JetStream, stream jetstream.Stream, opts LastRea
 	return &LastReader{js: js, stream: stream, name: cfg.Name, direct: cfg.AllowDirect, opts: opts, api: apiPrefix(js.Options()) + "DIRECT.GET." + cfg.Name}
 }
 
-// Stats returns the reader's counts so far.
-func (r *LastReader) Stats() LastReaderStats {
-	return LastReaderStats{Batches: r.batches.Load(), Batched: r.batched.Load(), Alone: r.alone.Load(), Fallbacks: r.fallbacks.Load()}
-}
-
-// count adds n reads that went how.
+// count reports n reads that went how (LastReaderOptions.OnReads).
 func (r *LastReader) count(how string, n int) {
-	switch how {
-	case "batched":
-		r.batched.Add(uint64(n))
-	case "alone":
-		r.alone.Add(uint64(n))
-	case "fallback":
-		r.fallbacks.Add(uint64(n))
-	}
 	if r.opts.OnReads != nil {
 		r.opts.OnReads(how, n)
 	}
@@ -308,26 +283,24 @@ func (r *LastReader) run(ctx context.Context, batch []*lastRead, off bool) {
 }
 
 // single reads subject's last message alone: a direct get with the
-// subject in the request's own subject (as GetLastMsgForSubject sends
-// it), read by the server's headers as batch answers are; on a stream
-// without direct gets, GetLastMsgForSubject (the stream's JSON API).
+// subject in the request's own subject (as GetLastMsgForSubject sends it,
+// so a role allowed $JS.API.DIRECT.GET.<stream>.> may send it), read by
+// the server's headers as batch answers are (directLast, as LastSeq
+// reads); on a stream without direct gets, GetLastMsgForSubject (the
+// stream's JSON API).
 func (r *LastReader) single(ctx context.Context, subject string) (*jetstream.RawStreamMsg, error) {
 	if !r.direct {
 		return r.stream.GetLastMsgForSubject(ctx, subject)
 	}
-	ctx, cancel := withDefaultTimeout(ctx, r.js)
-	defer cancel()
-	m, err := r.js.Conn().RequestWithContext(ctx, r.api+"."+subject, nil)
-	if err != nil {
-		return nil, fmt.Errorf("read the last of %s in %s: %w", subject, r.name, err)
+	m, err := directLast(ctx, r.js, r.api+"."+subject, nil)
+	var raw *jetstream.RawStreamMsg
+	switch {
+	case err != nil:
+	case m == nil:
+		err = jetstream.ErrMsgNotFound
+	default:
+		raw, err = rawFromDirect(m)
 	}
-	if ServerHeader(m, jetstream.SequenceHeader) == "" {
-		if m.Header.Get("Status") == "404" {
-			return nil, fmt.Errorf("read the last of %s in %s: %w", subject, r.name, jetstream.ErrMsgNotFound)
-		}
-		return nil, fmt.Errorf("read the last of %s in %s: answer %q %s", subject, r.name, m.Header.Get("Status"), m.Header.Get("Description"))
-	}
-	raw, err := rawFromDirect(m)
 	if err != nil {
 		return nil, fmt.Errorf("read the last of %s in %s: %w", subject, r.name, err)
 	}
@@ -359,11 +332,8 @@ func (r *LastReader) batch(ctx context.Context, bySubject map[string][]*lastRead
 		found[raw.Subject] = raw
 		return nil
 	})
-	if sent {
-		r.batches.Add(1)
-		if r.opts.OnBatch != nil {
-			r.opts.OnBatch()
-		}
+	if sent && r.opts.OnBatch != nil {
+		r.opts.OnBatch()
 	}
 	if errors.Is(err, ErrBatchUnavailable) || (errors.Is(err, context.DeadlineExceeded) && r.denied()) {
 		// Unavailable, or unanswered because the connection may not send

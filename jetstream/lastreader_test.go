@@ -57,6 +57,66 @@ func wantLast(want map[string]string, subject string) string {
 	return "not found"
 }
 
+// lastStats counts what a LastReader reported (its options): Batches
+// multi_last requests sent, answering Batched reads; Alone reads sent in
+// a request for their subject alone; Fallbacks reads sent alone because
+// a batch read was unavailable.
+type lastStats struct {
+	Batches, Batched, Alone, Fallbacks uint64
+}
+
+// readCounts collects lastStats through LastReaderOptions.
+type readCounts struct {
+	mu sync.Mutex
+	st lastStats
+}
+
+func (c *readCounts) options() topology.LastReaderOptions {
+	return topology.LastReaderOptions{
+		OnReads: func(how string, n int) {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			switch how {
+			case "batched":
+				c.st.Batched += uint64(n)
+			case "alone":
+				c.st.Alone += uint64(n)
+			case "fallback":
+				c.st.Fallbacks += uint64(n)
+			}
+		},
+		OnBatch: func() {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			c.st.Batches++
+		},
+	}
+}
+
+func (c *readCounts) get() lastStats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.st
+}
+
+// readRounds reads subjects twice through readMany and checks every
+// answer against want and, after each round, that batches multi_last
+// requests were sent in all and every read so far fell back.
+func readRounds(t *testing.T, b *bundle, r *topology.LastReader, counts *readCounts, subjects []string, want map[string]string, batches uint64) {
+	t.Helper()
+	for round := range 2 {
+		got := readMany(t, b, r, subjects)
+		for i, s := range subjects {
+			if w := wantLast(want, s); got[i] != w {
+				t.Errorf("round %d: Last(%s) = %s, want %s", round, s, got[i], w)
+			}
+		}
+		if st := counts.get(); st.Batches != batches || st.Fallbacks != uint64((round+1)*len(subjects)) {
+			t.Errorf("round %d: stats %+v, want %d batches tried, every read fallen back", round, st, batches)
+		}
+	}
+}
+
 // lastText is a read's result as a comparable line: subject, sequence
 // and data, or that nothing is there. A message stored more than a minute
 // ago (the forged time) is an error.
@@ -115,7 +175,8 @@ func TestLastReaderBatchesConcurrentReads(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	st, want := lastReaderStream(t, b, "LR", true)
-	r := topology.NewLastReader(b.js, st, topology.LastReaderOptions{})
+	counts := &readCounts{}
+	r := topology.NewLastReader(b.js, st, counts.options())
 	defer r.Close()
 	subjects := []string{"LR.b", "LR.a", "LR.c", "LR.none", "LR.a", "LR.b", "LR.other"}
 	got := readMany(t, b, r, subjects)
@@ -124,7 +185,7 @@ func TestLastReaderBatchesConcurrentReads(t *testing.T) {
 			t.Errorf("Last(%s) = %s, want %s", s, got[i], w)
 		}
 	}
-	if st := r.Stats(); st != (topology.LastReaderStats{Batches: 1, Batched: uint64(len(subjects))}) {
+	if st := counts.get(); st != (lastStats{Batches: 1, Batched: uint64(len(subjects))}) {
 		t.Errorf("stats %+v, want one batch of %d reads", st, len(subjects))
 	}
 
@@ -134,7 +195,7 @@ func TestLastReaderBatchesConcurrentReads(t *testing.T) {
 			t.Errorf("alone: Last(%s) = %s, want %s", s, got, w)
 		}
 	}
-	if st := r.Stats(); st.Alone != 3 || st.Batches != 1 {
+	if st := counts.get(); st.Alone != 3 || st.Batches != 1 {
 		t.Errorf("stats %+v, want the lone reads sent alone", st)
 	}
 	if _, err := r.Last(b.ctx, "LR.*"); err == nil {
@@ -149,20 +210,11 @@ func TestLastReaderFallsBackWithoutDirectGets(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	st, want := lastReaderStream(t, b, "LRN", false)
-	r := topology.NewLastReader(b.js, st, topology.LastReaderOptions{})
+	counts := &readCounts{}
+	r := topology.NewLastReader(b.js, st, counts.options())
 	defer r.Close()
-	subjects := []string{"LRN.a", "LRN.b", "LRN.none", "LRN.c"}
-	for round := range 2 { // without direct gets, no batch is ever tried
-		got := readMany(t, b, r, subjects)
-		for i, s := range subjects {
-			if w := wantLast(want, s); got[i] != w {
-				t.Errorf("round %d: Last(%s) = %s, want %s", round, s, got[i], w)
-			}
-		}
-		if st := r.Stats(); st.Batches != 0 || st.Fallbacks != uint64((round+1)*len(subjects)) {
-			t.Errorf("round %d: stats %+v, want every read fallen back", round, st)
-		}
-	}
+	// Without direct gets, no batch is ever tried.
+	readRounds(t, b, r, counts, []string{"LRN.a", "LRN.b", "LRN.none", "LRN.c"}, want, 0)
 }
 
 // TestLastReaderCancelWhileQueued: a read whose context ends while it
@@ -171,7 +223,8 @@ func TestLastReaderCancelWhileQueued(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	st, want := lastReaderStream(t, b, "LRC", true)
-	r := topology.NewLastReader(b.js, st, topology.LastReaderOptions{})
+	counts := &readCounts{}
+	r := topology.NewLastReader(b.js, st, counts.options())
 	defer r.Close()
 	release := make(chan struct{})
 	var once sync.Once
@@ -201,7 +254,7 @@ func TestLastReaderCancelWhileQueued(t *testing.T) {
 			t.Errorf("Last(%s) = %s, want %s", s, got, w)
 		}
 	}
-	if st := r.Stats(); st.Batched != 2 {
+	if st := counts.get(); st.Batched != 2 {
 		t.Errorf("stats %+v, want the two reads left batched", st)
 	}
 }
@@ -213,7 +266,8 @@ func TestLastReaderHandsTheLeadOn(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	st, want := lastReaderStream(t, b, "LRH", true)
-	r := topology.NewLastReader(b.js, st, topology.LastReaderOptions{})
+	counts := &readCounts{}
+	r := topology.NewLastReader(b.js, st, counts.options())
 	defer r.Close()
 	taken, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
@@ -239,7 +293,7 @@ func TestLastReaderHandsTheLeadOn(t *testing.T) {
 			t.Errorf("Last(%s) = %s, want %s", s, got[i], w)
 		}
 	}
-	if st := r.Stats(); st != (topology.LastReaderStats{Alone: 1, Batches: 1, Batched: uint64(len(subjects) - 1)}) {
+	if st := counts.get(); st != (lastStats{Alone: 1, Batches: 1, Batched: uint64(len(subjects) - 1)}) {
 		t.Errorf("stats %+v, want the first read alone, then one batch of the %d queued behind it", st, len(subjects)-1)
 	}
 }
@@ -283,19 +337,10 @@ func TestLastReaderFallsBackWhenBatchesAreDenied(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := topology.NewLastReader(js, st, topology.LastReaderOptions{})
+	counts := &readCounts{}
+	r := topology.NewLastReader(js, st, counts.options())
 	defer r.Close()
 	b := &bundle{ctx: ctx, js: js}
-	subjects := []string{"LRD.a", "LRD.b", "LRD.none", "LRD.c"}
-	for round := range 2 { // the second without trying a batch
-		got := readMany(t, b, r, subjects)
-		for i, s := range subjects {
-			if w := wantLast(want, s); got[i] != w {
-				t.Errorf("round %d: Last(%s) = %s, want %s", round, s, got[i], w)
-			}
-		}
-		if st := r.Stats(); st.Batches != 1 || st.Fallbacks != uint64((round+1)*len(subjects)) {
-			t.Errorf("round %d: stats %+v, want one batch tried, every read fallen back", round, st)
-		}
-	}
+	// One batch tried in the first round, none in the second.
+	readRounds(t, b, r, counts, []string{"LRD.a", "LRD.b", "LRD.none", "LRD.c"}, want, 1)
 }

@@ -291,26 +291,39 @@ func LastSeq(ctx context.Context, js jetstream.JetStream, stream, subject string
 	if err != nil {
 		return 0, err
 	}
+	m, err := directLast(ctx, js, apiPrefix(js.Options())+"DIRECT.GET."+stream, req)
+	if err == nil && m != nil {
+		var seq uint64
+		if seq, err = strconv.ParseUint(ServerHeader(m, jetstream.SequenceHeader), 10, 64); err == nil {
+			return seq, nil
+		}
+	}
+	if err != nil {
+		return 0, fmt.Errorf("last sequence of %s in %s: %w", subject, stream, err)
+	}
+	return 0, nil
+}
+
+// directLast sends one direct get of a last message (the request subject
+// api and its body, as the caller words it: a wildcard needs the body,
+// a literal subject may go in the request's subject) and returns the
+// message, nil when nothing matches. As in directBatch, a stored message
+// carries the server's sequence (after any header its publisher set), a
+// status answer none.
+func directLast(ctx context.Context, js jetstream.JetStream, api string, body []byte) (*nats.Msg, error) {
 	ctx, cancel := withDefaultTimeout(ctx, js)
 	defer cancel()
-	m, err := js.Conn().RequestWithContext(ctx, apiPrefix(js.Options())+"DIRECT.GET."+stream, req)
+	m, err := js.Conn().RequestWithContext(ctx, api, body)
 	if err != nil {
-		return 0, fmt.Errorf("last sequence of %s in %s: %w", subject, stream, err)
+		return nil, err
 	}
-	// As in directBatch: a stored message carries the server's sequence
-	// (after any header its publisher set), a status answer none.
-	raw := ServerHeader(m, jetstream.SequenceHeader)
-	if raw == "" {
-		if st := m.Header.Get("Status"); st == "404" {
-			return 0, nil
+	if ServerHeader(m, jetstream.SequenceHeader) == "" {
+		if m.Header.Get("Status") == "404" {
+			return nil, nil
 		}
-		return 0, fmt.Errorf("last sequence of %s in %s: answer %q %s without a sequence", subject, stream, m.Header.Get("Status"), m.Header.Get("Description"))
+		return nil, fmt.Errorf("answer %q %s without a sequence", m.Header.Get("Status"), m.Header.Get("Description"))
 	}
-	seq, err := strconv.ParseUint(raw, 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("last sequence of %s in %s: %w", subject, stream, err)
-	}
-	return seq, nil
+	return m, nil
 }
 
 // latestBatch is LatestEntries with one multi_last direct get
