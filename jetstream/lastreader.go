@@ -74,14 +74,19 @@ type LastReader struct {
 // LastReaderOptions are what a LastReader reports to, for metrics. Each
 // may be nil.
 type LastReaderOptions struct {
-	// OnReads is called with how n reads went to the server: "batched"
-	// (in a multi_last), "alone" (one request for one subject: no other
-	// subject's read was waiting) or "fallback" (alone because a batch
-	// read was unavailable).
+	// OnReads is called with how n reads went to the server: ReadBatched,
+	// ReadAlone or ReadFallback.
 	OnReads func(how string, n int)
 	// OnBatch is called for each multi_last request sent.
 	OnBatch func()
 }
+
+// How a LastReader's reads went to the server (LastReaderOptions.OnReads).
+const (
+	ReadBatched  = "batched"  // in a multi_last with other subjects' reads
+	ReadAlone    = "alone"    // one request for one subject, no other subject's read waiting
+	ReadFallback = "fallback" // alone because a batch read was unavailable
+)
 
 // MaxLastBatch bounds the subjects of one batch read of a LastReader,
 // below the 1024 answers nats-server sends one batch at most.
@@ -188,7 +193,7 @@ func (r *LastReader) Last(ctx context.Context, subject string) (*jetstream.RawSt
 		return nil, ctx.Err()
 	}
 	if q.alone {
-		r.count("fallback", 1)
+		r.count(ReadFallback, 1)
 		return r.single(ctx, subject)
 	}
 	return q.msg, q.err
@@ -219,7 +224,7 @@ func (r *LastReader) lead(ctx context.Context, me *lastRead) {
 		defer r.handOff(batch)
 		m, err := r.single(ctx, me.subject)
 		if ctx.Err() == nil {
-			r.count("alone", 1)
+			r.count(ReadAlone, 1)
 		}
 		me.answer(m, err)
 		return
@@ -272,7 +277,7 @@ func (r *LastReader) run(ctx context.Context, batch []*lastRead, off bool) {
 			q.fallBack()
 		}
 	case len(bySubject) == 1: // one subject read by several: one request
-		r.count("alone", len(batch))
+		r.count(ReadAlone, len(batch))
 		m, err := r.single(ctx, batch[0].subject)
 		for _, q := range batch {
 			q.answer(m, err)
@@ -342,7 +347,7 @@ func (r *LastReader) batch(ctx context.Context, bySubject map[string][]*lastRead
 		return
 	}
 	if sent {
-		r.count("batched", n)
+		r.count(ReadBatched, n)
 	}
 	for s, qs := range bySubject {
 		for _, q := range qs {

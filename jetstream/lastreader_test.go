@@ -77,11 +77,11 @@ func (c *readCounts) options() topology.LastReaderOptions {
 			c.mu.Lock()
 			defer c.mu.Unlock()
 			switch how {
-			case "batched":
+			case topology.ReadBatched:
 				c.st.Batched += uint64(n)
-			case "alone":
+			case topology.ReadAlone:
 				c.st.Alone += uint64(n)
-			case "fallback":
+			case topology.ReadFallback:
 				c.st.Fallbacks += uint64(n)
 			}
 		},

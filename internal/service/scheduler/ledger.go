@@ -110,7 +110,7 @@ func decodeRaw(m *jetstream.RawStreamMsg) (*ledgerRead, error) {
 // concurrent handlers go to the server together (topology.LastReader).
 func (s *Service) ledgerLast(ctx context.Context, token string) (*ledgerRead, error) {
 	subj := events.RetryLedgerSubject(token)
-	m, err := s.ledgerReads.Load().Last(ctx, subj)
+	m, err := s.ledgerReads.Last(ctx, subj)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		s.index.sawLast(token, nil)
 		return nil, nil

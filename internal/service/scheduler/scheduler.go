@@ -283,7 +283,7 @@ type Service struct {
 	retries jetstream.Stream // FAILBUS_RETRIES, set by Run before consuming
 	// ledgerReads reads budgets' last ledger entries, folding the reads
 	// of concurrent handlers into batches; set by Run with retries.
-	ledgerReads atomic.Pointer[topology.LastReader]
+	ledgerReads *topology.LastReader
 	// index remembers the ledger entries this replica has read or
 	// written, per budget (ledgerindex.go).
 	index ledgerIndex
@@ -416,7 +416,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		OnBatch: s.m.ledgerBatches.Inc,
 	})
 	defer reads.Close()
-	s.ledgerReads.Store(reads)
+	s.ledgerReads = reads
 	scope, err := scopestore.Open(ctx, s.js, scopestore.Options{Conflicts: s.m.scopeConflicts, Stale: s.m.scopeStale, Unreadable: s.m.scopeUnreadable, Log: s.log})
 	if err != nil {
 		return fmt.Errorf("scheduler: %w", err)
@@ -551,7 +551,7 @@ func newMetrics(reg prometheus.Registerer, maxProviders int) (*metrics, error) {
 	m.guesses = counterVec("failbus_scheduler_ledger_guesses_total", "Decisions made first on the ledger index's word instead of a read, by result: confirmed by the append's compare-and-set (a read saved), wrong (the append failed; decided again from reads), unchecked (nothing appended; decided again from reads).", "result")
 	m.ledgerReads = counterVec("failbus_scheduler_ledger_reads_total", "Reads of a budget's last ledger entry, by how they went to the server: batched (in a multi_last request with other budgets' reads, which failbus_scheduler_ledger_read_batches_total counts), alone (one request for one budget: no other budget's read was waiting), fallback (a request of their own because a batch read was unavailable: a stream without direct gets, a server before 2.11, a connection not allowed the batch request; batches are tried again after a minute).", "how")
 	if m.ledgerReads != nil {
-		for _, how := range []string{"batched", "alone", "fallback"} {
+		for _, how := range []string{topology.ReadBatched, topology.ReadAlone, topology.ReadFallback} {
 			m.ledgerReads.WithLabelValues(how) // every series from the start, at 0
 		}
 	}
