@@ -119,11 +119,14 @@ func readRounds(t *testing.T, b *bundle, r *topology.LastReader, counts *readCou
 
 // lastText is a read's result as a comparable line: subject, sequence
 // and data, or that nothing is there. A message stored more than a minute
-// ago (the forged time) is an error.
+// ago (the forged time) is an error. Nothing there is the sentinel
+// itself, as Last promises (unwrapped: see notFound in lastreader.go).
 func lastText(m *jetstream.RawStreamMsg, err error) string {
 	switch {
-	case errors.Is(err, jetstream.ErrMsgNotFound):
+	case err == jetstream.ErrMsgNotFound: //nolint:errorlint // the sentinel itself is the promise
 		return "not found"
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return "not found, wrapped: " + err.Error()
 	case err != nil:
 		return "error: " + err.Error()
 	case time.Since(m.Time) > time.Minute:

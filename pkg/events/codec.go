@@ -102,9 +102,15 @@ func firstErr(errs ...error) error {
 	return nil
 }
 
-// SchemaHeader is the Failbus-Schema value for m at the current version.
+// SchemaHeader is the Failbus-Schema value for m at the current version:
+// the one its type's table entry holds (built once, not per message), or
+// built here for a type outside the table.
 func SchemaHeader(m Message) string {
-	return m.SchemaName() + "/" + strconv.Itoa(CurrentVersion)
+	name := m.SchemaName()
+	if h, ok := headerBySchema[name]; ok {
+		return h
+	}
+	return name + "/" + strconv.Itoa(CurrentVersion)
 }
 
 // ParseSchemaHeader splits "name/version". A value without a version is

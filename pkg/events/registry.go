@@ -2,6 +2,7 @@ package events
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -48,6 +49,9 @@ var wireTypes = []wireType{
 // Lookups built from wireTypes (and Register).
 var (
 	typeBySchema = map[string]wireType{}
+	// headerBySchema is each type's Failbus-Schema value at
+	// CurrentVersion, built once: every message published carries it.
+	headerBySchema = map[string]string{}
 	// familyPrefixes are the subject families with their trailing '.'
 	// ("failbus.outcome."), and the single subjects of types registered
 	// for one subject, in table order.
@@ -88,6 +92,7 @@ func add(t wireType) {
 		}
 	}
 	typeBySchema[t.schema] = t
+	headerBySchema[t.schema] = t.schema + "/" + strconv.Itoa(CurrentVersion)
 	if t.subjects == "" {
 		return
 	}
