@@ -206,7 +206,7 @@ func (p *Store) Update(ctx context.Context, provider string, fn func(*engine.Pro
 		} else {
 			newRev, err = p.kv.Update(ctx, key, data, rev)
 		}
-		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) || isWrongLastSeq(err) {
+		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) || topology.IsWrongLastSeq(err) {
 			// Another writer has the key either way: read it before each
 			// update for a while.
 			if fromCache {
@@ -275,15 +275,4 @@ func (p *Store) forget(key string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	delete(p.written, key)
-}
-
-// isWrongLastSeq reports a compare-and-set conflict as the server words it
-// (10071, or 10164 on replicated streams).
-func isWrongLastSeq(err error) bool {
-	var apiErr *jetstream.APIError
-	if !errors.As(err, &apiErr) {
-		return false
-	}
-	return apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
-		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
 }

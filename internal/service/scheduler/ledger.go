@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy/retry"
@@ -174,7 +175,7 @@ func (s *Service) ledgerAppend(ctx context.Context, e *LedgerEntry, expect uint6
 	subj := events.RetryLedgerSubject(e.Budget().Token())
 	msgID := Name + ":" + e.RetryID + ":" + kind
 	ack, err := s.publish(ctx, subj, e, msgID, nil, jetstream.WithExpectLastSequencePerSubject(expect))
-	if isWrongLastSeq(err) {
+	if topology.IsWrongLastSeq(err) {
 		return 0, false, errLedgerConflict
 	}
 	if err != nil {
@@ -197,17 +198,6 @@ func (s *Service) ledgerAppend(ctx context.Context, e *LedgerEntry, expect uint6
 	}
 	s.index.appended(e.Budget().Token(), expect, &ledgerRead{entry: *e, seq: ack.Sequence})
 	return ack.Sequence, false, nil
-}
-
-// isWrongLastSeq reports a compare-and-set conflict (10071, or 10164 on
-// replicated streams).
-func isWrongLastSeq(err error) bool {
-	var apiErr *jetstream.APIError
-	if !errors.As(err, &apiErr) {
-		return false
-	}
-	return apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
-		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
 }
 
 // publish stores v on subject with Nats-Msg-Id msgID and extra headers
