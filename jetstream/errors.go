@@ -56,11 +56,11 @@ func (e *IncompatibleError) Is(target error) bool { return target == ErrIncompat
 var ErrStore = errors.New("topology: not enough JetStream store")
 
 // IsWrongLastSeq reports a compare-and-set conflict as the server words
-// it: a publish with an expected last sequence (per subject or of the
-// stream, as KV updates send it) that found another (10071, or 10164 on
-// replicated streams). A nil error is none, without errors.As, whose
-// target escapes: the callers ask after every write, most of them
-// successful.
+// it: a publish with an expected last sequence (per subject, as the
+// ledger's appends and KV updates send it, or of the stream) that found
+// another (10071, or 10164 on replicated streams). A nil error is none,
+// without errors.As, whose target escapes: the callers ask after every
+// write, most of them successful.
 func IsWrongLastSeq(err error) bool {
 	if err == nil {
 		return false

@@ -153,8 +153,10 @@ func (r *LastReader) Close() {
 }
 
 // Last returns the last message on subject (a literal subject of the
-// stream), or jetstream.ErrMsgNotFound itself when there is none (see
-// notFound). It returns ctx's error as soon as ctx ends, whether its read
+// stream), or jetstream.ErrMsgNotFound itself when there is none: an
+// answer, not a failure (the first failure of every retry budget reads
+// nothing), so it is not wrapped with the subject, which formatted the
+// sentinel's message on every such read for nobody to print. It returns ctx's error as soon as ctx ends, whether its read
 // waits to be sent or is in flight (a batch's round trip goes on for the
 // other reads in it, bounded by the connection's default API timeout).
 func (r *LastReader) Last(ctx context.Context, subject string) (*jetstream.RawStreamMsg, error) {
@@ -287,12 +289,6 @@ func (r *LastReader) run(ctx context.Context, batch []*lastRead, off bool) {
 	}
 }
 
-// notFound: a subject with no message is answered with
-// jetstream.ErrMsgNotFound itself, not wrapped with the subject. It is an
-// answer, not a failure (the first failure of every retry budget reads
-// nothing), and wrapping it formatted the sentinel's message (fmt.Errorf
-// calls its Error) on every such read, for nobody to print.
-
 // single reads subject's last message alone: a direct get with the
 // subject in the request's own subject (as GetLastMsgForSubject sends it,
 // so a role allowed $JS.API.DIRECT.GET.<stream>.> may send it), read by
@@ -305,7 +301,7 @@ func (r *LastReader) single(ctx context.Context, subject string) (*jetstream.Raw
 	}
 	m, err := directLast(ctx, r.js, r.api+"."+subject, nil)
 	if err == nil && m == nil {
-		return nil, jetstream.ErrMsgNotFound // see notFound
+		return nil, jetstream.ErrMsgNotFound // itself (Last)
 	}
 	var raw *jetstream.RawStreamMsg
 	if err == nil {
@@ -360,7 +356,7 @@ func (r *LastReader) batch(ctx context.Context, bySubject map[string][]*lastRead
 			case err != nil:
 				q.answer(nil, fmt.Errorf("read the last of %s in %s: %w", s, r.name, err))
 			case m == nil:
-				q.answer(nil, jetstream.ErrMsgNotFound) // see notFound
+				q.answer(nil, jetstream.ErrMsgNotFound) // itself (Last)
 			default:
 				q.answer(m, nil)
 			}

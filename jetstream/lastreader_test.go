@@ -120,7 +120,7 @@ func readRounds(t *testing.T, b *bundle, r *topology.LastReader, counts *readCou
 // lastText is a read's result as a comparable line: subject, sequence
 // and data, or that nothing is there. A message stored more than a minute
 // ago (the forged time) is an error. Nothing there is the sentinel
-// itself, as Last promises (unwrapped: see notFound in lastreader.go).
+// itself, as Last promises (unwrapped: see Last).
 func lastText(m *jetstream.RawStreamMsg, err error) string {
 	switch {
 	case err == jetstream.ErrMsgNotFound: //nolint:errorlint // the sentinel itself is the promise
