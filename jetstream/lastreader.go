@@ -156,9 +156,10 @@ func (r *LastReader) Close() {
 // stream), or jetstream.ErrMsgNotFound itself when there is none: an
 // answer, not a failure (the first failure of every retry budget reads
 // nothing), so it is not wrapped with the subject, which formatted the
-// sentinel's message on every such read for nobody to print. It returns ctx's error as soon as ctx ends, whether its read
-// waits to be sent or is in flight (a batch's round trip goes on for the
-// other reads in it, bounded by the connection's default API timeout).
+// sentinel's message on every such read for nobody to print. It returns
+// ctx's error as soon as ctx ends, whether its read waits to be sent or
+// is in flight (a batch's round trip goes on for the other reads in it,
+// bounded by the connection's default API timeout).
 func (r *LastReader) Last(ctx context.Context, subject string) (*jetstream.RawStreamMsg, error) {
 	if subject == "" || strings.ContainsAny(subject, "*> \t\r\n") {
 		return nil, fmt.Errorf("read the last of %q in %s: not a literal subject", subject, r.name)
@@ -401,10 +402,7 @@ func (r *LastReader) multiLast(ctx context.Context, subjects []string, fn func(*
 	if err := r.js.Conn().PublishMsg(&nats.Msg{Subject: r.api, Reply: reply, Data: body}); err != nil {
 		return false, err
 	}
-	end, err := batchAnswers(ctx, ch, true, fn)
-	if err == nil && end.pending > 0 {
-		err = fmt.Errorf("%w: cut short with %d pending", ErrBatchUnavailable, end.pending)
-	}
+	_, err = batchAnswers(ctx, ch, true, fn)
 	return true, err
 }
 
@@ -449,9 +447,9 @@ func (r *LastReader) deliver(m *nats.Msg) {
 	}
 }
 
-// rawFromDirect is a direct get's answer as GetLastMsgForSubject returns it: the
-// subject, sequence and time the server stored it with (its own headers,
-// after any the publisher set).
+// rawFromDirect is a direct get's answer as GetLastMsgForSubject returns
+// it: the subject, sequence and time the server stored it with (its own
+// headers, after any the publisher set).
 func rawFromDirect(m *nats.Msg) (*jetstream.RawStreamMsg, error) {
 	subject := ServerHeader(m, jetstream.SubjectHeader)
 	seqText := ServerHeader(m, jetstream.SequenceHeader)
@@ -459,8 +457,7 @@ func rawFromDirect(m *nats.Msg) (*jetstream.RawStreamMsg, error) {
 	if err != nil || subject == "" {
 		return nil, fmt.Errorf("%w: an answer without its subject or sequence", ErrBatchUnavailable)
 	}
-	var at time.Time
-	at, err = time.Parse(time.RFC3339Nano, ServerHeader(m, jetstream.TimeStampHeaer))
+	at, err := time.Parse(time.RFC3339Nano, ServerHeader(m, jetstream.TimeStampHeaer))
 	if err != nil {
 		return nil, fmt.Errorf("%w: an answer without its time: %v", ErrBatchUnavailable, err)
 	}

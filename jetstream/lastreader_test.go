@@ -57,6 +57,29 @@ func wantLast(want map[string]string, subject string) string {
 	return "not found"
 }
 
+// lastReaderOn starts a server with stream name (lastReaderStream) and a
+// LastReader of it that reports to counts: the server, the reader, its
+// counts and the answers it must give.
+func lastReaderOn(t *testing.T, name string, direct bool) (*bundle, *topology.LastReader, *readCounts, map[string]string) {
+	t.Helper()
+	b := setup(t)
+	st, want := lastReaderStream(t, b, name, direct)
+	counts := &readCounts{}
+	r := topology.NewLastReader(b.js, st, counts.options())
+	t.Cleanup(r.Close)
+	return b, r, counts, want
+}
+
+// checkLast checks each read's answer got[i] of subjects[i] against want.
+func checkLast(t *testing.T, what string, subjects, got []string, want map[string]string) {
+	t.Helper()
+	for i, s := range subjects {
+		if w := wantLast(want, s); got[i] != w {
+			t.Errorf("%sLast(%s) = %s, want %s", what, s, got[i], w)
+		}
+	}
+}
+
 // lastStats counts what a LastReader reported (its options): Batches
 // multi_last requests sent, answering Batched reads; Alone reads sent in
 // a request for their subject alone; Fallbacks reads sent alone because
@@ -105,12 +128,7 @@ func (c *readCounts) get() lastStats {
 func readRounds(t *testing.T, b *bundle, r *topology.LastReader, counts *readCounts, subjects []string, want map[string]string, batches uint64) {
 	t.Helper()
 	for round := range 2 {
-		got := readMany(t, b, r, subjects)
-		for i, s := range subjects {
-			if w := wantLast(want, s); got[i] != w {
-				t.Errorf("round %d: Last(%s) = %s, want %s", round, s, got[i], w)
-			}
-		}
+		checkLast(t, fmt.Sprintf("round %d: ", round), subjects, readMany(t, b, r, subjects), want)
 		if st := counts.get(); st.Batches != batches || st.Fallbacks != uint64((round+1)*len(subjects)) {
 			t.Errorf("round %d: stats %+v, want %d batches tried, every read fallen back", round, st, batches)
 		}
@@ -176,18 +194,9 @@ func waitQueued(t *testing.T, r *topology.LastReader, n int) {
 // ones), or not found.
 func TestLastReaderBatchesConcurrentReads(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	st, want := lastReaderStream(t, b, "LR", true)
-	counts := &readCounts{}
-	r := topology.NewLastReader(b.js, st, counts.options())
-	defer r.Close()
+	b, r, counts, want := lastReaderOn(t, "LR", true)
 	subjects := []string{"LR.b", "LR.a", "LR.c", "LR.none", "LR.a", "LR.b", "LR.other"}
-	got := readMany(t, b, r, subjects)
-	for i, s := range subjects {
-		if w := wantLast(want, s); got[i] != w {
-			t.Errorf("Last(%s) = %s, want %s", s, got[i], w)
-		}
-	}
+	checkLast(t, "", subjects, readMany(t, b, r, subjects), want)
 	if st := counts.get(); st != (lastStats{Batches: 1, Batched: uint64(len(subjects))}) {
 		t.Errorf("stats %+v, want one batch of %d reads", st, len(subjects))
 	}
@@ -211,11 +220,7 @@ func TestLastReaderBatchesConcurrentReads(t *testing.T) {
 // GetLastMsgForSubject does it there) and answers the same.
 func TestLastReaderFallsBackWithoutDirectGets(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	st, want := lastReaderStream(t, b, "LRN", false)
-	counts := &readCounts{}
-	r := topology.NewLastReader(b.js, st, counts.options())
-	defer r.Close()
+	b, r, counts, want := lastReaderOn(t, "LRN", false)
 	// Without direct gets, no batch is ever tried.
 	readRounds(t, b, r, counts, []string{"LRN.a", "LRN.b", "LRN.none", "LRN.c"}, want, 0)
 }
@@ -224,11 +229,7 @@ func TestLastReaderFallsBackWithoutDirectGets(t *testing.T) {
 // waits leaves the queue at once; the reads around it are answered.
 func TestLastReaderCancelWhileQueued(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	st, want := lastReaderStream(t, b, "LRC", true)
-	counts := &readCounts{}
-	r := topology.NewLastReader(b.js, st, counts.options())
-	defer r.Close()
+	b, r, counts, want := lastReaderOn(t, "LRC", true)
 	release := make(chan struct{})
 	var once sync.Once
 	topology.HookLastTake(r, func() { once.Do(func() { <-release }) }, nil)
@@ -267,11 +268,7 @@ func TestLastReaderCancelWhileQueued(t *testing.T) {
 // batch.
 func TestLastReaderHandsTheLeadOn(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	st, want := lastReaderStream(t, b, "LRH", true)
-	counts := &readCounts{}
-	r := topology.NewLastReader(b.js, st, counts.options())
-	defer r.Close()
+	b, r, counts, want := lastReaderOn(t, "LRH", true)
 	taken, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	topology.HookLastTake(r, nil, func(int) { // the first read, taken, waits
@@ -291,11 +288,7 @@ func TestLastReaderHandsTheLeadOn(t *testing.T) {
 	waitQueued(t, r, len(subjects)-1)
 	close(release)
 	wg.Wait()
-	for i, s := range subjects {
-		if w := wantLast(want, s); got[i] != w {
-			t.Errorf("Last(%s) = %s, want %s", s, got[i], w)
-		}
-	}
+	checkLast(t, "", subjects, got, want)
 	if st := counts.get(); st != (lastStats{Alone: 1, Batches: 1, Batched: uint64(len(subjects) - 1)}) {
 		t.Errorf("stats %+v, want the first read alone, then one batch of the %d queued behind it", st, len(subjects)-1)
 	}

@@ -150,7 +150,9 @@ func directBatch(ctx context.Context, js jetstream.JetStream, stream string, req
 
 // batchAnswers reads the answers of one batch direct get from ch, calling
 // fn with each stored message, until the end of the batch; multiLast says
-// the request was a multi_last.
+// the request was a multi_last, whose answer must be whole: one that
+// leaves matching subjects out (pending at its end) is
+// ErrBatchUnavailable, where a batch from a sequence pages on.
 func batchAnswers(ctx context.Context, ch <-chan *nats.Msg, multiLast bool, fn func(*nats.Msg) error) (batchEnd, error) {
 	var end batchEnd
 	for {
@@ -171,6 +173,9 @@ func batchAnswers(ctx context.Context, ch <-chan *nats.Msg, multiLast bool, fn f
 					return end, fmt.Errorf("%w: end of batch without its pending count", ErrBatchUnavailable)
 				}
 				end.pending = np
+				if multiLast && np > 0 {
+					return end, fmt.Errorf("%w: cut short with %d pending", ErrBatchUnavailable, np)
+				}
 				return end, nil
 			case "404":
 				// Nothing matches: "No Results" for a multi_last, "Message
@@ -267,11 +272,7 @@ func readFrom(ctx context.Context, js jetstream.JetStream, stream, filter string
 // ErrTooManySubjects; a stream without direct gets, or a server before
 // 2.11, ErrBatchUnavailable.
 func LastPerSubject(ctx context.Context, js jetstream.JetStream, stream string, filters []string, from uint64, fn func(*nats.Msg) error) error {
-	end, err := directBatch(ctx, js, stream, batchRequest{MultiLastFor: filters, Seq: from}, maxBatchAnswers, fn)
-	if err == nil && end.pending > 0 {
-		err = fmt.Errorf("%w: cut short with %d pending", ErrBatchUnavailable, end.pending)
-	}
-	if err != nil {
+	if _, err := directBatch(ctx, js, stream, batchRequest{MultiLastFor: filters, Seq: from}, maxBatchAnswers, fn); err != nil {
 		return fmt.Errorf("read the last of %s in %s: %w", strings.Join(filters, " "), stream, err)
 	}
 	return nil
@@ -292,16 +293,17 @@ func LastSeq(ctx context.Context, js jetstream.JetStream, stream, subject string
 		return 0, err
 	}
 	m, err := directLast(ctx, js, apiPrefix(js.Options())+"DIRECT.GET."+stream, req)
-	if err == nil && m != nil {
-		var seq uint64
-		if seq, err = strconv.ParseUint(ServerHeader(m, jetstream.SequenceHeader), 10, 64); err == nil {
-			return seq, nil
-		}
+	if err == nil && m == nil {
+		return 0, nil // nothing on subject
+	}
+	var seq uint64
+	if err == nil {
+		seq, err = strconv.ParseUint(ServerHeader(m, jetstream.SequenceHeader), 10, 64)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("last sequence of %s in %s: %w", subject, stream, err)
 	}
-	return 0, nil
+	return seq, nil
 }
 
 // directLast sends one direct get of a last message (the request subject

@@ -149,16 +149,16 @@ func (r *benchRunner) pace(ctx context.Context, msgs []*nats.Msg, rate int, sent
 	return float64(len(msgs)) / time.Since(start).Seconds(), nil
 }
 
-// collector gathers stored − sent for messages identified by an id.
+// collector gathers stored − sent for messages identified by an id. Once
+// full, sent and storedAt hold each message's publish and stored time
+// (nothing writes them after: a copy stored again is not counted).
 type collector struct {
-	mu      sync.Mutex
-	sent    map[string]time.Time
-	samples []time.Duration
-	want    int
-	full    chan struct{}
-	// storedAt is each message's stored time; read it once full.
+	mu       sync.Mutex
+	sent     map[string]time.Time
 	storedAt map[string]time.Time
-	w        *watch.Watch
+	samples  []time.Duration
+	want     int
+	full     chan struct{}
 }
 
 func newCollector(want int) *collector {
@@ -175,10 +175,9 @@ func (c *collector) stored(id string, at time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	t, ok := c.sent[id]
-	if !ok {
+	if _, again := c.storedAt[id]; !ok || again {
 		return
 	}
-	delete(c.sent, id)
 	c.storedAt[id] = at
 	c.samples = append(c.samples, at.Sub(t))
 	if len(c.samples) == c.want {
@@ -287,11 +286,7 @@ func (r *benchRunner) failbusDecisionLatency(ctx context.Context, rate, n int) (
 	if err != nil {
 		return nil, nil, 0, err
 	}
-	sent := make(map[string]time.Time, n)
-	achieved, err := r.pace(ctx, msgs, rate, func(i int, at time.Time) {
-		sent[ids[i]] = at
-		col.markSent(ids[i], at)
-	})
+	achieved, err := r.pace(ctx, msgs, rate, func(i int, at time.Time) { col.markSent(ids[i], at) })
 	if err != nil {
 		return nil, nil, 0, err
 	}
@@ -299,7 +294,7 @@ func (r *benchRunner) failbusDecisionLatency(ctx context.Context, rate, n int) (
 	if err != nil {
 		return nil, nil, 0, err
 	}
-	hops, err := r.hopsOf(ctx, agent, classified+1, sent, col.storedAt)
+	hops, err := r.hopsOf(ctx, agent, classified+1, col.sent, col.storedAt)
 	if err != nil {
 		// The split is a diagnosis: the run's figures stand without it.
 		fmt.Fprintf(r.progress, "latency at %d/s: no split by hop: %v\n", rate, err)

@@ -18,7 +18,7 @@ import (
 )
 
 // holdingOf is which of agents hold on provider by store's latest
-// decisions (recovery.Holds, as the core reads them).
+// decisions (recovery.Holding, as the core reads them).
 func holdingOf(b *bundle, store interface {
 	LatestDecisions(context.Context, []string) (map[string]events.Decision, error)
 }, provider string, agents []string) (map[string]bool, error) {
@@ -26,13 +26,7 @@ func holdingOf(b *bundle, store interface {
 	if err != nil {
 		return nil, err
 	}
-	out := map[string]bool{}
-	for a, d := range latest {
-		if recovery.Holds(d, provider) {
-			out[a] = true
-		}
-	}
-	return out, nil
+	return recovery.Holding(latest, provider), nil
 }
 
 func usageAgents(us []recovery.User) []string {

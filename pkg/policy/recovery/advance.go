@@ -181,28 +181,26 @@ func (c *Core) probeTarget(ctx context.Context, r *ProviderRecord, seq int) stri
 	for i, u := range users {
 		agents[i] = u.Agent
 	}
-	var holding map[string]bool
 	latest, err := c.st.LatestDecisions(ctx, agents)
 	if err != nil {
 		c.usageError(parent, r.Provider, fmt.Errorf("latest decisions: %w", err))
 	}
-	for a, d := range latest {
-		if Holds(d, r.Provider) {
-			if holding == nil {
-				holding = map[string]bool{}
-			}
-			holding[a] = true
-		}
-	}
-	return pickProbeTarget(users, holding, seq)
+	return pickProbeTarget(users, Holding(latest, r.Provider), seq)
 }
 
-// Holds reports whether an agent whose latest decision is d holds on
-// provider — idle and waiting for it, the best agent to ask for a probe:
-// d is wait_provider on that provider. An agent that moved on to another
-// provider, or from waiting to anything else, does not.
-func Holds(d events.Decision, provider string) bool {
-	return d.Action == events.ActionWaitProvider && d.Provider == provider
+// Holding is which agents hold on provider, by each agent's latest
+// decision (Usage.LatestDecisions): idle and waiting for it, the best
+// agents to ask for a probe. An agent holds when its latest decision is
+// wait_provider on that provider; one that moved on to another provider,
+// or from waiting to anything else, does not.
+func Holding(latest map[string]events.Decision, provider string) map[string]bool {
+	out := map[string]bool{}
+	for a, d := range latest {
+		if d.Action == events.ActionWaitProvider && d.Provider == provider {
+			out[a] = true
+		}
+	}
+	return out
 }
 
 // probeTargetBudget is the least time the probe-target reads get, however

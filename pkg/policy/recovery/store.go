@@ -73,7 +73,7 @@ type Usage interface {
 	RecentUsers(ctx context.Context, provider string, max int) ([]User, error)
 	// LatestDecisions returns the latest decision made for each of agents
 	// that has one (whatever its provider); the core reads from it who
-	// holds (Holds).
+	// holds (Holding).
 	LatestDecisions(ctx context.Context, agents []string) (map[string]events.Decision, error)
 }
 
