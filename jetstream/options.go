@@ -64,14 +64,14 @@ const (
 	// fills faster than its oldest schedule fires would drop it, so keep
 	// the window MaxBytes covers (at the failure rate) above the longest
 	// delay (6 h re-probes by default).
-	DefaultMaxBytesRetries    int64 = 1 << 30
-	DefaultMaxBytesNotify     int64 = 64 << 20
-	DefaultMaxBytesControl    int64 = 64 << 20
-	DefaultMaxBytesTasks      int64 = 512 << 20
-	DefaultMaxBytesDLQ        int64 = 1 << 30
-	DefaultMaxBytesAudit      int64 = 128 << 20
-	DefaultMaxBytesLiveness   int64 = 256 << 20
-	DefaultMaxBytesReports    int64 = 64 << 20
+	DefaultMaxBytesRetries  int64 = 1 << 30
+	DefaultMaxBytesNotify   int64 = 64 << 20
+	DefaultMaxBytesControl  int64 = 64 << 20
+	DefaultMaxBytesTasks    int64 = 512 << 20
+	DefaultMaxBytesDLQ      int64 = 1 << 30
+	DefaultMaxBytesAudit    int64 = 128 << 20
+	DefaultMaxBytesLiveness int64 = 256 << 20
+	DefaultMaxBytesReports  int64 = 64 << 20
 	// DefaultMaxBytesDispatch is as large as FAILBUS_TASKS: every task is
 	// dispatched at least once.
 	DefaultMaxBytesDispatch   int64 = 512 << 20

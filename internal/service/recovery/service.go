@@ -175,13 +175,13 @@ func New(ctx context.Context, js jetstream.JetStream, opts Options) (*Service, e
 	st.limit(lim)
 	s := &Service{
 		js: js, store: st, opts: opts, m: m,
-		providers: ilimits.NewProviders(js, lim, nil),
+		providers:  ilimits.NewProviders(js, lim, nil),
 		taskLimits: ilimits.NewTasks(js, lim, 0),
-		notify:    ilimits.NewNotifier(js, Name, nil),
-		log:   rc.Logger.With().Str("service", Name).Logger(),
-		wake:  make(chan struct{}, 1),
-		due:   map[string]time.Time{},
-		state: errNotStarted,
+		notify:     ilimits.NewNotifier(js, Name, nil),
+		log:        rc.Logger.With().Str("service", Name).Logger(),
+		wake:       make(chan struct{}, 1),
+		due:        map[string]time.Time{},
+		state:      errNotStarted,
 	}
 	cfg := opts.Policy.WithDefaults()
 	pub := &publisher{js: js, timeout: DefaultPublishTimeout}
