@@ -90,6 +90,10 @@ type Providers struct {
 	cfg limits.Config
 	now func() time.Time
 
+	// admitting serialises the admission of new names in this process,
+	// so concurrent handlers cannot each take the last place.
+	admitting sync.Mutex
+
 	mu     sync.Mutex
 	known  map[string]time.Time // p.<agent>.<provider> -> when it was last written or read
 	agents map[string]*set      // agent -> its providers, as last listed
@@ -127,6 +131,8 @@ func (p *Providers) Admit(ctx context.Context, agent, provider string) error {
 	}
 	p.mu.Unlock()
 
+	p.admitting.Lock()
+	defer p.admitting.Unlock()
 	kv, err := p.b.get(ctx)
 	if err != nil {
 		return err
@@ -272,9 +278,10 @@ type Keys struct {
 	token             func(name string) string
 	now               func() time.Time
 
-	mu     sync.Mutex
-	agents map[string]*set
-	count  struct {
+	admitting sync.Mutex
+	mu        sync.Mutex
+	agents    map[string]*set
+	count     struct {
 		n  int64
 		at time.Time
 	}
@@ -307,9 +314,13 @@ func NewKeys(js jetstream.JetStream, kv jetstream.KeyValue, c KeysConfig) *Keys 
 }
 
 // AdmitNew reports nil when agent may create its key for name (which does
-// not exist yet), else a *limits.Exceeded. Call Created once the key is
-// written.
+// not exist yet), and counts it from then on, else a *limits.Exceeded.
+// Admissions in this process are serialised, so concurrent handlers cannot
+// each take the last place; a name admitted but never written is counted
+// until the agent's keys are listed again (CountFor).
 func (k *Keys) AdmitNew(ctx context.Context, agent, name string) error {
+	k.admitting.Lock()
+	defer k.admitting.Unlock()
 	now := k.now()
 	k.mu.Lock()
 	s := k.agents[agent]
@@ -341,17 +352,14 @@ func (k *Keys) AdmitNew(ctx context.Context, agent, name string) error {
 		k.count.n, k.count.at = total, now
 		k.mu.Unlock()
 	}
-	return limits.Admit(k.limit, int64(k.total), total, agent, k.kind, name)
-}
-
-// Created notes that agent's key for name was written.
-func (k *Keys) Created(agent, name string) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if s := k.agents[agent]; s != nil {
-		s.names[k.token(name)] = true
+	if err := limits.Admit(k.limit, int64(k.total), total, agent, k.kind, name); err != nil {
+		return err
 	}
+	k.mu.Lock()
+	s.names[k.token(name)] = true
 	k.count.n++
+	k.mu.Unlock()
+	return nil
 }
 
 // Tasks counts each agent's tasks and their bytes in FAILBUS_TASKS, per

@@ -279,9 +279,6 @@ func (s *Store) PutHeartbeat(ctx context.Context, h events.Heartbeat) error {
 		} else if err != nil {
 			return err
 		}
-		if !found && s.subagents != nil {
-			s.subagents.Created(h.Agent, h.Subagent)
-		}
 		return nil
 	}
 	return fmt.Errorf("heartbeat %s: %w", key, recovery.ErrConflict)
@@ -335,9 +332,6 @@ func (s *Store) updateCron(ctx context.Context, agent, cron string, fn func(*che
 			continue
 		} else if err != nil {
 			return err
-		}
-		if !found && s.cronKeys != nil {
-			s.cronKeys.Created(agent, cron)
 		}
 		return nil
 	}
