@@ -382,10 +382,23 @@ func (c *Classifier) providerID(provider string) int32 {
 	if id, ok := c.provIDs[provider]; ok {
 		return id
 	}
+	if plainName(provider) {
+		return -1 // already lower case and trimmed: no other spelling to try
+	}
 	if id, ok := c.provIDs[strings.ToLower(strings.TrimSpace(provider))]; ok {
 		return id
 	}
 	return -1
+}
+
+// plainName reports whether s is ASCII without capitals or white space.
+func plainName(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if b := s[i]; b >= 'A' && b <= 'Z' || b <= ' ' || b >= 0x80 {
+			return false
+		}
+	}
+	return true
 }
 
 // Rule ids of the classifier's own verdicts (not in the rule table).
