@@ -15,6 +15,7 @@ type answer struct {
 	r     *http.Request
 	in    incoming
 	seq   int
+	at    time.Time // arrival, on the server's clock
 	fault *Fault
 
 	status  int
@@ -27,22 +28,22 @@ type answer struct {
 // run answers the request as its fault (or none) says, then completes its
 // record.
 func (a *answer) run() {
-	start := a.s.clock.Now()
-	defer func() { a.s.finish(a, start) }()
+	defer a.s.finish(a)
 	f := a.fault
 	ctx := a.r.Context()
 	switch {
 	case a.in.bad != "":
 		a.apiError(errBadRequest, a.in.bad, nil)
 	case f == nil:
-		if !a.s.sleep(ctx, a.s.tl.Answer.Latency) {
+		if !a.s.sleep(ctx, a.at, a.s.tl.Answer.Latency) {
 			a.abort()
 			return
 		}
 		a.complete(nil, false)
 	case f.Kind == KindRefuse || f.Kind == KindReset:
-		resetConn(a.w)
 		a.refused = true
+		a.settle()
+		resetConn(a.w)
 	case f.Kind == KindEmpty400:
 		// The gateway's empty 400: no body, no content type.
 		a.w.Header().Set("Content-Length", "0")
@@ -54,7 +55,11 @@ func (a *answer) run() {
 		}
 		a.complete(f, true)
 	case f.Kind == KindSlow:
-		if !a.s.sleep(ctx, f.Delay) {
+		wait := f.Delay
+		if !a.in.stream {
+			wait += f.Stall // nothing to stall in the middle of
+		}
+		if !a.s.sleep(ctx, a.at, wait) {
 			a.abort()
 			return
 		}
@@ -71,8 +76,15 @@ func (a *answer) run() {
 // client still there sees the connection fail, not an answer.
 func (a *answer) abort() {
 	a.aborted = true
+	a.settle()
 	resetConn(a.w)
 }
+
+// settle completes the request's record before the last of the answer
+// leaves: a client that has its whole answer (or its reset) finds the
+// request Done in the log. Answers written whole are sent when the handler
+// returns, after finish, and need no settle.
+func (a *answer) settle() { a.s.update(a) }
 
 // writeHeader sends the status line and headers.
 func (a *answer) writeHeader(status int) {
@@ -92,10 +104,6 @@ func (a *answer) complete(f *Fault, refusal bool) {
 	}
 	outTokens := estimateTokens(text)
 	if !a.in.stream {
-		if f != nil && f.Kind == KindSlow && !a.s.sleep(ctx, f.Stall) {
-			a.abort()
-			return
-		}
 		var body any
 		if a.in.api == OpenAI {
 			body = a.openAICompletion(text, refusal, outTokens)
@@ -121,11 +129,13 @@ func (a *answer) complete(f *Fault, refusal bool) {
 		if f != nil && i == f.AfterChunks {
 			switch f.Kind {
 			case KindSlow:
-				if !a.s.sleep(ctx, f.Stall) {
+				if !a.s.sleep(ctx, a.s.clock.Now(), f.Stall) {
 					a.abort()
 					return
 				}
 			case KindStreamError:
+				a.errMsg = a.shape(errStream, "").message
+				a.settle()
 				st.fail()
 				return
 			}
@@ -138,6 +148,7 @@ func (a *answer) complete(f *Fault, refusal bool) {
 		}
 		a.chunks++
 	}
+	a.settle()
 	st.end(refusal, outTokens)
 }
 
@@ -214,16 +225,22 @@ func writeJSON(w http.ResponseWriter, status int, h http.Header, body any) error
 	return err
 }
 
-// finish completes the record of a's request and writes its log line.
-func (s *Server) finish(a *answer, start time.Time) {
+// update completes the record of a's request with what was answered.
+func (s *Server) update(a *answer) Request {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	r := &s.requests[a.seq-1]
 	r.Status, r.Error, r.Chunks, r.Refused = a.status, a.errMsg, a.chunks, a.refused
 	r.Aborted = a.aborted
 	r.Done = true
-	r.Duration = s.clock.Now().Sub(start)
-	rec := *r
-	s.mu.Unlock()
+	r.Duration = s.clock.Now().Sub(a.at)
+	return *r
+}
+
+// finish completes the record of a's request once its handler is done,
+// and writes its log line.
+func (s *Server) finish(a *answer) {
+	rec := s.update(a)
 	s.logger.Debug().Int("seq", rec.Seq).Str("provider", rec.Provider).Str("key", rec.Key).Str("model", rec.Model).
 		Bool("stream", rec.Stream).Int("status", rec.Status).Str("window", rec.Window).Bool("refused", rec.Refused).
 		Bool("aborted", rec.Aborted).Msg("request")

@@ -9,18 +9,19 @@ import (
 // Clock is the server's time: when a request arrived (so which windows are
 // open) and how long a delay, a stall or a refused window lasts. The
 // default is the machine's clock; a test gives a ManualClock and moves it.
+// Waits are until a time, not for a duration, so a wait set up a moment
+// late (after a test moved the clock) still ends where it should.
 type Clock interface {
 	// Now is the current time.
 	Now() time.Time
-	// After sends the time once d has passed on this clock (at once for
-	// d <= 0), like time.After.
-	After(d time.Duration) <-chan time.Time
+	// At sends the time once the clock reaches t (at once when it has).
+	At(t time.Time) <-chan time.Time
 }
 
 type realClock struct{}
 
-func (realClock) Now() time.Time                         { return time.Now() }
-func (realClock) After(d time.Duration) <-chan time.Time { return time.After(d) }
+func (realClock) Now() time.Time                  { return time.Now() }
+func (realClock) At(t time.Time) <-chan time.Time { return time.After(time.Until(t)) }
 
 // ManualClock is a Clock that moves only when told: a test opens a window
 // by advancing past its start, with no sleep. Safe for concurrent use.
@@ -45,20 +46,20 @@ func (c *ManualClock) Now() time.Time {
 	return c.now
 }
 
-// After implements Clock: the channel fires when Advance reaches now+d.
-func (c *ManualClock) After(d time.Duration) <-chan time.Time {
+// At implements Clock: the channel fires when Advance reaches t.
+func (c *ManualClock) At(t time.Time) <-chan time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	ch := make(chan time.Time, 1)
-	if d <= 0 {
+	if !t.After(c.now) {
 		ch <- c.now
 		return ch
 	}
-	c.waiters = append(c.waiters, waiter{at: c.now.Add(d), ch: ch})
+	c.waiters = append(c.waiters, waiter{at: t, ch: ch})
 	return ch
 }
 
-// Advance moves the clock on by d and fires every After that fell due, in
+// Advance moves the clock on by d and fires every At that fell due, in
 // time order.
 func (c *ManualClock) Advance(d time.Duration) {
 	c.mu.Lock()
@@ -76,8 +77,9 @@ func (c *ManualClock) Advance(d time.Duration) {
 	c.waiters = c.waiters[n:]
 }
 
-// Waiting is how many After channels have not fired yet: a test waits for
-// the server to be waiting (on a delay, say) before it advances.
+// Waiting is how many At channels have not fired yet (abandoned ones
+// included): a test waits for the server to be waiting (on a stall, say)
+// before it advances.
 func (c *ManualClock) Waiting() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()

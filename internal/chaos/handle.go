@@ -45,8 +45,8 @@ func (s *Server) provider(api API, name string) http.HandlerFunc {
 		defer s.inflight.Done()
 
 		in := read(r, api, name)
-		seq, fault := s.admit(in)
-		a := &answer{s: s, w: w, r: r, in: in, seq: seq, fault: fault}
+		seq, at, fault := s.admit(in)
+		a := &answer{s: s, w: w, r: r, in: in, seq: seq, at: at, fault: fault}
 		a.run()
 	}
 }
@@ -147,7 +147,7 @@ func fingerprint(text string) string {
 // admit records the request and decides who answers it: the refuse window
 // open now, the first fault window that catches it, or nobody (a healthy
 // answer, which counts toward the quota windows).
-func (s *Server) admit(in incoming) (int, *Fault) {
+func (s *Server) admit(in incoming) (int, time.Time, *Fault) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.clock.Now()
@@ -182,7 +182,7 @@ func (s *Server) admit(in incoming) (int, *Fault) {
 		rec.Fault, rec.Window = chosen.Kind, chosen.Name
 	}
 	s.requests = append(s.requests, rec)
-	return rec.Seq, chosen
+	return rec.Seq, now, chosen
 }
 
 // passes reports whether in passes f's filters.

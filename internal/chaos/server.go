@@ -67,6 +67,7 @@ type Server struct {
 	usage    map[quotaKey]*usage
 	refusing string // the refuse window open now, "" when none
 	ln       net.Listener
+	held     *reservation // the port, held during a refuse window
 	conns    map[net.Conn]struct{}
 
 	gate      *gate
@@ -142,19 +143,18 @@ func (s *Server) Start(ctx context.Context) error {
 		return errors.New("chaos: Start called twice, or after Close")
 	}
 	s.started = true
-	ln, err := net.Listen("tcp", s.addr)
+	ln, err := listen(s.addr)
 	if err != nil {
 		s.mu.Unlock()
 		return fmt.Errorf("chaos: listen: %w", err)
 	}
 	s.addr = ln.Addr().String()
-	s.ln = ln
 	s.gate = &gate{conns: make(chan net.Conn), done: make(chan struct{}), addr: ln.Addr()}
+	s.serveOn(ln)
 	s.start = s.clock.Now()
 	s.mu.Unlock()
 
-	s.bg.Add(3)
-	go func() { defer s.bg.Done(); s.gate.feed(ln) }()
+	s.bg.Add(2)
 	go func() {
 		defer s.bg.Done()
 		if err := s.srv.Serve(s.gate); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -226,6 +226,10 @@ func (s *Server) Close() error {
 			_ = s.ln.Close()
 			s.ln = nil
 		}
+		if s.held != nil {
+			_ = s.held.Close()
+			s.held = nil
+		}
 		started := s.started
 		s.mu.Unlock()
 		close(s.done)
@@ -253,14 +257,14 @@ func (s *Server) wall(d time.Duration) time.Duration {
 	return time.Duration(math.Ceil(float64(d) * s.scale))
 }
 
-// sleep waits d of timeline time; false when the client went away or the
-// server closed first.
-func (s *Server) sleep(ctx context.Context, d time.Duration) bool {
+// sleep waits d of timeline time from from (a time on the server's
+// clock); false when the client went away or the server closed first.
+func (s *Server) sleep(ctx context.Context, from time.Time, d time.Duration) bool {
 	if d <= 0 {
 		return ctx.Err() == nil
 	}
 	select {
-	case <-s.clock.After(s.wall(d)):
+	case <-s.clock.At(from.Add(s.wall(d))):
 		return true
 	case <-ctx.Done():
 		return false
@@ -306,7 +310,7 @@ func (s *Server) control() {
 			return
 		}
 		select {
-		case <-s.clock.After(s.wall(bounds[i] - now)):
+		case <-s.clock.At(s.start.Add(s.wall(bounds[i]))):
 		case <-s.done:
 			return
 		}
@@ -315,27 +319,44 @@ func (s *Server) control() {
 
 // setRefusing closes the port when a refuse window opens (and every open
 // connection: a client must not get through on one it pooled before), and
-// listens again on the same address when it closes.
+// opens it again when the window closes. The port stays the server's
+// meanwhile: a socket bound to it without listening (reserve) refuses the
+// connections and keeps any other listener off it.
 func (s *Server) setRefusing(window string) {
 	s.mu.Lock()
 	was := s.refusing
 	s.refusing = window
 	if window != "" && was == "" && s.ln != nil {
+		held, err := reserve(s.addr)
+		if err != nil {
+			s.logger.Warn().Err(err).Str("addr", s.addr).Msg("chaos provider: cannot hold the port during the refuse window; it is free until the window ends")
+		}
+		s.held = held
 		_ = s.ln.Close()
 		s.ln = nil
 		for c := range s.conns {
 			_ = c.Close()
 		}
 	}
-	s.mu.Unlock()
-	if window != "" || was == "" {
+	if window != "" || was == "" || s.closed {
+		s.mu.Unlock()
 		return
 	}
-	// Listen again. The port was ours a moment ago; if something took it
-	// meanwhile (an outgoing connection's ephemeral port, say), try again
-	// until it is free or the server closes.
+	if s.held != nil {
+		ln, err := s.held.listen()
+		s.held = nil
+		if err == nil {
+			s.serveOn(ln)
+			s.mu.Unlock()
+			return
+		}
+		s.logger.Warn().Err(err).Str("addr", s.addr).Msg("chaos provider: cannot listen on the held port")
+	}
+	s.mu.Unlock()
+	// Listen again on a port that was let go. If something took it
+	// meanwhile, try again until it is free or the server closes.
 	for delay := time.Millisecond; ; delay = min(2*delay, 100*time.Millisecond) {
-		ln, err := net.Listen("tcp", s.addr)
+		ln, err := listen(s.addr)
 		if err == nil {
 			s.mu.Lock()
 			if s.closed || s.refusing != "" {
@@ -343,10 +364,8 @@ func (s *Server) setRefusing(window string) {
 				_ = ln.Close()
 				return
 			}
-			s.ln = ln
+			s.serveOn(ln)
 			s.mu.Unlock()
-			s.bg.Add(1)
-			go func() { defer s.bg.Done(); s.gate.feed(ln) }()
 			return
 		}
 		s.logger.Warn().Err(err).Str("addr", s.addr).Msg("chaos provider: cannot listen again after a refuse window; retrying")
@@ -356,6 +375,14 @@ func (s *Server) setRefusing(window string) {
 			return
 		}
 	}
+}
+
+// serveOn makes ln the listener whose connections the server takes. It
+// needs s.mu.
+func (s *Server) serveOn(ln net.Listener) {
+	s.ln = ln
+	s.bg.Add(1)
+	go func() { defer s.bg.Done(); s.gate.feed(ln) }()
 }
 
 func (s *Server) connState(c net.Conn, st http.ConnState) {

@@ -215,9 +215,7 @@ func (s *openAIStream) end(refusal bool, outTokens int) bool {
 // fail sends the in-band error object OpenAI streams carry, and ends the
 // stream without [DONE].
 func (s *openAIStream) fail() bool {
-	e := s.a.shape(errStream, "")
-	s.a.errMsg = e.message
-	return s.a.event("", s.a.body(e))
+	return s.a.event("", s.a.body(s.a.shape(errStream, "")))
 }
 
 // anthropicStream is the messages event sequence: message_start,
@@ -261,7 +259,5 @@ func (s *anthropicStream) end(refusal bool, outTokens int) bool {
 
 // fail sends event: error, as the API does when it fails mid-stream.
 func (s *anthropicStream) fail() bool {
-	e := s.a.shape(errStream, "")
-	s.a.errMsg = e.message
-	return s.a.event("error", s.a.body(e))
+	return s.a.event("error", s.a.body(s.a.shape(errStream, "")))
 }
