@@ -299,6 +299,21 @@ func TestAnthropicSDKAgainstEachFault(t *testing.T) {
 			},
 		},
 		{
+			name: "a response header timeout of the transport is retried", timeline: slowHeaders,
+			call: func(ctx context.Context, srv *chaos.Server, n *atomic.Int32) anResult {
+				// The default client's header timeout is 10 minutes; this
+				// is the same path, shorter.
+				hc := &http.Client{Transport: &http.Transport{ResponseHeaderTimeout: 200 * time.Millisecond}}
+				return anMessage(ctx, anClient(srv, n, option.WithHTTPClient(hc), option.WithMaxRetries(1)), "hello")
+			},
+			check: func(t *testing.T, r anResult, attempts int, log chaos.Log) {
+				if r.err == nil || !strings.Contains(r.err.Error(), "timeout awaiting response headers") {
+					t.Errorf("error %v; want the header timeout", r.err)
+				}
+				wantCalls(t, log, attempts, 0, 1)
+			},
+		},
+		{
 			name: "a stalled stream hangs until the caller gives up, not retried", timeline: stallAfterTwo,
 			call: func(ctx context.Context, srv *chaos.Server, n *atomic.Int32) anResult {
 				ctx, cancel := context.WithCancel(ctx)

@@ -301,7 +301,7 @@ func (s *Server) control() {
 				if !active {
 					verb = "fault window closes"
 				}
-				s.logger.Info().Str("window", f.Name).Str("kind", string(f.Kind)).Dur("at", now).Msg(verb)
+				s.logger.Info().Str("window", f.Name).Str("kind", string(f.Kind)).Str("at", now.Round(time.Millisecond).String()).Msg(verb)
 			}
 		}
 		s.setRefusing(refuse)
