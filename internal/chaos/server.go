@@ -40,8 +40,8 @@ type Options struct {
 	// (debug); the zero logger is silent.
 	Logger zerolog.Logger
 	// RequestLog, when set, gets one JSON line per request (a Request)
-	// when its answer ends; the lines of requests answered at the same
-	// time may be out of Seq order. Close writes the unfinished ones.
+	// when its answer ends, those Close cuts short included; the lines of
+	// requests answered at the same time may be out of Seq order.
 	RequestLog io.Writer
 }
 
@@ -86,11 +86,17 @@ type quotaKey struct {
 
 type usage struct{ requests, tokens int }
 
-// New returns a server for tl; Start makes it listen. tl is not modified
-// and may be shared.
+// New returns a server for tl (nil: no faults); Start makes it listen.
+// It checks tl as ParseTimeline checks a file; in a timeline built in Go,
+// a zero Answer.Text or Answer.Chunks, and a zero To or Probability of a
+// fault, take their defaults. tl is not modified and may be shared.
 func New(tl *Timeline, opts Options) (*Server, error) {
 	if tl == nil {
-		tl = &Timeline{Answer: Answer{Text: DefaultAnswerText, Chunks: DefaultChunks}}
+		tl = &Timeline{}
+	}
+	tl, err := tl.normalized()
+	if err != nil {
+		return nil, err
 	}
 	s := &Server{
 		tl: tl, addr: opts.Addr, clock: opts.Clock, scale: tl.Scale, logger: opts.Logger, jsonl: opts.RequestLog,

@@ -102,10 +102,12 @@ func (a *answer) faultError(f *Fault) {
 	h := http.Header{}
 	detail := ""
 	if f.RetryAfter > 0 {
-		wait := a.s.wall(f.RetryAfter)
+		// To the millisecond (at least one), so a scaled value reads
+		// 0.05, not 0.050000001.
+		wait := max(a.s.wall(f.RetryAfter).Round(time.Millisecond), time.Millisecond)
 		h.Set("retry-after", strconv.FormatFloat(wait.Seconds(), 'f', -1, 64))
 		if f.RetryAfterMs {
-			h.Set("retry-after-ms", strconv.FormatFloat(float64(wait)/float64(time.Millisecond), 'f', -1, 64))
+			h.Set("retry-after-ms", strconv.FormatInt(wait.Milliseconds(), 10))
 		}
 		detail = " Please try again in " + wait.String() + "."
 	}

@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"regexp"
+	"slices"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -248,15 +249,6 @@ func ParseTimeline(data []byte) (*Timeline, error) {
 	if tl.Answer.Chunks == 0 {
 		tl.Answer.Chunks = DefaultChunks
 	}
-	switch {
-	case f.Scale < 0 || math.IsNaN(f.Scale) || math.IsInf(f.Scale, 0):
-		return nil, fmt.Errorf("chaos timeline: scale %v: must be positive", f.Scale)
-	case tl.Answer.Chunks < 1:
-		return nil, fmt.Errorf("chaos timeline: answer.chunks %d: must be at least 1", tl.Answer.Chunks)
-	case tl.Answer.Latency < 0:
-		return nil, fmt.Errorf("chaos timeline: answer.latency %v: must not be negative", tl.Answer.Latency)
-	}
-	seen := map[string]bool{}
 	for i, ff := range f.Faults {
 		fault, err := ff.fault()
 		if err != nil {
@@ -266,11 +258,10 @@ func ParseTimeline(data []byte) (*Timeline, error) {
 			}
 			return nil, fmt.Errorf("chaos timeline: fault %s: %w", name, err)
 		}
-		if seen[fault.Name] {
-			return nil, fmt.Errorf("chaos timeline: fault %s: the name is used twice", fault.Name)
-		}
-		seen[fault.Name] = true
 		tl.Faults = append(tl.Faults, fault)
+	}
+	if _, err := tl.normalized(); err != nil {
+		return nil, err
 	}
 	return tl, nil
 }
@@ -293,31 +284,6 @@ func (ff fileFault) fault() (Fault, error) {
 	}
 	if ff.AfterChunks != nil {
 		f.AfterChunks = *ff.AfterChunks
-	}
-	if !windowName.MatchString(f.Name) {
-		return f, fmt.Errorf("name %q: give each window a name of letters, digits, '_', '-' or '.'", f.Name)
-	}
-	known := false
-	for _, k := range kinds {
-		known = known || f.Kind == k
-	}
-	if !known {
-		return f, fmt.Errorf("kind %q: not one of %v", f.Kind, kinds)
-	}
-	switch {
-	case f.From < 0:
-		return f, fmt.Errorf("from %v: must not be negative", f.From)
-	case f.To <= f.From:
-		return f, fmt.Errorf("to %v: must be after from %v", f.To, f.From)
-	case !(f.Probability > 0 && f.Probability <= 1):
-		return f, fmt.Errorf("probability %v: must be in (0, 1]", f.Probability)
-	case f.RetryAfter < 0 || f.Delay < 0 || f.Stall < 0 || f.AfterRequests < 0 || f.AfterTokens < 0 || f.AboveTokens < 0 || f.AfterChunks < 0:
-		return f, errors.New("durations and counts must not be negative")
-	}
-	for _, a := range f.APIs {
-		if API(a) != OpenAI && API(a) != Anthropic {
-			return f, fmt.Errorf("api %q: not %q or %q", a, OpenAI, Anthropic)
-		}
 	}
 	// Each kind-specific field belongs to the kinds that use it: one on
 	// another kind is a mistake in the file, not a no-op.
@@ -344,51 +310,111 @@ func (ff fileFault) fault() (Fault, error) {
 		KindStreamError: {"after_chunks"},
 	}
 	for field, used := range uses {
-		if !used {
-			continue
-		}
-		ok := false
-		for _, a := range allowed[f.Kind] {
-			ok = ok || a == field
-		}
-		if !ok {
+		if used && !slices.Contains(allowed[f.Kind], field) && slices.Contains(kinds, f.Kind) {
 			return f, fmt.Errorf("%s: not a field of kind %s", field, f.Kind)
+		}
+	}
+	if f.Kind == KindRefusal && f.Shape == "" {
+		f.Shape = ShapeStop
+	}
+	if f.Kind == KindRefuse && ff.Probability != nil {
+		return f, errors.New("refuse closes the port for every request: it takes no probability (use reset for a filtered outage)")
+	}
+	return f, f.check()
+}
+
+// check reports what makes a window unusable.
+func (f *Fault) check() error {
+	if !windowName.MatchString(f.Name) {
+		return fmt.Errorf("name %q: give each window a name of letters, digits, '_', '-' or '.'", f.Name)
+	}
+	if !slices.Contains(kinds, f.Kind) {
+		return fmt.Errorf("kind %q: not one of %v", f.Kind, kinds)
+	}
+	switch {
+	case f.From < 0:
+		return fmt.Errorf("from %v: must not be negative", f.From)
+	case f.To <= f.From:
+		return fmt.Errorf("to %v: must be after from %v", f.To, f.From)
+	case !(f.Probability > 0 && f.Probability <= 1):
+		return fmt.Errorf("probability %v: must be in (0, 1]", f.Probability)
+	case f.RetryAfter < 0 || f.Delay < 0 || f.Stall < 0 || f.AfterRequests < 0 || f.AfterTokens < 0 || f.AboveTokens < 0 || f.AfterChunks < 0:
+		return errors.New("durations and counts must not be negative")
+	}
+	for _, a := range f.APIs {
+		if API(a) != OpenAI && API(a) != Anthropic {
+			return fmt.Errorf("api %q: not %q or %q", a, OpenAI, Anthropic)
 		}
 	}
 	switch f.Kind {
 	case KindRefuse:
-		if len(f.Providers)+len(f.APIs)+len(f.Models)+len(f.Keys) > 0 || ff.Probability != nil {
-			return f, errors.New("refuse closes the port for every request: it takes no provider, api, model, key or probability (use reset for a filtered outage)")
+		if len(f.Providers)+len(f.APIs)+len(f.Models)+len(f.Keys) > 0 || f.Probability != 1 {
+			return errors.New("refuse closes the port for every request: it takes no provider, api, model, key or probability (use reset for a filtered outage)")
 		}
 	case KindQuota:
 		if f.AfterRequests == 0 && f.AfterTokens == 0 {
-			return f, errors.New("quota needs after_requests or after_tokens")
+			return errors.New("quota needs after_requests or after_tokens")
 		}
 	case KindRefusal:
 		if len(f.Markers) == 0 {
-			return f, errors.New("refusal needs a marker")
+			return errors.New("refusal needs a marker")
 		}
-		for _, m := range f.Markers {
-			if m == "" {
-				return f, errors.New("marker: an empty marker would refuse every prompt")
-			}
+		if slices.Contains(f.Markers, "") {
+			return errors.New("marker: an empty marker would refuse every prompt")
 		}
-		if f.Shape == "" {
-			f.Shape = ShapeStop
-		}
-		if f.Shape != ShapeStop && f.Shape != ShapeError {
-			return f, fmt.Errorf("shape %q: not %q or %q", f.Shape, ShapeStop, ShapeError)
+		if f.Shape != "" && f.Shape != ShapeStop && f.Shape != ShapeError {
+			return fmt.Errorf("shape %q: not %q or %q", f.Shape, ShapeStop, ShapeError)
 		}
 	case KindOverflow:
 		if f.AboveTokens == 0 {
-			return f, errors.New("overflow needs above_tokens")
+			return errors.New("overflow needs above_tokens")
 		}
 	case KindSlow:
 		if f.Delay == 0 && f.Stall == 0 {
-			return f, errors.New("slow needs a delay or a stall")
+			return errors.New("slow needs a delay or a stall")
 		}
 	}
-	return f, nil
+	return nil
+}
+
+// normalized returns a copy of tl with the defaults of a timeline built in
+// Go filled in (a zero Answer.Text or Chunks, a zero To or Probability of a
+// fault), checked as ParseTimeline checks a file.
+func (tl *Timeline) normalized() (*Timeline, error) {
+	out := *tl
+	if out.Answer.Text == "" {
+		out.Answer.Text = DefaultAnswerText
+	}
+	if out.Answer.Chunks == 0 {
+		out.Answer.Chunks = DefaultChunks
+	}
+	switch {
+	case out.Scale < 0 || math.IsNaN(out.Scale) || math.IsInf(out.Scale, 0):
+		return nil, fmt.Errorf("chaos timeline: scale %v: must be positive", out.Scale)
+	case out.Answer.Chunks < 1:
+		return nil, fmt.Errorf("chaos timeline: answer.chunks %d: must be at least 1", out.Answer.Chunks)
+	case out.Answer.Latency < 0:
+		return nil, fmt.Errorf("chaos timeline: answer.latency %v: must not be negative", out.Answer.Latency)
+	}
+	out.Faults = slices.Clone(tl.Faults)
+	seen := map[string]bool{}
+	for i := range out.Faults {
+		f := &out.Faults[i]
+		if f.To == 0 {
+			f.To = Forever
+		}
+		if f.Probability == 0 {
+			f.Probability = 1
+		}
+		if err := f.check(); err != nil {
+			return nil, fmt.Errorf("chaos timeline: fault %s: %w", f.Name, err)
+		}
+		if seen[f.Name] {
+			return nil, fmt.Errorf("chaos timeline: fault %s: the name is used twice", f.Name)
+		}
+		seen[f.Name] = true
+	}
+	return &out, nil
 }
 
 // active reports whether the window is open at timeline time at.
@@ -402,4 +428,18 @@ func (tl *Timeline) Fault(name string) (Fault, bool) {
 		}
 	}
 	return Fault{}, false
+}
+
+// End is when the last window that ends closes (or the last one opens, if
+// later): how long a run must last to go through the whole timeline. It is
+// 0 for a timeline without windows.
+func (tl *Timeline) End() time.Duration {
+	var end time.Duration
+	for _, f := range tl.Faults {
+		end = max(end, f.From)
+		if f.To != Forever {
+			end = max(end, f.To)
+		}
+	}
+	return end
 }

@@ -1,6 +1,7 @@
 package chaos_test
 
 import (
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -30,6 +31,9 @@ func TestSampleTimelineLoads(t *testing.T) {
 	outage, ok := tl.Fault("outage")
 	if !ok || outage.From != 60*time.Second || outage.To != 150*time.Second {
 		t.Errorf("outage = %+v, %v; want 60s to 150s", outage, ok)
+	}
+	if tl.End() != 300*time.Second {
+		t.Errorf("End() = %v; want 5m0s, when the last window closes", tl.End())
 	}
 	capped, _ := tl.Fault("capped-key")
 	if capped.To != chaos.Forever || len(capped.Keys) != 1 || capped.Keys[0] != "sk-capped" || capped.AfterRequests != 40 {
@@ -108,5 +112,41 @@ func TestLoadNamesTheFile(t *testing.T) {
 	_, err := chaos.Load("no-such-timeline.yaml")
 	if err == nil || !strings.Contains(err.Error(), "no-such-timeline.yaml") {
 		t.Errorf("error %v; want one naming the file", err)
+	}
+}
+
+// A timeline built in Go takes the defaults a file would (a zero To is
+// the end, a zero probability is 1), and New checks it as a file is
+// checked.
+func TestNewChecksATimelineBuiltInGo(t *testing.T) {
+	t.Parallel()
+	tl := &chaos.Timeline{Faults: []chaos.Fault{{Name: "busy", Kind: chaos.KindUnavailable, From: time.Minute}}}
+	clock := chaos.NewManualClock(epoch)
+	srv, err := chaos.New(tl, chaos.Options{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	clock.Advance(time.Hour)
+	r, err := post(http.DefaultClient, srv.OpenAIBaseURL("")+"chat/completions", "sk-a", chat("m", "hi"))
+	if err != nil || r.status != http.StatusServiceUnavailable {
+		t.Errorf("an hour in: %d, %v; want 503 from a window with no end", r.status, err)
+	}
+	if tl.Faults[0].To != 0 || tl.Faults[0].Probability != 0 {
+		t.Errorf("New changed the caller's timeline: %+v", tl.Faults[0])
+	}
+
+	for _, bad := range []chaos.Fault{
+		{Name: "x", Kind: chaos.KindRefusal},
+		{Name: "x", Kind: chaos.KindRefuse, Keys: []string{"sk-a"}},
+		{Name: "", Kind: chaos.KindReset},
+		{Name: "x", Kind: "meltdown"},
+	} {
+		if _, err := chaos.New(&chaos.Timeline{Faults: []chaos.Fault{bad}}, chaos.Options{}); err == nil {
+			t.Errorf("New accepted %+v", bad)
+		}
 	}
 }
