@@ -1,8 +1,9 @@
 // Command failbus is the operator CLI of failbus: run the whole bus in one
 // process (dev), walk through the main scenarios (demo), put outcomes on the
 // bus (publish), watch or replay any subject (tail), run the decision core
-// offline (classify, simulate), measure it (bench), and try agents against
-// a provider that fails on a script (chaos).
+// offline (classify, simulate), measure it (bench), try agents against a
+// provider that fails on a script (chaos), and run a fleet through one with
+// and without the bus (drill).
 //
 // Usage:
 //
@@ -26,6 +27,7 @@ import (
 	"github.com/failbus/failbus/internal/cli/demo"
 	"github.com/failbus/failbus/internal/cli/dev"
 	"github.com/failbus/failbus/internal/cli/dlq"
+	"github.com/failbus/failbus/internal/cli/drill"
 	"github.com/failbus/failbus/internal/cli/health"
 	"github.com/failbus/failbus/internal/cli/lag"
 	"github.com/failbus/failbus/internal/cli/publish"
@@ -54,6 +56,7 @@ var commands = []cli.Command{
 	simulate.Command,
 	bench.Command,
 	chaos.Command,
+	drill.Command,
 	version.Command,
 }
 
