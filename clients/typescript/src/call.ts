@@ -276,7 +276,7 @@ export async function call<T>(agent: Agent, req: CallRequest, fn: (attempt: Atte
   const router = agent.callRouter();
   await router.start();
   const trail: Step[] = [];
-  let target = await route(agent, r, { provider: r.provider, model: r.model, profile: r.profile }, r.providers, trail);
+  let target = await route(agent, r, { provider: r.provider, model: r.model, profile: r.profile }, r.providers, trail, fn, signal);
   let last: Attempt | undefined;
   let restart = "";
   for (let n = 1; ; n++) {
@@ -309,7 +309,7 @@ export async function call<T>(agent: Agent, req: CallRequest, fn: (attempt: Atte
         target = { ...target, ...(d.model ? { model: d.model } : { model: undefined }) };
         break;
       case "switch_provider":
-        target = await route(agent, r, { provider: d.provider ?? "", model: d.model, profile: d.profile }, [d.provider ?? ""], trail);
+        target = await route(agent, r, { provider: d.provider ?? "", model: d.model, profile: d.profile }, [d.provider ?? ""], trail, fn, signal);
         break;
       case "wait_provider":
         await hold(agent, r, target, fn, signal);
@@ -467,18 +467,30 @@ async function hold<T>(agent: Agent, r: Resolved, target: Target, fn: (at: Attem
 /**
  * route asks the refusal tiers which of candidates may receive the
  * request's segment now and returns target on the first allowed one; a
- * request without a session is not routed.
+ * request without a session is not routed. When none is allowed and one
+ * of them is skipped for an outage (a skip with neither a re-probe time nor
+ * frozen: the route's answer for a provider whose health says outage), the
+ * call holds on it as on wait_provider — probes answered, resuming spread
+ * after its health says recovered — and asks again; when every one is
+ * excluded by the refusal tiers it throws NoProviderError.
  */
-async function route(agent: Agent, r: Resolved, target: Target, candidates: string[] | undefined, trail: Step[]): Promise<Target> {
+async function route<T>(agent: Agent, r: Resolved, target: Target, candidates: string[] | undefined, trail: Step[],
+  fn: (at: Attempt) => Promise<T>, signal: AbortSignal): Promise<Target> {
   if (!r.session) return clean(target);
   const list = candidates?.length ? candidates : [target.provider];
-  const res = await agent.route(r.session, r.segment ?? 0, list);
-  if (res.allowed.length === 0) {
-    const why = res.skipped.map((s) => `${s.provider}: ${s.reason}`).join("; ");
-    throw new NoProviderError(`failbus agent: every provider is excluded for this segment: ${segmentKey(r.session, r.segment ?? 0)} of ${agent.name}: ${why}`, trail);
+  for (;;) {
+    const res = await agent.route(r.session, r.segment ?? 0, list);
+    if (res.allowed.length > 0) {
+      if (res.allowed[0] !== target.provider) return { provider: res.allowed[0]! };
+      return clean(target);
+    }
+    const down = res.skipped.find((s) => !s.next_probe_at && !s.frozen);
+    if (!down) {
+      const why = res.skipped.map((s) => `${s.provider}: ${s.reason}`).join("; ");
+      throw new NoProviderError(`failbus agent: every provider is excluded for this segment: ${segmentKey(r.session, r.segment ?? 0)} of ${agent.name}: ${why}`, trail);
+    }
+    await hold(agent, r, down.provider === target.provider ? clean(target) : { provider: down.provider }, fn, signal);
   }
-  if (res.allowed[0] !== target.provider) return { provider: res.allowed[0]! };
-  return clean(target);
 }
 
 /** outcome is the Outcome of an attempt with ev at target. */
