@@ -23,6 +23,15 @@ var entryWire = events.NewFieldTable(
 	events.TimeField("fault_since", true, func(e *Entry) *events.Time { return &e.FaultSince }),
 	events.StringField("fault_class", true, func(e *Entry) *string { return &e.FaultClass }),
 	events.TimeField("cooldown_until", true, func(e *Entry) *events.Time { return &e.CooldownUntil }),
+	events.TimeField("error_at", true, func(e *Entry) *events.Time { return &e.ErrorAt }),
+	events.StringField("error_class", true, func(e *Entry) *string { return &e.ErrorClass }),
+	events.ReflectField("agents", func(e *Entry) bool { return len(e.Agents) == 0 }, func(e *Entry) *[]uint64 { return &e.Agents }),
+)
+
+var callWire = events.NewFieldTable(
+	events.Uint64Field("id", false, func(k *Call) *uint64 { return &k.ID }),
+	events.TimeField("at", false, func(k *Call) *events.Time { return &k.At }),
+	events.BoolField("fail", true, func(k *Call) *bool { return &k.Fail }),
 )
 
 var markWire = events.NewFieldTable(
@@ -40,6 +49,9 @@ var stateWire = events.NewFieldTable(
 	events.IntField("recovery_successes", true, func(s *ProviderState) *int { return &s.RecoverySuccesses }),
 	events.ReflectField("streak", func(s *ProviderState) bool { return len(s.Streak) == 0 }, func(s *ProviderState) *[]string { return &s.Streak }),
 	events.BoolField("rate_limited", true, func(s *ProviderState) *bool { return &s.RateLimited }),
+	events.BoolField("erroring", true, func(s *ProviderState) *bool { return &s.Erroring }),
+	events.TimeField("erroring_since", true, func(s *ProviderState) *events.Time { return &s.ErroringSince }),
+	events.ReflectField("calls", func(s *ProviderState) bool { return len(s.Calls) == 0 }, func(s *ProviderState) *[]Call { return &s.Calls }),
 	events.TimeField("last_success", true, func(s *ProviderState) *events.Time { return &s.LastSuccess }),
 	events.ReflectField("net_failures", func(s *ProviderState) bool { return len(s.NetFailures) == 0 }, func(s *ProviderState) *[]Mark { return &s.NetFailures }),
 	events.ReflectField("profiles", func(s *ProviderState) bool { return len(s.Profiles) == 0 }, func(s *ProviderState) *map[string]*Entry { return &s.Profiles }),
@@ -51,6 +63,8 @@ var (
 	_ msgpack.CustomDecoder = (*Entry)(nil)
 	_ msgpack.CustomEncoder = (*Mark)(nil)
 	_ msgpack.CustomDecoder = (*Mark)(nil)
+	_ msgpack.CustomEncoder = (*Call)(nil)
+	_ msgpack.CustomDecoder = (*Call)(nil)
 	_ msgpack.CustomEncoder = (*ProviderState)(nil)
 	_ msgpack.CustomDecoder = (*ProviderState)(nil)
 )
@@ -66,6 +80,12 @@ func (m Mark) EncodeMsgpack(enc *msgpack.Encoder) error { return markWire.Encode
 
 // DecodeMsgpack reads a mark without reflection (markWire).
 func (m *Mark) DecodeMsgpack(dec *msgpack.Decoder) error { return markWire.Decode(dec, m) }
+
+// EncodeMsgpack writes the call without reflection (callWire).
+func (k Call) EncodeMsgpack(enc *msgpack.Encoder) error { return callWire.Encode(enc, &k) }
+
+// DecodeMsgpack reads a call without reflection (callWire).
+func (k *Call) DecodeMsgpack(dec *msgpack.Decoder) error { return callWire.Decode(dec, k) }
 
 // EncodeMsgpack writes the state without reflection (stateWire).
 func (s ProviderState) EncodeMsgpack(enc *msgpack.Encoder) error { return stateWire.Encode(enc, &s) }
