@@ -109,7 +109,7 @@ func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 	case *shadowBase != "" && *shadowPath == "":
 		return cli.UsageError(fs, stderr, "--shadow-base is the base of --shadow NEW.yaml: give --shadow too")
 	case *shadowPath != "":
-		sh = &ShadowOptions{PolicyName: filepath.Base(*shadowPath), Options: shadow.Options{Seed: 1}}
+		sh = &ShadowOptions{PolicyName: filepath.Base(*shadowPath), Options: shadow.Options{}}
 		var err error
 		if sh.New, err = policy.Load(*shadowPath); err != nil {
 			fmt.Fprintf(stderr, "failbus report: --shadow: %v\n", err)
