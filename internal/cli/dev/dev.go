@@ -85,7 +85,7 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	syncAlways := fs.Bool("sync-always", false, "fsync every write: nothing acknowledged is lost on a host crash; much slower")
 	logLevel := fs.String("log-level", "info", "service log level: debug, info, warn, error")
 	natsLog := fs.Bool("nats-log", false, "also print nats-server's own log")
-	withAuth := fs.Bool("auth", false, "require credentials: the users of `failbus auth init`, written to DIR/auth; each service runs as its own role")
+	withAuth := fs.Bool("auth", false, "require credentials: the users of failbus auth init, written to DIR/auth; each service runs as its own role")
 	maxStore := sizeFlag{n: embedded.DefaultMaxStore}
 	fs.Var(&maxStore, "max-store", "JetStream store limit (the topology reserves 6.5GiB of it)")
 	maxPayload := sizeFlag{n: int64(embedded.DefaultMaxPayload)}
