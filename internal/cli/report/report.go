@@ -134,6 +134,10 @@ func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer nc.Close()
+	// The server answers a denied request by reporting the denial, not by
+	// replying: fail at once, naming it, instead of waiting for a timeout.
+	ctx, failFast := nc.FailFast(ctx)
+	defer failFast()
 	r, err := Collect(ctx, js, Options{From: from, To: to, Progress: stderr, Shadow: sh})
 	if err != nil {
 		fmt.Fprintf(stderr, "failbus report: %v\n", nc.Explain(err))

@@ -144,6 +144,9 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			return 1
 		}
 		defer nc.Close()
+		// A denied read fails at once, naming the denial.
+		ctx, failFast := nc.FailFast(ctx)
+		defer failFast()
 		st, err = ReadBus(ctx, js, rng, stderr, func(rec Record) error {
 			if d := s.Step(InputOf(rec)); d != nil {
 				d.Seq = rec.Seq
