@@ -33,7 +33,7 @@ const (
 	DefaultErrorRatio = 0.5
 	// DefaultErrorSample is how many of the provider's latest calls that
 	// share is taken over.
-	DefaultErrorSample = 20
+	DefaultErrorSample = 40
 	// DefaultMaxAgentsPerProfile bounds the agents a profile remembers
 	// as having reported it (its possible switch_profile recipients).
 	DefaultMaxAgentsPerProfile = 32
@@ -73,10 +73,13 @@ type Config struct {
 	// it. Must be within (0, 1]. Defaults to 0.5.
 	ErrorRatio float64 `yaml:"error_ratio" json:"error_ratio"`
 	// ErrorSample is how many of the provider's latest calls the share is
-	// taken over; it counts once at least half of them lie within Window,
-	// and when that many came since the latest success and every profile's
-	// latest result is such a failure, nothing succeeds: an outage. Must
-	// be >= 2. Defaults to 20.
+	// taken over; it counts once at least half of them lie within Window
+	// (40: a provider failing 57 % of its calls does not drift below half
+	// the ratio by chance, so its degraded state does not flap). When
+	// half of them came within Window since the latest success, all
+	// failing on the provider's side, and every profile's latest result is
+	// such a failure, nothing succeeds: an outage. Must be >= 2. Defaults
+	// to 40.
 	ErrorSample int `yaml:"error_sample" json:"error_sample"`
 	// MaxAgentsPerProfile bounds the agents a profile remembers as having
 	// reported it: switch_profile names a profile only to an agent that

@@ -1,6 +1,7 @@
 package scope
 
 import (
+	"math/rand/v2"
 	"reflect"
 	"strconv"
 	"strings"
@@ -44,7 +45,7 @@ func fourOfSeven(i int) string {
 // profile, a small share, or too few calls are not the provider's fault.
 func TestScopeProviderFailingAShareOfItsCalls(t *testing.T) {
 	t.Parallel()
-	cfg := DefaultConfig() // error_ratio 0.5 over the latest 20 calls, at least 10 within 5m
+	cfg := DefaultConfig() // error_ratio 0.5 over the latest 40 calls, at least 20 within 5m
 	both := []string{"key-1", "key-2"}
 	degradedAt := func(i int) string {
 		return "normal provider-errors:openai:" + scopeItoa(coreT0.Add(time.Duration(i)*5*scopeSec).UnixMilli())
@@ -62,15 +63,34 @@ func TestScopeProviderFailingAShareOfItsCalls(t *testing.T) {
 		{
 			name:   "57% overloaded and server_error on both profiles for 40 minutes: degraded once, throughout",
 			seq:    callsOf(0, 480, 5*scopeSec, both, fourOfSeven),
-			health: "openai:degraded", notes: degradedAt(9), erring: true,
-			reason: "failed on the provider's side (overloaded, server_error), on every profile (key-1, key-2)",
+			health: "openai:degraded", notes: degradedAt(19), erring: true,
+			reason: "12 of the latest 20 calls within 5m0s failed on the provider's side (overloaded, server_error), on every profile (key-1, key-2)",
 		},
 		{
-			name:   "every call fails on both profiles: degraded, then an outage when ten came since the last success",
-			seq:    append(callsOf(0, 2, 5*scopeSec, both, func(int) string { return "" }), callsOf(10*scopeSec, 12, 5*scopeSec, both, func(int) string { return events.ClassServerError })...),
+			name:   "every call fails on both profiles: degraded, then an outage when twenty came since the last success",
+			seq:    append(callsOf(0, 2, 5*scopeSec, both, func(int) string { return "" }), callsOf(10*scopeSec, 22, 5*scopeSec, both, func(int) string { return events.ClassServerError })...),
 			health: "openai:degraded openai:outage", outage: true,
-			reason: "every profile (key-1, key-2) fails on the provider's side (server_error): 10 calls within 5m0s, none succeeded",
-			notes:  "normal provider-errors:openai:" + scopeItoa(coreT0.Add(10*scopeSec+7*5*scopeSec).UnixMilli()) + " | critical provider-outage:openai:" + scopeItoa(coreT0.Add(10*scopeSec+9*5*scopeSec).UnixMilli()),
+			reason: "every profile (key-1, key-2) fails on the provider's side (server_error): 20 calls within 5m0s, none succeeded",
+			notes:  "normal provider-errors:openai:" + scopeItoa(coreT0.Add(10*scopeSec+17*5*scopeSec).UnixMilli()) + " | critical provider-outage:openai:" + scopeItoa(coreT0.Add(10*scopeSec+19*5*scopeSec).UnixMilli()),
+		},
+		{
+			name: "57% failing at random for three hours: degraded throughout, never down (runs of ten failures come by chance)",
+			seq: callsOf(0, 5000, 2*scopeSec, both, func() func(int) string {
+				r := rand.New(rand.NewPCG(57, 57))
+				return func(int) string {
+					if r.Float64() < 0.57 {
+						return events.ClassOverloaded
+					}
+					return ""
+				}
+			}()),
+			health: "openai:degraded", notes: "normal provider-errors:openai:" + scopeItoa(coreT0.Add(38*scopeSec).UnixMilli()), erring: true,
+		},
+		{
+			name: "one agent retrying a 503 ten times alone is neither: its retry chain decides",
+			seq: callsOf(0, 11, 0, []string{"key-1"}, func(i int) string {
+				return events.ClassServerError
+			}),
 		},
 		{
 			name: "one profile fails every call while the other works: the profile's fault, not the provider's",
@@ -91,8 +111,8 @@ func TestScopeProviderFailingAShareOfItsCalls(t *testing.T) {
 			}),
 		},
 		{
-			name: "six failures of nine calls in five minutes are too few to tell",
-			seq: callsOf(0, 9, 30*scopeSec, both, func(i int) string {
+			name: "twelve failures of nineteen calls in five minutes are too few to tell",
+			seq: callsOf(0, 19, 15*scopeSec, both, func(i int) string {
 				if i%3 != 2 {
 					return events.ClassOverloaded
 				}
@@ -103,15 +123,15 @@ func TestScopeProviderFailingAShareOfItsCalls(t *testing.T) {
 			name: "the errors stop: healthy again once fewer than a quarter of the latest calls fail",
 			seq: append(callsOf(0, 70, 5*scopeSec, both, fourOfSeven),
 				callsOf(350*scopeSec, 40, 5*scopeSec, both, func(int) string { return "" })...),
-			health: "openai:degraded openai:healthy", notes: degradedAt(9),
-			reason: "errors over: 4 of the latest 20 calls failed on the provider's side",
+			health: "openai:degraded openai:healthy", notes: degradedAt(19),
+			reason: "errors over: 9 of the latest 40 calls failed on the provider's side",
 		},
 		{
 			name: "the provider falls quiet: the errors are over at its next call",
 			seq: append(callsOf(0, 20, 5*scopeSec, both, fourOfSeven),
 				scopeObs{time.Hour, "key-1", "claude", events.ClassServerError, 0, ""}),
-			health: "openai:degraded openai:healthy", notes: degradedAt(9),
-			reason: "errors over: fewer than 10 calls within 5m0s",
+			health: "openai:degraded openai:healthy", notes: degradedAt(19),
+			reason: "errors over: fewer than 20 calls within 5m0s",
 		},
 	}
 	for _, tt := range tests {

@@ -25,8 +25,11 @@
 //   - Nothing succeeds: every profile seen within scope.window has, as its
 //     latest result, a failure on the provider's side (overloaded,
 //     server_error, or network), and at least half of scope.error_sample
-//     such failures came within the window since the provider's latest
-//     success. The provider itself is down (seed 002's provider level is
+//     calls (20) came within the window since the provider's latest
+//     success, all such failures: rare by chance even for a provider
+//     failing most calls (a false outage holds every agent until the
+//     recovery streak), and out of reach of one agent retrying alone,
+//     whose retry chain decides. The provider itself is down (seed 002's provider level is
 //     about the provider failing, not only its sockets): an outage as
 //     above, with its reason naming the classes.
 //   - Degraded by errors: at least scope.error_ratio of the provider's

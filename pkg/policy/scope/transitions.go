@@ -94,8 +94,9 @@ func (s *ProviderState) outageTransitions(cfg Config, c events.Classification, n
 // side as its latest result, and either those are network failures and
 // at least outage_min_failures of them came since the latest success
 // (the network path is down), or at least half of error_sample calls
-// came within the window since the latest success (nothing succeeds:
-// the provider itself is down). network says which.
+// came within the window since the latest success, all failing on the
+// provider's side (nothing succeeds: the provider itself is down).
+// network says which.
 func (s *ProviderState) outageCondition(cfg Config, now time.Time) (reason string, network, down bool) {
 	profiles := s.active(cfg, now)
 	if len(profiles) == 0 {
@@ -142,8 +143,8 @@ func (s *ProviderState) outageCondition(cfg Config, now time.Time) (reason strin
 }
 
 // errorCalls is how many of the provider's calls within the window the
-// degraded rule's share needs, and the outage of nothing succeeding:
-// half of error_sample, rounded up.
+// degraded rule's share needs, and how many failures in a row since the
+// latest success are an outage: half of error_sample, rounded up.
 func errorCalls(cfg Config) int { return (cfg.ErrorSample + 1) / 2 }
 
 // errorShare counts the provider's latest calls within the window at now,
@@ -200,7 +201,7 @@ func (s *ProviderState) errorTransitions(cfg Config, now time.Time, obs *Observa
 			DedupeKey: "provider-errors:" + s.Provider + ":" + millis(s.ErroringSince),
 			Severity:  events.SeverityNormal,
 			Title:     "provider " + s.Provider + " is failing calls",
-			Text: fmt.Sprintf("%s. Retries go on (the failures clear with time); switching models does not help, every model of %s runs on the same provider. It is an outage when nothing succeeds (%d calls within %s).",
+			Text: fmt.Sprintf("%s. Retries go on (the failures clear with time); switching models does not help, every model of %s runs on the same provider. It is an outage when nothing succeeds (%d calls in a row within %s).",
 				sentence(reason), s.Provider, errorCalls(cfg), cfg.Window),
 			Labels: map[string]string{"provider": s.Provider, "state": events.HealthDegraded},
 			At:     events.At(now),
