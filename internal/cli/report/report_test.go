@@ -68,7 +68,7 @@ func (s *seeder) pub(subject string, m events.Message) {
 func (s *seeder) provider(name string) *Provider {
 	p := s.want.Providers[name]
 	if p == nil {
-		p = &Provider{Classes: map[string]int{}, Series: make([]Bucket, 25)}
+		p = &Provider{Classes: map[string]int{}, Series: make([]Bucket, 24)} // the hours of records
 		s.want.Providers[name] = p
 	}
 	return p
@@ -379,8 +379,10 @@ func TestReportOfASeededDay(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := s.want
-	if r.BucketMS != time.Hour.Milliseconds() || len(r.Buckets) != 25 || !r.Buckets[0].Equal(from) {
-		t.Fatalf("buckets: %d of %d ms from %s; want 25 hourly from %s", len(r.Buckets), r.BucketMS, r.Buckets[0], from)
+	// The axis spans the 24 hours of records, not the 25th hour of the
+	// period, which holds none.
+	if r.BucketMS != time.Hour.Milliseconds() || len(r.Buckets) != 24 || !r.Buckets[0].Equal(from) {
+		t.Fatalf("buckets: %d of %d ms from %s; want 24 hourly from %s", len(r.Buckets), r.BucketMS, r.Buckets[0], from)
 	}
 	check := func(what string, got, want any) {
 		t.Helper()
@@ -604,15 +606,15 @@ func TestRecordsArePlacedByTheTimeTheServicesGoBy(t *testing.T) {
 	stored := from.Add(20 * time.Hour)
 	for _, c := range []struct {
 		at   time.Time
-		want int
+		want time.Time // the start of the bucket
 	}{
-		{from.Add(3*time.Hour + 10*time.Minute), 3},       // believed
-		{time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC), 20}, // ahead: its store time
-		{from.Add(-90 * 24 * time.Hour), 20},              // far behind: its store time
-		{time.Time{}, 20},                                 // none
+		{from.Add(3*time.Hour + 10*time.Minute), from.Add(3*time.Hour + 10*time.Minute)}, // believed
+		{time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC), stored},                            // ahead: its store time
+		{from.Add(-90 * 24 * time.Hour), stored},                                         // far behind: its store time
+		{time.Time{}, stored},                                                            // none
 	} {
-		if got := a.bucketOf(events.At(c.at), stored); got != c.want {
-			t.Errorf("at %s stored %s: bucket %d, want %d", c.at, stored, got, c.want)
+		if got := a.bucketOf(events.At(c.at), stored); !a.r.Buckets[got].Equal(c.want) {
+			t.Errorf("at %s stored %s: bucket of %s, want %s", c.at, stored, a.r.Buckets[got], c.want)
 		}
 	}
 	if a.r.Outside != 0 {

@@ -61,7 +61,7 @@ func (s *ProviderState) outageTransitions(cfg Config, c events.Classification, n
 		if s.RecoverySuccesses >= cfg.RecoveryMinSuccesses && span >= cfg.RecoveryMinTime {
 			since := s.OutageSince
 			reason := fmt.Sprintf("%d successes over %s since %s; the outage began %s and lasted %s",
-				s.RecoverySuccesses, span.Round(time.Millisecond), clock(s.RecoveringSince.Time), clock(since.Time), now.Sub(since.Time).Round(time.Millisecond))
+				s.RecoverySuccesses, span.Round(time.Second), clock(s.RecoveringSince.Time), clock(since.Time), now.Sub(since.Time).Round(time.Second))
 			s.Outage, s.OutageSince, s.OutageReason = false, events.Time{}, ""
 			s.RecoveringSince, s.RecoverySuccesses, s.Streak = events.Time{}, 0, nil
 			obs.Health = append(obs.Health, s.health(now, events.HealthRecovered, reason))
