@@ -12,6 +12,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -230,8 +231,14 @@ func serve(ctx context.Context, spec Spec, c common, pol *policy.Policy, log zer
 // bounds how long classification stalls after a node loss.
 func TopologyOptions(pol *policy.Policy, replicas int, ackWait time.Duration) topology.Options {
 	o := topology.Options{Replicas: replicas, AckWait: ackWait}
-	if pol != nil && pol.Refusal.StateTTL > 0 {
+	if pol == nil {
+		return o
+	}
+	if pol.Refusal.StateTTL > 0 {
 		o.BucketTTL = map[string]time.Duration{topology.BucketRefusals: pol.Refusal.StateTTL}
+	}
+	if n := pol.Limits.TaskBytes; n > 0 && n <= math.MaxInt32 {
+		o.MaxMsgSize = map[string]int32{topology.StreamTasks: int32(n)}
 	}
 	return o
 }

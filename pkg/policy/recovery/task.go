@@ -54,8 +54,15 @@ func (c *Core) task(ctx context.Context, t events.Task, seq uint64, stored, now 
 		q.Held++
 		return true, nil
 	})
-	if err != nil || held {
+	if err != nil {
 		return err
+	}
+	if held {
+		// Indexed while held (attempt 0), so a redispatch of it (its
+		// subagent killed in a checklist) carries the submitted payload
+		// and supersedes the held copy (drain skips it): one live
+		// dispatch per task.
+		return c.indexTask(ctx, &StoredTask{Seq: seq, Task: t}, 0)
 	}
 	_, err = c.dispatch(ctx, &StoredTask{Seq: seq, Task: t}, 1, "submitted; "+providerWords(t.Provider)+" is up", now, stored, now)
 	return err
@@ -125,9 +132,8 @@ func (c *Core) indexTask(ctx context.Context, t *StoredTask, attempt int) error 
 		}
 		if idx == nil {
 			idx = &TaskIndex{ID: t.Task.ID, Seq: t.Seq, Agent: t.Task.Agent, Provider: t.Task.Provider}
-		}
-		if idx.Attempt >= attempt && idx.Seq != 0 {
-			return nil
+		} else if idx.Agent != t.Task.Agent || idx.Attempt >= attempt && idx.Seq != 0 {
+			return nil // another agent's task of the same id, or indexed already
 		}
 		idx.Attempt = max(idx.Attempt, attempt)
 		if idx.Seq == 0 {
@@ -141,6 +147,17 @@ func (c *Core) indexTask(ctx context.Context, t *StoredTask, attempt int) error 
 		return nil
 	}
 	return fmt.Errorf("recovery: task index %q: %w", t.Task.ID, ErrConflict)
+}
+
+// superseded reports whether a held task was already dispatched by a
+// redispatch (the index of this copy names an attempt), so releasing it
+// would make a second live dispatch of one task.
+func (c *Core) superseded(ctx context.Context, t *StoredTask) (bool, error) {
+	idx, _, err := c.st.LoadTaskIndex(ctx, t.Task.ID)
+	if err != nil || idx == nil {
+		return false, err
+	}
+	return idx.Seq == t.Seq && idx.Agent == t.Task.Agent && idx.Attempt >= 1, nil
 }
 
 // drain releases the provider's held tasks in stream order, one per
@@ -181,6 +198,20 @@ func (c *Core) drain(ctx context.Context, provider string, reason string, now ti
 		}
 		t := tasks[0]
 		if q.Sending == nil || q.Sending.Seq != t.Seq {
+			superseded, err := c.superseded(ctx, &t)
+			if err != nil {
+				return false, err
+			}
+			if superseded {
+				// Redispatched in a checklist (its subagent was killed):
+				// that attempt is the task's live dispatch; this copy is
+				// passed over, not released.
+				q.Cursor, q.Held = t.Seq, max(q.Held-1, 0)
+				if _, err := c.st.SaveProvider(ctx, r, rev); err != nil && !errors.Is(err, ErrConflict) {
+					return false, err
+				}
+				continue
+			}
 			// Claim the task before sending it: a driver that resumes
 			// after a crash between send and cursor update knows since
 			// when the dispatch may be in the stream (the dedupe-window
