@@ -38,7 +38,7 @@ type Entry struct {
 	// AgentKey hashes, the latest last, at most
 	// Config.MaxAgentsPerProfile: switch_profile names the profile only to
 	// them.
-	Agents []uint64 `msgpack:"agents,omitempty" json:"agents,omitempty"`
+	Agents Keys `msgpack:"agents,omitempty" json:"agents,omitempty"`
 }
 
 // Mark is one outcome counted by a rule: its id, so that a redelivered or
@@ -94,7 +94,7 @@ type ProviderState struct {
 	// Calls are the provider's latest calls by own time, oldest first, at
 	// most Config.ErrorSample of them: what the degraded rule's share and
 	// the outage of nothing succeeding are taken over.
-	Calls []Call `msgpack:"calls,omitempty" json:"calls,omitempty"`
+	Calls Calls `msgpack:"calls,omitempty" json:"calls,omitempty"`
 	// LastSuccess is the own time of the provider's latest success, any
 	// profile or model.
 	LastSuccess events.Time `msgpack:"last_success,omitempty" json:"last_success,omitzero"`
@@ -379,7 +379,7 @@ func (s *ProviderState) count(cfg Config, c events.Classification, t time.Time, 
 
 // remember puts agent's key last in keys, dropping the oldest beyond
 // limit (0: no limit).
-func remember(keys []uint64, agent string, limit int) []uint64 {
+func remember(keys Keys, agent string, limit int) Keys {
 	if agent == "" {
 		return keys
 	}
