@@ -676,7 +676,7 @@ func TestRoles(t *testing.T) {
 		publish(events.RecoverySubject("openai")), publish(events.NotifySubject("critical")),
 		publish(events.AuditSubject("notifier", "sent")), publish(events.DLQSubject("classifier")),
 		read(sOut, "failbus.outcome.>"), read(sRet, "failbus.retry.>"),
-		streamInfo(sOut), streamInfo(topology.StreamHealth), lastMsg(sDec, events.DecisionSubject("a1")),
+		streamInfo(sOut), lastMsg(sDec, events.DecisionSubject("a1")),
 		fetchAck(sRet, topology.ConsumerSchedulerControl), lastPerSubject(sOut, "failbus.outcome.openai.*"),
 		durableFor(sRet, topology.ConsumerSchedulerControl, events.RetryDueSubject("a1")),
 		kvGet(topology.BucketRefusals), kvPut(topology.BucketHeartbeats),
@@ -694,6 +694,8 @@ func TestRoles(t *testing.T) {
 			read(topology.StreamControl, events.ControlSubject(a)), read(topology.StreamDispatch, events.DispatchSubject(a)),
 			ownDurable(sDec, "agent-"+a+"-decisions", events.DecisionSubject(a)),
 			streamInfo(sDec), streamInfo(sRet), streamInfo(topology.StreamDispatch), streamInfo(topology.StreamControl),
+			// A held call reads its provider's health.
+			streamInfo(topology.StreamHealth), read(topology.StreamHealth, events.HealthSubject("openai")),
 			route(),
 		}
 	}

@@ -233,12 +233,14 @@ func Agent(name string) Role {
 			events.RetryPrefix + ".due." + a,
 			events.DispatchPrefix + "." + a,
 			events.ControlPrefix + "." + a,
+			// A held call resumes when its provider's health says so.
+			events.HealthPrefix + ".>",
 		},
 		Request: []string{events.RefusalRouteSubject},
 		// What it reads, for the TypeScript client's ordered readers. With
 		// a subjects filter the info also lists which agents' subjects
 		// hold messages (names and counts, not contents).
-		Info: []string{topology.StreamDecisions, topology.StreamRetries, topology.StreamDispatch, topology.StreamControl},
+		Info: []string{topology.StreamDecisions, topology.StreamRetries, topology.StreamDispatch, topology.StreamControl, topology.StreamHealth},
 	}
 	if name != "*" {
 		r.Name = RoleAgent + "-" + a

@@ -43,6 +43,9 @@ func (h *Heartbeat) Validate() error {
 	if h.IntervalMS < 0 {
 		return &FieldError{Field: "interval_ms", Problem: "negative"}
 	}
+	if n := len(h.Checkpoint); n > MaxCheckpointBytes {
+		return &FieldError{Field: "checkpoint", Problem: fmt.Sprintf("%d bytes exceed the limit of %d (a reference to where the work is kept, not the work)", n, MaxCheckpointBytes)}
+	}
 	return nil
 }
 

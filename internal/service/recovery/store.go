@@ -284,6 +284,16 @@ func (s *Store) PutHeartbeat(ctx context.Context, h events.Heartbeat) error {
 	return fmt.Errorf("heartbeat %s: %w", key, recovery.ErrConflict)
 }
 
+// Heartbeat implements recovery.Heartbeats.
+func (s *Store) Heartbeat(ctx context.Context, agent, subagent string) (*events.Heartbeat, error) {
+	var h events.Heartbeat
+	_, found, err := getKV(ctx, s.heartbeats, heartbeatKey(agent, subagent), &h)
+	if err != nil || !found {
+		return nil, err
+	}
+	return &h, nil
+}
+
 // LatestHeartbeats implements recovery.Heartbeats: a snapshot of the bucket
 // (every current value, topology.LatestEntries).
 func (s *Store) LatestHeartbeats(ctx context.Context) ([]events.Heartbeat, error) {

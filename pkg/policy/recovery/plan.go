@@ -161,7 +161,7 @@ func (c *Core) plan(ctx context.Context, r *ProviderRecord, e *Episode, step str
 // agent's task: a task id another agent submitted is never touched (the
 // subject is the identity; task ids are the agents' own).
 func (c *Core) redispatch(ctx context.Context, provider string, k events.SubagentRef, now time.Time) (*DispatchRef, error) {
-	d := &DispatchRef{TaskID: k.TaskID, Agent: k.Agent, Provider: provider, At: events.At(now), Attempt: 2}
+	d := &DispatchRef{TaskID: k.TaskID, Agent: k.Agent, Provider: provider, At: events.At(now), Attempt: 2, Subagent: k.Subagent}
 	idx, _, err := c.st.LoadTaskIndex(ctx, k.TaskID)
 	if err != nil {
 		return nil, err

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -445,7 +446,7 @@ func TestRedispatchedHeldTaskIsNotReleasedAgain(t *testing.T) {
 		f.step(at, in)
 		if i%2 == 0 { // half of them a subagent works on, then goes silent
 			f.step(at, recovery.Input{Heartbeat: &events.Heartbeat{At: events.At(at), Agent: "a", Subagent: fmt.Sprintf("s%d", i),
-				Provider: down, TaskID: fmt.Sprintf("job-%d", i), IntervalMS: 1000}})
+				Provider: down, TaskID: fmt.Sprintf("job-%d", i), IntervalMS: 1000, Checkpoint: fmt.Sprintf("ckpt-%d", i)}})
 		}
 	}
 	// Agent b's silent subagent names a's task: b's heartbeat is about b.
@@ -463,6 +464,9 @@ func TestRedispatchedHeldTaskIsNotReleasedAgain(t *testing.T) {
 		dispatches[d.Agent+"/"+d.TaskID] = append(dispatches[d.Agent+"/"+d.TaskID], d.Attempt)
 		if d.Agent == "a" && string(d.Payload) != string(mustPayload(d.TaskID)) {
 			t.Errorf("%s attempt %d carries payload %q, want the submitted one", d.TaskID, d.Attempt, d.Payload)
+		}
+		if want := "ckpt-" + strings.TrimPrefix(d.TaskID, "job-"); d.Agent == "a" && d.Attempt == 2 && d.Checkpoint != want {
+			t.Errorf("%s attempt 2 carries checkpoint %q, want the killed subagent's last (%s)", d.TaskID, d.Checkpoint, want)
 		}
 	}
 	for i := range n {

@@ -64,7 +64,7 @@ func (c *Core) task(ctx context.Context, t events.Task, seq uint64, stored, now 
 		// dispatch per task.
 		return c.indexTask(ctx, &StoredTask{Seq: seq, Task: t}, 0)
 	}
-	_, err = c.dispatch(ctx, &StoredTask{Seq: seq, Task: t}, 1, "submitted; "+providerWords(t.Provider)+" is up", now, stored, now)
+	_, err = c.dispatch(ctx, &StoredTask{Seq: seq, Task: t}, 1, "submitted; "+providerWords(t.Provider)+" is up", "", now, stored, now)
 	return err
 }
 
@@ -108,13 +108,13 @@ func (c *Core) anyProviderHolding(ctx context.Context) (bool, error) {
 }
 
 // dispatch sends attempt n of a stored task (once: the ledger) at `at`,
-// and moves the task's index to that attempt. plannedAt is the earliest
-// time it may have been sent before (see Core.send). It reports whether it
-// sent.
-func (c *Core) dispatch(ctx context.Context, t *StoredTask, attempt int, reason string, at, plannedAt, now time.Time) (bool, error) {
+// with the checkpoint to resume from (a re-dispatch), and moves the task's
+// index to that attempt. plannedAt is the earliest time it may have been
+// sent before (see Core.send). It reports whether it sent.
+func (c *Core) dispatch(ctx context.Context, t *StoredTask, attempt int, reason, checkpoint string, at, plannedAt, now time.Time) (bool, error) {
 	d := &events.Dispatch{
 		TaskID: t.Task.ID, Attempt: attempt, At: events.At(at), Agent: t.Task.Agent,
-		Provider: t.Task.Provider, Kind: t.Task.Kind, Payload: t.Task.Payload, Reason: reason,
+		Provider: t.Task.Provider, Kind: t.Task.Kind, Payload: t.Task.Payload, Reason: reason, Checkpoint: checkpoint,
 	}
 	sent, err := c.send(ctx, DispatchID(d.TaskID, attempt), events.DispatchSubject(d.Agent), d, plannedAt, now)
 	if err != nil || !sent {
@@ -226,7 +226,7 @@ func (c *Core) drain(ctx context.Context, provider string, reason string, now ti
 		if q.NextAt.After(now) {
 			due = q.NextAt.Time
 		}
-		sent, err := c.dispatch(ctx, &t, 1, reason, due, q.Sending.Since.Time, now)
+		sent, err := c.dispatch(ctx, &t, 1, reason, "", due, q.Sending.Since.Time, now)
 		if err != nil {
 			return false, err
 		}
