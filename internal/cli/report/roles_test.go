@@ -87,7 +87,8 @@ func TestOperatorCommandsUnderTheirRoles(t *testing.T) {
 }
 
 // TestOperatorCommandsDeniedFailFast: a role that may not read what an
-// operator command reads (the agent's) is told so by the server at once;
+// operator command reads (the agent's, the notifier's) is told so by the
+// server at once;
 // each command fails with that denial, naming the subject and the user,
 // instead of waiting for a timeout, and prints nothing on stdout first (a
 // script believes the first line).
@@ -108,25 +109,31 @@ func TestOperatorCommandsDeniedFailFast(t *testing.T) {
 	if err := os.WriteFile(newPolicy, []byte("retry:\n  max_retries: 1\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	for _, args := range [][]string{
-		{"health"},
-		{"health", "--json", "openai"},
-		{"report", "--json", "--since", "1h"},
-		{"dlq", "ls"},
-		{"dlq", "show", "1"},
-		{"lag"},
-		{"shadow", "--policy", newPolicy},
-		{"tail", "--no-follow", "failbus.dlq.>"},
-		{"tail", "--last", "1", "--no-follow", "failbus.health.>"},
+	// The agent role reads health (a held call waits for it), so health is
+	// run as the notifier, which does not.
+	for _, c := range []struct {
+		role string
+		args []string
+	}{
+		{auth.RoleNotifier, []string{"health"}},
+		{auth.RoleNotifier, []string{"health", "--json", "openai"}},
+		{auth.RoleAgent, []string{"report", "--json", "--since", "1h"}},
+		{auth.RoleAgent, []string{"dlq", "ls"}},
+		{auth.RoleAgent, []string{"dlq", "show", "1"}},
+		{auth.RoleAgent, []string{"lag"}},
+		{auth.RoleAgent, []string{"shadow", "--policy", newPolicy}},
+		{auth.RoleAgent, []string{"tail", "--no-follow", "failbus.dlq.>"}},
+		{auth.RoleNotifier, []string{"tail", "--last", "1", "--no-follow", "failbus.health.>"}},
 	} {
-		t.Run(strings.Join(args, " "), func(t *testing.T) {
+		args := c.args
+		t.Run(c.role+" "+strings.Join(args, " "), func(t *testing.T) {
 			t.Parallel()
 			var stdout, stderr bytes.Buffer
 			start := time.Now()
-			code := cli.Main(commands, append(args, "--server", bus.Srv.ClientURL(), "--nkey", set.Seed(auth.RoleAgent)), nil, &stdout, &stderr)
+			code := cli.Main(commands, append(args, "--server", bus.Srv.ClientURL(), "--nkey", set.Seed(c.role)), nil, &stdout, &stderr)
 			took := time.Since(start)
 			errOut := stderr.String()
-			if code != 1 || !strings.Contains(errOut, "permission denied") || !strings.Contains(errOut, "as user agent") {
+			if code != 1 || !strings.Contains(errOut, "permission denied") || !strings.Contains(errOut, "as user "+c.role) {
 				t.Errorf("exit %d, stderr %q; want 1 and the denial named", code, errOut)
 			}
 			for _, waited := range []string{"timeout", "deadline exceeded", "timed out"} {
