@@ -57,7 +57,7 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { setMaxListeners } from "node:events";
 import { mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { join, relative } from "node:path";
 import { pathToFileURL } from "node:url";
 
 import { DeliverPolicy, jetstream } from "@nats-io/jetstream";
@@ -137,7 +137,11 @@ export interface Row {
 
 /** What the `call` row's promises are checked against. */
 export interface CallFigures {
-  /** Non-probe calls an agent made to the provider while it held on wait_provider: the promise is none. */
+  /**
+   * Non-probe calls an agent made to the provider between being told
+   * wait_provider and the bus saying the provider recovered: the promise
+   * is none.
+   */
   calls_while_held: number;
   /** Non-probe calls answered by an outage window that arrived after the bus declared the outage. */
   outage_calls_after_declared: number;
@@ -490,7 +494,8 @@ function piStepper(o: DrillOptions, chaos: string, deadline: AbortSignal): (agen
 
 interface CallFleet {
   agents: Map<string, Agent>;
-  holds: Map<string, [number, number][]>; // agent -> [from, to) while held on wait_provider
+  /** agent -> when it was told wait_provider (ms): it holds from then until the bus says the provider recovered. */
+  waits: Map<string, number[]>;
   decisions: Record<string, number>;
 }
 
@@ -499,9 +504,8 @@ function callStepper(o: DrillOptions, chaos: string, deadline: AbortSignal, flee
   const resumeWindowMs = Math.max(1, Math.round(10_000 * o.scale));
   return (name) => {
     const agent = fleet.agents.get(name)!;
-    const holds: [number, number][] = [];
-    fleet.holds.set(name, holds);
-    let heldSince = 0;
+    const waits: number[] = [];
+    fleet.waits.set(name, waits);
     const remap = new Map<string, string>(); // profile -> the profile a call ended on
     /** attempt is the call function: one streamed request at the attempt's target. */
     async function attempt(at: Attempt, t: Task, agentName: string): Promise<string | undefined> {
@@ -539,27 +543,17 @@ function callStepper(o: DrillOptions, chaos: string, deadline: AbortSignal, flee
           stallAfterMs, resumeWindowMs, signal: deadline,
           onStep: (s) => {
             if (s.decision) fleet.decisions[s.decision.action] = (fleet.decisions[s.decision.action] ?? 0) + 1;
-            if (s.decision?.action === "wait_provider") heldSince = Date.now();
+            if (s.decision?.action === "wait_provider") waits.push(Date.now());
           },
         };
         try {
-          const { value, trail } = await call(agent, req, (at) => {
-            if (heldSince && !at.probe) {
-              holds.push([heldSince, Date.now()]);
-              heldSince = 0;
-            }
-            return attempt(at, t, name);
-          });
+          const { value, trail } = await call(agent, req, (at) => attempt(at, t, name));
           const ended = trail[trail.length - 1]?.target.profile;
           if (ended && ended !== profile) remap.set(t.profile, ended);
           if (value === undefined) throw new Error("no answer");
           answered(t, step, value);
           return true;
         } catch (err) {
-          if (heldSince) {
-            holds.push([heldSince, Date.now()]);
-            heldSince = 0;
-          }
           if (!(err instanceof DecisionError) || deadline.aborted) throw err;
           switch (err.action) {
             case "rerender":
@@ -665,18 +659,26 @@ function figures(o: DrillOptions, s: Strategy, log: LogRecord[], windows: Window
   };
 }
 
-/** callChecks measures the `call` row's promises against the provider's log and the bus's health record. */
+/**
+ * callChecks measures the `call` row's promises against the provider's log
+ * and the bus's health records: an agent told wait_provider holds from that
+ * moment until the bus says the provider recovered (or is healthy), and
+ * every non-probe call it made in between is one it should not have made.
+ */
 async function callChecks(log: LogRecord[], windows: Window[], fleet: CallFleet, busURL: string, started: number): Promise<CallFigures> {
   const byName = new Map(windows.map((w) => [w.name, w]));
   const outage = (r: LogRecord) => !!r.window && OUTAGE_KINDS.has(byName.get(r.window)?.kind ?? "");
+  const health = await healthSince(busURL, "openai", started);
+  const back = (t: number) => health.find((h) => (h.state === "recovered" || h.state === "healthy") && h.at > t)?.at ?? Infinity;
+  const holds = new Map([...fleet.waits].map(([agent, ts]) => [agent, ts.map((t): [number, number] => [t, back(t)])]));
   let whileHeld = 0;
   for (const r of log) {
     if (r.provider.endsWith(".probe")) continue;
     const agent = r.provider.slice(0, r.provider.lastIndexOf(".t"));
     const at = Date.parse(r.at);
-    if ((fleet.holds.get(agent) ?? []).some(([from, to]) => at > from && at < to)) whileHeld++;
+    if ((holds.get(agent) ?? []).some(([from, to]) => at > from && at < to)) whileHeld++;
   }
-  const declared = await outageDeclared(busURL, "openai", started);
+  const declared = health.find((h) => h.state === "outage")?.at;
   return {
     calls_while_held: whileHeld,
     outage_calls_after_declared: declared === undefined ? 0
@@ -686,23 +688,24 @@ async function callChecks(log: LogRecord[], windows: Window[], fleet: CallFleet,
   };
 }
 
-/** outageDeclared is when the bus first said provider is in an outage after since (ms), if it did. */
-async function outageDeclared(busURL: string, provider: string, since: number): Promise<number | undefined> {
+/** healthSince is provider's health records on the bus since since (ms), in order. */
+async function healthSince(busURL: string, provider: string, since: number): Promise<{ at: number; state: string }[]> {
   const nc = await connect({ servers: busURL });
   try {
     const js = jetstream(nc);
     const c = await js.consumers.get("FAILBUS_HEALTH", { filter_subjects: Subject.health(provider), deliver_policy: DeliverPolicy.StartTime,
       opt_start_time: new Date(since).toISOString() });
     const info = await c.info(true);
-    if (info.num_pending === 0) return undefined;
+    const out: { at: number; state: string }[] = [];
+    if (info.num_pending === 0) return out;
     const batch = await c.fetch({ max_messages: info.num_pending, expires: 5000 });
-    let n = 0;
     for await (const m of batch) {
       const h = decodeRecord<Health>(m.subject, m.headers?.get("Failbus-Schema") || undefined, m.data, Schema.health, ["provider", "state"], ["at"]);
-      if (h.state === "outage" && h.at) return h.at.getTime();
-      if (++n === info.num_pending) break;
+      out.push({ at: h.at?.getTime() ?? 0, state: h.state });
+      if (out.length === info.num_pending) break;
     }
-    return undefined;
+    await c.delete().catch(() => false);
+    return out;
   } finally {
     await nc.close();
   }
@@ -720,7 +723,7 @@ async function runStrategy(o: DrillOptions, s: Strategy, windows: Window[], dir:
   setMaxListeners(0, deadline); // every call in flight listens to it
   const agents = Array.from({ length: o.agents }, (_, i) => `${o.name}-${s}-a${i}`);
   o.progress(`drill: ${LABELS[s]}: ${o.agents} agents × ${o.tasks} tasks × ${o.steps} calls on ${chaos.url}, timeline ${(endMs / 1000).toFixed(1)}s`);
-  const fleet: CallFleet = { agents: new Map(), holds: new Map(), decisions: {} };
+  const fleet: CallFleet = { agents: new Map(), waits: new Map(), decisions: {} };
   const nc = s === "call" ? await connect({ servers: bus! }) : undefined;
   try {
     let stepper: (agent: string) => StepRunner;
@@ -791,9 +794,17 @@ export function table(r: DrillResult): string {
     x.burst_after_recovery, x.hung_calls].map(String));
   const w = head.map((h, i) => Math.max(h.length, ...lines.map((l) => l[i]!.length)));
   const fmt = (l: string[]) => l.map((c, i) => (i === 0 ? c.padEnd(w[i]!) : c.padStart(w[i]!))).join("  ");
+  const notes = r.rows.filter((x) => x.call).map((x) => {
+    const c = x.call!;
+    return `${x.label}: ${c.calls_while_held} calls to the provider while told to wait for it (probes aside); ` +
+      `${c.outage_calls_after_declared} into the outage after the bus declared it ` +
+      `(${c.outage_declared_ms === null ? "it never did" : `at ${(c.outage_declared_ms / 1000).toFixed(2)}s`}); decisions ` +
+      Object.entries(c.decisions).map(([k, v]) => `${k} ${v}`).join(", ");
+  });
   return [
-    `${r.agents} agents × ${r.tasks_per_agent} tasks × ${r.steps} calls; timeline ${r.timeline} at scale ${r.scale}; stall window ${r.stall_window_ms} ms`,
-    fmt(head), ...lines.map(fmt),
+    `${r.agents} agents × ${r.tasks_per_agent} tasks × ${r.steps} calls; timeline ${relative(repoRoot(), r.timeline)} at scale ${r.scale}; ` +
+      `stall window ${r.stall_window_ms} ms`,
+    fmt(head), ...lines.map(fmt), ...notes,
   ].join("\n");
 }
 
