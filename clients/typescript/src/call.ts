@@ -48,8 +48,10 @@ export interface CallRequest {
   /**
    * When the call names a session: the providers the segment may go to, in
    * order of preference (default: provider alone). Before the first
-   * attempt, and after a provider switch, the refusal tiers are asked, and
-   * a provider they exclude for this segment is left out.
+   * attempt, and after a provider switch, the refusal route is asked, and a
+   * provider it excludes for this segment is left out; when it allows none
+   * and skips one for an outage, the call holds on that one as on
+   * wait_provider, then asks again.
    */
   providers?: string[];
   /** session and segment key the context segment (`<session>#<segment>`) for the refusal tiers. */
@@ -174,7 +176,11 @@ export class TooManyAttemptsError extends CallError {
   }
 }
 
-/** NoProviderError: every provider of a segment is excluded by the refusal tiers now (each skipped, or frozen until a boundary). */
+/**
+ * NoProviderError: every provider of a segment is excluded by the refusal
+ * tiers now (each skipped, or frozen until a boundary). A provider the
+ * route skips for an outage is not a refusal: call holds on it instead.
+ */
 export class NoProviderError extends CallError {
   constructor(message: string, trail: Step[]) {
     super(message, trail);
@@ -265,6 +271,10 @@ export class Attempt implements Target {
  * resumeWindowMs), and throw a DecisionError for what only the caller can
  * do. It returns fn's result and the trail of attempts. Every wait ends with
  * req.signal, and call then rejects with the signal's reason.
+ *
+ * One difference from Go's agent.Call: a segment whose providers the route
+ * all excludes, one of them for an outage, holds here (probes answered)
+ * until that provider recovered, where Go's returns ErrNoProvider.
  *
  * fn must honour attempt.signal: call aborts it when the attempt is silent
  * for stallAfterMs, and goes on without waiting for an fn that ignores it.

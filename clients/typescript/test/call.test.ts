@@ -223,6 +223,47 @@ describe("call", () => {
     assert.equal(await stored("FAILBUS_RETRIES", Subject.retryStarted(agent.name)), 0, "no started record");
   });
 
+  test("a segment's call started during an outage holds until the provider recovered, where the route skips it", async () => {
+    // One agent's call finds the provider down and holds on wait_provider,
+    // answering the bus's probes; then another agent starts a call for a
+    // segment: the route skips the provider for the outage, and the call
+    // holds too (Go's Call returns ErrNoProvider here) and resumes after.
+    const provider = "ts-route-down";
+    let up = false;
+    let probes = 0;
+    const first = newAgent("ts-route-first");
+    let told!: () => void;
+    const waiting = new Promise<void>((r) => (told = r));
+    const held = call(first.agent, {
+      provider, turn: 1, step: 1, resumeWindowMs: 100, signal: AbortSignal.timeout(60_000),
+      onStep: (s) => s.decision?.action === "wait_provider" && told(),
+    }, async (at) => {
+      if (at.probe && ++probes > 2) up = true;
+      if (up) return "back";
+      throw new Error("dial tcp 10.0.0.1:443: connect: connection refused");
+    });
+    await waiting;
+    const second = newAgent("ts-route-second");
+    const skip = await until("the route to skip the provider for its outage", async () => {
+      const a = await second.agent.route("s-route", 1, [provider]);
+      return a.allowed.length === 0 ? a.skipped[0] : undefined;
+    }, 10_000);
+    assert.ok(!skip.next_probe_at && !skip.frozen, `an outage skip, not a refusal: ${JSON.stringify(skip)}`);
+    let early = 0;
+    const { value, trail } = await call(second.agent, {
+      provider, providers: [provider], session: "s-route", segment: 1, turn: 1, step: 1, resumeWindowMs: 100, signal: AbortSignal.timeout(60_000),
+    }, async () => {
+      if (!up) early++;
+      return "back";
+    });
+    assert.equal(value, "back");
+    assert.equal(early, 0, "attempts of the second call before the provider was back");
+    assert.equal(trail.length, 1);
+    assert.equal((await held).value, "back");
+    assert.ok(probes > 2);
+    assert.deepEqual([...first.errors, ...second.errors].map(String), []);
+  });
+
   test("wrap's outcome is an attempt's evidence: a 503 is decided, the answer after it returned", async () => {
     const srv = await serve((n, res) => {
       if (n === 1) {
