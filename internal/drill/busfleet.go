@@ -299,8 +299,28 @@ func (ag *busAgent) currentProfile(provider string) string {
 }
 
 // call runs one logical call under agent.Call, sending conv, and keeps
-// the profile switches the bus decided for the agent's next calls.
+// the profile switches the bus decided for the agent's next calls. When
+// the bus gives up on a key (its quota, its credentials) knowing no
+// other profile that works, the agent tries its other profile once: the
+// bus cannot know a profile nobody has used yet.
 func (ag *busAgent) call(ctx context.Context, req agent.Request, conv []message, in intent) (string, error) {
+	text, err := ag.callOnce(ctx, req, conv, in)
+	var de *agent.DecisionError
+	if errors.As(err, &de) && de.Action() == events.ActionGiveUp && (de.Decision.Class == events.ClassQuotaExhausted || de.Decision.Class == events.ClassAuth) {
+		p := de.Outcome.Provider
+		ag.mu.Lock()
+		other := ProfileBackup
+		if de.Outcome.Profile == ProfileBackup {
+			other = ProfileMain
+		}
+		ag.profile[p] = other
+		ag.mu.Unlock()
+		return ag.callOnce(ctx, req, conv, in)
+	}
+	return text, err
+}
+
+func (ag *busAgent) callOnce(ctx context.Context, req agent.Request, conv []message, in intent) (string, error) {
 	r := ag.f.r
 	req.Model = r.sdks.models[req.Provider]
 	req.Profile = ag.currentProfile(req.Provider)
@@ -355,6 +375,11 @@ func (ag *busAgent) call(ctx context.Context, req agent.Request, conv []message,
 		}
 	}
 	ag.mu.Unlock()
+	for _, s := range trail {
+		if s.Decision != nil {
+			r.track.decided(s.Decision.Action)
+		}
+	}
 	return text, err
 }
 
@@ -502,7 +527,6 @@ func (ag *busAgent) probe(ctx context.Context, c events.Control) error {
 		}
 		o.Status, o.Body, o.Headers, o.TransportError, o.UpstreamCode = ev.Status, ev.Body, ev.Headers, ev.TransportError, ev.UpstreamCode
 	}
-	r.track.add(&r.track.probes, 1)
 	return ag.a.Report(ctx, o)
 }
 

@@ -11,59 +11,87 @@ import (
 	"github.com/failbus/failbus/pkg/events"
 )
 
-// Reasons a call was wasted (Row.WastedBy), checked in this order: a
-// call is counted under the first that applies.
+// Reasons a call was wasted (the fields of Waste), checked in this order:
+// a call is counted under the first that applies.
 const (
 	// WasteOutage: sent to the provider during its outage, other than a
 	// probe the bus asked for.
 	WasteOutage = "outage"
-	// WasteCappedKey: sent with a key past its cap, after the first call
+	// WastePastCap: sent with a key past its cap, after the first call
 	// that found it capped.
-	WasteCappedKey = "capped_key"
-	// WasteRefusedAgain: a segment re-sent to the provider that already
+	WastePastCap = "past_cap"
+	// WasteRefusedResent: a segment re-sent to the provider that already
 	// refused it.
-	WasteRefusedAgain = "refused_again"
+	WasteRefusedResent = "refused_resent"
 	// WasteNonRetryable: the same prompt re-sent with the same key to the
 	// same provider after a non-retryable error (a 4xx other than 408,
 	// 409 and a rate limit).
-	WasteNonRetryable = "non_retryable_retried"
+	WasteNonRetryable = "nonretryable_retried"
 )
 
-// Row is one strategy's figures: a row of the table and of --json. Rows
-// made elsewhere (the TypeScript drill) use the same fields. Times are
-// timeline seconds.
+// Waste is a row's wasted calls by reason, their total and the prompt
+// tokens they carried.
+type Waste struct {
+	Outage              int `json:"outage"`
+	PastCap             int `json:"past_cap"`
+	RefusedResent       int `json:"refused_resent"`
+	NonretryableRetried int `json:"nonretryable_retried"`
+	Total               int `json:"total"`
+	PromptTokens        int `json:"prompt_tokens"`
+}
+
+func (w *Waste) add(reason string, tokens int) {
+	switch reason {
+	case WasteOutage:
+		w.Outage++
+	case WastePastCap:
+		w.PastCap++
+	case WasteRefusedResent:
+		w.RefusedResent++
+	case WasteNonRetryable:
+		w.NonretryableRetried++
+	}
+	w.Total++
+	w.PromptTokens += tokens
+}
+
+// Row is one strategy's figures: a row of the table and of --json. The
+// TypeScript client's drill (clients/typescript/test/drill.ts) writes
+// rows with the same JSON names; a figure a row does not carry is shown
+// as "—". Times are timeline seconds unless named otherwise.
 type Row struct {
-	// Strategy names the strategy (StrategySDK, StrategyFailbus, or
-	// another client's); Client says what it is made of.
+	// Strategy names the strategy (StrategySDK, StrategyFailbus; the
+	// TypeScript drill's "openai", "pi", "call"), Label says what it is
+	// in words, Client is the language ("go", "typescript").
 	Strategy string `json:"strategy"`
+	Label    string `json:"label"`
 	Client   string `json:"client"`
 	// CountedFrom is "provider" (the chaos server's log) or "client"
 	// (what the fleet sent, against a real provider).
-	CountedFrom string `json:"counted_from"`
+	CountedFrom string `json:"counted_from,omitempty"`
 
 	// Tasks, Completed and Lost: every task is completed or lost by the
-	// end of the run; CompletedTwice counts tasks completed more than
-	// once; LostWhy says why, by reason.
+	// end of the run; LostBy says why, by reason; CompletedTwice counts
+	// tasks completed more than once.
 	Tasks          int            `json:"tasks"`
 	Completed      int            `json:"completed"`
 	Lost           int            `json:"lost"`
+	LostBy         map[string]int `json:"lost_by,omitempty"`
 	CompletedTwice int            `json:"completed_twice"`
-	LostWhy        map[string]int `json:"lost_why,omitempty"`
 
-	// Calls is what the provider received; SDKRetries those of them an
-	// SDK sent as its own retry (X-Stainless-Retry-Count ≥ 1).
+	// Calls is what the provider received, Probes those of them that
+	// were probes the bus asked for, SDKRetries those an SDK sent as its
+	// own retry (X-Stainless-Retry-Count ≥ 1).
 	Calls      int `json:"calls"`
+	Probes     int `json:"probes"`
 	SDKRetries int `json:"sdk_retries"`
-	// Wasted calls, by reason (the Waste* names), and the prompt tokens
-	// they carried.
-	Wasted       int            `json:"wasted"`
-	WastedBy     map[string]int `json:"wasted_by"`
-	WastedTokens int            `json:"wasted_tokens"`
-	// CallsPerCompleted is Calls / Completed.
+	// Wasted are the calls that could not have helped.
+	Wasted Waste `json:"wasted"`
+	// CallsPerCompleted is Calls / Completed (0 when none completed).
 	CallsPerCompleted float64 `json:"calls_per_completed_task"`
 	// Burst is the most calls the outage's provider got within one
-	// second after it came back: in the minute after the outage, or until
-	// the next window opens if that is sooner.
+	// second after it came back, at BurstAt: in the minute after the
+	// outage, or until the next window opens if that is sooner.
 	Burst   int     `json:"burst_after_recovery"`
 	BurstAt float64 `json:"burst_at_s"`
 	// Hung counts the calls whose answer lasted more than 1.5 × the
@@ -87,8 +115,8 @@ type Row struct {
 	Killed        int `json:"subagents_killed"`
 	WronglyKilled int `json:"subagents_wrongly_killed"`
 	// Crons: scheduled runs (those the end of the run cut short left
-	// out), re-run after an outage, missed for good (no successful run). WritesRedone: memory writes redone after a
-	// check_write.
+	// out), re-run after an outage, missed for good (no successful run).
+	// WritesRedone: memory writes redone after a check_write.
 	CronsScheduled int `json:"crons_scheduled"`
 	CronsRerun     int `json:"crons_rerun"`
 	CronsMissed    int `json:"crons_missed"`
@@ -105,32 +133,66 @@ type Row struct {
 	Refused int `json:"refused_calls"`
 
 	// Bus side (strategies on the bus): when it declared the outage and
-	// the recovery (timeline seconds, when the bus stored them; -1 when it
-	// did not), the attempts the fleet began on the outage's provider
-	// between the two while the outage lasted other than probes, probes
-	// the agents answered outside a Call, tasks re-dispatched.
-	OutageDeclared float64 `json:"outage_declared_s,omitempty"`
-	// Health lists the outages and recoveries the bus declared
-	// ("provider state@seconds"), the drill's and any other, then how
-	// often each provider's health went between degraded and healthy.
-	Health            []string `json:"health,omitempty"`
-	RecoveryDeclared  float64  `json:"recovery_declared_s,omitempty"`
-	CallsWhileDown    int      `json:"calls_while_known_down"`
-	Probes            int      `json:"probes"`
-	Redispatched      int      `json:"redispatched"`
-	StreamRestarts    int      `json:"stream_restarts"`
-	UnmatchedRequests int      `json:"unmatched_requests"`
-	AgentErrors       int      `json:"agent_errors,omitempty"`
-	LastAgentError    string   `json:"last_agent_error,omitempty"`
+	// the recovery (when the bus stored them; -1 when it did not), the
+	// attempts the fleet began on the outage's provider between the two
+	// while the outage lasted, other than probes (the promise is none),
+	// the outages and recoveries it declared ("provider state@seconds")
+	// and how often each provider's health went between degraded and
+	// healthy, tasks re-dispatched, streams restarted.
+	OutageDeclared   float64  `json:"outage_declared_s,omitempty"`
+	RecoveryDeclared float64  `json:"recovery_declared_s,omitempty"`
+	CallsWhileDown   int      `json:"calls_while_known_down"`
+	Health           []string `json:"health,omitempty"`
+	Redispatched     int      `json:"redispatched"`
+	StreamRestarts   int      `json:"stream_restarts"`
+	// Call is what the TypeScript drill's `call` row reports of its
+	// promises; the Go failbus row fills it as well.
+	Call *CallFigures `json:"call,omitempty"`
+
+	UnmatchedRequests int    `json:"unmatched_requests"`
+	AgentErrors       int    `json:"agent_errors,omitempty"`
+	LastAgentError    string `json:"last_agent_error,omitempty"`
 
 	// Seconds is how long the run took on the machine's clock.
 	Seconds float64 `json:"seconds"`
+
+	// present are the JSON names a row read from elsewhere carries (nil:
+	// a row of this drill, which carries all).
+	present map[string]bool
 }
+
+// CallFigures are the checks of a strategy on the bus, as the TypeScript
+// drill names them.
+type CallFigures struct {
+	// CallsWhileHeld: attempts other than probes an agent made to the
+	// provider while it was held on it (the Go row: while the bus knew it
+	// was down).
+	CallsWhileHeld int `json:"calls_while_held"`
+	// OutageCallsAfterDeclared: calls other than probes the outage
+	// answered that arrived after the bus declared it.
+	OutageCallsAfterDeclared int `json:"outage_calls_after_declared"`
+	// OutageDeclaredMS is when the bus declared the outage, in ms after
+	// the run started; nil when it did not.
+	OutageDeclaredMS *int64 `json:"outage_declared_ms"`
+	// Decisions the fleet got, by action.
+	Decisions map[string]int `json:"decisions"`
+}
+
+// Has reports whether the row carries the figure of JSON name key.
+func (r Row) Has(key string) bool { return r.present == nil || r.present[key] }
+
+// onBus reports a row of a strategy on the bus.
+func (r Row) onBus() bool { return r.Strategy == StrategyFailbus || r.Call != nil }
+
+// routeSlack is how old the refusal route's answer an attempt goes on
+// may be, for calls_while_known_down: the time between the answer and
+// the attempt's start on a loaded machine.
+const routeSlack = 100 * time.Millisecond
 
 // clients says what each Go strategy is made of.
 var clients = map[string]string{
-	StrategySDK:     "openai-go v3 + anthropic-sdk-go v2, their own retries (2)",
-	StrategyFailbus: "the same SDKs, retries off, each call under agent.Call",
+	StrategySDK:     "go: openai-go + anthropic-sdk-go, their own retries (2)",
+	StrategyFailbus: "go: the same SDKs, retries off, each call under failbus Call",
 }
 
 // nonRetryable reports a status no retry can change (a 4xx other than
@@ -145,8 +207,8 @@ func (r *run) figures(log chaos.Log, fromServer bool, bus *busFigures) Row {
 	cfg, tl := r.cfg, r.cfg.Timeline
 	outage, _ := tl.Fault(WindowOutage)
 	row := Row{
-		Strategy: r.strategy, Client: clients[r.strategy], CountedFrom: "provider",
-		Tasks: r.plan.Tasks, Calls: len(log), WastedBy: map[string]int{},
+		Strategy: r.strategy, Label: clients[r.strategy], Client: "go", CountedFrom: "provider",
+		Tasks: r.plan.Tasks, Calls: len(log),
 		StallSeconds: r.cfg.stallWall().Seconds() / cfg.Scale,
 	}
 	if !fromServer {
@@ -161,14 +223,17 @@ func (r *run) figures(log chaos.Log, fromServer bool, bus *busFigures) Row {
 	if bus != nil && !bus.OutageAt.IsZero() {
 		row.OutageDeclared, row.RecoveryDeclared = offset(bus.OutageAt), offset(bus.RecoveredAt)
 		// The attempts the fleet began on the provider while the bus
-		// said it was down, other than probes.
+		// said it was down, other than probes: from routeSlack after it
+		// stored the outage, since an attempt goes on a route answer that
+		// may be that old (check, then act).
+		known := bus.OutageAt.Add(routeSlack)
 		until := r.wallAt(outage.To)
 		if !bus.RecoveredAt.IsZero() && bus.RecoveredAt.Before(until) {
 			until = bus.RecoveredAt
 		}
 		for _, q := range r.ledger.sent() {
 			b := q.intent.Began
-			if q.Provider == ProviderOpenAI && q.intent.Kind != kindProbe && !b.Before(bus.OutageAt) && b.Before(until) {
+			if q.Provider == ProviderOpenAI && q.intent.Kind != kindProbe && !b.Before(known) && b.Before(until) {
 				row.CallsWhileDown++
 			}
 		}
@@ -197,6 +262,9 @@ func (r *run) figures(log chaos.Log, fromServer bool, bus *busFigures) Row {
 			row.Hung++
 		}
 		isProbe := in.Kind == kindProbe
+		if isProbe {
+			row.Probes++
+		}
 		if q.Fault == chaos.KindRefusal {
 			row.Refused++
 		}
@@ -211,12 +279,12 @@ func (r *run) figures(log chaos.Log, fromServer bool, bus *busFigures) Row {
 			waste = WasteOutage
 		case q.Window == WindowCapped || !fromServer && isQuota(q):
 			if cappedSeen[q.Key] {
-				waste = WasteCappedKey
+				waste = WastePastCap
 			}
 			cappedSeen[q.Key] = true
 		case q.Fault == chaos.KindRefusal:
 			if refused[seg] {
-				waste = WasteRefusedAgain
+				waste = WasteRefusedResent
 			}
 			refused[seg] = true
 		case rejected[s]:
@@ -227,9 +295,7 @@ func (r *run) figures(log chaos.Log, fromServer bool, bus *busFigures) Row {
 		}
 		r.wasteOf = append(r.wasteOf, waste)
 		if waste != "" {
-			row.Wasted++
-			row.WastedBy[waste]++
-			row.WastedTokens += q.Tokens
+			row.Wasted.add(waste, q.Tokens)
 		}
 		if in.Kind == kindStep {
 			k := stepKey{in.Task, in.Step}
@@ -256,7 +322,7 @@ func (r *run) figures(log chaos.Log, fromServer bool, bus *busFigures) Row {
 	}
 
 	c := r.track.counts(r.plan)
-	row.Completed, row.Lost, row.CompletedTwice, row.LostWhy = c.done, c.lost, c.twice, c.why
+	row.Completed, row.Lost, row.CompletedTwice, row.LostBy = c.done, c.lost, c.twice, c.why
 	if row.Completed > 0 {
 		row.CallsPerCompleted = math.Round(float64(row.Calls)/float64(row.Completed)*100) / 100
 	}
@@ -269,12 +335,24 @@ func (r *run) figures(log chaos.Log, fromServer bool, bus *busFigures) Row {
 	row.Crashed, row.Killed, row.WronglyKilled = t.crashed, t.killed, t.wronglyKilled
 	row.CronsScheduled, row.CronsRerun, row.WritesRedone = t.cronRuns-t.cronsCut, t.cronsRerun, t.writesRedone
 	row.CronsMissed = max(row.CronsScheduled-len(t.cronOK), 0)
-	row.StreamRestarts, row.Probes = t.restarts, t.probes
+	row.StreamRestarts = t.restarts
+	decisions := maps.Clone(t.decisions)
 	pages := t.pages
 	t.mu.Unlock()
 	if bus != nil {
 		row.Notifications, row.NotificationsAre = bus.NotifySent, fmt.Sprintf("sent by the notifier (%d asked for, %d held by the daily budget)", bus.NotifyRequests, bus.NotifyHeld)
 		row.Redispatched, row.AgentErrors, row.LastAgentError = bus.Redispatched, bus.AgentErrors, bus.LastAgentError
+		row.Call = &CallFigures{CallsWhileHeld: row.CallsWhileDown, Decisions: decisions}
+		if !bus.OutageAt.IsZero() {
+			ms := bus.OutageAt.Sub(r.start).Milliseconds()
+			row.Call.OutageDeclaredMS = &ms
+			for _, q := range log {
+				in, _ := r.ledger.intent(q.Fingerprint)
+				if q.Window == WindowOutage && in.Kind != kindProbe && q.At.After(bus.OutageAt) {
+					row.Call.OutageCallsAfterDeclared++
+				}
+			}
+		}
 		flaps := map[string]int{}
 		for _, h := range bus.Health {
 			if h.State == events.HealthOutage || h.State == events.HealthRecovered {

@@ -75,7 +75,7 @@ const (
 // the watchdog within what a loaded machine (and the bus's 250 ms
 // scheduler tick) can keep.
 const (
-	minHeartbeat = 400 * time.Millisecond
+	minHeartbeat = 250 * time.Millisecond
 	minStall     = 1500 * time.Millisecond
 )
 
@@ -179,14 +179,15 @@ func NewPlan(cfg Config, tl *chaos.Timeline) (*Plan, error) {
 }
 
 // chooseCrashes picks n tasks of the outage's provider (none with
-// flagged content) and moves their arrival to just before the outage, so
-// they are running, a step done and the next one due, when it begins.
+// flagged content) and moves their arrival to a few steps before the
+// outage, with steps enough to be running, some done and the next held,
+// well into it: a crash then hits a subagent that was working.
 func chooseCrashes(p *Plan, outage chaos.Fault, n int, rng *rand.Rand) []string {
 	type ref struct{ a, t int }
 	var candidates []ref
 	for i, a := range p.Agents {
 		for j, t := range a.Tasks {
-			if a.Primary == ProviderOpenAI && t.Marker == "" && t.Steps >= 2 {
+			if a.Primary == ProviderOpenAI && t.Marker == "" {
 				candidates = append(candidates, ref{i, j})
 			}
 		}
@@ -195,7 +196,8 @@ func chooseCrashes(p *Plan, outage chaos.Fault, n int, rng *rand.Rand) []string 
 	var ids []string
 	for k, c := range candidates[:min(n, len(candidates))] {
 		t := &p.Agents[c.a].Tasks[c.t]
-		t.Arrival = max(outage.From-stepGap*3/2-time.Duration(k)*100*time.Millisecond, 0)
+		t.Arrival = max(outage.From-3*stepGap-time.Duration(k)*100*time.Millisecond, 0)
+		t.Steps = max(t.Steps, crashSteps)
 		ids = append(ids, t.ID)
 	}
 	for i := range p.Agents {
@@ -204,6 +206,10 @@ func chooseCrashes(p *Plan, outage chaos.Fault, n int, rng *rand.Rand) []string 
 	slices.Sort(ids)
 	return ids
 }
+
+// crashSteps is the least number of steps of a task whose subagent
+// crashes: three done before the outage, the rest after.
+const crashSteps = 7
 
 func agentName(i int) string { return fmt.Sprintf("agent-%03d", i) }
 

@@ -2,6 +2,8 @@ package drill
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -110,31 +112,37 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	return rep, nil
 }
 
-// columns of the table: a header and how a row fills it.
+// columns of the table: a header, the JSON name of the figure (a row
+// read from elsewhere without it shows "—") and how a row fills it.
 var columns = []struct {
-	head string
-	cell func(Row) string
+	head, key string
+	cell      func(Row) string
 }{
-	{"strategy", func(r Row) string { return r.Strategy }},
-	{"done", func(r Row) string { return strconv.Itoa(r.Completed) }},
-	{"lost", func(r Row) string { return strconv.Itoa(r.Lost) }},
-	{"calls", func(r Row) string { return strconv.Itoa(r.Calls) }},
-	{"wasted", func(r Row) string { return strconv.Itoa(r.Wasted) }},
-	{"wasted tok", func(r Row) string { return strconv.Itoa(r.WastedTokens) }},
-	{"calls/done", func(r Row) string { return strconv.FormatFloat(r.CallsPerCompleted, 'f', 2, 64) }},
-	{"burst/s", func(r Row) string { return strconv.Itoa(r.Burst) }},
-	{"hung", func(r Row) string { return strconv.Itoa(r.Hung) }},
-	{"to humans", func(r Row) string { return strconv.Itoa(r.Notifications) }},
-	{"recovery→last done", func(r Row) string {
+	{"strategy", "strategy", func(r Row) string { return r.Strategy }},
+	{"done", "completed", func(r Row) string { return strconv.Itoa(r.Completed) }},
+	{"lost", "lost", func(r Row) string { return strconv.Itoa(r.Lost) }},
+	{"calls", "calls", func(r Row) string { return strconv.Itoa(r.Calls) }},
+	{"wasted", "wasted", func(r Row) string { return strconv.Itoa(r.Wasted.Total) }},
+	{"wasted tok", "wasted", func(r Row) string { return strconv.Itoa(r.Wasted.PromptTokens) }},
+	{"calls/done", "calls_per_completed_task", func(r Row) string {
+		if r.Completed == 0 {
+			return "—"
+		}
+		return strconv.FormatFloat(r.CallsPerCompleted, 'f', 2, 64)
+	}},
+	{"burst/s", "burst_after_recovery", func(r Row) string { return strconv.Itoa(r.Burst) }},
+	{"hung", "hung_calls", func(r Row) string { return strconv.Itoa(r.Hung) }},
+	{"to humans", "notifications", func(r Row) string { return strconv.Itoa(r.Notifications) }},
+	{"recovery→last done", "recovery_to_last_done_s", func(r Row) string {
 		if r.RecoveryToLastDone < 0 {
 			return "—"
 		}
 		return strconv.FormatFloat(r.RecoveryToLastDone, 'f', 1, 64) + "s"
 	}},
-	{"killed (wrong)", func(r Row) string { return fmt.Sprintf("%d (%d)", r.Killed, r.WronglyKilled) }},
-	{"crons re-run", func(r Row) string { return strconv.Itoa(r.CronsRerun) }},
-	{"writes redone", func(r Row) string { return strconv.Itoa(r.WritesRedone) }},
-	{"restart tok", func(r Row) string { return strconv.Itoa(r.RestartTokens) }},
+	{"killed (wrong)", "subagents_killed", func(r Row) string { return fmt.Sprintf("%d (%d)", r.Killed, r.WronglyKilled) }},
+	{"crons re-run", "crons_rerun", func(r Row) string { return strconv.Itoa(r.CronsRerun) }},
+	{"writes redone", "writes_redone", func(r Row) string { return strconv.Itoa(r.WritesRedone) }},
+	{"restart tok", "tokens_resent_after_restarts", func(r Row) string { return strconv.Itoa(r.RestartTokens) }},
 }
 
 // WriteTable writes the rows as one aligned table, the numbers
@@ -155,7 +163,11 @@ func WriteTable(w io.Writer, rows []Row) error {
 			if i > 0 {
 				b.WriteByte('\t')
 			}
-			b.WriteString(c.cell(r))
+			if r.Has(c.key) {
+				b.WriteString(c.cell(r))
+			} else {
+				b.WriteString("—")
+			}
 		}
 		fmt.Fprintln(tw, b.String()+"\t")
 	}
@@ -166,17 +178,29 @@ func WriteTable(w io.Writer, rows []Row) error {
 // the wasted calls by reason, why tasks were lost, and the bus's side.
 func WriteDetails(w io.Writer, rep *Report) {
 	for _, r := range rep.Rows {
-		fmt.Fprintf(w, "%s: %s; counted from the %s\n", r.Strategy, r.Client, r.CountedFrom)
-		fmt.Fprintf(w, "  wasted: %s\n", byReason(r.WastedBy, []string{WasteOutage, WasteCappedKey, WasteRefusedAgain, WasteNonRetryable}))
-		if len(r.LostWhy) > 0 {
-			fmt.Fprintf(w, "  lost: %s\n", byReason(r.LostWhy, nil))
+		fmt.Fprintf(w, "%s: %s", r.Strategy, r.Label)
+		if r.CountedFrom != "" {
+			fmt.Fprintf(w, "; counted from the %s", r.CountedFrom)
+		}
+		fmt.Fprintln(w)
+		ws := r.Wasted
+		fmt.Fprintf(w, "  wasted: %s\n", byReason(map[string]int{WasteOutage: ws.Outage, WastePastCap: ws.PastCap, WasteRefusedResent: ws.RefusedResent, WasteNonRetryable: ws.NonretryableRetried},
+			[]string{WasteOutage, WastePastCap, WasteRefusedResent, WasteNonRetryable}))
+		if len(r.LostBy) > 0 {
+			fmt.Fprintf(w, "  lost: %s\n", byReason(r.LostBy, nil))
+		}
+		if r.present != nil {
+			continue // a row made elsewhere: its own drill says the rest
 		}
 		fmt.Fprintf(w, "  to humans: %s\n", r.NotificationsAre)
-		fmt.Fprintf(w, "  SDK retries %d, subagents crashed %d, crons missed %d of %d, tokens saved by checkpoints %d, %.0fs\n",
-			r.SDKRetries, r.Crashed, r.CronsMissed, r.CronsScheduled, r.CheckpointTokens, r.Seconds)
+		fmt.Fprintf(w, "  SDK retries %d, refused calls %d, subagents crashed %d, crons missed %d of %d, tokens saved by checkpoints %d, %.0fs\n",
+			r.SDKRetries, r.Refused, r.Crashed, r.CronsMissed, r.CronsScheduled, r.CheckpointTokens, r.Seconds)
 		if r.OutageDeclared != 0 {
-			fmt.Fprintf(w, "  bus: outage declared at %.1fs, recovered at %.1fs; %d calls other than probes while known down; %d probes answered by the agents; %d re-dispatched; %d streams restarted\n",
+			fmt.Fprintf(w, "  bus: outage declared at %.1fs, recovered at %.1fs; %d attempts other than probes begun while it knew the provider down; %d probes; %d re-dispatched; %d streams restarted\n",
 				r.OutageDeclared, r.RecoveryDeclared, r.CallsWhileDown, r.Probes, r.Redispatched, r.StreamRestarts)
+		}
+		if r.Call != nil && len(r.Call.Decisions) > 0 {
+			fmt.Fprintf(w, "  decisions: %s\n", byReason(r.Call.Decisions, nil))
 		}
 		if len(r.Health) > 0 {
 			fmt.Fprintf(w, "  health: %s\n", strings.Join(r.Health, ", "))
@@ -215,35 +239,33 @@ func byReason(m map[string]int, order []string) string {
 // completes at least as many tasks.
 const MaxWasteRatio = 0.10
 
-// GoalVerdict says whether row met the goal against the baselines (the
-// rows not on the bus), in words.
+// GoalVerdict says whether the Go failbus row met the goal against the
+// baselines (the rows not on the bus), in words.
 func GoalVerdict(rows []Row, bus string) (met bool, text string) {
 	var b *Row
 	best := -1
-	for i := range rows {
+	done := 0
+	for i, r := range rows {
 		switch {
-		case rows[i].Strategy == bus:
+		case r.Strategy == bus:
 			b = &rows[i]
-		case strings.Contains(rows[i].Strategy, "failbus"):
-		case best < 0 || rows[i].Wasted < rows[best].Wasted || rows[i].Wasted == rows[best].Wasted && rows[i].Completed > rows[best].Completed:
-			best = i
+		case r.onBus():
+		default:
+			done = max(done, r.Completed)
+			if best < 0 || r.Wasted.Total < rows[best].Wasted.Total || r.Wasted.Total == rows[best].Wasted.Total && r.Completed > rows[best].Completed {
+				best = i
+			}
 		}
 	}
 	if b == nil || best < 0 {
-		return false, "goal: needs the failbus row and a baseline"
+		return false, ""
 	}
 	base := rows[best]
 	ratio := 0.0
-	if base.Wasted > 0 {
-		ratio = float64(b.Wasted) / float64(base.Wasted)
-	} else if b.Wasted > 0 {
+	if base.Wasted.Total > 0 {
+		ratio = float64(b.Wasted.Total) / float64(base.Wasted.Total)
+	} else if b.Wasted.Total > 0 {
 		ratio = math.Inf(1)
-	}
-	done := 0
-	for _, r := range rows {
-		if !strings.Contains(r.Strategy, "failbus") {
-			done = max(done, r.Completed)
-		}
 	}
 	met = b.Lost == 0 && ratio <= MaxWasteRatio && b.Completed >= done
 	verdict := "met"
@@ -251,7 +273,30 @@ func GoalVerdict(rows []Row, bus string) (met bool, text string) {
 		verdict = "NOT met"
 	}
 	return met, fmt.Sprintf("goal %s: %s lost %d tasks; wasted %d calls, %.1f %% of the best baseline's (%s, %d; at most %.0f %%); completed %d, the baselines at most %d",
-		verdict, b.Strategy, b.Lost, b.Wasted, 100*ratio, base.Strategy, base.Wasted, 100*MaxWasteRatio, b.Completed, done)
+		verdict, b.Strategy, b.Lost, b.Wasted.Total, 100*ratio, base.Strategy, base.Wasted.Total, 100*MaxWasteRatio, b.Completed, done)
+}
+
+// ReadRow decodes a row made elsewhere (the TypeScript drill's --json
+// rows), noting which figures it carries.
+func ReadRow(data []byte) (Row, error) {
+	var r Row
+	if err := json.Unmarshal(data, &r); err != nil {
+		return Row{}, err
+	}
+	var keys map[string]json.RawMessage
+	if err := json.Unmarshal(data, &keys); err != nil {
+		return Row{}, err
+	}
+	r.present = map[string]bool{}
+	for k, v := range keys {
+		if string(v) != "null" {
+			r.present[k] = true
+		}
+	}
+	if r.Strategy == "" {
+		return Row{}, errors.New("a drill row names its strategy")
+	}
+	return r, nil
 }
 
 // lockedWriter serialises the writes of strategies run side by side.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sync"
 	"time"
 
@@ -126,13 +127,23 @@ func (r *run) drive(ctx context.Context, f fleet) (*busFigures, error) {
 		})
 	}
 	sched.Go(func() {
-		if !sleepUntil(fctx, r.wallAt(r.plan.CrashAt)) {
-			return
-		}
-		for _, id := range r.plan.Crashes {
-			if f.crash(id) {
-				r.track.add(&r.track.crashed, 1)
+		// Each planned crash hits its subagent once it runs, from
+		// CrashAt until the middle of the outage (later, recovery might
+		// come before the heartbeat is stale: a crash it cannot see).
+		outage, _ := r.cfg.Timeline.Fault(WindowOutage)
+		last := r.wallAt(outage.From + (outage.To-outage.From)/2)
+		pending := slices.Clone(r.plan.Crashes)
+		for at := r.wallAt(r.plan.CrashAt); len(pending) > 0 && !at.After(last); at = at.Add(20 * time.Millisecond) {
+			if !sleepUntil(fctx, at) {
+				return
 			}
+			pending = slices.DeleteFunc(pending, func(id string) bool {
+				if f.crash(id) {
+					r.track.add(&r.track.crashed, 1)
+					return true
+				}
+				return false
+			})
 		}
 	})
 

@@ -35,7 +35,8 @@ type tracker struct {
 	wronglyKilled int
 	crashed       int
 	restarts      int // streams restarted after failing midway
-	probes        int // probe controls answered by the agent itself
+	// decisions counts the decisions the fleet's calls got, by action.
+	decisions map[string]int
 	// resumed is the step each re-dispatched task resumed after (its
 	// checkpoint).
 	resumed map[string]int
@@ -53,7 +54,7 @@ type taskState struct {
 }
 
 func newTracker(p *Plan, start time.Time, scale float64) *tracker {
-	t := &tracker{start: start, scale: scale, tasks: map[string]*taskState{}, why: map[string]int{}, cronOK: map[string]bool{}, resumed: map[string]int{}}
+	t := &tracker{start: start, scale: scale, tasks: map[string]*taskState{}, why: map[string]int{}, cronOK: map[string]bool{}, resumed: map[string]int{}, decisions: map[string]int{}}
 	for _, a := range p.Agents {
 		for _, task := range a.Tasks {
 			t.tasks[task.ID] = &taskState{}
@@ -238,4 +239,11 @@ func (t *tracker) resume(id string, step int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.resumed[id] = max(t.resumed[id], step)
+}
+
+// decided counts a decision of action.
+func (t *tracker) decided(action string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.decisions[action]++
 }

@@ -190,30 +190,41 @@ func realProviders(getenv func(string) string, openaiURL, anthropicURL, openaiMo
 	return r, nil
 }
 
-// readRows reads rows made elsewhere: a --json report, or JSON Lines of
-// rows.
+// readRows reads rows made elsewhere: a --json report (this drill's or
+// the TypeScript drill's: an object with "rows"), or JSON Lines of rows.
 func readRows(path string) ([]drill.Row, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
-	var rep drill.Report
-	if err := json.Unmarshal(data, &rep); err == nil && len(rep.Rows) > 0 {
-		return rep.Rows, nil
+	var rep struct {
+		Rows []json.RawMessage `json:"rows"`
 	}
-	var rows []drill.Row
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	sc.Buffer(make([]byte, 1<<20), 16<<20)
-	for n := 1; sc.Scan(); n++ {
-		line := bytes.TrimSpace(sc.Bytes())
-		if len(line) == 0 {
-			continue
+	var raws []json.RawMessage
+	if err := json.Unmarshal(data, &rep); err == nil && len(rep.Rows) > 0 {
+		raws = rep.Rows
+	} else {
+		sc := bufio.NewScanner(bytes.NewReader(data))
+		sc.Buffer(make([]byte, 1<<20), 16<<20)
+		for sc.Scan() {
+			if line := bytes.TrimSpace(sc.Bytes()); len(line) > 0 {
+				raws = append(raws, append(json.RawMessage(nil), line...))
+			}
 		}
-		var r drill.Row
-		if err := json.Unmarshal(line, &r); err != nil || r.Strategy == "" {
-			return nil, fmt.Errorf("%s:%d: not a drill row (a JSON object with a strategy): %v", path, n, err)
+		if err := sc.Err(); err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+	}
+	rows := make([]drill.Row, 0, len(raws))
+	for i, raw := range raws {
+		r, err := drill.ReadRow(raw)
+		if err != nil {
+			return nil, fmt.Errorf("%s: row %d: not a drill row: %w", path, i+1, err)
 		}
 		rows = append(rows, r)
 	}
-	return rows, sc.Err()
+	if len(rows) == 0 {
+		return nil, fmt.Errorf("%s: no rows", path)
+	}
+	return rows, nil
 }
