@@ -72,10 +72,14 @@ func drillMain(ctx context.Context, args []string, stdout, stderr io.Writer, get
 	fs.Uint64Var(&cfg.Seed, "seed", drill.DefaultSeed, "seed of the fleet's draws and the chaos provider's")
 	fs.DurationVar(&cfg.Grace, "grace", drill.DefaultGrace, "how long (timeline time) the fleet may go on after the timeline's end")
 	fs.BoolVar(&cfg.Parallel, "parallel", false, "run the strategies side by side instead of one after the other")
-	strategies := fs.String("strategies", strings.Join(drill.Strategies, ","), "strategies to run, in order")
+	strategies := fs.String("strategies", strings.Join(drill.Strategies, ","), "strategies to run, in order (empty: none, print the --rows)")
 	timeline := fs.String("timeline", "", "a chaos timeline file instead of the default (docs/CHAOS.md; it needs a window named outage of provider openai)")
 	asJSON := fs.Bool("json", false, "print the report as JSON instead of the table")
-	rowsFile := fs.String("rows", "", "add the rows in this file (a --json report, or JSON Lines of rows) to the table")
+	var rowsFiles []string
+	fs.Func("rows", "add the rows in this file (a --json report of this drill or the TypeScript one, or JSON Lines of rows) to the table; repeatable", func(v string) error {
+		rowsFiles = append(rowsFiles, v)
+		return nil
+	})
 	real := fs.Bool("real", false, "call real providers instead of a chaos server (keys from the environment)")
 	openaiURL := fs.String("openai-base-url", "", "with --real: the OpenAI-API base URL (default: the SDK's)")
 	anthropicURL := fs.String("anthropic-base-url", "", "with --real: the Anthropic-API base URL (default: the SDK's)")
@@ -89,6 +93,12 @@ func drillMain(ctx context.Context, args []string, stdout, stderr io.Writer, get
 		return cli.UsageError(fs, stderr, "unexpected arguments %q", rest)
 	}
 	cfg.Strategies = strings.Split(*strategies, ",")
+	if *strategies == "" {
+		cfg.Strategies = []string{}
+		if len(rowsFiles) == 0 {
+			return cli.UsageError(fs, stderr, "no strategies to run and no --rows to print")
+		}
+	}
 	cfg.Progress = stderr
 	if *verbose {
 		cfg.Log = cli.ConsoleLogger(stderr).Level(zerolog.WarnLevel)
@@ -121,13 +131,13 @@ func drillMain(ctx context.Context, args []string, stdout, stderr io.Writer, get
 		return cli.UsageError(fs, stderr, "%v", strings.TrimPrefix(err.Error(), "drill: "))
 	}
 	var extra []drill.Row
-	if *rowsFile != "" {
-		rows, err := readRows(*rowsFile)
+	for _, path := range rowsFiles {
+		rows, err := readRows(path)
 		if err != nil {
 			fmt.Fprintf(stderr, "failbus drill: %v\n", err)
 			return 2
 		}
-		extra = rows
+		extra = append(extra, rows...)
 	}
 	if *requests != "" {
 		f, err := os.Create(*requests)
@@ -140,7 +150,10 @@ func drillMain(ctx context.Context, args []string, stdout, stderr io.Writer, get
 		defer w.Flush()
 		cfg.Requests = w
 	}
-	rep, err := drill.Run(ctx, cfg)
+	rep, err := &drill.Report{}, error(nil)
+	if len(cfg.Strategies) > 0 {
+		rep, err = drill.Run(ctx, cfg)
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "failbus drill: %v\n", err)
 		if rep == nil || len(rep.Rows) == 0 {
