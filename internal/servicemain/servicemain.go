@@ -189,6 +189,11 @@ func serve(ctx context.Context, spec Spec, c common, pol *policy.Policy, log zer
 	}
 	defer func() { _ = nc.Drain() }()
 	log.Info().Str("server", nc.ConnectedUrlRedacted()).Str("user", nc.User()).Msg("connected to NATS")
+	stopTracing, err := StartTracing(ctx, spec.Name, log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	js, err := jetstream.New(nc.Conn)
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
