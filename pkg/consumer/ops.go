@@ -19,12 +19,13 @@ import (
 //   - GET /metrics: the Prometheus text format of gatherer (an empty registry
 //     when nil);
 //   - GET /healthz: 200 "ok" when health returns nil (or is nil), else 503
-//     with the error text.
+//     with the error text;
+//   - each of routes (a status page).
 //
 // It returns the bound address (useful with port 0) once the listener is
 // open; serving happens in the background. Bind to loopback unless a
 // scraper elsewhere needs it: the endpoints have no authentication.
-func ServeOps(ctx context.Context, addr string, gatherer prometheus.Gatherer, health func() error, log zerolog.Logger) (string, error) {
+func ServeOps(ctx context.Context, addr string, gatherer prometheus.Gatherer, health func() error, log zerolog.Logger, routes ...OpsRoute) (string, error) {
 	if gatherer == nil {
 		gatherer = prometheus.NewRegistry()
 	}
@@ -46,6 +47,9 @@ func ServeOps(ctx context.Context, addr string, gatherer prometheus.Gatherer, he
 		}
 		fmt.Fprintln(w, "ok")
 	})
+	for _, r := range routes {
+		mux.Handle(r.Pattern, r.Handler)
+	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	bound := ln.Addr().String()
 	go func() {
@@ -60,6 +64,14 @@ func ServeOps(ctx context.Context, addr string, gatherer prometheus.Gatherer, he
 	})
 	log.Info().Str("addr", bound).Msg("serving /metrics and /healthz")
 	return bound, nil
+}
+
+// OpsRoute is one more endpoint ServeOps serves beside /metrics and
+// /healthz.
+type OpsRoute struct {
+	// Pattern is an http.ServeMux pattern ("GET /status").
+	Pattern string
+	Handler http.Handler
 }
 
 // AllHealthy combines health checks into one for ServeOps, so a process

@@ -14,13 +14,17 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"github.com/failbus/failbus/internal/auth"
 	"github.com/failbus/failbus/internal/cli"
+	"github.com/failbus/failbus/internal/connect"
 	"github.com/failbus/failbus/internal/devbus"
 	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/internal/servicemain"
+	"github.com/failbus/failbus/internal/status"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/policy"
@@ -146,15 +150,25 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	opsCtx, stopOps := context.WithCancel(context.Background())
 	defer stopOps()
+	// The live status page (internal/status), reading the bus once it is
+	// up.
+	page := status.NewServer(opsCtx, nil, 0, "starting: the bus is not up yet")
 	ops := "off"
 	if *opsAddr != "off" && *opsAddr != "" {
-		bound, err := consumer.ServeOps(opsCtx, *opsAddr, registry, health, log)
+		bound, err := consumer.ServeOps(opsCtx, *opsAddr, registry, health, log, page.Routes()...)
 		if err != nil {
 			fmt.Fprintf(stderr, "failbus dev: %v (use --ops-addr, or off)\n", err)
 			return 1
 		}
 		ops = "http://" + bound
 	}
+
+	stopTracing, err := servicemain.StartTracing(ctx, "dev", log)
+	if err != nil {
+		fmt.Fprintf(stderr, "failbus dev: %v\n", err)
+		return 1
+	}
+	defer stopTracing()
 
 	var users *auth.Set
 	if *withAuth {
@@ -185,6 +199,14 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	running.Store(b)
+	closeStatus, err := watchStatus(b, users, page, registry, log)
+	if err != nil {
+		fmt.Fprintf(stderr, "failbus dev: status page: %v\n", err)
+		stopOps()
+		_ = b.Stop()
+		return 1
+	}
+	defer closeStatus() // after the bus stopped
 	syncDesc := syncInterval.String()
 	if *syncAlways {
 		syncDesc = "always"
@@ -193,6 +215,9 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		Str("ops", ops).Msg("failbus dev running")
 	fmt.Fprintf(stdout, "failbus dev: NATS_URL=%s  (services: %s; data: %s; /metrics,/healthz: %s)\n",
 		b.Srv.ClientURL(), strings.Join(b.Names, ", "), b.Srv.Dir(), ops)
+	if ops != "off" {
+		fmt.Fprintf(stdout, "failbus dev: live status page: %s%s\n", ops, status.Path)
+	}
 	if users != nil {
 		fmt.Fprintf(stdout, "failbus dev: credentials required; users in %s: --nkey %s for agents, %s to read, %s for everything\n",
 			users.ConfPath(), users.Seed(auth.RoleAgent), users.Seed(auth.RoleOperator), users.Seed(auth.RoleAdmin))
@@ -234,4 +259,29 @@ func loadPolicy(path string) (*policy.Policy, error) {
 		return nil, fmt.Errorf("--policy %s: %w", path, err)
 	}
 	return p, nil
+}
+
+// watchStatus gives the status page and the consumers' lag gauges a
+// connection of their own, as the operator under --auth: they read what
+// `failbus status` reads, with the rights an operator has.
+// The returned function closes the connection.
+func watchStatus(b *devbus.Bus, users *auth.Set, page *status.Server, reg *prometheus.Registry, log zerolog.Logger) (func(), error) {
+	o := connect.Options{Servers: b.Srv.ClientURL()}
+	if users != nil {
+		o.Nkey = users.Seed(auth.RoleOperator)
+	}
+	c, err := connect.Connect(o, "status", connect.WithLogger(log))
+	if err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(c.Conn)
+	if err == nil {
+		err = reg.Register(status.NewLagCollector(js))
+	}
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	page.SetCollector(status.NewCollector(js, nil))
+	return c.Close, nil
 }
