@@ -36,7 +36,7 @@ import (
 
 // W3C trace context header names, as failbus writes them on the bus
 // (lower case, as the W3C recommendation spells them; Extract also finds
-// them capitalised).
+// them capitalised, "Traceparent").
 const (
 	HeaderTraceparent = "traceparent"
 	HeaderTracestate  = "tracestate"
@@ -66,18 +66,25 @@ func Enabled() bool { return otel.GetTracerProvider() != defaultProvider }
 func Tracer() trace.Tracer { return otel.GetTracerProvider().Tracer(InstrumentationName) }
 
 // carrier is a nats.Header as a propagation.TextMapCarrier: the names as
-// given, found also in another case (a client that capitalises headers
-// as HTTP does).
+// given, found also capitalised as an HTTP client writes them
+// ("Traceparent"). Two map lookups at most: this runs for every message.
 type carrier nats.Header
 
 func (c carrier) Get(key string) string {
 	if v := c[key]; len(v) > 0 {
 		return v[0]
 	}
-	for k, v := range c {
-		if len(v) > 0 && strings.EqualFold(k, key) {
-			return v[0]
-		}
+	var alt string
+	switch key {
+	case HeaderTraceparent:
+		alt = "Traceparent"
+	case HeaderTracestate:
+		alt = "Tracestate"
+	default:
+		return ""
+	}
+	if v := c[alt]; len(v) > 0 {
+		return v[0]
 	}
 	return ""
 }

@@ -199,14 +199,16 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	running.Store(b)
-	closeStatus, err := watchStatus(b, users, page, registry, log)
-	if err != nil {
-		fmt.Fprintf(stderr, "failbus dev: status page: %v\n", err)
-		stopOps()
-		_ = b.Stop()
-		return 1
+	if ops != "off" {
+		closeStatus, err := watchStatus(b, users, page, registry, log)
+		if err != nil {
+			fmt.Fprintf(stderr, "failbus dev: status page: %v\n", err)
+			stopOps()
+			_ = b.Stop()
+			return 1
+		}
+		defer closeStatus() // after the bus stopped
 	}
-	defer closeStatus() // after the bus stopped
 	syncDesc := syncInterval.String()
 	if *syncAlways {
 		syncDesc = "always"
