@@ -60,8 +60,8 @@ func NewServer(ctx context.Context, c *Collector, interval time.Duration, notRea
 func (s *Server) SetCollector(c *Collector) { s.collector.Store(c) }
 
 // Routes are the page's endpoints, for consumer.ServeOps.
-func (s *Server) Routes() []consumer.OpsRoute {
-	return []consumer.OpsRoute{
+func (s *Server) Routes() []consumer.OpsEndpoint {
+	return []consumer.OpsEndpoint{
 		{Pattern: "GET " + Path, Handler: http.HandlerFunc(s.servePage)},
 		{Pattern: "GET " + Path + "/{$}", Handler: http.HandlerFunc(s.servePage)},
 		{Pattern: "GET " + Path + ".json", Handler: http.HandlerFunc(s.serveJSON)},

@@ -248,7 +248,7 @@ func Call[T any](ctx context.Context, a *Agent, req Request, fn func(context.Con
 		}
 		at := &Attempt{Target: target, N: n, req: &req, touch: make(chan struct{}, 1)}
 		actx, aspan := startAttempt(ctx, at)
-		res, ev, err := runAttempt(actx, at, fn, req.StallAfter, req.Describe)
+		res, ev, _ := runAttempt(actx, at, fn, req.StallAfter, req.Describe)
 		if ctx.Err() != nil {
 			aspan.End()
 			return zero, trail, ctx.Err()

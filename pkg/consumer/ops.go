@@ -20,12 +20,13 @@ import (
 //     when nil);
 //   - GET /healthz: 200 "ok" when health returns nil (or is nil), else 503
 //     with the error text;
-//   - each of routes (a status page).
 //
-// It returns the bound address (useful with port 0) once the listener is
-// open; serving happens in the background. Bind to loopback unless a
-// scraper elsewhere needs it: the endpoints have no authentication.
-func ServeOps(ctx context.Context, addr string, gatherer prometheus.Gatherer, health func() error, log zerolog.Logger, routes ...OpsRoute) (string, error) {
+// and any extra endpoints a process adds (`failbus dev --nodes 3`: stop
+// and start a node). It returns the bound address (useful with port 0)
+// once the listener is open; serving happens in the background. Bind to
+// loopback unless a scraper elsewhere needs it: the endpoints have no
+// authentication.
+func ServeOps(ctx context.Context, addr string, gatherer prometheus.Gatherer, health func() error, log zerolog.Logger, extra ...OpsEndpoint) (string, error) {
 	if gatherer == nil {
 		gatherer = prometheus.NewRegistry()
 	}
@@ -47,8 +48,8 @@ func ServeOps(ctx context.Context, addr string, gatherer prometheus.Gatherer, he
 		}
 		fmt.Fprintln(w, "ok")
 	})
-	for _, r := range routes {
-		mux.Handle(r.Pattern, r.Handler)
+	for _, e := range extra {
+		mux.Handle(e.Pattern, e.Handler)
 	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	bound := ln.Addr().String()
@@ -66,10 +67,9 @@ func ServeOps(ctx context.Context, addr string, gatherer prometheus.Gatherer, he
 	return bound, nil
 }
 
-// OpsRoute is one more endpoint ServeOps serves beside /metrics and
-// /healthz.
-type OpsRoute struct {
-	// Pattern is an http.ServeMux pattern ("GET /status").
+// OpsEndpoint is one more endpoint of ServeOps: an http.ServeMux pattern
+// ("POST /nodes/{name}/stop") and its handler.
+type OpsEndpoint struct {
 	Pattern string
 	Handler http.Handler
 }

@@ -88,7 +88,7 @@ func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(status.NewLagCollector(js))
 	page := status.NewServer(ctx, c, *interval, "")
-	routes := append(page.Routes(), consumer.OpsRoute{Pattern: "GET /{$}", Handler: page.Handler()})
+	routes := append(page.Routes(), consumer.OpsEndpoint{Pattern: "GET /{$}", Handler: page.Handler()})
 	health := func() error {
 		if !nc.IsConnected() {
 			return fmt.Errorf("not connected to NATS")
