@@ -34,6 +34,7 @@ import (
 	"github.com/failbus/failbus/internal/cli/report"
 	"github.com/failbus/failbus/internal/cli/shadow"
 	"github.com/failbus/failbus/internal/cli/simulate"
+	clistatus "github.com/failbus/failbus/internal/cli/status"
 	"github.com/failbus/failbus/internal/cli/tail"
 	"github.com/failbus/failbus/internal/cli/version"
 )
@@ -48,6 +49,7 @@ var commands = []cli.Command{
 	tail.Command,
 	health.Command,
 	lag.Command,
+	clistatus.Command,
 	dlq.Command,
 	decode.Command,
 	report.Command,

@@ -25,3 +25,5 @@ export type { Rule, StreamEvent } from "./invariants.js";
 export { errorText, grammars, REFUSAL_STOP_REASONS, refusalStopReason, sse, wrap, wrapStream } from "./wrap.js";
 export type { CallContext, CallOutcome, ResponseLike, SSEEvent, WrapOptions, Wrapped, WrappedStream, WrapStreamOptions } from "./wrap.js";
 export * from "./wire.js";
+export { childSpan, formatTraceparent, HEADER_TRACEPARENT, HEADER_TRACESTATE, newTrace, parseTraceparent, setTraceHeaders, traceFromHeaders } from "./trace.js";
+export type { TraceContext } from "./trace.js";
