@@ -227,9 +227,12 @@ func byReason(m map[string]int, order []string) string {
 		seen[k] = true
 	}
 	for _, k := range (counts{why: m}).reasons() {
-		if !seen[k] {
+		if !seen[k] && m[k] > 0 {
 			parts = append(parts, fmt.Sprintf("%s %d", k, m[k]))
 		}
+	}
+	if len(parts) == 0 {
+		return "none"
 	}
 	return strings.Join(parts, ", ")
 }
