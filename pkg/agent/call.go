@@ -65,9 +65,10 @@ type Request struct {
 	Provider, Model, Profile string
 	// Providers, when the call names Session, are the providers the
 	// segment may go to, in order of preference (default: Provider alone):
-	// before the first attempt, and after a provider switch, the refusal
-	// tiers are asked, and a provider they exclude for this segment is
-	// left out.
+	// before the first attempt the refusal tiers are asked, and a provider
+	// they exclude for this segment is left out; before each later
+	// attempt they are asked about its target. When every provider left
+	// is excluded for an outage, the Call holds as for wait_provider.
 	Providers []string
 	// Session and Segment key the context segment (`<session>#<segment>`)
 	// for the refusal tiers; Turn and Step key the retry budget. Set them:
@@ -228,18 +229,29 @@ func Call[T any](ctx context.Context, a *Agent, req Request, fn func(context.Con
 	if err := a.router.start(context.Background()); err != nil {
 		return zero, nil, err
 	}
-	target := Target{Provider: req.Provider, Model: req.Model, Profile: req.Profile}
-	target, err := a.route(ctx, &req, target, req.Providers)
-	if err != nil {
-		return zero, nil, err
+	probe := func(ctx context.Context, t Target) Evidence {
+		at := &Attempt{Target: t, Probe: true, req: &Request{}, touch: make(chan struct{}, 1)}
+		_, ev, _ := runAttempt(ctx, at, fn, req.StallAfter, req.Describe)
+		return ev
 	}
 	var (
-		last    *Attempt
-		restart string
+		target     = Target{Provider: req.Provider, Model: req.Model, Profile: req.Profile}
+		candidates = req.Providers
+		last       *Attempt
+		restart    string
 	)
 	for n := 1; ; n++ {
 		if n > req.MaxAttempts {
 			return zero, trail, fmt.Errorf("%w: %d (Request.MaxAttempts)", ErrTooManyAttempts, req.MaxAttempts)
+		}
+		// Before every attempt, not only the first: a retry that came
+		// due after its provider went down must not reach it.
+		if n > 1 {
+			candidates = []string{target.Provider}
+		}
+		var err error
+		if target, err = a.route(ctx, &req, target, candidates, probe); err != nil {
+			return zero, trail, err
 		}
 		if last != nil && req.OnRestart != nil {
 			if p := last.streamed(); p != "" {
@@ -278,16 +290,8 @@ func Call[T any](ctx context.Context, a *Agent, req Request, fn func(context.Con
 		case events.ActionSwitchModel:
 			target.Model = d.Model
 		case events.ActionSwitchProvider:
-			next := Target{Provider: d.Provider, Model: d.Model, Profile: d.Profile}
-			if target, err = a.route(ctx, &req, next, []string{d.Provider}); err != nil {
-				return zero, trail, err
-			}
+			target = Target{Provider: d.Provider, Model: d.Model, Profile: d.Profile}
 		case events.ActionWaitProvider:
-			probe := func(ctx context.Context, t Target) Evidence {
-				at := &Attempt{Target: t, Probe: true, req: &Request{}, touch: make(chan struct{}, 1)}
-				_, ev, _ := runAttempt(ctx, at, fn, req.StallAfter, req.Describe)
-				return ev
-			}
 			if err := a.hold(ctx, &req, target, probe); err != nil {
 				return zero, trail, err
 			}
@@ -459,23 +463,58 @@ func sleep(ctx context.Context, d time.Duration) error {
 
 // route asks the refusal tiers which of candidates may receive the
 // request's segment now and returns target on the first allowed one; a
-// request without a session is not routed.
-func (a *Agent) route(ctx context.Context, req *Request, target Target, candidates []string) (Target, error) {
+// request without a session is not routed. When the only providers left
+// are excluded for an outage (not for a refusal), it holds on the first
+// of them as for wait_provider — answering the bus's probes with probe,
+// nothing else reaching it — and asks again once it recovered.
+func (a *Agent) route(ctx context.Context, req *Request, target Target, candidates []string, probe func(context.Context, Target) Evidence) (Target, error) {
 	if req.Session == "" {
 		return target, nil
 	}
 	if len(candidates) == 0 {
 		candidates = []string{target.Provider}
 	}
-	res, err := a.Route(ctx, req.Session, req.Segment, candidates)
-	if err != nil {
-		return target, err
+	for {
+		res, err := a.Route(ctx, req.Session, req.Segment, candidates)
+		if err != nil {
+			return target, err
+		}
+		if len(res.Allowed) > 0 {
+			if res.Allowed[0] != target.Provider {
+				target = Target{Provider: res.Allowed[0]}
+			}
+			return target, nil
+		}
+		down := ""
+		for _, s := range res.Skipped {
+			// A refusal's skip says when the provider may be tried again
+			// or that it is frozen; an outage's says neither.
+			if s.NextProbeAt == nil && !s.Frozen {
+				down = s.Provider
+				break
+			}
+		}
+		if down == "" {
+			return target, fmt.Errorf("%w: %s of %s: %v", ErrNoProvider, events.SegmentKey(req.Session, req.Segment), a.name, res.Skipped)
+		}
+		held := target
+		if down != target.Provider {
+			held = Target{Provider: down}
+		}
+		began := time.Now()
+		if err := a.hold(ctx, req, held, probe); err != nil {
+			return target, err
+		}
+		// The health said recovered before the refusal tiers' view of the
+		// provider did: ask again after a moment, not in a loop.
+		if wait := minRouteAgain - time.Since(began); wait > 0 {
+			if err := sleep(ctx, wait); err != nil {
+				return target, err
+			}
+		}
 	}
-	if len(res.Allowed) == 0 {
-		return target, fmt.Errorf("%w: %s of %s: %v", ErrNoProvider, events.SegmentKey(req.Session, req.Segment), a.name, res.Skipped)
-	}
-	if res.Allowed[0] != target.Provider {
-		target = Target{Provider: res.Allowed[0]}
-	}
-	return target, nil
 }
+
+// minRouteAgain is the least time between two route requests of a Call
+// that holds on a provider the refusal tiers still see down.
+const minRouteAgain = 250 * time.Millisecond

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -141,5 +142,58 @@ func TestCallCancelledWhileWaitingCancelsTheRetry(t *testing.T) {
 	}
 	if n := storedCount(t, b, topology.StreamRetries, events.RetryStartedSubject("quitter")); n != 0 {
 		t.Errorf("%d started records", n)
+	}
+}
+
+// A call whose segment may go only to a provider the bus already knows
+// is down holds without calling it: only the bus's probes reach the
+// provider until it recovered, then the call is made once.
+func TestCallHoldsOnASegmentWhoseProviderIsDown(t *testing.T) {
+	b := callBus(t)
+	a := callAgent(t, b, "patient")
+	ctx := callCtx(t)
+	for range 3 {
+		o := &events.Outcome{Provider: "sleepy", Model: "m", Profile: "p", TransportError: "dial tcp 10.0.0.9:443: connect: connection refused"}
+		if err := a.Report(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		res, err := a.Route(ctx, "s", 1, []string{"sleepy"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res.Allowed) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the refusal tiers never saw sleepy down")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	var (
+		mu     sync.Mutex
+		probes []time.Time
+		calls  []time.Time
+	)
+	res, trail, err := agent.Call(ctx, a, agent.Request{Provider: "sleepy", Model: "m", Profile: "p", Session: "s", Segment: 1, Turn: 1, Step: 1, ResumeWindow: -1},
+		func(ctx context.Context, at *agent.Attempt) (string, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if at.Probe {
+				probes = append(probes, time.Now())
+				return "pong", nil
+			}
+			calls = append(calls, time.Now())
+			return "answer", nil
+		})
+	if err != nil || res != "answer" || len(trail) != 1 {
+		t.Fatalf("Call = %q, %d attempts, %v; want the answer of one attempt", res, len(trail), err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(probes) < 3 || len(calls) != 1 || calls[0].Before(probes[len(probes)-1]) {
+		t.Errorf("%d probes, then %d calls (the first at %v, the last probe at %v); want the probes that recovered it, then one call", len(probes), len(calls), calls, probes)
 	}
 }
