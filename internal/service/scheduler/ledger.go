@@ -149,7 +149,7 @@ func (s *Service) ledgerFind(ctx context.Context, token, outcomeID string, from 
 	var read []*ledgerRead
 	seq := next
 	for {
-		m, err := s.retries.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subj))
+		m, err := s.retriesMsg(ctx, topology.MsgQuery{Seq: seq, NextFor: subj})
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			break
 		}
@@ -182,7 +182,7 @@ func (s *Service) ledgerAppend(ctx context.Context, e *LedgerEntry, expect uint6
 		return 0, false, err
 	}
 	if ack.Duplicate {
-		m, err := s.retries.GetMsg(ctx, ack.Sequence)
+		m, err := s.retriesMsg(ctx, topology.MsgQuery{Seq: ack.Sequence})
 		if err != nil {
 			return 0, false, fmt.Errorf("read back ledger %s seq %d: %w", subj, ack.Sequence, err)
 		}
@@ -198,6 +198,24 @@ func (s *Service) ledgerAppend(ctx context.Context, e *LedgerEntry, expect uint6
 	}
 	s.index.appended(e.Budget().Token(), expect, &ledgerRead{entry: *e, seq: ack.Sequence})
 	return ack.Sequence, false, nil
+}
+
+// retriesMsg reads the one message of FAILBUS_RETRIES q names (the
+// ledger's entries, a pending schedule): from the stream's leader when the
+// stream is replicated, since what is read decides (a redelivery's own
+// record, whether a schedule is pending) and a replica lagging the leader
+// may not hold what was acknowledged before the read; on one server, by
+// the stream's own get (a direct get: the one copy is current).
+func (s *Service) retriesMsg(ctx context.Context, q topology.MsgQuery) (*jetstream.RawStreamMsg, error) {
+	switch {
+	case s.fromLeader:
+		return topology.LeaderGet(ctx, s.js, topology.StreamRetries, q)
+	case q.LastFor != "":
+		return s.retries.GetLastMsgForSubject(ctx, q.LastFor)
+	case q.NextFor != "":
+		return s.retries.GetMsg(ctx, q.Seq, jetstream.WithGetMsgSubject(q.NextFor))
+	}
+	return s.retries.GetMsg(ctx, q.Seq)
 }
 
 // publish stores v on subject with Nats-Msg-Id msgID and extra headers
