@@ -28,6 +28,12 @@
 //     _INBOX.<its nkey public key>.>, which internal/connect uses as the
 //     inbox prefix, so no role reads another's replies (API answers, KV
 //     values, route answers).
+//   - The operator reads and changes nothing: info requests and single
+//     messages (direct gets, the leader's message get) only, no consumer
+//     at all, since a consumer create cannot be told from an update of
+//     someone else's durable by its subject.
+//   - Dead letters are kept: no role may delete or purge FAILBUS_DLQ, the
+//     admin included (its messages are protected by the stream itself).
 //
 // The generic `agent` user may act for any agent name (one seed for a
 // fleet). `auth init --agents a,b` adds users agent-a, agent-b whose
@@ -241,7 +247,7 @@ func Agent(name string) Role {
 func operator() Role {
 	return Role{
 		Name:    RoleOperator,
-		Doc:     "operators: read every stream, consumer and bucket (tail, report, shadow, lag, dlq ls/show); publish nothing, change nothing",
+		Doc:     "operators: read every stream, consumer and bucket (tail, report, shadow, lag, health, dlq ls/show) with direct gets and info requests; publish nothing, change nothing: no consumer created, updated, deleted, fetched from or acknowledged, its own included",
 		ReadAll: true,
 	}
 }
@@ -249,7 +255,7 @@ func operator() Role {
 func admin() Role {
 	return Role{
 		Name: RoleAdmin,
-		Doc:  "the admin: creates and changes streams, consumers and buckets (failbus apply), requeues dead letters, sets the policy in KV; everything",
+		Doc:  "the admin: creates and changes streams, consumers and buckets (failbus apply), requeues dead letters, sets the policy in KV; everything but deleting or purging FAILBUS_DLQ",
 		All:  true,
 		// Declared for the table: the buckets only the admin writes.
 		Buckets: []string{topology.BucketPolicy, topology.BucketDLQRequeues},
