@@ -73,6 +73,7 @@ const (
 	DefaultMaxBytesReports    int64 = 64 << 20
 	DefaultMaxBytesDispatch   int64 = 128 << 20
 	DefaultMaxBytesRecoveries int64 = 64 << 20
+	DefaultMaxBytesStoreCheck int64 = 8 << 20
 
 	// DefaultBucketMaxBytes caps every KV bucket (64 MiB). A full bucket
 	// refuses new writes (KV buckets discard new), so a flood of keys
@@ -80,12 +81,13 @@ const (
 	DefaultBucketMaxBytes int64 = 64 << 20
 
 	// DefaultReservedBytes is what the default topology reserves of the
-	// server's store: every stream's and bucket's MaxBytes (6.62 GiB; a
+	// server's store: every stream's and bucket's MaxBytes (6.63 GiB; a
 	// test keeps it equal to the files).
 	DefaultReservedBytes = DefaultMaxBytesOutcomes + DefaultMaxBytesClassified + DefaultMaxBytesHealth +
 		DefaultMaxBytesDecisions + DefaultMaxBytesRetries + DefaultMaxBytesNotify + DefaultMaxBytesControl +
 		DefaultMaxBytesTasks + DefaultMaxBytesDLQ + DefaultMaxBytesAudit + DefaultMaxBytesLiveness +
-		DefaultMaxBytesReports + DefaultMaxBytesDispatch + DefaultMaxBytesRecoveries + 9*DefaultBucketMaxBytes
+		DefaultMaxBytesReports + DefaultMaxBytesDispatch + DefaultMaxBytesRecoveries + DefaultMaxBytesStoreCheck +
+		9*DefaultBucketMaxBytes
 )
 
 // Default MaxAge per stream: how long each stream keeps its messages.
@@ -132,6 +134,9 @@ const (
 	DefaultMaxAgeDLQ = 90 * day
 	// DefaultMaxAgeAudit keeps audit records for 90 days.
 	DefaultMaxAgeAudit = 90 * day
+	// DefaultMaxAgeStoreCheck keeps a store check for an hour: only the
+	// write itself matters (one per service is kept).
+	DefaultMaxAgeStoreCheck = time.Hour
 )
 
 // Default TTL per KV bucket: how long a key lives after its last write. 0

@@ -44,6 +44,7 @@ import (
 	"fmt"
 
 	topology "github.com/failbus/failbus/jetstream"
+	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
 )
 
@@ -107,11 +108,13 @@ type Role struct {
 	All bool
 }
 
-// dlq is the dead-letter subject of each service name.
+// dlq is the dead-letter subject of each service name, and its store
+// check's (consumer.StoreCheckSubject): what every runner of a service
+// writes besides its outputs.
 func dlq(services ...string) []string {
-	out := make([]string, len(services))
-	for i, s := range services {
-		out[i] = events.DLQSubject(s)
+	out := make([]string, 0, 2*len(services))
+	for _, s := range services {
+		out = append(out, events.DLQSubject(s), consumer.StoreCheckSubject(s))
 	}
 	return out
 }

@@ -51,7 +51,7 @@ func Classifier() servicemain.Spec {
 		Build: func(_ context.Context, env servicemain.Env) (servicemain.Service, error) {
 			return classifier.New(env.JS, classifier.Config{
 				Policy: env.Policy,
-				Runner: consumer.Config{Concurrency: concurrency, Logger: env.Log, Registerer: env.Registry},
+				Runner: consumer.Config{Concurrency: concurrency, Logger: env.Log, Registerer: env.Registry, StoreCheckEvery: consumer.DefaultStoreCheckEvery},
 			})
 		},
 	}
@@ -96,7 +96,7 @@ func Scheduler() servicemain.Spec {
 				PolicyPollInterval: policyPoll,
 				WatchPolicy:        policyKV,
 				MaxProviders:       maxProvs,
-				Runner:             consumer.Config{Concurrency: concurrency, Logger: env.Log, Registerer: env.Registry},
+				Runner:             consumer.Config{Concurrency: concurrency, Logger: env.Log, Registerer: env.Registry, StoreCheckEvery: consumer.DefaultStoreCheckEvery},
 			})
 			if err != nil {
 				return nil, err
@@ -110,7 +110,7 @@ func Scheduler() servicemain.Spec {
 			// and the route micro service.
 			r, err := refusals.New(env.JS, refusals.Config{
 				Policy: env.Policy.Refusal,
-				Runner: consumer.Config{Logger: env.Log, Registerer: env.Registry},
+				Runner: consumer.Config{Logger: env.Log, Registerer: env.Registry, StoreCheckEvery: consumer.DefaultStoreCheckEvery},
 			})
 			if err != nil {
 				return nil, err
@@ -147,12 +147,13 @@ func Notifier() servicemain.Spec {
 		},
 		Build: func(ctx context.Context, env servicemain.Env) (servicemain.Service, error) {
 			return notifier.New(env.JS, notifier.Config{
-				Notify:         env.Policy.Notify,
-				DedupeLifetime: dedupeLifetime,
-				Replica:        replica,
-				Concurrency:    concurrency,
-				Logger:         env.Log,
-				Registerer:     env.Registry,
+				Notify:          env.Policy.Notify,
+				DedupeLifetime:  dedupeLifetime,
+				Replica:         replica,
+				Concurrency:     concurrency,
+				Logger:          env.Log,
+				Registerer:      env.Registry,
+				StoreCheckEvery: consumer.DefaultStoreCheckEvery,
 			})
 		},
 	}
@@ -183,7 +184,7 @@ func Recovery() servicemain.Spec {
 				Policy:   recoveryPolicy(env),
 				Owner:    owner,
 				LeaseTTL: lease,
-				Runner:   consumer.Config{Logger: env.Log, Registerer: env.Registry},
+				Runner:   consumer.Config{Logger: env.Log, Registerer: env.Registry, StoreCheckEvery: consumer.DefaultStoreCheckEvery},
 			})
 		},
 	}

@@ -32,6 +32,11 @@ type pipeline struct {
 	r    *Runner
 	run  context.Context // Run's: once done, unstarted inputs are handed back
 	hctx context.Context // the handlers'
+	// settle bounds settling (storing outputs and dead letters, waiting
+	// for their acknowledgements): it outlives hctx, and ends only when a
+	// drain gives up on writes that are not stored (giveUp).
+	settle     context.Context
+	stopSettle context.CancelFunc
 
 	// slots holds one token per input fetched and not yet settled.
 	slots chan struct{}
@@ -103,6 +108,7 @@ func (r *Runner) newPipeline(run, hctx context.Context) *pipeline {
 		stopKA:  make(chan struct{}),
 		keys:    map[string][]*delivery{},
 	}
+	pl.settle, pl.stopSettle = context.WithCancel(context.WithoutCancel(hctx))
 	pl.ready = make(chan *delivery, r.window)
 	for range r.cfg.Concurrency {
 		pl.workers.Go(func() {
@@ -304,7 +310,12 @@ func (pl *pipeline) close() {
 	pl.keepAlive.Wait()
 	close(pl.settleq)
 	pl.settler.Wait()
+	pl.stopSettle()
 }
+
+// giveUp stops settling: outputs are no longer waited for and dead letters
+// no longer sent; their inputs, unacknowledged, are redelivered later.
+func (pl *pipeline) giveUp() { pl.stopSettle() }
 
 // process handles one delivery: decode, handler, then either the async
 // publish of its outputs (settled by the settler) or its immediate
@@ -325,7 +336,7 @@ func (pl *pipeline) process(d *delivery) {
 	}
 	out, herr := r.handle(pl.hctx, m)
 	// Settling must finish even during a drain, so it does not use hctx.
-	sctx := context.WithoutCancel(pl.hctx)
+	sctx := pl.settle
 	var result, reason string
 	switch {
 	case herr == nil && out.err == nil && len(out.outs) > 0:
@@ -334,8 +345,10 @@ func (pl *pipeline) process(d *delivery) {
 			pl.settleq <- &pending{m: m, out: out, futures: futures, start: d.start, deadline: time.Now().Add(settleTimeout)}
 			return
 		}
+		r.stored(err)
 		result, reason = r.fail(sctx, m, fmt.Errorf("publish outputs: %w", err), m.Delivered >= r.maxDeliver)
 	case herr == nil && out.err == nil:
+		r.stored(nil) // whatever the handler wrote itself was stored
 		result, reason = r.ack(m)
 	default:
 		result, reason = r.settle(sctx, pl.hctx, m, out, herr)
@@ -348,10 +361,12 @@ func (pl *pipeline) process(d *delivery) {
 // failed.
 func (pl *pipeline) settleLoop() {
 	r := pl.r
-	sctx := context.WithoutCancel(pl.hctx)
+	sctx := pl.settle
 	for p := range pl.settleq {
 		var result, reason string
-		if fresh, err := r.await(p); err != nil {
+		fresh, err := r.await(sctx, p)
+		r.stored(err)
+		if err != nil {
 			result, reason = r.fail(sctx, p.m, fmt.Errorf("publish outputs: %w", err), p.m.Delivered >= r.maxDeliver)
 		} else {
 			for _, fn := range p.out.stored {
@@ -399,8 +414,9 @@ var errPublishTimeout = errors.New("no acknowledgement from the stream in time")
 
 // await waits for every output of p to be stored; a duplicate is a
 // success (an earlier delivery stored it). fresh reports whether any
-// output was stored by this delivery rather than found a duplicate.
-func (r *Runner) await(p *pending) (fresh bool, err error) {
+// output was stored by this delivery rather than found a duplicate. It
+// stops waiting when ctx ends (a drain gave up on the store).
+func (r *Runner) await(ctx context.Context, p *pending) (fresh bool, err error) {
 	var timer *time.Timer
 	defer func() {
 		if timer != nil {
@@ -422,6 +438,8 @@ func (r *Runner) await(p *pending) (fresh bool, err error) {
 			case err = <-f.Err():
 			case <-timer.C:
 				err = fmt.Errorf("%w (%v)", errPublishTimeout, settleTimeout)
+			case <-ctx.Done():
+				err = fmt.Errorf("not waited for: stopping while writes are not stored: %w", ctx.Err())
 			}
 		}
 		if err != nil {
