@@ -140,6 +140,10 @@ const (
 	// requeue` put back (or is putting back): the claim and where the copy
 	// was stored, so each dead letter is requeued once.
 	BucketDLQRequeues = "FAILBUS_DLQ_REQUEUES"
+	// BucketLimits holds each agent's share of the shared state (the policy's
+	// limits): the providers each agent names, every provider named, and
+	// each agent's task bytes per day.
+	BucketLimits = "FAILBUS_LIMITS"
 )
 
 // MetaRecreated is the metadata key of a durable consumer that a consumer

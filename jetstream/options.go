@@ -47,9 +47,10 @@ const (
 // Default MaxBytes per stream: a ceiling under MaxAge, so one flood (an
 // agent gone wrong, a stream of hostile input and its dead letters) fills
 // its own stream instead of the disk every stream shares. A full stream
-// drops its oldest messages (discard old), except FAILBUS_TASKS, which
-// refuses new ones (discard new): held work is never dropped, the
-// publisher is told. JetStream reserves each stream's MaxBytes against the
+// drops its oldest messages (discard old), except FAILBUS_TASKS and
+// FAILBUS_DISPATCH, which refuse new ones (discard new): held work is
+// never dropped (the publisher is told), and a dispatch is never evicted
+// before its agent read it (recovery keeps the task and tries again). JetStream reserves each stream's MaxBytes against the
 // server's store limit (max_file_store) when the stream is created, so the
 // server needs at least DefaultReservedBytes of it; `failbus dev` gives its
 // server embedded.DefaultMaxStore (16 GiB). Size them for production with
@@ -63,15 +64,17 @@ const (
 	// fills faster than its oldest schedule fires would drop it, so keep
 	// the window MaxBytes covers (at the failure rate) above the longest
 	// delay (6 h re-probes by default).
-	DefaultMaxBytesRetries    int64 = 1 << 30
-	DefaultMaxBytesNotify     int64 = 64 << 20
-	DefaultMaxBytesControl    int64 = 64 << 20
-	DefaultMaxBytesTasks      int64 = 512 << 20
-	DefaultMaxBytesDLQ        int64 = 1 << 30
-	DefaultMaxBytesAudit      int64 = 128 << 20
-	DefaultMaxBytesLiveness   int64 = 256 << 20
-	DefaultMaxBytesReports    int64 = 64 << 20
-	DefaultMaxBytesDispatch   int64 = 128 << 20
+	DefaultMaxBytesRetries  int64 = 1 << 30
+	DefaultMaxBytesNotify   int64 = 64 << 20
+	DefaultMaxBytesControl  int64 = 64 << 20
+	DefaultMaxBytesTasks    int64 = 512 << 20
+	DefaultMaxBytesDLQ      int64 = 1 << 30
+	DefaultMaxBytesAudit    int64 = 128 << 20
+	DefaultMaxBytesLiveness int64 = 256 << 20
+	DefaultMaxBytesReports  int64 = 64 << 20
+	// DefaultMaxBytesDispatch is as large as FAILBUS_TASKS: every task is
+	// dispatched at least once.
+	DefaultMaxBytesDispatch   int64 = 512 << 20
 	DefaultMaxBytesRecoveries int64 = 64 << 20
 	DefaultMaxBytesStoreCheck int64 = 8 << 20
 
@@ -81,13 +84,13 @@ const (
 	DefaultBucketMaxBytes int64 = 64 << 20
 
 	// DefaultReservedBytes is what the default topology reserves of the
-	// server's store: every stream's and bucket's MaxBytes (6.63 GiB; a
+	// server's store: every stream's and bucket's MaxBytes (7.07 GiB; a
 	// test keeps it equal to the files).
 	DefaultReservedBytes = DefaultMaxBytesOutcomes + DefaultMaxBytesClassified + DefaultMaxBytesHealth +
 		DefaultMaxBytesDecisions + DefaultMaxBytesRetries + DefaultMaxBytesNotify + DefaultMaxBytesControl +
 		DefaultMaxBytesTasks + DefaultMaxBytesDLQ + DefaultMaxBytesAudit + DefaultMaxBytesLiveness +
 		DefaultMaxBytesReports + DefaultMaxBytesDispatch + DefaultMaxBytesRecoveries + DefaultMaxBytesStoreCheck +
-		9*DefaultBucketMaxBytes
+		10*DefaultBucketMaxBytes
 )
 
 // Default MaxAge per stream: how long each stream keeps its messages.
@@ -171,6 +174,10 @@ const (
 	// DefaultTTLDLQRequeues keeps a requeue mark as long as FAILBUS_DLQ
 	// keeps its dead letter (DefaultMaxAgeDLQ).
 	DefaultTTLDLQRequeues = DefaultMaxAgeDLQ
+	// DefaultTTLLimits forgets that an agent named a provider 30 days after
+	// the last time it was noted (as FAILBUS_SCOPE forgets the provider),
+	// and an agent's task bytes of a day with the tasks (DefaultMaxAgeTasks).
+	DefaultTTLLimits = 30 * day
 )
 
 // Options adjust the topology to a deployment. The zero value is the topology
@@ -225,6 +232,13 @@ type Options struct {
 	// by bucket name (BucketRefusals, ...). A bucket absent from the map
 	// keeps its default (DefaultTTLRefusals, ...). 0 keeps keys forever.
 	BucketTTL map[string]time.Duration
+
+	// MaxMsgSize caps one message of a stream, keyed by stream name: the
+	// server refuses a larger publish, so it is never stored. A stream
+	// absent from the map keeps its default (-1, the server's
+	// max_payload). Values are -1 or positive. The services set
+	// StreamTasks' from the policy's limits.task_bytes.
+	MaxMsgSize map[string]int32
 }
 
 // resolved is the topology with Options applied: what Apply sends.
@@ -275,6 +289,9 @@ func (o Options) resolve(t *topo) (*resolved, error) {
 	if err := knownKeys("BucketTTL", "bucket", o.BucketTTL, bucketNames); err != nil {
 		return nil, err
 	}
+	if err := knownKeys("MaxMsgSize", "stream", o.MaxMsgSize, streamNames); err != nil {
+		return nil, err
+	}
 
 	r := &resolved{replicas: replicas}
 	for _, s := range t.streams {
@@ -296,6 +313,12 @@ func (o Options) resolve(t *topo) (*resolved, error) {
 				return nil, fmt.Errorf("options: MaxBytes[%s] %d: must be -1 (unlimited) or positive", c.Name, n)
 			}
 			c.MaxBytes = n
+		}
+		if n, ok := o.MaxMsgSize[c.Name]; ok {
+			if n != -1 && n <= 0 {
+				return nil, fmt.Errorf("options: MaxMsgSize[%s] %d: must be -1 (unlimited) or positive", c.Name, n)
+			}
+			c.MaxMsgSize = n
 		}
 		r.streams = append(r.streams, c)
 	}

@@ -224,7 +224,7 @@ func TestFilesCarryTheDocumentedDefaults(t *testing.T) {
 		if s.DenyDelete != protected || s.DenyPurge != protected {
 			t.Errorf("%s: deny_delete %v, deny_purge %v; want both only on the dead letters and the audit trail", s.Name, s.DenyDelete, s.DenyPurge)
 		}
-		if wantDiscard := map[bool]jetstream.DiscardPolicy{true: jetstream.DiscardNew, false: jetstream.DiscardOld}[s.Name == topology.StreamTasks]; s.Discard != wantDiscard {
+		if wantDiscard := map[bool]jetstream.DiscardPolicy{true: jetstream.DiscardNew, false: jetstream.DiscardOld}[s.Name == topology.StreamTasks || s.Name == topology.StreamDispatch]; s.Discard != wantDiscard {
 			t.Errorf("%s: discard %v, want %v", s.Name, s.Discard, wantDiscard)
 		}
 		if !slices.Equal(s.Subjects, want.subjects) {
@@ -246,6 +246,7 @@ func TestFilesCarryTheDocumentedDefaults(t *testing.T) {
 		topology.BucketRecovery:     topology.DefaultTTLRecovery,
 		topology.BucketPolicy:       topology.DefaultTTLPolicy,
 		topology.BucketDLQRequeues:  topology.DefaultTTLDLQRequeues,
+		topology.BucketLimits:       topology.DefaultTTLLimits,
 	}
 	gotBuckets := topology.Buckets()
 	if len(gotBuckets) != len(buckets) {

@@ -232,7 +232,9 @@ func TestHostilePayloads(t *testing.T) {
 	r := b.startClassifierWith(rc)
 	b.poll("runner healthy", func() bool { return r.Healthy() == nil })
 
-	subjectOf := func(i int) string { return events.OutcomeSubject("p", fmt.Sprintf("hostile-%02d", i)) }
+	// One subject (a classifier lane) per case, all of agent "hostile",
+	// whose records they are: the subject is the identity.
+	subjectOf := func(i int) string { return events.OutcomeSubject(fmt.Sprintf("p%02d", i), "hostile") }
 	for i, c := range cases {
 		b.publishOutcomes(good[i*5 : i*5+5])
 		b.publishRaw(subjectOf(i), nil, c.data) // the simplest agent: no headers at all

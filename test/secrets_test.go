@@ -197,8 +197,16 @@ notify:
 	ps := secretPlacements(t)
 	for _, p := range ps {
 		// The simplest agent: a bare msgpack map on the outcome subject of
-		// a clean agent and provider name.
-		if _, err := b.JS.PublishMsg(ctx, &nats.Msg{Subject: events.OutcomeSubject("openai", "bot"), Data: p.data}); err != nil {
+		// a clean provider name and its agent (the subject is the
+		// identity; a payload that does not decode is a hostile one's).
+		agent := "hostile"
+		var head struct {
+			Agent string `msgpack:"agent"`
+		}
+		if msgpack.Unmarshal(p.data, &head) == nil && head.Agent != "" {
+			agent = head.Agent
+		}
+		if _, err := b.JS.PublishMsg(ctx, &nats.Msg{Subject: events.OutcomeSubject("openai", agent), Data: p.data}); err != nil {
 			t.Fatal(err)
 		}
 	}

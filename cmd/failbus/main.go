@@ -1,7 +1,8 @@
 // Command failbus is the operator CLI of failbus: run the whole bus in one
 // process (dev), walk through the main scenarios (demo), put outcomes on the
 // bus (publish), watch or replay any subject (tail), run the decision core
-// offline (classify, simulate), and measure it (bench).
+// offline (classify, simulate), measure it (bench), and try agents against
+// a provider that fails on a script (chaos).
 //
 // Usage:
 //
@@ -19,6 +20,7 @@ import (
 	"github.com/failbus/failbus/internal/cli/apply"
 	"github.com/failbus/failbus/internal/cli/auth"
 	"github.com/failbus/failbus/internal/cli/bench"
+	"github.com/failbus/failbus/internal/cli/chaos"
 	"github.com/failbus/failbus/internal/cli/classify"
 	"github.com/failbus/failbus/internal/cli/decode"
 	"github.com/failbus/failbus/internal/cli/demo"
@@ -51,6 +53,7 @@ var commands = []cli.Command{
 	classify.Command,
 	simulate.Command,
 	bench.Command,
+	chaos.Command,
 	version.Command,
 }
 

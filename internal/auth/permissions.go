@@ -102,7 +102,7 @@ func (r Role) Permissions(pub string) (Permissions, error) {
 	for _, s := range sortedKeys(readStreams) {
 		p.pub(api+"CONSUMER.MSG.NEXT."+s+".*", api+"CONSUMER.INFO."+s+".*", api+"CONSUMER.DELETE."+s+".*", ack+s+".*.>")
 	}
-	for _, s := range append(slices.Clone(r.Lookup), r.Purge...) {
+	for _, s := range append(append(slices.Clone(r.Lookup), r.Purge...), r.DeleteMsgs...) {
 		if _, ok := streamSubjects[s]; !ok {
 			return Permissions{}, fmt.Errorf("auth: role %s: no stream %s in the topology", r.Name, s)
 		}
@@ -118,6 +118,9 @@ func (r Role) Permissions(pub string) (Permissions, error) {
 	}
 	for _, s := range r.Purge {
 		p.pub(api+"STREAM.INFO."+s, api+"STREAM.PURGE."+s)
+	}
+	for _, s := range r.DeleteMsgs {
+		p.pub(api+"STREAM.INFO."+s, api+"STREAM.MSG.DELETE."+s)
 	}
 	for _, b := range append(slices.Clone(r.Buckets), r.BucketsRead...) {
 		if !buckets[b] {

@@ -90,6 +90,10 @@ type Role struct {
 	// Purge are streams the role purges by subject (the scheduler
 	// cancelling a pending schedule).
 	Purge []string
+	// DeleteMsgs are streams the role deletes single messages of, by
+	// sequence (recovery removing a task past its agent's limits once it is
+	// dead-lettered).
+	DeleteMsgs []string
 	// Serve are request subjects the role answers (NATS micro services);
 	// it may then answer requests and $SRV discovery.
 	Serve []string
@@ -131,7 +135,11 @@ func serviceRoles() []Role {
 			Name:      RoleClassifier,
 			Doc:       "the classifier: reads every outcome (consumer classifier), writes one classification each",
 			Consumers: []string{topology.ConsumerClassifier},
-			Publish:   append([]string{events.ClassifiedPrefix + ".>"}, dlq(topology.ConsumerClassifier)...),
+			// A normal notification request: an agent reached its providers
+			// limit.
+			Publish: append([]string{events.ClassifiedPrefix + ".>", events.NotifySubject(events.SeverityNormal)}, dlq(topology.ConsumerClassifier)...),
+			// The providers each agent names (policy limits).
+			Buckets: []string{topology.BucketLimits},
 		},
 		{
 			Name: RoleScheduler,
@@ -198,7 +206,8 @@ func serviceRoles() []Role {
 				// The probe targets: each agent's latest outcome and decision.
 				topology.StreamOutcomes, topology.StreamDecisions,
 			},
-			Buckets: []string{topology.BucketHeartbeats, topology.BucketCrons, topology.BucketRecovery},
+			Buckets:    []string{topology.BucketHeartbeats, topology.BucketCrons, topology.BucketRecovery, topology.BucketLimits},
+			DeleteMsgs: []string{topology.StreamTasks},
 		},
 	}
 }
@@ -233,12 +242,14 @@ func Agent(name string) Role {
 			events.RetryPrefix + ".due." + a,
 			events.DispatchPrefix + "." + a,
 			events.ControlPrefix + "." + a,
+			// A held call resumes when its provider's health says so.
+			events.HealthPrefix + ".>",
 		},
 		Request: []string{events.RefusalRouteSubject},
 		// What it reads, for the TypeScript client's ordered readers. With
 		// a subjects filter the info also lists which agents' subjects
 		// hold messages (names and counts, not contents).
-		Info: []string{topology.StreamDecisions, topology.StreamRetries, topology.StreamDispatch, topology.StreamControl},
+		Info: []string{topology.StreamDecisions, topology.StreamRetries, topology.StreamDispatch, topology.StreamControl, topology.StreamHealth},
 	}
 	if name != "*" {
 		r.Name = RoleAgent + "-" + a

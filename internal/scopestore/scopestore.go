@@ -33,6 +33,7 @@ type Store struct {
 	stale      prometheus.Counter
 	unreadable prometheus.Counter
 	log        zerolog.Logger
+	missing    func(ctx context.Context, provider string) (*engine.ProviderRecord, error)
 
 	// written remembers, per key, the record this Store last wrote and
 	// the revision the write got, so the next Update of the provider
@@ -78,6 +79,12 @@ type Options struct {
 	Unreadable prometheus.Counter
 	// Log receives a line for each unreadable record.
 	Log zerolog.Logger
+	// Missing, when set, is asked for the record a provider starts from
+	// when its key does not exist (a new provider, or a bucket lost and
+	// recreated): nil starts it over as healthy. The scheduler rebuilds it
+	// from the provider's latest health records, so an outage open when
+	// the bucket was lost stays open until the provider recovers.
+	Missing func(ctx context.Context, provider string) (*engine.ProviderRecord, error)
 }
 
 // Open binds the bucket; apply the topology first.
@@ -86,7 +93,7 @@ func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Store, er
 	if err != nil {
 		return nil, fmt.Errorf("open KV %s (apply the topology first): %w", topology.BucketScope, err)
 	}
-	s := &Store{kv: kv, conflicts: opts.Conflicts, stale: opts.Stale, unreadable: opts.Unreadable, log: opts.Log}
+	s := &Store{kv: kv, conflicts: opts.Conflicts, stale: opts.Stale, unreadable: opts.Unreadable, log: opts.Log, missing: opts.Missing}
 	if s.conflicts == nil {
 		s.conflicts = prometheus.NewCounter(prometheus.CounterOpts{Name: "unused"})
 	}
@@ -188,6 +195,11 @@ func (p *Store) Update(ctx context.Context, provider string, fn func(*engine.Pro
 		if err != nil {
 			return err
 		}
+		if rec == nil && rev == 0 && p.missing != nil {
+			if rec, err = p.missing(ctx, provider); err != nil {
+				return fmt.Errorf("rebuild fault scope %s: %w", key, err)
+			}
+		}
 		if rec == nil {
 			rec = &engine.ProviderRecord{}
 			rec.State.Provider = provider
@@ -226,6 +238,41 @@ func (p *Store) Update(ctx context.Context, provider string, fn func(*engine.Pro
 		return nil
 	}
 	return fmt.Errorf("fault scope %s: %w %d times in a row", key, engine.ErrConflict, engine.MaxConflicts)
+}
+
+// Seed stores the record Options.Missing rebuilds for provider when its
+// key does not exist, so readers that only Get (the refusal tiers) see an
+// outage that was open when the bucket was lost before the provider's next
+// classification. It reports whether it wrote; an existing key, or a
+// provider Missing has nothing for, is left alone.
+func (p *Store) Seed(ctx context.Context, provider string) (bool, error) {
+	if p.missing == nil {
+		return false, nil
+	}
+	key := Key(provider)
+	if _, err := p.kv.Get(ctx, key); err == nil || !errors.Is(err, jetstream.ErrKeyNotFound) {
+		if err != nil {
+			return false, fmt.Errorf("read fault scope %s: %w", key, err)
+		}
+		return false, nil
+	}
+	rec, err := p.missing(ctx, provider)
+	if err != nil || rec == nil {
+		return false, err
+	}
+	data, err := EncodeRecord(rec)
+	if err != nil {
+		return false, err
+	}
+	rev, err := p.kv.Create(ctx, key, data)
+	if errors.Is(err, jetstream.ErrKeyExists) || topology.IsWrongLastSeq(err) {
+		return false, nil // a writer was first: its record stands
+	}
+	if err != nil {
+		return false, fmt.Errorf("write fault scope %s: %w", key, err)
+	}
+	p.remember(key, cached{data: data, rev: rev})
+	return true, nil
 }
 
 // last returns the record this Store last wrote under key, if it still

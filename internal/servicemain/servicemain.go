@@ -12,6 +12,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -269,8 +270,14 @@ func RunBounded(ctx context.Context, svc Service, timeout time.Duration, log zer
 // refusal.state_ttl, the backstop that retires what no boundary does.
 func TopologyOptions(pol *policy.Policy, replicas int) topology.Options {
 	o := topology.Options{Replicas: replicas}
-	if pol != nil && pol.Refusal.StateTTL > 0 {
+	if pol == nil {
+		return o
+	}
+	if pol.Refusal.StateTTL > 0 {
 		o.BucketTTL = map[string]time.Duration{topology.BucketRefusals: pol.Refusal.StateTTL}
+	}
+	if n := pol.Limits.TaskBytes; n > 0 && n <= math.MaxInt32 {
+		o.MaxMsgSize = map[string]int32{topology.StreamTasks: int32(n)}
 	}
 	return o
 }

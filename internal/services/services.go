@@ -24,6 +24,7 @@ import (
 	"github.com/failbus/failbus/internal/servicemain"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/notify"
+	"github.com/failbus/failbus/pkg/policy/limits"
 	recoverypolicy "github.com/failbus/failbus/pkg/policy/recovery"
 )
 
@@ -182,12 +183,21 @@ func Recovery() servicemain.Spec {
 		Build: func(ctx context.Context, env servicemain.Env) (servicemain.Service, error) {
 			return recovery.New(ctx, env.JS, recovery.Options{
 				Policy:   recoveryPolicy(env),
+				Limits:   limitsPolicy(env),
 				Owner:    owner,
 				LeaseTTL: lease,
 				Runner:   consumer.Config{Logger: env.Log, Registerer: env.Registry, StoreCheckEvery: consumer.DefaultStoreCheckEvery},
 			})
 		},
 	}
+}
+
+// limitsPolicy is the policy's `limits:` section.
+func limitsPolicy(env servicemain.Env) limits.Config {
+	if env.Policy == nil {
+		return limits.DefaultConfig()
+	}
+	return env.Policy.Limits
 }
 
 // recoveryPolicy is the policy's `recovery:` section.

@@ -63,6 +63,9 @@ type Agent struct {
 
 	mu        sync.Mutex
 	subagents map[string]*Subagent // started here and still running
+
+	// router hands decisions, due retries and probes to Calls.
+	router router
 }
 
 // Option configures an Agent.
@@ -111,7 +114,9 @@ func New(nc *nats.Conn, name string, opts ...Option) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("agent %s: jetstream context: %w", name, err)
 	}
-	return &Agent{js: js, name: name, opts: o, created: o.now(), subagents: map[string]*Subagent{}}, nil
+	a := &Agent{js: js, name: name, opts: o, created: o.now(), subagents: map[string]*Subagent{}}
+	a.router.a = a
+	return a, nil
 }
 
 // Name is the agent instance id this Agent reports as and reads for.

@@ -53,6 +53,9 @@ type SubagentConfig struct {
 	// heartbeat is older than 3 intervals (recovery.stale_after) after an
 	// outage, so pick what the subagent can keep.
 	Interval time.Duration
+	// Checkpoint is where the task resumes from, when it starts from one
+	// (Dispatch.Checkpoint of a re-dispatch); Subagent.Checkpoint moves it.
+	Checkpoint string
 }
 
 // Subagent is a running subagent's heartbeat: a goroutine sends `running`
@@ -66,6 +69,9 @@ type Subagent struct {
 	stop   chan struct{}
 	done   chan struct{}
 	once   sync.Once
+
+	mu         sync.Mutex
+	checkpoint string
 }
 
 // ErrKilled is the cause of a Subagent's Context when recovery killed it.
@@ -84,7 +90,7 @@ func (a *Agent) StartSubagent(ctx context.Context, cfg SubagentConfig) (*Subagen
 		cfg.Interval = DefaultHeartbeatInterval
 	}
 	sctx, cancel := context.WithCancelCause(ctx)
-	s := &Subagent{a: a, cfg: cfg, ctx: sctx, cancel: cancel, stop: make(chan struct{}), done: make(chan struct{})}
+	s := &Subagent{a: a, cfg: cfg, ctx: sctx, cancel: cancel, stop: make(chan struct{}), done: make(chan struct{}), checkpoint: cfg.Checkpoint}
 	if err := s.beat(ctx, events.HeartbeatRunning); err != nil {
 		cancel(err)
 		return nil, err
@@ -97,10 +103,28 @@ func (a *Agent) StartSubagent(ctx context.Context, cfg SubagentConfig) (*Subagen
 }
 
 func (s *Subagent) beat(ctx context.Context, status string) error {
+	s.mu.Lock()
+	checkpoint := s.checkpoint
+	s.mu.Unlock()
 	return s.a.Heartbeat(ctx, events.Heartbeat{
 		Subagent: s.cfg.Name, TaskID: s.cfg.TaskID, Provider: s.cfg.Provider, Model: s.cfg.Model,
-		Session: s.cfg.Session, Status: status, IntervalMS: s.cfg.Interval.Milliseconds(),
+		Session: s.cfg.Session, Status: status, IntervalMS: s.cfg.Interval.Milliseconds(), Checkpoint: checkpoint,
 	})
+}
+
+// Checkpoint records where the subagent's task can resume from (at most
+// events.MaxCheckpointBytes: a reference, such as a file or an offset),
+// sending a heartbeat with it now; every later heartbeat carries it. If
+// recovery kills the subagent, the task's re-dispatch carries the last
+// one recorded (Dispatch.Checkpoint), so the work done is not thrown away.
+func (s *Subagent) Checkpoint(ctx context.Context, checkpoint string) error {
+	if len(checkpoint) > events.MaxCheckpointBytes {
+		return fmt.Errorf("agent %s: subagent %s: a checkpoint of %d bytes exceeds %d", s.a.name, s.cfg.Name, len(checkpoint), events.MaxCheckpointBytes)
+	}
+	s.mu.Lock()
+	s.checkpoint = checkpoint
+	s.mu.Unlock()
+	return s.beat(ctx, events.HeartbeatRunning)
 }
 
 func (s *Subagent) loop() {

@@ -22,6 +22,12 @@ func (*RetryCancel) SchemaName() string { return SchemaRetryCancel }
 // Validate implements events.Message.
 func (m *RetryCancel) Validate() error { return (*RetryMark)(m).validate() }
 
+// RecordAgent implements events.AgentRecord: the subject is the identity.
+func (m *RetryStarted) RecordAgent() string { return m.Agent }
+
+// RecordAgent implements events.AgentRecord: the subject is the identity.
+func (m *RetryCancel) RecordAgent() string { return m.Agent }
+
 func (m *RetryMark) validate() error {
 	if m.RetryID == "" {
 		return &events.FieldError{Field: "retry_id", Problem: "required"}
@@ -29,7 +35,10 @@ func (m *RetryMark) validate() error {
 	if m.Agent == "" {
 		return &events.FieldError{Field: "agent", Problem: "required"}
 	}
-	return nil
+	if err := events.CheckName("retry_id", m.RetryID); err != nil {
+		return err
+	}
+	return events.CheckName("agent", m.Agent)
 }
 
 // The agent's started and cancel records join pkg/events' type table, so

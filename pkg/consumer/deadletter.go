@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/failbus/failbus/pkg/events"
 )
@@ -179,4 +180,26 @@ func boundText(s string, limit int) string {
 		cut--
 	}
 	return s[:cut] + marker
+}
+
+// Quarantine dead-letters input that did not come through a Runner: a KV
+// entry a watch or a start-up replay read and could not use (it panicked,
+// or cannot be decoded). The record is the one a Runner writes (reason,
+// subject, the bytes, bounded to fit), on failbus.dlq.<service>, with a
+// Nats-Msg-Id from m's stream and sequence, so quarantining the same entry
+// again (a replica, a restart's replay) stores it once within the stream's
+// duplicate window. Removing the entry is the caller's: quarantine only
+// keeps what it held.
+func Quarantine(ctx context.Context, js jetstream.JetStream, service string, m *Msg, reason string) error {
+	data, hdr, _, err := deadLetterRecord(service, m, reason, js.Conn().MaxPayload())
+	if err != nil {
+		return err
+	}
+	hdr.Set(events.HeaderMsgID, DeadLetterMsgID(service, m.Stream, m.Seq))
+	pctx, cancel := context.WithTimeout(ctx, settleTimeout)
+	defer cancel()
+	if _, err := js.PublishMsg(pctx, &nats.Msg{Subject: events.DLQSubject(service), Header: hdr, Data: data}); err != nil {
+		return fmt.Errorf("quarantine %s: %w", m.Subject, err)
+	}
+	return nil
 }

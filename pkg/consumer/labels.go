@@ -4,7 +4,9 @@ import (
 	"container/list"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -82,7 +84,14 @@ func (c *LabelCap) TrackPartial(vecs ...*prometheus.MetricVec) *LabelCap {
 // room for it; it returns value. Call it before each WithLabelValues that
 // carries the label. (A write racing with the eviction of its own value
 // can leave one series beyond Max until that value is evicted again.)
+// A value that is not valid UTF-8, which Prometheus refuses by panicking,
+// is returned with each invalid byte replaced by U+FFFD: the gate on
+// agents' records refuses such names, and a label must never be the way
+// one that got past it into stored state crashes a service.
 func (c *LabelCap) Use(value string) string {
+	if !utf8.ValidString(value) {
+		value = strings.ToValidUTF8(value, "\uFFFD")
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if e, ok := c.pos[value]; ok {

@@ -272,6 +272,9 @@ func DecodeLimits(subject string, h nats.Header, data []byte, lim Limits) (Messa
 	if err := m.Validate(); err != nil {
 		return nil, fmt.Errorf("invalid %s: %w", name, err)
 	}
+	if err := CheckSender(subject, m); err != nil {
+		return nil, fmt.Errorf("invalid %s: %w", name, err)
+	}
 	return m, nil
 }
 

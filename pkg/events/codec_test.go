@@ -47,7 +47,7 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 			if got := h.Get(events.HeaderContentType); got != events.ContentTypeMsgpack {
 				t.Fatalf("content type = %q", got)
 			}
-			back, err := events.Decode(subjectOf(t, m.SchemaName()), h, data)
+			back, err := events.Decode(subjectOf(t, m), h, data)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -61,11 +61,16 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 }
 
 // subjectOf is a concrete subject of the family that carries schema.
-func subjectOf(t *testing.T, schema string) string {
+// subjectOf is a subject that carries m: for an agent's own record, one
+// that ends with its agent (the subject is the identity).
+func subjectOf(t *testing.T, m events.Message) string {
 	t.Helper()
-	fam := events.SubjectFamily(schema)
+	fam := events.SubjectFamily(m.SchemaName())
 	if fam == "" {
-		t.Fatalf("no subject carries %s", schema)
+		t.Fatalf("no subject carries %s", m.SchemaName())
+	}
+	if a, ok := m.(events.AgentRecord); ok {
+		return strings.TrimSuffix(fam, ">") + "x." + events.Token(a.RecordAgent())
 	}
 	return strings.TrimSuffix(fam, ">") + "x.y"
 }

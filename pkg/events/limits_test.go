@@ -173,7 +173,7 @@ func TestCheckMsgpackAcceptsWhatFailbusWrites(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := events.Decode("failbus.outcome.p.a", nil, data); err != nil {
+	if _, err := events.Decode(events.OutcomeSubject(o.Provider, o.Agent), nil, data); err != nil {
 		t.Fatalf("a 4 MiB body and many headers: %v", err)
 	}
 }

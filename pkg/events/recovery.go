@@ -38,7 +38,15 @@ type Heartbeat struct {
 	// IntervalMS is how often the subagent promises a heartbeat; 0 means
 	// DefaultHeartbeatIntervalMS.
 	IntervalMS int64 `msgpack:"interval_ms,omitempty" json:"interval_ms,omitempty"`
+	// Checkpoint is where the task can resume from (opaque to the bus, at
+	// most MaxCheckpointBytes): a re-dispatch of the task carries the last
+	// one, so a killed subagent's work is not thrown away.
+	Checkpoint string `msgpack:"checkpoint,omitempty" json:"checkpoint,omitempty"`
 }
+
+// MaxCheckpointBytes bounds a heartbeat's checkpoint: a reference to where
+// the work is kept, not the work.
+const MaxCheckpointBytes = 4 << 10
 
 // State is Status with the default applied.
 func (h *Heartbeat) State() string {
@@ -155,6 +163,9 @@ type Dispatch struct {
 	// Reason says why now: "submitted", "released after outage …",
 	// "redispatched: subagent … killed".
 	Reason string `msgpack:"reason,omitempty" json:"reason,omitempty"`
+	// Checkpoint, on a re-dispatch, is the last checkpoint the killed
+	// subagent recorded for the task: where to resume.
+	Checkpoint string `msgpack:"checkpoint,omitempty" json:"checkpoint,omitempty"`
 }
 
 // Control actions: what recovery asks an agent to do.

@@ -306,3 +306,16 @@ func FuzzRecoveryDecode(f *testing.F) {
 		}
 	})
 }
+
+// A checkpoint is a reference to where the work is kept: 4 KiB at most.
+func TestHeartbeatCheckpointBound(t *testing.T) {
+	h := events.Heartbeat{Agent: "a", Subagent: "s", Checkpoint: strings.Repeat("c", events.MaxCheckpointBytes)}
+	if err := h.Validate(); err != nil {
+		t.Fatalf("a 4 KiB checkpoint: %v", err)
+	}
+	h.Checkpoint += "c"
+	var fe *events.FieldError
+	if err := h.Validate(); !errors.As(err, &fe) || fe.Field != "checkpoint" {
+		t.Fatalf("a checkpoint past 4 KiB: %v", err)
+	}
+}

@@ -43,6 +43,9 @@ func (h *Heartbeat) Validate() error {
 	if h.IntervalMS < 0 {
 		return &FieldError{Field: "interval_ms", Problem: "negative"}
 	}
+	if n := len(h.Checkpoint); n > MaxCheckpointBytes {
+		return &FieldError{Field: "checkpoint", Problem: fmt.Sprintf("%d bytes exceed the limit of %d (a reference to where the work is kept, not the work)", n, MaxCheckpointBytes)}
+	}
 	return nil
 }
 
@@ -52,7 +55,7 @@ func (c *CronSpec) Validate() error {
 	if err := firstErr(required("agent", c.Agent), required("cron", c.Cron), required("schedule", c.Schedule)); err != nil {
 		return err
 	}
-	if err := names("agent", c.Agent, "cron", c.Cron, "provider", c.Provider); err != nil {
+	if err := names("agent", c.Agent, "cron", c.Cron, "provider", c.Provider, "timezone", c.Timezone); err != nil {
 		return err
 	}
 	if _, err := ParseCronSchedule(c.Schedule); err != nil {
@@ -105,23 +108,17 @@ func (t *Task) Validate() error {
 	if err := firstErr(required("id", t.ID), required("agent", t.Agent)); err != nil {
 		return err
 	}
-	if err := checkID(t.ID); err != nil {
-		return &FieldError{Field: "id", Problem: err.Error()}
-	}
-	if err := notACredential(t.ID); err != nil {
-		return &FieldError{Field: "id", Problem: err.Error()}
-	}
-	return names("agent", t.Agent, "provider", t.Provider, "kind", t.Kind)
+	return names("id", t.ID, "agent", t.Agent, "provider", t.Provider, "kind", t.Kind)
 }
 
-// names checks (field, value) pairs against MaxNameBytes: recovery keeps
+// names checks (field, value) pairs with CheckName: recovery keeps
 // records under these names in KV keys (a subject each), which a name of
-// kilobytes would push past the server's control line — its connection
-// closed, the record redelivered, again.
+// kilobytes would push past the server's control line, and shows them in
+// metric labels, which refuse invalid UTF-8.
 func names(pairs ...string) error {
 	for i := 0; i+1 < len(pairs); i += 2 {
-		if n := len(pairs[i+1]); n > MaxNameBytes {
-			return &FieldError{Field: pairs[i], Problem: fmt.Sprintf("%d bytes exceed the limit of %d", n, MaxNameBytes)}
+		if err := CheckName(pairs[i], pairs[i+1]); err != nil {
+			return err
 		}
 	}
 	return nil

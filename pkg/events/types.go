@@ -101,13 +101,16 @@ type Decision struct {
 	Action    string `msgpack:"action" json:"action"`
 	Reason    string `msgpack:"reason,omitempty" json:"reason,omitempty"`
 	Class     string `msgpack:"class,omitempty" json:"class,omitempty"`
-	DelayMS   int64  `msgpack:"delay_ms,omitempty" json:"delay_ms,omitempty"`
-	DueAt     Time   `msgpack:"due_at,omitempty" json:"due_at,omitzero"`
-	Retry     int    `msgpack:"retry,omitempty" json:"retry,omitempty"`
-	RetryID   string `msgpack:"retry_id,omitempty" json:"retry_id,omitempty"`
-	Provider  string `msgpack:"provider,omitempty" json:"provider,omitempty"`
-	Model     string `msgpack:"model,omitempty" json:"model,omitempty"`
-	Profile   string `msgpack:"profile,omitempty" json:"profile,omitempty"`
+	// Rule is the classification rule that decided Class: what an agent
+	// hands its caller with a decision it cannot carry out itself.
+	Rule     string `msgpack:"rule,omitempty" json:"rule,omitempty"`
+	DelayMS  int64  `msgpack:"delay_ms,omitempty" json:"delay_ms,omitempty"`
+	DueAt    Time   `msgpack:"due_at,omitempty" json:"due_at,omitzero"`
+	Retry    int    `msgpack:"retry,omitempty" json:"retry,omitempty"`
+	RetryID  string `msgpack:"retry_id,omitempty" json:"retry_id,omitempty"`
+	Provider string `msgpack:"provider,omitempty" json:"provider,omitempty"`
+	Model    string `msgpack:"model,omitempty" json:"model,omitempty"`
+	Profile  string `msgpack:"profile,omitempty" json:"profile,omitempty"`
 }
 
 // Actions of a Decision (CONTRACT.md). Public interface: never rename.

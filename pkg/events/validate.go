@@ -3,6 +3,7 @@ package events
 import (
 	"errors"
 	"fmt"
+	"unicode/utf8"
 
 	"github.com/failbus/failbus/pkg/redact"
 )
@@ -40,15 +41,16 @@ func (o *Outcome) Validate() error {
 	if err := checkID(o.ID); err != nil {
 		return &FieldError{Field: "id", Problem: err.Error()}
 	}
-	for _, f := range []struct{ name, v string }{
-		{"id", o.ID}, {"agent", o.Agent}, {"provider", o.Provider}, {"model", o.Model}, {"profile", o.Profile}, {"session", o.Session},
-	} {
-		if len(f.v) > MaxNameBytes {
-			return &FieldError{Field: f.name, Problem: fmt.Sprintf("%d bytes exceed the limit of %d", len(f.v), MaxNameBytes)}
+	if err := names("agent", o.Agent, "provider", o.Provider, "model", o.Model, "profile", o.Profile, "session", o.Session); err != nil {
+		return err
+	}
+	if g := o.Origin; g != nil {
+		if err := names("origin.kind", g.Kind, "origin.name", g.Name, "origin.parent", g.Parent); err != nil {
+			return err
 		}
-		if err := notACredential(f.v); err != nil {
-			return &FieldError{Field: f.name, Problem: err.Error()}
-		}
+	}
+	if err := notACredential(o.ID); err != nil {
+		return &FieldError{Field: "id", Problem: err.Error()}
 	}
 	if o.Status < 0 || o.Status > 999 {
 		return &FieldError{Field: "status", Problem: fmt.Sprintf("%d is not an HTTP status (0 when none)", o.Status)}
@@ -82,16 +84,53 @@ const (
 	MaxTokens = 1 << 40
 )
 
-// checkID accepts an id that can be a Nats-Msg-Id header value: at most
-// MaxNameBytes, no control characters (a CR or LF would end the header).
-func checkID(id string) error {
-	if len(id) > MaxNameBytes {
-		return fmt.Errorf("%d bytes exceed the limit of %d", len(id), MaxNameBytes)
+// checkID accepts an id that can be a Nats-Msg-Id header value: a name
+// (checkText: at most MaxNameBytes of UTF-8, no control characters, a CR
+// or LF would end the header).
+func checkID(id string) error { return checkText(id) }
+
+// checkText is the shape every identifier an agent sends must have: at
+// most MaxNameBytes, valid UTF-8 (a Prometheus label refuses anything
+// else, by panicking), no control character (C0, DEL or C1: a CR or LF
+// ends a header line, and none belongs in a name shown to a person).
+func checkText(v string) error {
+	if len(v) > MaxNameBytes {
+		return fmt.Errorf("%d bytes exceed the limit of %d", len(v), MaxNameBytes)
 	}
-	for i := 0; i < len(id); i++ {
-		if c := id[i]; c < 0x20 || c == 0x7f {
-			return fmt.Errorf("control character 0x%02x at byte %d", c, i)
+	for i, r := range v {
+		switch {
+		case r == utf8.RuneError && !validRuneAt(v, i):
+			return fmt.Errorf("not valid UTF-8 at byte %d", i)
+		case r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0):
+			return fmt.Errorf("control character %U at byte %d", r, i)
 		}
+	}
+	return nil
+}
+
+// validRuneAt reports whether the U+FFFD that ranging over v decoded at i
+// was written as such (three bytes), not made up for an invalid byte.
+func validRuneAt(v string, i int) bool {
+	_, size := utf8.DecodeRuneInString(v[i:])
+	return size == 3
+}
+
+// CheckName applies the rules of every identifier an agent sends (agent,
+// provider, model, profile, session, subagent, task, cron, write key, …):
+// at most MaxNameBytes of valid UTF-8, no control character, nothing
+// redact.String would mask. Identifiers become subject tokens, KV keys,
+// header values and metric labels, and are repeated in every output, so
+// one that breaks any of these is refused where it enters, naming the
+// field. An empty value passes (requiredness is the caller's).
+func CheckName(field, v string) error {
+	if v == "" {
+		return nil
+	}
+	if err := checkText(v); err != nil {
+		return &FieldError{Field: field, Problem: err.Error()}
+	}
+	if err := notACredential(v); err != nil {
+		return &FieldError{Field: field, Problem: err.Error()}
 	}
 	return nil
 }
@@ -176,7 +215,10 @@ func (n *Notification) Validate() error {
 
 // Validate checks a segment boundary.
 func (b *Boundary) Validate() error {
-	return firstErr(required("agent", b.Agent), required("session", b.Session))
+	if err := firstErr(required("agent", b.Agent), required("session", b.Session)); err != nil {
+		return err
+	}
+	return names("agent", b.Agent, "session", b.Session)
 }
 
 // Validate checks a dead letter.

@@ -374,6 +374,7 @@ var decisionWire = NewFieldTable(
 	StringField("action", false, func(d *Decision) *string { return &d.Action }),
 	StringField("reason", true, func(d *Decision) *string { return &d.Reason }),
 	StringField("class", true, func(d *Decision) *string { return &d.Class }),
+	StringField("rule", true, func(d *Decision) *string { return &d.Rule }),
 	Int64Field("delay_ms", true, func(d *Decision) *int64 { return &d.DelayMS }),
 	TimeField("due_at", true, func(d *Decision) *Time { return &d.DueAt }),
 	IntField("retry", true, func(d *Decision) *int { return &d.Retry }),

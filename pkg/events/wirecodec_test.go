@@ -91,7 +91,7 @@ func TestWireArrayForm(t *testing.T) {
 			t.Error(err)
 		}
 	}
-	fields := []any{"o", nil, "a", "retry", "", "", 5, nil, 2, "r", "p", "m", "k"}
+	fields := []any{"o", nil, "a", "retry", "", "", "", 5, nil, 2, "r", "p", "m", "k"}
 	full, _ := msgpack.Marshal(fields)
 	var d Decision
 	if err := msgpack.Unmarshal(full, &d); err != nil || d.OutcomeID != "o" || d.DelayMS != 5 || d.Retry != 2 || d.Profile != "k" {

@@ -33,6 +33,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/failbus/failbus/pkg/policy/classify"
+	"github.com/failbus/failbus/pkg/policy/limits"
 	"github.com/failbus/failbus/pkg/policy/notification"
 	"github.com/failbus/failbus/pkg/policy/recovery"
 	"github.com/failbus/failbus/pkg/policy/refusal"
@@ -58,6 +59,9 @@ type Policy struct {
 	// Recovery configures the post-outage checklist, the held task queue
 	// and the outage probes (seed 002).
 	Recovery recovery.Config `yaml:"recovery" json:"recovery"`
+	// Limits bounds the shared state one agent, and all agents together,
+	// may hold: providers, subagents, crons, tasks and their bytes.
+	Limits limits.Config `yaml:"limits" json:"limits"`
 }
 
 // Default returns the policy every absent key falls back to: CONTRACT.md's
@@ -70,6 +74,7 @@ func Default() *Policy {
 		Notify:   notification.DefaultConfig(),
 		Scope:    scope.DefaultConfig(),
 		Recovery: recovery.DefaultConfig(),
+		Limits:   limits.DefaultConfig(),
 	}
 }
 
@@ -123,7 +128,7 @@ func Parse(data []byte) (*Policy, error) {
 		return cfgResult(p, append(errs, second))
 	}
 	if root.Kind != yaml.MappingNode {
-		return nil, fmt.Errorf("policy: line %d: the document must be a mapping of sections (retry, classify, refusal, notify, scope, recovery)", root.Line)
+		return nil, fmt.Errorf("policy: line %d: the document must be a mapping of sections (retry, classify, refusal, notify, scope, recovery, limits)", root.Line)
 	}
 	for _, err := range cfgCheckKeys(root, reflect.TypeFor[Policy](), "") {
 		errs = append(errs, fmt.Errorf("policy: %w", err))
@@ -168,6 +173,9 @@ func (p *Policy) Validate() error {
 	}
 	if err := p.Recovery.Validate(); err != nil {
 		errs = append(errs, cfgPrefix("recovery", err))
+	}
+	if err := p.Limits.Validate(); err != nil {
+		errs = append(errs, cfgPrefix("limits", err))
 	}
 	return errors.Join(errs...)
 }

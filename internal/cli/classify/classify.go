@@ -29,25 +29,37 @@ var Command = cli.Command{Name: "classify", Summary: "classify Outcome JSON Line
 // processing goes on. Exit codes: 2 for unusable arguments or policy, 1 when
 // stdin or stdout fails, 0 otherwise.
 //
+// With --eval FILE... it reads labelled outcomes instead (testdata's corpus
+// format: an Outcome plus expect_class, and optionally accept) and prints
+// how many land in an accepted class: overall, per class, per provider, and
+// leave-one-provider-out (each provider's rows classified without its own
+// code tables). See runEval.
+//
 // With --explain (issue 16) it prints, instead, a table of the outcomes
 // the rules explain only weakly — unknown, or decided by the status code, an
 // upstream_code hint or an unrecognised transport error alone — grouped by
 // what the provider said (classify.Signature), largest group first: the
 // next rule worth adding is at the top.
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	fs := cli.NewFlagSet("classify", "[--policy FILE] [--explain [--json]] < outcomes.jsonl > classifications.jsonl", stderr)
+	fs := cli.NewFlagSet("classify", "[--policy FILE] [--explain [--json]] < outcomes.jsonl > classifications.jsonl\n"+
+		"       failbus classify [--policy FILE] --eval FILE [FILE...] [--json] [--misses N]", stderr)
 	policyPath := fs.String("policy", "", "policy YAML file; its classify section is used (default: the built-in rules)")
 	explain := fs.Bool("explain", false, "print the weakly explained outcomes grouped by body signature instead of one classification per line")
-	asJSON := fs.Bool("json", false, "with --explain: one JSON object (totals and groups) instead of the table")
+	evalPath := fs.String("eval", "", "evaluate against a labelled corpus (JSON Lines with expect_class); further files may follow")
+	misses := fs.Int("misses", 20, "with --eval: how many misclassified rows to list (-1: all)")
+	asJSON := fs.Bool("json", false, "with --explain or --eval: one JSON object instead of the table")
 	pos, code, done := cli.Parse(fs, args)
 	if done {
 		return code
 	}
-	if len(pos) > 0 {
+	if *evalPath == "" && len(pos) > 0 {
 		return cli.UsageError(fs, stderr, "unexpected argument %q", pos[0])
 	}
-	if *asJSON && !*explain {
-		return cli.UsageError(fs, stderr, "--json goes with --explain")
+	if *asJSON && !*explain && *evalPath == "" {
+		return cli.UsageError(fs, stderr, "--json goes with --explain or --eval")
+	}
+	if *explain && *evalPath != "" {
+		return cli.UsageError(fs, stderr, "--explain and --eval are two reports: choose one")
 	}
 	pol := policy.Default()
 	if *policyPath != "" {
@@ -66,6 +78,9 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 
 	if *explain {
 		return runExplain(eng.Classify, stdin, stdout, stderr, *asJSON)
+	}
+	if *evalPath != "" {
+		return runEval(pol.Classify, append([]string{*evalPath}, pos...), stdout, stderr, *asJSON, *misses)
 	}
 
 	w := bufio.NewWriterSize(stdout, 64<<10)

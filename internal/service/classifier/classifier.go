@@ -15,18 +15,22 @@ package classifier
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
 
+	ilimits "github.com/failbus/failbus/internal/limits"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/engine"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy"
 	"github.com/failbus/failbus/pkg/policy/classify"
+	"github.com/failbus/failbus/pkg/policy/limits"
 )
 
 // Name is the service name: the metrics label, the dead-letter subject
@@ -113,7 +117,12 @@ func New(js jetstream.JetStream, opts Config) (*Service, error) {
 		}
 		fn = eng.Classify
 	}
-	h, err := NewHandler(fn, cfg.Registerer)
+	pol := opts.Policy
+	if pol == nil {
+		pol = policy.Default()
+	}
+	g := &gate{providers: ilimits.NewProviders(js, pol.Limits.WithDefaults(), nil), notify: ilimits.NewNotifier(js, Name, nil)}
+	h, err := newHandler(fn, g, cfg.Registerer)
 	if err != nil {
 		return nil, err
 	}
@@ -124,7 +133,7 @@ func New(js jetstream.JetStream, opts Config) (*Service, error) {
 	return &Service{Runner: r}, nil
 }
 
-// NewHandler returns the classifier's message handler, registering its
+// newHandler returns the classifier's message handler, registering its
 // metrics with reg: failbus_classifier_classified_total{class} and
 // failbus_classifier_overrules_total{claimed,final}, the rate at which
 // evidence demotes a heuristic's or an upstream code's claim (DESIGN.md §4).
@@ -132,7 +141,7 @@ func New(js jetstream.JetStream, opts Config) (*Service, error) {
 // classify nil selects classify.Classify (the default policy's rules, the
 // contract's retryability); whatever classifies, the outcome's identity and
 // context are completed by engine.Complete.
-func NewHandler(classifyFn ClassifyFunc, reg prometheus.Registerer) (consumer.Handler, error) {
+func newHandler(classifyFn ClassifyFunc, g *gate, reg prometheus.Registerer) (consumer.Handler, error) {
 	if classifyFn == nil {
 		classifyFn = classify.Classify
 	}
@@ -153,14 +162,32 @@ func NewHandler(classifyFn ClassifyFunc, reg prometheus.Registerer) (consumer.Ha
 	if err != nil {
 		return nil, fmt.Errorf("classifier: %w", err)
 	}
+	refused, err := consumer.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "failbus_limits_refused_total",
+		Help: "Agents' records refused because the agent (or all agents) reached a policy limit, by service and limit; each is a dead letter naming the limit and the agent.",
+	}, []string{"service", "limit"}))
+	if err != nil {
+		return nil, fmt.Errorf("classifier: %w", err)
+	}
 	segment := events.SegmentPrefix + "."
-	return func(_ context.Context, m *consumer.Msg, out *consumer.Outputs) error {
+	return func(ctx context.Context, m *consumer.Msg, out *consumer.Outputs) error {
 		if strings.HasPrefix(m.Subject, segment) {
 			return nil // boundaries are the refusal tiers' business
 		}
 		o, err := events.DecodeAs[*events.Outcome](m.Subject, m.Header, m.Data)
 		if err != nil {
 			return consumer.DeadLetter("decode outcome: " + err.Error())
+		}
+		if err := g.admit(ctx, o.Agent, o.Provider); err != nil {
+			var ex *limits.Exceeded
+			if !errors.As(err, &ex) {
+				return err // the store: redelivered after the backoff
+			}
+			refused.WithLabelValues(Name, ex.Limit).Inc()
+			if nerr := g.notify.Tell(ctx, ex); nerr != nil {
+				zerolog.Ctx(ctx).Warn().Err(nerr).Msg("limit notification not requested; asked again at the next refusal")
+			}
+			return consumer.DeadLetter(err.Error())
 		}
 		c := classifyFn(o)
 		engine.Complete(&c, o)
@@ -171,6 +198,20 @@ func NewHandler(classifyFn ClassifyFunc, reg prometheus.Registerer) (consumer.Ha
 		out.Publish(events.ClassifiedSubject(o.Provider, c.Class), &c, "")
 		return nil
 	}, nil
+}
+
+// gate keeps each agent within its share of the providers
+// (pkg/policy/limits); nil admits everything.
+type gate struct {
+	providers *ilimits.Providers
+	notify    *ilimits.Notifier
+}
+
+func (g *gate) admit(ctx context.Context, agent, provider string) error {
+	if g == nil {
+		return nil
+	}
+	return g.providers.Admit(ctx, agent, provider)
 }
 
 // subjectLane is the runner's Key: the outcome's subject,

@@ -3,6 +3,8 @@ package recovery
 import (
 	"context"
 	"errors"
+	"fmt"
+	"runtime/debug"
 	"strings"
 	"time"
 
@@ -10,6 +12,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/vmihailenco/msgpack/v5"
 
+	topology "github.com/failbus/failbus/jetstream"
+	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/policy/recovery"
 )
 
@@ -41,7 +45,7 @@ func (s *Service) drive(ctx context.Context) error {
 				s.nudge() // initial values delivered
 				continue
 			}
-			s.observe(e)
+			s.guard(ctx, e.Key(), e, func() { s.observe(e) })
 		}
 	}()
 	resync := time.NewTicker(DefaultResync)
@@ -59,7 +63,11 @@ func (s *Service) drive(ctx context.Context) error {
 				}
 				continue
 			}
-			if err := s.core.Advance(ctx, p, now); err != nil {
+			var err error
+			if !s.guard(ctx, ProviderKey(p), nil, func() { err = s.core.Advance(ctx, p, now) }) {
+				continue
+			}
+			if err != nil {
 				if ctx.Err() != nil {
 					return nil
 				}
@@ -97,6 +105,62 @@ func (s *Service) drive(ctx context.Context) error {
 		}
 		t.Stop()
 	}
+}
+
+// guard runs fn, which reads or advances the provider record under key
+// (e, when the watch delivered it; else the record is read now). A panic
+// in fn must not crash-loop the service on a record it replays at every
+// start, so the record is quarantined instead: dead-lettered on
+// failbus.dlq.recovery with the panic as the reason and its bytes, and
+// removed from the bucket (only that revision: a newer record is left).
+// The provider's tasks and checklist start over from its next health
+// record; the dead letter keeps what the record held. guard reports
+// whether fn returned.
+func (s *Service) guard(ctx context.Context, key string, e jetstream.KeyValueEntry, fn func()) (ok bool) {
+	defer func() {
+		p := recover()
+		if p == nil {
+			return
+		}
+		ok = false
+		reason := fmt.Sprintf("panic: %v", p)
+		s.log.Error().Str("key", key).Str("reason", reason).Str("stack", string(debug.Stack())).
+			Msg("provider record made the service panic: quarantined")
+		if err := s.quarantine(ctx, key, e, reason); err != nil {
+			s.log.Error().Err(err).Str("key", key).Msg("quarantine failed; the record is skipped until the service restarts")
+		}
+		if name, err := unpart(strings.TrimPrefix(key, provPrefix)); err == nil {
+			s.mu.Lock()
+			delete(s.due, name)
+			s.mu.Unlock()
+		}
+	}()
+	fn()
+	return true
+}
+
+// quarantine moves the record under key (revision e's, or the current one)
+// to the dead-letter stream and deletes it.
+func (s *Service) quarantine(ctx context.Context, key string, e jetstream.KeyValueEntry, reason string) error {
+	kv := s.store.state
+	if e == nil {
+		var err error
+		if e, err = kv.Get(ctx, key); err != nil {
+			return fmt.Errorf("read %s: %w", key, err)
+		}
+	}
+	m := &consumer.Msg{
+		Subject: "$KV." + kv.Bucket() + "." + key, Data: e.Value(),
+		Stream: "KV_" + kv.Bucket(), Seq: e.Revision(), Timestamp: e.Created(),
+	}
+	if err := consumer.Quarantine(ctx, s.js, Name, m, reason); err != nil {
+		return err
+	}
+	s.m.quarantined.Inc()
+	if err := kv.Delete(ctx, key, jetstream.LastRevision(e.Revision())); err != nil && !topology.IsWrongLastSeq(err) {
+		return fmt.Errorf("delete %s: %w", key, err)
+	}
+	return nil
 }
 
 func (s *Service) setDriveErr(err error) {

@@ -19,6 +19,8 @@ type metrics struct {
 	probes        *prometheus.CounterVec
 	advanceErrors prometheus.Counter
 	usageErrors   prometheus.Counter
+	quarantined   prometheus.Counter
+	refused       *prometheus.CounterVec
 	// providers caps the provider label (agents name providers): at most
 	// consumer.DefaultMaxLabelValues have series, least recently used
 	// evicted.
@@ -55,6 +57,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "failbus_recovery_step_errors_total",
 			Help: "Checklist, release or probe steps that failed (store or publish errors) and were retried.",
 		}),
+		quarantined: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "failbus_recovery_quarantined_total",
+			Help: "Provider records in FAILBUS_RECOVERY that made the service panic while it watched or advanced them: each moved to failbus.dlq.recovery with the reason and removed, so the service goes on.",
+		}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "failbus_limits_refused_total",
+			Help: "Agents' records refused because the agent (or all agents) reached a policy limit, by service and limit; each is a dead letter naming the limit and the agent.",
+		}, []string{"service", "limit"}),
 		usageErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "failbus_recovery_probe_target_errors_total",
 			Help: "Probes whose targets could not be read from FAILBUS_OUTCOMES and FAILBUS_DECISIONS (the probe went to an agent that reported itself, or to none).",
@@ -82,6 +92,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.probes = register(m.probes).(*prometheus.CounterVec)
 	m.advanceErrors = register(m.advanceErrors).(prometheus.Counter)
 	m.usageErrors = register(m.usageErrors).(prometheus.Counter)
+	m.quarantined = register(m.quarantined).(prometheus.Counter)
+	m.refused = register(m.refused).(*prometheus.CounterVec)
 	if err != nil {
 		return m, err
 	}

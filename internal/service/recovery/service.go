@@ -38,9 +38,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	ilimits "github.com/failbus/failbus/internal/limits"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
+	"github.com/failbus/failbus/pkg/policy/limits"
 	"github.com/failbus/failbus/pkg/policy/recovery"
 )
 
@@ -73,6 +75,11 @@ type Options struct {
 	// Policy is the `recovery:` policy section. Zero fields take their
 	// defaults.
 	Policy recovery.Config
+
+	// Limits is the `limits:` policy section: each agent's share of the
+	// providers, subagents, crons and tasks recovery keeps state for. Zero
+	// fields take their defaults.
+	Limits limits.Config
 
 	// Runner holds the consumer runner settings shared by the four
 	// runners: Logger, Registerer, FetchWait, DrainTimeout, Backoff,
@@ -113,6 +120,12 @@ type Service struct {
 	m       *metrics
 	prober  *httpProber
 	runners []*consumer.Runner
+
+	// providers, taskLimits and notify keep each agent within its share
+	// (policy limits); the store keeps subagents and crons within theirs.
+	providers  *ilimits.Providers
+	taskLimits *ilimits.Tasks
+	notify     *ilimits.Notifier
 
 	wake chan struct{}
 
@@ -158,12 +171,17 @@ func New(ctx context.Context, js jetstream.JetStream, opts Options) (*Service, e
 	if err != nil {
 		return nil, err
 	}
+	lim := opts.Limits.WithDefaults()
+	st.limit(lim)
 	s := &Service{
 		js: js, store: st, opts: opts, m: m,
-		log:   rc.Logger.With().Str("service", Name).Logger(),
-		wake:  make(chan struct{}, 1),
-		due:   map[string]time.Time{},
-		state: errNotStarted,
+		providers:  ilimits.NewProviders(js, lim, nil),
+		taskLimits: ilimits.NewTasks(js, lim, 0),
+		notify:     ilimits.NewNotifier(js, Name, nil),
+		log:        rc.Logger.With().Str("service", Name).Logger(),
+		wake:       make(chan struct{}, 1),
+		due:        map[string]time.Time{},
+		state:      errNotStarted,
 	}
 	cfg := opts.Policy.WithDefaults()
 	pub := &publisher{js: js, timeout: DefaultPublishTimeout}
@@ -302,12 +320,27 @@ func (s *Service) nudge() {
 	}
 }
 
-// invalidOrErr turns the core's verdict on an input into the runner's.
-func invalidOrErr(err error) error {
-	if errors.Is(err, recovery.ErrInvalid) {
+// invalidOrErr turns the core's verdict on an input into the runner's: a
+// record the core refuses, or one past its agent's limits, is a dead
+// letter (the latter with one notification a day).
+func (s *Service) invalidOrErr(ctx context.Context, err error) error {
+	var ex *limits.Exceeded
+	switch {
+	case errors.As(err, &ex):
+		s.m.refused.WithLabelValues(Name, ex.Limit).Inc()
+		if nerr := s.notify.Tell(ctx, ex); nerr != nil {
+			s.log.Warn().Err(nerr).Msg("limit notification not requested; asked again at the next refusal")
+		}
+		return consumer.DeadLetter(err.Error())
+	case errors.Is(err, recovery.ErrInvalid):
 		return consumer.DeadLetter(err.Error())
 	}
 	return err
+}
+
+// admit checks a record's provider against its agent's share.
+func (s *Service) admit(ctx context.Context, agent, provider string) error {
+	return s.invalidOrErr(ctx, s.providers.Admit(ctx, agent, provider))
 }
 
 // at bounds an agent's time by when the bus stored the record.
@@ -327,7 +360,7 @@ func (s *Service) handleHealth(ctx context.Context, m *consumer.Msg, _ *consumer
 		h.At = events.At(m.Timestamp)
 	}
 	if err := s.core.Step(ctx, recovery.Input{Health: h}, s.opts.Now()); err != nil {
-		return invalidOrErr(err)
+		return s.invalidOrErr(ctx, err)
 	}
 	s.log.Info().Str("provider", h.Provider).Str("state", h.State).Time("at", h.At.Time).Msg("provider health")
 	s.nudge()
@@ -340,11 +373,18 @@ func (s *Service) handleHeartbeat(ctx context.Context, m *consumer.Msg, _ *consu
 		return consumer.DeadLetter("decode: " + err.Error())
 	}
 	h.At = s.at(h.At, m.Timestamp)
-	return invalidOrErr(s.core.Step(ctx, recovery.Input{Heartbeat: h}, s.opts.Now()))
+	if err := s.admit(ctx, h.Agent, h.Provider); err != nil {
+		return err
+	}
+	return s.invalidOrErr(ctx, s.core.Step(ctx, recovery.Input{Heartbeat: h}, s.opts.Now()))
 }
 
 func (s *Service) handleReport(ctx context.Context, m *consumer.Msg, _ *consumer.Outputs) error {
-	var in recovery.Input
+	var (
+		in       recovery.Input
+		rec      events.Message
+		provider string
+	)
 	switch {
 	case strings.HasPrefix(m.Subject, events.CronSpecPrefix+"."):
 		c, err := events.DecodeAs[*events.CronSpec](m.Subject, m.Header, m.Data)
@@ -352,25 +392,30 @@ func (s *Service) handleReport(ctx context.Context, m *consumer.Msg, _ *consumer
 			return consumer.DeadLetter("decode: " + err.Error())
 		}
 		c.At = s.at(c.At, m.Timestamp)
-		in.CronSpec = c
+		in.CronSpec, rec, provider = c, c, c.Provider
 	case strings.HasPrefix(m.Subject, events.CronRunPrefix+"."):
 		r, err := events.DecodeAs[*events.CronRun](m.Subject, m.Header, m.Data)
 		if err != nil {
 			return consumer.DeadLetter("decode: " + err.Error())
 		}
 		r.At = s.at(r.At, m.Timestamp)
-		in.CronRun = r
+		in.CronRun, rec, provider = r, r, r.Provider
 	case strings.HasPrefix(m.Subject, events.WritePrefix+"."):
 		w, err := events.DecodeAs[*events.Write](m.Subject, m.Header, m.Data)
 		if err != nil {
 			return consumer.DeadLetter("decode: " + err.Error())
 		}
 		w.At = s.at(w.At, m.Timestamp)
-		in.Write = w
+		in.Write, rec, provider = w, w, w.Provider
 	default:
 		return consumer.DeadLetterf("subject %s carries no recovery record (want failbus.cron.spec|run.<agent> or failbus.write.<agent>)", m.Subject)
 	}
-	return invalidOrErr(s.core.Step(ctx, in, s.opts.Now()))
+	if a, ok := rec.(events.AgentRecord); ok {
+		if err := s.admit(ctx, a.RecordAgent(), provider); err != nil {
+			return err
+		}
+	}
+	return s.invalidOrErr(ctx, s.core.Step(ctx, in, s.opts.Now()))
 }
 
 func (s *Service) handleTask(ctx context.Context, m *consumer.Msg, _ *consumer.Outputs) error {
@@ -379,11 +424,37 @@ func (s *Service) handleTask(ctx context.Context, m *consumer.Msg, _ *consumer.O
 		return consumer.DeadLetter("decode: " + err.Error())
 	}
 	t.At = s.at(t.At, m.Timestamp)
+	err = s.providers.Admit(ctx, t.Agent, t.Provider)
+	if err == nil {
+		err = s.taskLimits.Admit(ctx, t.Agent, t.ID, m.Seq, len(m.Data), m.Timestamp)
+	}
+	if err != nil {
+		return s.refuseTask(ctx, m, err)
+	}
 	if err := s.core.Step(ctx, recovery.Input{Task: t, TaskSeq: m.Seq, TaskStoredAt: m.Timestamp}, s.opts.Now()); err != nil {
-		return invalidOrErr(err)
+		return s.invalidOrErr(ctx, err)
 	}
 	s.nudge()
 	return nil
+}
+
+// refuseTask answers a task past its agent's limits: dead-lettered first
+// (consumer.Quarantine, under the id the runner gives this input's dead
+// letter, so the runner's own finds it stored), then removed from
+// FAILBUS_TASKS, whose bytes are the share it was refused; the runner then
+// acknowledges it. Any other error is the runner's to retry.
+func (s *Service) refuseTask(ctx context.Context, m *consumer.Msg, err error) error {
+	var ex *limits.Exceeded
+	if !errors.As(err, &ex) {
+		return err
+	}
+	if qerr := consumer.Quarantine(ctx, s.js, TaskName, m, err.Error()); qerr != nil {
+		return qerr
+	}
+	if derr := s.store.tasks.DeleteMsg(ctx, m.Seq); derr != nil && !errors.Is(derr, jetstream.ErrMsgNotFound) {
+		return fmt.Errorf("remove refused task %d from %s: %w", m.Seq, m.Stream, derr)
+	}
+	return s.invalidOrErr(ctx, err)
 }
 
 // publishOutcome publishes a built-in probe's outcome like an agent does.

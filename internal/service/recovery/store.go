@@ -15,8 +15,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/vmihailenco/msgpack/v5"
 
+	ilimits "github.com/failbus/failbus/internal/limits"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
+	"github.com/failbus/failbus/pkg/policy/limits"
 	"github.com/failbus/failbus/pkg/policy/recovery"
 	"github.com/failbus/failbus/pkg/policy/recovery/checklist"
 )
@@ -46,6 +48,26 @@ type Store struct {
 	crons      jetstream.KeyValue
 	tasks      jetstream.Stream
 	health     jetstream.Stream
+
+	// subagents and crons keep each agent's new heartbeat and cron keys
+	// within the policy's limits (nil: unbounded, as OpenStore leaves it).
+	subagents *ilimits.Keys
+	cronKeys  *ilimits.Keys
+}
+
+// limit bounds the subagents and crons each agent (and all agents) may
+// have keys for.
+func (s *Store) limit(cfg limits.Config) {
+	s.subagents = ilimits.NewKeys(s.js, s.heartbeats, ilimits.KeysConfig{
+		Kind: "subagent", PerAgent: cfg.SubagentsPerAgent, Total: cfg.Subagents,
+		LimitAgent: limits.SubagentsPerAgent, Limit: limits.Subagents,
+		Prefix: func(agent string) string { return hbPrefix + part(agent) + "." }, Token: part,
+	})
+	s.cronKeys = ilimits.NewKeys(s.js, s.crons, ilimits.KeysConfig{
+		Kind: "cron", PerAgent: cfg.CronsPerAgent, Total: cfg.Crons,
+		LimitAgent: limits.CronsPerAgent, Limit: limits.Crons,
+		Prefix: func(agent string) string { return cronPrefix + part(agent) + "." }, Token: part,
+	})
 }
 
 var _ recovery.Store = (*Store)(nil)
@@ -247,6 +269,11 @@ func (s *Store) PutHeartbeat(ctx context.Context, h events.Heartbeat) error {
 		if found && old.At.After(h.At.Time) {
 			return nil
 		}
+		if !found && s.subagents != nil {
+			if err := s.subagents.AdmitNew(ctx, h.Agent, h.Subagent); err != nil {
+				return err
+			}
+		}
 		if _, err := putKV(ctx, s.heartbeats, key, &h, rev); errors.Is(err, recovery.ErrConflict) {
 			continue
 		} else if err != nil {
@@ -255,6 +282,16 @@ func (s *Store) PutHeartbeat(ctx context.Context, h events.Heartbeat) error {
 		return nil
 	}
 	return fmt.Errorf("heartbeat %s: %w", key, recovery.ErrConflict)
+}
+
+// Heartbeat implements recovery.Heartbeats.
+func (s *Store) Heartbeat(ctx context.Context, agent, subagent string) (*events.Heartbeat, error) {
+	var h events.Heartbeat
+	_, found, err := getKV(ctx, s.heartbeats, heartbeatKey(agent, subagent), &h)
+	if err != nil || !found {
+		return nil, err
+	}
+	return &h, nil
 }
 
 // LatestHeartbeats implements recovery.Heartbeats: a snapshot of the bucket
@@ -289,12 +326,17 @@ func (s *Store) updateCron(ctx context.Context, agent, cron string, fn func(*che
 	key := cronKey(agent, cron)
 	for range 64 {
 		var st checklist.CronState
-		rev, _, err := getKV(ctx, s.crons, key, &st)
+		rev, found, err := getKV(ctx, s.crons, key, &st)
 		if err != nil {
 			return err
 		}
 		if !fn(&st) {
 			return nil
+		}
+		if !found && s.cronKeys != nil {
+			if err := s.cronKeys.AdmitNew(ctx, agent, cron); err != nil {
+				return err
+			}
 		}
 		if _, err := putKV(ctx, s.crons, key, &st, rev); errors.Is(err, recovery.ErrConflict) {
 			continue

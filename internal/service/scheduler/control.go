@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/vmihailenco/msgpack/v5"
-
 	"github.com/failbus/failbus/pkg/agent"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
@@ -24,23 +22,18 @@ const (
 // agent's started or cancel record (agent.RetryMark) marks the budget's
 // latest retry in the ledger, and a cancel purges its schedule.
 func (s *Service) handleControl(ctx context.Context, m *consumer.Msg, _ *consumer.Outputs) error {
-	var kind, schema string
+	var kind string
 	switch {
 	case strings.HasPrefix(m.Subject, events.RetryPrefix+".cancel."):
-		kind, schema = controlCancel, agent.SchemaRetryCancel
+		kind = controlCancel
 	case strings.HasPrefix(m.Subject, events.RetryPrefix+".started."):
-		kind, schema = controlStarted, agent.SchemaRetryStarted
+		kind = controlStarted
 	default:
 		return consumer.DeadLetterf("subject %s is neither a started nor a cancel record", m.Subject)
 	}
-	mark, err := decodeMark(m, schema)
+	mark, err := decodeMark(m)
 	if err != nil {
 		return consumer.DeadLetter(err.Error())
-	}
-	if tok := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]; tok != events.Token(mark.Agent) {
-		// Subject permissions give each agent its own subjects; a record
-		// about another agent's retry on them is not trusted.
-		return consumer.DeadLetterf("%s record of agent %q on %s, another agent's subject", kind, mark.Agent, m.Subject)
 	}
 	token, _, ok := retry.SplitID(mark.RetryID)
 	if !ok {
@@ -113,33 +106,19 @@ func (s *Service) mark(ctx context.Context, kind string, mark agent.RetryMark, t
 	return "", fmt.Errorf("ledger of %s: %d conflicting writes in a row; redelivering", mark.RetryID, maxLedgerAttempts)
 }
 
-// decodeMark reads an agent.RetryMark: msgpack, with the schema header when
-// present naming the record the subject says.
-func decodeMark(m *consumer.Msg, schema string) (agent.RetryMark, error) {
-	var mark agent.RetryMark
-	if v := m.Header.Get(events.HeaderSchema); v != "" {
-		name, ver, err := events.ParseSchemaHeader(v)
-		if err != nil {
-			return mark, err
-		}
-		if name != schema {
-			return mark, fmt.Errorf("got a %s record on %s, want %s", name, m.Subject, schema)
-		}
-		if ver > events.CurrentVersion {
-			return mark, fmt.Errorf("%s version %d is newer than this reader (%d)", name, ver, events.CurrentVersion)
-		}
+// decodeMark reads an agent's started or cancel record as every agent
+// record is read (events.Decode: the subject's type, the identifier rules,
+// the subject as the identity).
+func decodeMark(m *consumer.Msg) (agent.RetryMark, error) {
+	v, err := events.Decode(m.Subject, m.Header, m.Data)
+	if err != nil {
+		return agent.RetryMark{}, err
 	}
-	if len(m.Data) == 0 || !(m.Data[0] >= 0x80 && m.Data[0] <= 0x8f || m.Data[0] == 0xde || m.Data[0] == 0xdf) {
-		return mark, fmt.Errorf("%s: payload is not a msgpack map", schema)
+	switch r := v.(type) {
+	case *agent.RetryStarted:
+		return agent.RetryMark(*r), nil
+	case *agent.RetryCancel:
+		return agent.RetryMark(*r), nil
 	}
-	if err := msgpack.Unmarshal(m.Data, &mark); err != nil {
-		return mark, fmt.Errorf("decode %s: %w", schema, err)
-	}
-	if mark.RetryID == "" {
-		return mark, fmt.Errorf("%s: field %q: required", schema, "retry_id")
-	}
-	if mark.Agent == "" {
-		return mark, fmt.Errorf("%s: field %q: required", schema, "agent")
-	}
-	return mark, nil
+	return agent.RetryMark{}, fmt.Errorf("got a %s record on %s, want a retry started or cancel record", v.SchemaName(), m.Subject)
 }

@@ -285,6 +285,7 @@ type Service struct {
 	control    *consumer.Runner
 
 	retries jetstream.Stream // FAILBUS_RETRIES, set by Run before consuming
+	health  jetstream.Stream // FAILBUS_HEALTH, set by Run before consuming
 	// ledgerReads reads budgets' last ledger entries, folding the reads
 	// of concurrent handlers into batches; set by Run with retries.
 	ledgerReads *topology.LastReader
@@ -426,7 +427,15 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	})
 	defer reads.Close()
 	s.ledgerReads = reads
-	scope, err := scopestore.Open(ctx, s.js, scopestore.Options{Conflicts: s.m.scopeConflicts, Stale: s.m.scopeStale, Unreadable: s.m.scopeUnreadable, Log: s.log})
+	health, err := s.js.Stream(ctx, topology.StreamHealth)
+	if err != nil {
+		return fmt.Errorf("scheduler: open %s (apply the topology first): %w", topology.StreamHealth, err)
+	}
+	s.health = health
+	scope, err := scopestore.Open(ctx, s.js, scopestore.Options{
+		Conflicts: s.m.scopeConflicts, Stale: s.m.scopeStale, Unreadable: s.m.scopeUnreadable, Log: s.log,
+		Missing: s.rebuild,
+	})
 	if err != nil {
 		return fmt.Errorf("scheduler: %w", err)
 	}
@@ -449,11 +458,9 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		}
 		wg.Go(func() { s.followPolicy(rctx, updates) })
 	}
-	n, err := s.seedOutages(ctx)
-	if err != nil {
+	if _, err := s.seedOutages(ctx); err != nil {
 		return err
 	}
-	s.m.seeded.Add(float64(n))
 	p := s.active.Load()
 	s.log.Info().Str("policy", p.source).Str("policy_key", p.p.RetryFor("").Key()).Msg("scheduler started")
 	s.mu.Lock()
@@ -569,7 +576,7 @@ func newMetrics(reg prometheus.Registerer, maxProviders int) (*metrics, error) {
 	m.restored = counter("failbus_scheduler_schedules_restored_total", "Replays that found the schedule neither pending, fired nor cancelled and published it.")
 	m.controls = counterVec("failbus_scheduler_controls_total", "Started and cancel records, by kind and result (marked, ignored).", "kind", "result")
 	m.reloads = counterVec("failbus_scheduler_policy_reloads_total", "Policy changes seen, by source (kv, file) and result (applied, shadowed, removed, rejected).", "source", "result")
-	m.seeded = counter("failbus_scheduler_scope_seeded_total", "Outages left open in FAILBUS_HEALTH carried into FAILBUS_SCOPE at start, for providers it did not know.")
+	m.seeded = counter("failbus_scheduler_scope_seeded_total", "Outages left open in FAILBUS_HEALTH carried into FAILBUS_SCOPE at start for providers it did not know, or when a provider's record was found missing (FAILBUS_SCOPE lost).")
 	m.scopeConflicts = counter("failbus_scheduler_scope_conflicts_total", "Fault-scope writes that lost a compare-and-set race (another replica or delivery changed the provider) and were observed again.")
 	m.scopeStale = counter("failbus_scheduler_scope_stale_total", "Fault-scope updates that started from the record this replica wrote last and found another replica had written since: read again and observed again; the provider's key is then read before each update for 10s.")
 	m.scopeUnreadable = counter("failbus_scheduler_scope_unreadable_total", "Fault-scope records that could not be decoded; the provider started over.")

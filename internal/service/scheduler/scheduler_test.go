@@ -578,7 +578,7 @@ func TestJunkControlRecordsAreDeadLettered(t *testing.T) {
 		{"not msgpack", events.RetryCancelSubject("a"), []byte("cancel it"), "not a msgpack map"},
 		{"no retry id", events.RetryCancelSubject("a"), mark(map[string]any{"agent": "a"}), `"retry_id": required`},
 		{"a retry id failbus never issued", events.RetryStartedSubject("a"), mark(map[string]any{"agent": "a", "retry_id": "mine-1"}), "not a retry id failbus issued"},
-		{"another agent's retry", events.RetryCancelSubject("a"), mark(map[string]any{"agent": "b", "retry_id": "b0123-1"}), "another agent's subject"},
+		{"another agent's retry", events.RetryCancelSubject("a"), mark(map[string]any{"agent": "b", "retry_id": "b0123-1"}), "the subject is the identity"},
 	}
 	for _, j := range junk {
 		if _, err := b.js.Publish(b.ctx, j.subject, j.data); err != nil {

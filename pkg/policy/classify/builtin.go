@@ -18,6 +18,9 @@ type builtin struct {
 	stated        bool // a provider's own overflow statement: no evidence ratio
 	when          func(o *events.Outcome, v *digest.View) bool
 	note          string
+	// tables marks where the built-in code tables (tables.go) run; the
+	// entry is no rule itself.
+	tables bool
 }
 
 func rl(s ...string) []string { return s }
@@ -57,6 +60,19 @@ var unexplained4xx = rl("400", "404-406", "409-413", "414-421", "423-428", "431"
 
 var rateLimitCodes = rl("rate_limit_exceeded", "rate_limit_error", "rate_limited", "ratelimitexceeded", "rate_limit",
 	"too_many_requests", "throttlingexception", "throttled")
+
+// authCodes are the structured codes of a refused credential or
+// permission (auth.code).
+var authCodes = rl("authentication_error", "invalid_api_key", "permission_error",
+	"permission_denied", "unauthenticated", "unauthorized", "accessdeniedexception", "unrecognizedclientexception",
+	"expiredtokenexception", "invalidsignatureexception", "api_key_invalid", "incorrect_api_key",
+	"invalid_authentication", "access_terminated", "unsupported_country_region_territory", "token_expired",
+	"authentication_failed", "forbidden",
+	"organization_restricted", // Groq 400: the organization was restricted
+	// LiteLLM proxy ProxyErrorTypes (litellm/proxy/_types.py): the key,
+	// team, user or organization may not use the model, or the key is gone.
+	"expired_key", "token_not_found_in_db", "key_model_access_denied", "team_model_access_denied",
+	"user_model_access_denied", "org_model_access_denied")
 
 var overloadWords = rl("overloaded", "high demand", "over capacity", "at capacity")
 

@@ -43,16 +43,21 @@ import (
 //     exchange — no credentials (auth), an unusable URL (bad_request), a
 //     request it counted too long for the window (overflow) — then stream
 //     invariant, DNS, TLS-handshake timeout, connection cut during TLS, TLS
-//     and certificates, timeouts, connection errors, any other transport
-//     error. Node/undici/Bun, Go net/http and Python spellings. An error
+//     and certificates, timeouts, connection errors (any other transport
+//     error waits for the families of stage 5 to read its words).
+//     Node/undici/Bun, Go net/http and Python spellings. An error
 //     object inside the transport error (an SDK's "received error while
 //     streaming: {…}") is read as the body.
 //  3. Structured error codes (error.type / error.code / error.status /
-//     __type / reason / x-amzn-errortype, also inside a wrapper's message),
-//     most specific first: quota before rate limit (insufficient_quota is a
-//     429), Google per-day quotas before RESOURCE_EXHAUSTED, per-day limits
-//     of rate-limit errors, overloaded, server errors, overflow codes,
-//     refusals, auth, model, parameters.
+//     __type / reason / x-amzn-errortype and the other code keys the
+//     extractor reads, also inside a wrapper's message or an object an SDK
+//     printed): first the providers' code tables (tables/*.yaml, see
+//     Tables), then most specific first: quota before rate limit
+//     (insufficient_quota is a 429), Google per-day quotas before
+//     RESOURCE_EXHAUSTED, per-day limits of rate-limit errors, overloaded,
+//     server errors (unless the message states something else), overflow
+//     codes, refusals, auth (a generic access code yields to a billing
+//     statement or a model the key may not use), model, parameters.
 //  4. Provider-scoped heuristics: an empty 400/413 is an overflow only for
 //     EmptyOverflowProviders (cerebras.empty_400_overflow).
 //  5. What the provider's message says, on any status unless noted:
@@ -63,7 +68,10 @@ import (
 //     limits); overloaded and rate-limit phrases. Rate-limit phrases count
 //     only on a 429/503 or a streamed error — a 400 whose body echoes "429"
 //     or "rate limit" is not a rate limit — except an explicit "rate limit
-//     exceeded" relayed in a 5xx.
+//     exceeded" relayed in a 5xx. Each class's keyword family (family.*,
+//     families.go) comes right after that class's phrases. Then timeouts,
+//     server faults and transport failures stated in a 2xx body or a
+//     transport error, and any other transport error (transport.other).
 //  6. LiteLLM's verdicts: its exception names in the message
 //     (litellm.ContentPolicyViolationError, litellm.RateLimitError, …) and
 //     its proxy's auth_error type, after the provider's words.
@@ -102,7 +110,10 @@ type Classifier struct {
 	rules      []*rule
 	pats       pattern.Set      // every body pattern and hint phrase, one automaton
 	tpats      pattern.Set      // every transport pattern
+	wpats      pattern.Set      // every ASCII word pattern (Rule.Words), on word boundaries
+	upats      pattern.Set      // every word pattern with non-ASCII bytes (Chinese), scanned only in such text
 	codeIDs    map[string]int32 // every structured code a rule names
+	provIDs    map[string]int32 // every provider a rule is scoped to (lower case)
 	hintIDs    [len(hintPhrases)]int32
 	redactIDs  []int32 // redact.Triggers() in pats
 	tredactIDs []int32 // redact.Triggers() in tpats
@@ -116,12 +127,19 @@ type Classifier struct {
 	quotaAfterMS  int64 // <0: off
 }
 
-// New validates cfg and compiles its rules with the built-in ones.
-func New(cfg Config) (*Classifier, error) {
+// New validates cfg and compiles its rules with the built-in ones and the
+// built-in code tables.
+func New(cfg Config) (*Classifier, error) { return newClassifier(cfg, nil) }
+
+// newClassifier is New without the built-in code tables named in without
+// (Evaluate's leave-one-provider-out pass).
+func newClassifier(cfg Config, without []string) (*Classifier, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	c := &Classifier{ratio: cfg.OverflowEvidenceRatio, codeIDs: map[string]int32{}}
+	c := &Classifier{ratio: cfg.OverflowEvidenceRatio, codeIDs: map[string]int32{}, provIDs: map[string]int32{}}
+	c.wpats.FoldSeparators()
+	c.upats.FoldSeparators()
 	if c.ratio == 0 {
 		c.ratio = DefaultOverflowEvidenceRatio
 	}
@@ -144,6 +162,17 @@ func New(cfg Config) (*Classifier, error) {
 		c.rules = append(c.rules, compileRule(r))
 	}
 	for _, b := range builtinRules {
+		if b.tables {
+			for _, t := range tables {
+				if slices.Contains(without, t.name) {
+					continue
+				}
+				for _, tr := range t.rules {
+					c.rules = append(c.rules, compileRule(tr))
+				}
+			}
+			continue
+		}
 		r := compileRule(b.Rule)
 		r.html, r.heuristic, r.emptyOverflow, r.when, r.note = b.html, b.heuristic, b.emptyOverflow, b.when, b.note
 		r.stated = b.stated
@@ -158,8 +187,30 @@ func New(cfg Config) (*Classifier, error) {
 		for _, p := range r.notBody {
 			r.notBodyIDs = append(r.notBodyIDs, c.pats.Add(string(p)))
 		}
+		for _, p := range r.words {
+			if ascii7(p) {
+				r.wordIDs = append(r.wordIDs, c.wpats.AddWord(string(p)))
+			} else {
+				r.uwordIDs = append(r.uwordIDs, c.upats.AddWord(string(p)))
+			}
+		}
+		for _, p := range r.notWords {
+			if ascii7(p) {
+				r.notWordIDs = append(r.notWordIDs, c.wpats.AddWord(string(p)))
+			} else {
+				r.notUwordIDs = append(r.notUwordIDs, c.upats.AddWord(string(p)))
+			}
+		}
 		for _, p := range r.transport {
 			r.transIDs = append(r.transIDs, c.tpats.Add(string(p)))
+		}
+		for _, p := range r.providers {
+			id, ok := c.provIDs[p]
+			if !ok {
+				id = int32(len(c.provIDs))
+				c.provIDs[p] = id
+			}
+			r.provIDs = append(r.provIDs, id)
 		}
 		for _, code := range r.codes {
 			id, ok := c.codeIDs[string(code)]
@@ -179,8 +230,12 @@ func New(cfg Config) (*Classifier, error) {
 	}
 	c.pats.Build()
 	c.tpats.Build()
+	c.wpats.Build()
+	c.upats.Build()
 	for _, r := range c.rules {
 		r.bodyMask, r.notBodyMask = c.pats.Mask(r.bodyIDs), c.pats.Mask(r.notBodyIDs)
+		r.wordMask, r.notWordMask = c.wpats.Mask(r.wordIDs), c.wpats.Mask(r.notWordIDs)
+		r.uwordMask, r.notUwordMask = c.upats.Mask(r.uwordIDs), c.upats.Mask(r.notUwordIDs)
 		r.transMask = c.tpats.Mask(r.transIDs)
 	}
 	if len(c.rules) > 1<<16 {
@@ -221,6 +276,51 @@ func (c *Classifier) textHits(v *digest.View) []uint64 {
 		v.Scanned = true
 	}
 	return v.Hits
+}
+
+// wordHits returns which ASCII word patterns occur in v's error text,
+// scanned once per outcome, on first use.
+func (c *Classifier) wordHits(v *digest.View) []uint64 {
+	if !v.WScanned {
+		n := c.wpats.Words()
+		if cap(v.WHits) < n {
+			v.WHits = make([]uint64, n)
+		}
+		v.WHits = v.WHits[:n]
+		clear(v.WHits)
+		c.wpats.Scan(v.Text, v.WHits)
+		c.wpats.Scan(v.Words, v.WHits)
+		v.WScanned = true
+	}
+	return v.WHits
+}
+
+// uwordHits returns which non-ASCII word patterns occur in v's error text:
+// none, without a scan, in a text of ASCII bytes only.
+func (c *Classifier) uwordHits(v *digest.View) []uint64 {
+	if !v.UScanned {
+		n := c.upats.Words()
+		if cap(v.UHits) < n {
+			v.UHits = make([]uint64, n)
+		}
+		v.UHits = v.UHits[:n]
+		clear(v.UHits)
+		if !ascii7(v.Text) {
+			c.upats.Scan(v.Text, v.UHits)
+		}
+		v.UScanned = true
+	}
+	return v.UHits
+}
+
+// ascii7 reports whether b has only ASCII bytes.
+func ascii7[T string | []byte](b T) bool {
+	for i := 0; i < len(b); i++ {
+		if b[i] >= 0x80 {
+			return false
+		}
+	}
+	return true
 }
 
 // codeHits returns which rule codes v's structured codes are, looked up
@@ -275,6 +375,32 @@ func Classify(o *events.Outcome) events.Classification { return defaultClassifie
 
 func (c *Classifier) emptyOverflowProvider(p string) bool { return hasFold(c.emptyOverflow, p) }
 
+// providerID is the id of provider among the providers rules are scoped
+// to, or -1: looked up once per outcome, so a rule's providers cost an
+// integer comparison.
+func (c *Classifier) providerID(provider string) int32 {
+	if id, ok := c.provIDs[provider]; ok {
+		return id
+	}
+	if plainName(provider) {
+		return -1 // already lower case and trimmed: no other spelling to try
+	}
+	if id, ok := c.provIDs[strings.ToLower(strings.TrimSpace(provider))]; ok {
+		return id
+	}
+	return -1
+}
+
+// plainName reports whether s is ASCII without capitals or white space.
+func plainName(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if b := s[i]; b >= 'A' && b <= 'Z' || b <= ' ' || b >= 0x80 {
+			return false
+		}
+	}
+	return true
+}
+
 // Rule ids of the classifier's own verdicts (not in the rule table).
 const (
 	RuleOK         = "ok"               // the agent marked the call ok
@@ -302,6 +428,7 @@ func (c *Classifier) Classify(o *events.Outcome) events.Classification {
 	v := digest.Get()
 	defer digest.Put(v)
 	v.Reset(o)
+	v.Prov = c.providerID(o.Provider)
 
 	var ev evidence
 	ev.add(statusEvidence(v, o))

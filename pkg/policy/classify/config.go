@@ -67,9 +67,11 @@ func (c Config) Validate() error {
 			return fmt.Errorf("classify.empty_overflow_providers[%d]: empty provider name", i)
 		}
 	}
-	builtinIDs := make(map[string]bool, len(builtinRules))
+	builtinIDs := tableRuleIDs()
 	for _, b := range builtinRules {
-		builtinIDs[b.ID] = true
+		if b.ID != "" {
+			builtinIDs[b.ID] = true
+		}
 	}
 	seen := make(map[string]int, len(c.Rules))
 	for i := range c.Rules {

@@ -9,11 +9,11 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// A gateway answers 400 with {"error":"upstream busy"} when its own pool is
-// full. Out of the box that is a bad_request (the provider stated a reason,
-// not retryable); one user rule in the policy's classify section makes it an
-// overloaded provider, which is retried. User rules run before the built-in
-// ones.
+// A gateway answers 400 with {"error":"upstream pool full"} when its own
+// pool is full. Out of the box that is a bad_request (the provider stated a
+// reason no family knows, not retryable); one user rule in the policy's
+// classify section makes it an overloaded provider, which is retried. User
+// rules run before the built-in ones.
 func Example_userRule() {
 	const section = `
 rules:
@@ -21,7 +21,7 @@ rules:
     class: overloaded
     providers: [my-gateway]
     status: [400]
-    body: ["upstream busy"]
+    body: ["upstream pool full"]
 `
 	var cfg classify.Config
 	dec := yaml.NewDecoder(strings.NewReader(section))
@@ -35,7 +35,7 @@ rules:
 		fmt.Println(err) // names the bad rule, e.g. classify.rules[0] (id "…"): class: …
 		return
 	}
-	o := &events.Outcome{ID: "o-1", Agent: "a", Provider: "my-gateway", Status: 400, Body: `{"error":"upstream busy"}`}
+	o := &events.Outcome{ID: "o-1", Agent: "a", Provider: "my-gateway", Status: 400, Body: `{"error":"upstream pool full"}`}
 
 	before := classify.Classify(o)
 	after := c.Classify(o)
@@ -45,5 +45,5 @@ rules:
 	// Output:
 	// bad_request false status.4xx
 	// overloaded true my-gateway.upstream_busy
-	// [status 400 error text has "upstream busy" message: upstream busy]
+	// [status 400 error text has "upstream pool full" message: upstream pool full]
 }

@@ -1,6 +1,7 @@
 package classify
 
 import (
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -34,6 +35,7 @@ type rule struct {
 	class     string
 	info      events.ClassInfo
 	providers []string // lower case; empty = all
+	provIDs   []int32  // the providers' ids (Classifier.providerID)
 	// emptyOverflow: providers come from Config.EmptyOverflowProviders.
 	emptyOverflow bool
 	anyStatus     bool
@@ -48,6 +50,17 @@ type rule struct {
 	notBody       [][]byte
 	notBodyIDs    []int32
 	notBodyMask   []uint64
+	words         [][]byte // lower-case word patterns; matched through wordIDs and uwordIDs
+	wordIDs       []int32  // ids of the ASCII words in the Classifier's wpats (AddWord)
+	wordMask      []uint64
+	uwordIDs      []int32 // ids of the other words in upats
+	uwordMask     []uint64
+	wordEv        []string
+	notWords      [][]byte
+	notWordIDs    []int32
+	notWordMask   []uint64
+	notUwordIDs   []int32
+	notUwordMask  []uint64
 	transport     [][]byte
 	transIDs      []int32 // ids in the Classifier's transport pattern.Set
 	transMask     []uint64
@@ -219,6 +232,8 @@ func compileRule(r Rule) *rule {
 	c.codes, c.codeEv = lowerAll(r.Codes), quoteEv("error code ", r.Codes)
 	c.body, c.bodyEv = lowerAll(r.Body), quoteEv("error text has ", r.Body)
 	c.notBody = lowerAll(r.NotBody)
+	c.words, c.wordEv = lowerAll(r.Words), quoteEv("error text has the words ", r.Words)
+	c.notWords = lowerAll(r.NotWords)
 	c.transport, c.transEv = lowerAll(r.Transport), quoteEv("transport error has ", r.Transport)
 	names := make([]string, 0, len(r.Headers))
 	for n := range r.Headers {
@@ -261,7 +276,7 @@ func (r *rule) match(c *Classifier, o *events.Outcome, v *digest.View, ev *evide
 		if !c.emptyOverflowProvider(o.Provider) {
 			return false
 		}
-	} else if len(r.providers) > 0 && !hasFold(r.providers, o.Provider) {
+	} else if len(r.provIDs) > 0 && !slices.Contains(r.provIDs, v.Prov) {
 		return false
 	}
 	if !r.anyStatus {
@@ -345,7 +360,20 @@ func (r *rule) match(c *Classifier, o *events.Outcome, v *digest.View, ev *evide
 		}
 		ev.add(r.bodyEv[i])
 	}
+	if len(r.words) > 0 {
+		if w := r.firstWord(c, v); w < 0 {
+			ev.n = mark
+			return false
+		} else {
+			ev.add(r.wordEv[w])
+		}
+	}
 	if len(r.notBodyIDs) > 0 && pattern.Any(c.textHits(v), r.notBodyMask) {
+		ev.n = mark
+		return false
+	}
+	if len(r.notWordIDs) > 0 && pattern.Any(c.wordHits(v), r.notWordMask) ||
+		len(r.notUwordIDs) > 0 && pattern.Any(c.uwordHits(v), r.notUwordMask) {
 		ev.n = mark
 		return false
 	}
@@ -358,4 +386,39 @@ func (r *rule) match(c *Classifier, o *events.Outcome, v *digest.View, ev *evide
 		ev.add("empty body")
 	}
 	return true
+}
+
+// firstWord returns the index in r.words of the first of r's words found in
+// v's error text, or -1. The words are split between the ASCII and the
+// non-ASCII automaton; the index counts them in r.words order.
+func (r *rule) firstWord(c *Classifier, v *digest.View) int {
+	var wh, uh []uint64
+	if len(r.wordIDs) > 0 {
+		if wh = c.wordHits(v); !pattern.Any(wh, r.wordMask) {
+			wh = nil
+		}
+	}
+	if len(r.uwordIDs) > 0 {
+		if uh = c.uwordHits(v); !pattern.Any(uh, r.uwordMask) {
+			uh = nil
+		}
+	}
+	if wh == nil && uh == nil {
+		return -1
+	}
+	wi, ui := 0, 0
+	for k, w := range r.words {
+		if ascii7(w) {
+			if wh != nil && pattern.Hit(wh, r.wordIDs[wi]) {
+				return k
+			}
+			wi++
+		} else {
+			if uh != nil && pattern.Hit(uh, r.uwordIDs[ui]) {
+				return k
+			}
+			ui++
+		}
+	}
+	return -1
 }

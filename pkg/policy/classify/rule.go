@@ -3,6 +3,7 @@ package classify
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -23,16 +24,26 @@ import (
 //	      codes: [gateway_busy]          # structured error.type/code/status/__type/reason, exact
 //	      body: ["server is busy"]       # substrings of the error text, case-insensitive
 //	      not_body: ["rate limit"]       # none of these substrings
+//	      words: ["busy", "繁忙"]         # whole words or phrases of the error text ("throttl*": any ending)
+//	      not_words: ["rpm"]             # none of these words
 //	      transport: [econnreset]        # substrings of transport_error, case-insensitive
 //	      headers: {x-gateway: "busy"}   # header contains the value ("" = is present)
 //	      upstream_codes: [BUSY]         # upstream_code, case-insensitive
 //	      stop_reasons: [content_filter] # stop_reason, case-insensitive
 //	      empty_body: true               # body is empty (also "{}", "null", "400 status code (no body)")
 //
-// The error text of a JSON body is its error fields (message, type, code,
-// status, reason, detail, raw, quota ids…), not the whole body, so prompt
-// text a provider echoes back does not match; for any other body it is the
-// body itself. Status is the HTTP status, except that a 0 or 2xx response
+// The error text is what the extractor finds of the error itself,
+// lower-cased with white space folded: the error fields of a JSON body
+// under any usual key spelling and at any depth (message, msg, detail,
+// type, code, error_code, status, reason, …), not the whole body, so
+// prompt text a provider echoes back does not match; the same of a Python
+// or JavaScript object an SDK printed, of the last error event of an SSE
+// stream, of a transport error; for any other body, the body itself.
+// Words match on word boundaries, with '-', '_' and a space as one
+// character, and also see the words of error names (AccountOverdueError
+// reads "account overdue error"); an entry that is not ASCII matches
+// anywhere. Codes are the code-like fields, numbers
+// included, and codes a message states ("[1301]", "code: X"). Status is the HTTP status, except that a 0 or 2xx response
 // whose body carries an error.code of 4xx/5xx (a streamed error) uses that
 // code.
 //
@@ -47,6 +58,8 @@ type Rule struct {
 	Codes         []string          `yaml:"codes,omitempty" json:"codes,omitempty"`
 	Body          []string          `yaml:"body,omitempty" json:"body,omitempty"`
 	NotBody       []string          `yaml:"not_body,omitempty" json:"not_body,omitempty"`
+	Words         []string          `yaml:"words,omitempty" json:"words,omitempty"`
+	NotWords      []string          `yaml:"not_words,omitempty" json:"not_words,omitempty"`
 	Transport     []string          `yaml:"transport,omitempty" json:"transport,omitempty"`
 	Headers       map[string]string `yaml:"headers,omitempty" json:"headers,omitempty"`
 	UpstreamCodes []string          `yaml:"upstream_codes,omitempty" json:"upstream_codes,omitempty"`
@@ -98,6 +111,7 @@ func (r *Rule) validate(i int, builtin map[string]bool) error {
 		vals  []string
 	}{
 		{"providers", r.Providers}, {"codes", r.Codes}, {"body", r.Body}, {"not_body", r.NotBody},
+		{"words", r.Words}, {"not_words", r.NotWords},
 		{"transport", r.Transport}, {"upstream_codes", r.UpstreamCodes}, {"stop_reasons", r.StopReasons},
 	}
 	for _, l := range lists {
@@ -112,8 +126,13 @@ func (r *Rule) validate(i int, builtin map[string]bool) error {
 			return bad("headers", "header name %q must be non-empty lower case", name)
 		}
 	}
-	if len(r.Status)+len(r.Codes)+len(r.Body)+len(r.Transport)+len(r.Headers)+len(r.UpstreamCodes)+len(r.StopReasons) == 0 && r.EmptyBody == nil {
-		return bad("conditions", "a rule needs at least one of status, codes, body, transport, headers, upstream_codes, stop_reasons, empty_body")
+	for _, w := range append(slices.Clip(r.Words), r.NotWords...) {
+		if strings.Trim(w, "* ") == "" {
+			return bad("words", "%q has no letters", w)
+		}
+	}
+	if len(r.Status)+len(r.Codes)+len(r.Body)+len(r.Words)+len(r.Transport)+len(r.Headers)+len(r.UpstreamCodes)+len(r.StopReasons) == 0 && r.EmptyBody == nil {
+		return bad("conditions", "a rule needs at least one of status, codes, body, words, transport, headers, upstream_codes, stop_reasons, empty_body")
 	}
 	return nil
 }

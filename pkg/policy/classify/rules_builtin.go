@@ -92,30 +92,17 @@ var builtinRules = []builtin{
 			"peer closed connection", "server disconnected", "remoteprotocolerror", "goaway", "stream error",
 			"use of closed network connection", "no route to host", "network is unreachable", "eof", "aborted")},
 		transport: true},
-	{Rule: Rule{ID: "transport.other", Class: cTransport, Status: rl(noResponse)}, when: func(o *events.Outcome, _ *digest.View) bool { return o.TransportError != "" },
-		note: "transport error without a response", transport: true},
 
 	// ── 3. Structured error codes, most specific first. ──
-	// Quota before rate limit: insufficient_quota arrives as a 429.
-	{Rule: Rule{ID: "openai.insufficient_quota", Class: cQuota, Codes: rl("insufficient_quota")}},
-	{Rule: Rule{ID: "openai.billing", Class: cQuota, Codes: rl("billing_hard_limit_reached", "billing_not_active")}},
+	// The providers' own code tables (tables/*.yaml) first: what a
+	// provider's code means there, before any code family.
+	{tables: true},
 	// Hard spend limits: OpenAI 429 organization_/project_spend_limit_exceeded,
 	// Groq 400 blocked_api_access. Access returns next month, not next minute.
 	{Rule: Rule{ID: "spend_limit.code", Class: cQuota, Codes: rl("organization_spend_limit_exceeded",
 		"project_spend_limit_exceeded", "blocked_api_access")}},
-	{Rule: Rule{ID: "anthropic.billing_error", Class: cQuota, Codes: rl("billing_error")}},
-	{Rule: Rule{ID: "anthropic.spend_limit", Class: cQuota, Codes: rl("enforced_spend_limit_reached")}},
 	// LiteLLM proxy ProxyErrorTypes.budget_exceeded (litellm/proxy/_types.py).
 	{Rule: Rule{ID: "litellm.budget_exceeded", Class: cQuota, Codes: rl("budget_exceeded")}},
-	{Rule: Rule{ID: "anthropic.long_context_extra_usage", Class: cQuota, Status: rl("4xx"), Body: rl("extra usage is required")}},
-	{Rule: Rule{ID: "bedrock.service_quota", Class: cQuota, Codes: rl("servicequotaexceededexception")}},
-	// Google: RESOURCE_EXHAUSTED is a rate limit unless the quota is per day
-	// or the free tier has none at all ("limit: 0").
-	{Rule: Rule{ID: "google.quota_per_day", Class: cQuota, Codes: rl("resource_exhausted", "quota_exhausted", "ratelimitexceeded", "rate_limit_exceeded"),
-		Body: rl("perday", "per day", "per_day", "limit: 0")}},
-	{Rule: Rule{ID: "google.capacity_exhausted", Class: cRate, Codes: rl("resource_exhausted", "quota_exhausted"),
-		Body: rl("exhausted your capacity")}},
-	{Rule: Rule{ID: "google.resource_exhausted", Class: cRate, Codes: rl("resource_exhausted")}},
 	// Per-day limits of rate-limit shaped errors (OpenAI RPD, Groq TPD,
 	// Bedrock "tokens per day", OpenRouter free-models-per-day).
 	{Rule: Rule{ID: "ratelimit.per_day", Class: cQuota, Status: rl("429", noResponse, success, "413"),
@@ -128,41 +115,24 @@ var builtinRules = []builtin{
 	// overload, not this profile's limit (Azure "peak load").
 	{Rule: Rule{ID: "ratelimit.capacity", Class: cOverloaded, Codes: rateLimitCodes,
 		Body: rl("high demand", "peak load", "currently overloaded", "over capacity")}},
+	rateCodeQuota,
 	{Rule: Rule{ID: "ratelimit.code", Class: cRate, Codes: rateLimitCodes}},
-	{Rule: Rule{ID: "anthropic.overloaded", Class: cOverloaded, Codes: rl("overloaded_error", "overloaded")}},
-	{Rule: Rule{ID: "bedrock.unavailable", Class: cOverloaded, Codes: rl("serviceunavailableexception", "modelnotreadyexception")}},
 	{Rule: Rule{ID: "llamacpp.unavailable", Class: cOverloaded, Codes: rl("unavailable_error")}},
-	{Rule: Rule{ID: "google.unavailable_overloaded", Class: cOverloaded, Codes: rl("unavailable"),
-		Body: rl("overloaded", "high demand", "capacity")}},
-	{Rule: Rule{ID: "google.unavailable", Class: cServer, Codes: rl("unavailable")}},
-	{Rule: Rule{ID: "anthropic.timeout_error", Class: cTimeout, Codes: rl("timeout_error", "modeltimeoutexception")}},
-	{Rule: Rule{ID: "bedrock.server_exception", Class: cServer, Codes: rl("internalserverexception", "modelerrorexception",
-		"modelstreamerrorexception")}},
 	// TGI ErrorResponse.error_type of a failed generation (router/src/server.rs),
 	// often as a "data:{…}" event inside a 200 stream.
 	{Rule: Rule{ID: "tgi.generation_error", Class: cServer, Status: rl("5xx", noResponse, success),
 		Codes: rl("generation", "incomplete_generation")}},
 	{Rule: Rule{ID: "provider.server_error", Class: cServer, Status: rl("5xx", noResponse, success),
 		Codes:   rl("server_error", "api_error", "internal_error", "internal", "internal_server_error"),
-		NotBody: overloadWords}},
+		NotBody: overloadWords, NotWords: statedWords}},
 	{Rule: Rule{ID: "overflow.code", Class: cOverflow, Codes: rl("context_length_exceeded", "exceed_context_size_error",
 		"context_window_exceeded", "string_above_max_length")}},
-	{Rule: Rule{ID: "anthropic.request_too_large", Class: cBadRequest, Codes: rl("request_too_large")}},
 	{Rule: Rule{ID: "refusal.code", Class: cRefusal, Codes: rl("content_filter", "content_policy_violation", "invalid_prompt",
 		"responsibleaipolicyviolation", "safety", "prohibited_content", "blocklist", "recitation", "guardrail_intervened",
 		"data_inspection_failed", "content_filtered")}},
-	{Rule: Rule{ID: "bedrock.model_access", Class: cModel, Codes: rl("accessdeniedexception"),
-		Body: rl("access to the model", "model access")}},
-	{Rule: Rule{ID: "auth.code", Class: cAuth, Codes: rl("authentication_error", "invalid_api_key", "permission_error",
-		"permission_denied", "unauthenticated", "unauthorized", "accessdeniedexception", "unrecognizedclientexception",
-		"expiredtokenexception", "invalidsignatureexception", "api_key_invalid", "incorrect_api_key",
-		"invalid_authentication", "access_terminated", "unsupported_country_region_territory", "token_expired",
-		"authentication_failed", "forbidden",
-		"organization_restricted", // Groq 400: the organization was restricted
-		// LiteLLM proxy ProxyErrorTypes (litellm/proxy/_types.py): the key,
-		// team, user or organization may not use the model, or the key is gone.
-		"expired_key", "token_not_found_in_db", "key_model_access_denied", "team_model_access_denied",
-		"user_model_access_denied", "org_model_access_denied")}},
+	authCodeBilling,
+	authCodeModel,
+	{Rule: Rule{ID: "auth.code", Class: cAuth, Codes: authCodes}},
 	{Rule: Rule{ID: "model.code", Class: cModel, Codes: rl("model_not_found", "model_decommissioned", "deploymentnotfound",
 		"resourcenotfoundexception", "not_found_error", "notfounderror", "not_found", "model_not_available",
 		"dedicated_endpoint_not_running")}}, // Together 400: the model's dedicated endpoint is stopped
@@ -193,15 +163,9 @@ var builtinRules = []builtin{
 		"input_too_large",            // xAI gRPC INVALID_ARGUMENT
 		"total number of tokens (prompt and prediction) cannot exceed", // Cohere
 		"the decoder prompt (length")}},                                // vLLM, also inside a router's 500
-	// A model that exists but cannot serve this request: OpenRouter's 404
-	// when no provider of the model supports a parameter (tools,
-	// tool_choice), OpenAI's 404 for a completions-only or responses-only
-	// model, Fireworks' 404 for a model without a chat template.
-	// Gemini API 400 FAILED_PRECONDITION "User location is not supported for
-	// the API use." (ai.google.dev available regions): the key may not be
-	// used from here. Before param.text, whose "is not supported" it has.
-	{Rule: Rule{ID: "google.location", Class: cAuth, Status: rl("400", "403"),
-		Body: rl("user location is not supported")}},
+	famOverflow,
+	famOverflowCount,
+	famBilling,
 	{Rule: Rule{ID: "capability.text", Class: cParam, Status: rl("400", "404", "422", success),
 		Body: rl("no endpoints found that support", "not a chat model", "only supported in v1/responses",
 			"missing conversation_config")}},
@@ -211,11 +175,14 @@ var builtinRules = []builtin{
 			"no models loaded", "deployment for this resource does not exist", "try pulling it first",
 			"model identifier is invalid", "end of its life", "is not supported for generatecontent",
 			"no endpoints found for")}}, // OpenRouter 404: no provider serves the model id
+	famModel,
+	famRegion,
 	{Rule: Rule{ID: "param.text", Class: cParam, Status: rl("400", "422", success),
 		Body: rl("unsupported parameter", "unsupported value", "does not support tools", "does not support",
 			"not supported with this model", "is not supported", "unknown name", "cannot find field",
 			"extra inputs are not permitted", "additional properties", "json schema is invalid", "invalid schema",
 			"tool choice requires", "unrecognized request argument", "unknown parameter", "unexpected keyword")}},
+	famParam,
 	{Rule: Rule{ID: "auth.text", Class: cAuth, Status: rl("400", "401", "403", "407"),
 		Body: rl("api key not valid", "invalid api key", "provide an api key", "missing api key", "incorrect api key", "invalid x-api-key", "api key not found",
 			"unauthorized", "authentication", "no auth credentials", "access denied", "permission denied",
@@ -230,6 +197,8 @@ var builtinRules = []builtin{
 	{Rule: Rule{ID: "auth.stated", Class: cAuth,
 		Body: rl("invalid or unrecognized token", "is not authorized to perform", "api key expired",
 			"organization has been disabled", "organization has been restricted")}},
+	famAccount,
+	famAuth,
 	{Rule: Rule{ID: "refusal.text", Class: cRefusal, Status: rl("400", "403", "451", "422", success),
 		Body: rl("content management policy", "flagged as potentially violating", "usage policies", "usage policy",
 			"content filter", "safety system", "content exists risk", "responsible ai", "guardrail",
@@ -237,6 +206,7 @@ var builtinRules = []builtin{
 			"requires moderation", "input was flagged", // OpenRouter 403 moderation
 			"content blocked",                // LiteLLM content filter guardrail (400, 403)
 			"is being blocked for reason")}}, // NextChat relaying Gemini's blockReason
+	famRefusal,
 	{Rule: Rule{ID: "quota.text", Class: cQuota, Status: rl(anyHTTPError, noResponse, success),
 		Body: rl("credit balance is too low", "insufficient balance", "insufficient credits", "requires more credits",
 			"can only afford", "exceeded your current quota", "usage limit", "spend limit", "spending limit",
@@ -247,9 +217,12 @@ var builtinRules = []builtin{
 			// Claude subscription limits as Claude Code shows them (429):
 			// "You've hit your limit · resets 1:30am (Asia/Dhaka)".
 			"hit your limit · resets", "hit your limit for claude")}},
+	famQuotaDay,
+	famQuota,
 	{Rule: Rule{ID: "overloaded.text", Class: cOverloaded, Status: rl("5xx", "429", noResponse, success),
 		Body: rl("overloaded", "over capacity", "at capacity", "high demand", "capacity exceeded", "server is busy",
 			"too busy", "loading model")}}, // llama.cpp server 503 "Loading model"
+	famOverloaded,
 	{Rule: Rule{ID: "ratelimit.text", Class: cRate, Status: rl("429", "503", noResponse, success),
 		Body: rl("rate limit", "rate-limit", "ratelimit", "too many requests", "throttl", "slow down",
 			"per minute", "too many tokens",
@@ -259,10 +232,19 @@ var builtinRules = []builtin{
 	// model").
 	{Rule: Rule{ID: "ratelimit.text_5xx", Class: cRate, Status: rl("5xx"),
 		Body: rl("reached the rate limit", "rate limit exceeded", "rate limit reached")}},
+	famRateLimit,
+	famTimeout,
+	famServer,
 	// What is not empty in a success status: Gemini's "Content has no parts"
 	// (google-cloud-aiplatform, relayed by LiteLLM).
 	{Rule: Rule{ID: "empty.text", Class: cEmpty, Status: rl(success, noResponse),
 		Body: rl("content has no parts")}},
+	famTransport,
+	famTransportBody,
+	// Any other transport error without a response, after what its words
+	// say.
+	{Rule: Rule{ID: "transport.other", Class: cTransport, Status: rl(noResponse)}, when: func(o *events.Outcome, _ *digest.View) bool { return o.TransportError != "" },
+		note: "transport error without a response", transport: true},
 	// ── 6. LiteLLM's verdicts: its exception names in a message, after the
 	// provider's own words and before the status (litellm/exceptions.py;
 	// the proxy returns them as "litellm.RateLimitError: …").

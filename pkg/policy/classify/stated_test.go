@@ -76,7 +76,7 @@ func TestStatedReasonOutranksStatus(t *testing.T) {
 			events.ClassOverloaded, "anthropic.overloaded"},
 		{"usage limit under 429", events.Outcome{Status: 429, Body: "You've reached your trial request limit"}, events.ClassQuotaExhausted, "quota.text"},
 		{"budget under 400 typed auth_error", events.Outcome{Status: 400, Body: `{"error":{"message":"Budget has been exceeded! Current cost: 0.0010747, Max budget: 0.0","type":"auth_error","param":null,"code":400}}`},
-			events.ClassQuotaExhausted, "quota.text"},
+			events.ClassQuotaExhausted, "family.billing"},
 		{"moderation under 403", events.Outcome{Status: 403, Body: `{"error":{"code":403,"message":"Your chosen model requires moderation and your input was flagged"}}`},
 			events.ClassContentRefusal, "refusal.text"},
 		{"disabled organization under 400, wrapped across lines", events.Outcome{Status: 400, Body: `API Error: 400 {"type":"error","error":{"type":"invalid_request_error","message":"This organization has been\ndisabled."}}`},
@@ -88,7 +88,7 @@ func TestStatedReasonOutranksStatus(t *testing.T) {
 		{"a success without content", events.Outcome{Status: 200, Body: `{"candidates":[{"finishReason":"OTHER","index":0}],"usageMetadata":{"promptTokenCount":171}}`},
 			events.ClassEmptyResponse, "status.2xx_no_content"},
 		{"LiteLLM's exception name", events.Outcome{Status: 400, Body: "400 litellm.BadRequestError: litellm.ContentPolicyViolationError: Azure Exception - Error code: 400"},
-			events.ClassContentRefusal, "litellm.exception.content_policy"},
+			events.ClassContentRefusal, "family.refusal"},
 		{"a Python repr body with the code inside", events.Outcome{Status: 429, Body: `Error code: 429 - {'error': {'message': 'You exceeded your current quota.', 'type': 'insufficient_quota', 'param': None, 'code': 'insufficient_quota'}}`},
 			events.ClassQuotaExhausted, "openai.insufficient_quota"},
 		{"the provider's code inside a wrapper's message", events.Outcome{Status: 500, Body: `{"error":{"message":"litellm.APIError: OpenAIException - Error code: 429 - {'error': {'code': 'insufficient_quota', 'message': 'quota'}}","code":"500"}}`},
@@ -144,4 +144,11 @@ func TestBuiltinPatternsStayCompact(t *testing.T) {
 	if ok, cells, limit := Default().tpats.Compact(); !ok {
 		t.Fatalf("transport patterns need %d table cells, the compact automaton holds %d", cells, limit)
 	}
+	// The ASCII word patterns of the keyword families are scanned on every
+	// outcome with error text, so they are held to the same table.
+	ok, cells, limit = Default().wpats.Compact()
+	if !ok {
+		t.Fatalf("word patterns need %d table cells, the compact automaton holds %d", cells, limit)
+	}
+	t.Logf("word pattern automaton: %d of %d cells", cells, limit)
 }

@@ -381,6 +381,16 @@ func (c *Core) sendRedispatch(ctx context.Context, d DispatchRef, now time.Time)
 		}
 	}
 	t.Seq = d.Seq
-	_, err := c.dispatch(ctx, t, d.Attempt, d.Reason, d.At.Time, d.At.Time, now)
+	checkpoint := ""
+	if d.Subagent != "" {
+		h, err := c.st.Heartbeat(ctx, d.Agent, d.Subagent)
+		if err != nil {
+			return fmt.Errorf("task %s: the checkpoint of %s: %w", d.TaskID, d.Subagent, err)
+		}
+		if h != nil && h.TaskID == d.TaskID {
+			checkpoint = h.Checkpoint
+		}
+	}
+	_, err := c.dispatch(ctx, t, d.Attempt, d.Reason, checkpoint, d.At.Time, d.At.Time, now)
 	return err
 }

@@ -153,16 +153,21 @@ func (c *Core) plan(ctx context.Context, r *ProviderRecord, e *Episode, step str
 
 // redispatch plans the next attempt of a killed subagent's task: one more
 // than the latest attempt dispatched (the index, then the ledger, which is
-// the truth when an index update was lost), 2 for a task the bus never saw.
+// the truth when an index update was lost), 2 for a task the bus never
+// dispatched (a subagent ran it, so that was its first attempt): a task
+// still held is dispatched now with its payload, and its held copy is
+// passed over when the queue is released. Only the killed subagent's own
+// agent's task: a task id another agent submitted is never touched (the
+// subject is the identity; task ids are the agents' own).
 func (c *Core) redispatch(ctx context.Context, provider string, k events.SubagentRef, now time.Time) (*DispatchRef, error) {
-	d := &DispatchRef{TaskID: k.TaskID, Agent: k.Agent, Provider: provider, At: events.At(now), Attempt: 2}
+	d := &DispatchRef{TaskID: k.TaskID, Agent: k.Agent, Provider: provider, At: events.At(now), Attempt: 2, Subagent: k.Subagent}
 	idx, _, err := c.st.LoadTaskIndex(ctx, k.TaskID)
 	if err != nil {
 		return nil, err
 	}
-	if idx != nil {
-		d.Seq, d.Agent, d.Provider = idx.Seq, idx.Agent, idx.Provider
-		d.Attempt = idx.Attempt + 1
+	if idx != nil && idx.Agent == k.Agent {
+		d.Seq, d.Provider = idx.Seq, idx.Provider
+		d.Attempt = max(idx.Attempt+1, 2)
 	}
 	for {
 		sent, err := c.st.Sent(ctx, DispatchID(d.TaskID, d.Attempt))

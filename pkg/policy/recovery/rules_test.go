@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -424,5 +425,61 @@ func TestProbeTargetsUnreadableStillProbe(t *testing.T) {
 				t.Errorf("reported %v; want one report exactly when a read failed", reported)
 			}
 		})
+	}
+}
+
+// One live dispatch per task: tasks held during an outage whose subagents
+// (started on them by their agent) went silent are redispatched by the
+// checklist as attempt 2, with the payload they were submitted with, and
+// the release that follows passes their held copies over: no task is
+// dispatched twice (once it was 293 of 1,000: attempt 2, then attempt 1).
+// A heartbeat naming a task id another agent submitted redispatches
+// nothing of that agent's.
+func TestRedispatchedHeldTaskIsNotReleasedAgain(t *testing.T) {
+	const n = 20
+	f := newFeed(t, recovery.DefaultConfig())
+	f.step(t0, health(t0, events.HealthOutage))
+	for i := range n {
+		at := t0.Add(time.Duration(i+1) * time.Second)
+		in := taskIn(at, fmt.Sprintf("job-%d", i), "a")
+		in.Task.Payload = mustPayload(fmt.Sprintf("job-%d", i))
+		f.step(at, in)
+		if i%2 == 0 { // half of them a subagent works on, then goes silent
+			f.step(at, recovery.Input{Heartbeat: &events.Heartbeat{At: events.At(at), Agent: "a", Subagent: fmt.Sprintf("s%d", i),
+				Provider: down, TaskID: fmt.Sprintf("job-%d", i), IntervalMS: 1000, Checkpoint: fmt.Sprintf("ckpt-%d", i)}})
+		}
+	}
+	// Agent b's silent subagent names a's task: b's heartbeat is about b.
+	f.step(t0.Add(time.Minute), recovery.Input{Heartbeat: &events.Heartbeat{At: events.At(t0.Add(time.Minute)), Agent: "b", Subagent: "x",
+		Provider: down, TaskID: "job-1", IntervalMS: 1000}})
+	f.step(t0.Add(time.Hour), health(t0.Add(time.Hour), events.HealthRecovered))
+	f.tick(t0.Add(2 * time.Hour))
+
+	dispatches := map[string][]int{}
+	for _, o := range f.out {
+		d, ok := o.Msg.(*events.Dispatch)
+		if !ok {
+			continue
+		}
+		dispatches[d.Agent+"/"+d.TaskID] = append(dispatches[d.Agent+"/"+d.TaskID], d.Attempt)
+		if d.Agent == "a" && string(d.Payload) != string(mustPayload(d.TaskID)) {
+			t.Errorf("%s attempt %d carries payload %q, want the submitted one", d.TaskID, d.Attempt, d.Payload)
+		}
+		if want := "ckpt-" + strings.TrimPrefix(d.TaskID, "job-"); d.Agent == "a" && d.Attempt == 2 && d.Checkpoint != want {
+			t.Errorf("%s attempt 2 carries checkpoint %q, want the killed subagent's last (%s)", d.TaskID, d.Checkpoint, want)
+		}
+	}
+	for i := range n {
+		id := fmt.Sprintf("a/job-%d", i)
+		want := []int{1}
+		if i%2 == 0 {
+			want = []int{2}
+		}
+		if !slices.Equal(dispatches[id], want) {
+			t.Errorf("%s dispatched as attempts %v, want %v", id, dispatches[id], want)
+		}
+	}
+	if got := dispatches["b/job-1"]; len(got) != 1 || got[0] != 2 {
+		t.Errorf("b's killed subagent's task: attempts %v, want one redispatch of its own (attempt 2, no payload)", got)
 	}
 }

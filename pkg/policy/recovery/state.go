@@ -173,6 +173,9 @@ type DispatchRef struct {
 	Provider string      `msgpack:"provider,omitempty" json:"provider,omitempty"`
 	Reason   string      `msgpack:"reason,omitempty" json:"reason,omitempty"`
 	At       events.Time `msgpack:"at" json:"at"`
+	// Subagent is the killed subagent whose task this re-dispatches: its
+	// last heartbeat's checkpoint goes with it.
+	Subagent string `msgpack:"subagent,omitempty" json:"subagent,omitempty"`
 }
 
 // StoredTask is a task with its position in the task stream.

@@ -84,6 +84,8 @@ type Heartbeats interface {
 	PutHeartbeat(ctx context.Context, h events.Heartbeat) error
 	// LatestHeartbeats returns the kept heartbeats, in any order.
 	LatestHeartbeats(ctx context.Context) ([]events.Heartbeat, error)
+	// Heartbeat returns the kept heartbeat of (agent, subagent), or nil.
+	Heartbeat(ctx context.Context, agent, subagent string) (*events.Heartbeat, error)
 }
 
 // Crons keeps cron specs and reads cron runs back.

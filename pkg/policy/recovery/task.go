@@ -54,10 +54,17 @@ func (c *Core) task(ctx context.Context, t events.Task, seq uint64, stored, now 
 		q.Held++
 		return true, nil
 	})
-	if err != nil || held {
+	if err != nil {
 		return err
 	}
-	_, err = c.dispatch(ctx, &StoredTask{Seq: seq, Task: t}, 1, "submitted; "+providerWords(t.Provider)+" is up", now, stored, now)
+	if held {
+		// Indexed while held (attempt 0), so a redispatch of it (its
+		// subagent killed in a checklist) carries the submitted payload
+		// and supersedes the held copy (drain skips it): one live
+		// dispatch per task.
+		return c.indexTask(ctx, &StoredTask{Seq: seq, Task: t}, 0)
+	}
+	_, err = c.dispatch(ctx, &StoredTask{Seq: seq, Task: t}, 1, "submitted; "+providerWords(t.Provider)+" is up", "", now, stored, now)
 	return err
 }
 
@@ -101,13 +108,13 @@ func (c *Core) anyProviderHolding(ctx context.Context) (bool, error) {
 }
 
 // dispatch sends attempt n of a stored task (once: the ledger) at `at`,
-// and moves the task's index to that attempt. plannedAt is the earliest
-// time it may have been sent before (see Core.send). It reports whether it
-// sent.
-func (c *Core) dispatch(ctx context.Context, t *StoredTask, attempt int, reason string, at, plannedAt, now time.Time) (bool, error) {
+// with the checkpoint to resume from (a re-dispatch), and moves the task's
+// index to that attempt. plannedAt is the earliest time it may have been
+// sent before (see Core.send). It reports whether it sent.
+func (c *Core) dispatch(ctx context.Context, t *StoredTask, attempt int, reason, checkpoint string, at, plannedAt, now time.Time) (bool, error) {
 	d := &events.Dispatch{
 		TaskID: t.Task.ID, Attempt: attempt, At: events.At(at), Agent: t.Task.Agent,
-		Provider: t.Task.Provider, Kind: t.Task.Kind, Payload: t.Task.Payload, Reason: reason,
+		Provider: t.Task.Provider, Kind: t.Task.Kind, Payload: t.Task.Payload, Reason: reason, Checkpoint: checkpoint,
 	}
 	sent, err := c.send(ctx, DispatchID(d.TaskID, attempt), events.DispatchSubject(d.Agent), d, plannedAt, now)
 	if err != nil || !sent {
@@ -125,9 +132,8 @@ func (c *Core) indexTask(ctx context.Context, t *StoredTask, attempt int) error 
 		}
 		if idx == nil {
 			idx = &TaskIndex{ID: t.Task.ID, Seq: t.Seq, Agent: t.Task.Agent, Provider: t.Task.Provider}
-		}
-		if idx.Attempt >= attempt && idx.Seq != 0 {
-			return nil
+		} else if idx.Agent != t.Task.Agent || idx.Attempt >= attempt && idx.Seq != 0 {
+			return nil // another agent's task of the same id, or indexed already
 		}
 		idx.Attempt = max(idx.Attempt, attempt)
 		if idx.Seq == 0 {
@@ -141,6 +147,17 @@ func (c *Core) indexTask(ctx context.Context, t *StoredTask, attempt int) error 
 		return nil
 	}
 	return fmt.Errorf("recovery: task index %q: %w", t.Task.ID, ErrConflict)
+}
+
+// superseded reports whether a held task was already dispatched by a
+// redispatch (the index of this copy names an attempt), so releasing it
+// would make a second live dispatch of one task.
+func (c *Core) superseded(ctx context.Context, t *StoredTask) (bool, error) {
+	idx, _, err := c.st.LoadTaskIndex(ctx, t.Task.ID)
+	if err != nil || idx == nil {
+		return false, err
+	}
+	return idx.Seq == t.Seq && idx.Agent == t.Task.Agent && idx.Attempt >= 1, nil
 }
 
 // drain releases the provider's held tasks in stream order, one per
@@ -181,6 +198,20 @@ func (c *Core) drain(ctx context.Context, provider string, reason string, now ti
 		}
 		t := tasks[0]
 		if q.Sending == nil || q.Sending.Seq != t.Seq {
+			superseded, err := c.superseded(ctx, &t)
+			if err != nil {
+				return false, err
+			}
+			if superseded {
+				// Redispatched in a checklist (its subagent was killed):
+				// that attempt is the task's live dispatch; this copy is
+				// passed over, not released.
+				q.Cursor, q.Held = t.Seq, max(q.Held-1, 0)
+				if _, err := c.st.SaveProvider(ctx, r, rev); err != nil && !errors.Is(err, ErrConflict) {
+					return false, err
+				}
+				continue
+			}
 			// Claim the task before sending it: a driver that resumes
 			// after a crash between send and cursor update knows since
 			// when the dispatch may be in the stream (the dedupe-window
@@ -195,7 +226,7 @@ func (c *Core) drain(ctx context.Context, provider string, reason string, now ti
 		if q.NextAt.After(now) {
 			due = q.NextAt.Time
 		}
-		sent, err := c.dispatch(ctx, &t, 1, reason, due, q.Sending.Since.Time, now)
+		sent, err := c.dispatch(ctx, &t, 1, reason, "", due, q.Sending.Since.Time, now)
 		if err != nil {
 			return false, err
 		}

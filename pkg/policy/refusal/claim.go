@@ -213,6 +213,7 @@ func Decision(c events.Classification, ev Event, t Text, at time.Time) events.De
 		Action:    ev.Action,
 		Reason:    t.Reason,
 		Class:     c.Class,
+		Rule:      c.Rule,
 		Provider:  c.Provider,
 		Model:     c.Model,
 		Profile:   c.Profile,

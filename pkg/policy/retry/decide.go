@@ -189,6 +189,7 @@ func Decide(in Input) Verdict {
 		At:        events.At(in.Now),
 		Agent:     c.Agent,
 		Class:     c.Class,
+		Rule:      c.Rule,
 		Provider:  c.Provider,
 		Model:     c.Model,
 		Profile:   c.Profile,

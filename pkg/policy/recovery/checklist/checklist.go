@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/failbus/failbus/pkg/events"
+	"github.com/failbus/failbus/pkg/redact"
 )
 
 // StaleIntervals is how many missed heartbeat intervals make a subagent
@@ -263,7 +264,9 @@ func FailedWrites(provider string, start, recovered time.Time, writes []events.W
 		w := by[k].failed
 		out[i] = events.WriteRef{Agent: w.Agent, Key: w.Key, FailedAt: w.At}
 		if w.Error != "" {
-			why[i] = " (" + truncate(w.Error, 200) + ")"
+			// The agent's error text goes into the check_write command
+			// and its record: masked like every text that leaves.
+			why[i] = " (" + truncate(redact.String(w.Error), 200) + ")"
 		}
 	}
 	return out, why

@@ -167,6 +167,17 @@ func (s *Store) LatestHeartbeats(context.Context) ([]events.Heartbeat, error) {
 	return out, nil
 }
 
+// Heartbeat implements Heartbeats.
+func (s *Store) Heartbeat(_ context.Context, agent, subagent string) (*events.Heartbeat, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h, ok := s.heartbeats[[2]string{agent, subagent}]
+	if !ok {
+		return nil, nil
+	}
+	return &h, nil
+}
+
 // PutCronSpec implements Crons.
 func (s *Store) PutCronSpec(_ context.Context, c events.CronSpec) error {
 	s.mu.Lock()

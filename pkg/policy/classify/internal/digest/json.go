@@ -19,16 +19,31 @@ const (
 )
 
 func fieldRole(key string) int {
+	var buf [32]byte
+	key = lowerKey(key, &buf)
 	switch key {
-	case "message", "msg", "detail", "error", "error_description", "title", "description", "raw",
-		"errorMessage", "error_message", "errorMsg", "err_msg", "quota_metric", "quotaMetric":
+	case "message", "msg", "detail", "details", "error", "error_description", "title", "description", "raw",
+		"errormessage", "error_message", "errormsg", "error_msg", "err_msg", "errmsg", "status_msg", "statusmessage",
+		"status_message", "quota_metric", "quotametric", "displaymsg", "err":
 		return roleText
-	case "type", "code", "status", "__type", "reason", "error_code", "error_type", "errorType",
-		"errorCode", "error_name", "object":
+	case "type", "code", "status", "__type", "reason", "error_code", "error_type", "errortype",
+		"errorcode", "error_name", "object", "errcode", "err_code", "status_code", "statuscode", "http_code",
+		"sub_code", "subcode":
 		return roleCode
-	case "quotaId", "quota_id", "quota_limit", "quotaLimit", "blockReason", "block_reason",
-		"finishReason", "finish_reason", "stop_reason", "stopReason", "limit_source":
+	case "quotaid", "quota_id", "quota_limit", "quotalimit", "blockreason", "block_reason",
+		"finishreason", "finish_reason", "stop_reason", "stopreason", "limit_source":
 		return roleBoth
+	case "id", "request_id", "requestid", "trace_id", "traceid", "param", "url", "doc_url", "help", "sid", "model":
+		return roleNone
+	}
+	// Other spellings of the same fields: "$error", "lastError",
+	// "errorDetail", "errType".
+	switch {
+	case strings.HasSuffix(key, "code") || strings.HasSuffix(key, "_type") || strings.HasSuffix(key, "errtype"):
+		return roleCode
+	case strings.Contains(key, "message") || strings.Contains(key, "msg") || strings.Contains(key, "error") ||
+		strings.Contains(key, "detail"):
+		return roleText
 	}
 	return roleNone
 }
@@ -108,11 +123,21 @@ func (w *walker) value(depth int, key string) bool {
 				w.i++
 				return true
 			}
-			if w.s[w.i] != '"' && w.s[w.i] != '\'' {
-				return false
-			}
-			lo, hi, ok := w.str()
-			if !ok {
+			var lo, hi int
+			switch c := w.s[w.i]; {
+			case c == '"' || c == '\'':
+				var ok bool
+				if lo, hi, ok = w.str(); !ok {
+					return false
+				}
+			case isLetter(c) || c == '_' || c == '$':
+				// A JavaScript object as Node prints it: { error: { message: '…' } }.
+				lo = w.i
+				for w.i < len(w.s) && (isIdentByte(w.s[w.i]) && w.s[w.i] != '.') {
+					w.i++
+				}
+				hi = w.i
+			default:
 				return false
 			}
 			w.ws()
@@ -239,13 +264,21 @@ func (w *walker) leafString(key string, lo, hi int) {
 	}
 	w.fields++
 	if role == roleCode || role == roleBoth {
-		if key == "code" || key == "status" || key == "error_code" {
+		if key == "code" || key == "status" || key == "error_code" || key == "http_code" {
 			if n, ok := Status3(raw); ok && v.jsonCode == 0 {
 				v.jsonCode = n
 			}
 		}
-		v.addCode(unescapeSimple(raw), 0)
+		code := unescapeSimple(raw)
+		v.addCode(code, 0)
+		if k := strings.LastIndexByte(code, '.'); k > 0 && k < len(code)-1 && identLike(code) {
+			v.addCode(code[k+1:], 0)
+		}
+		v.noteCodeKey(key, raw)
 		v.addText(raw)
+		if len(code) >= 6 && identLike(code) {
+			v.addWords(code)
+		}
 		return
 	}
 	// Text. JSON inside a string (OpenRouter metadata.raw, wrapped SDK
@@ -284,12 +317,24 @@ func (w *walker) leafString(key string, lo, hi int) {
 	if !v.Msg.OK() && isMessageKey(key) {
 		v.Msg = Span{Src: w.src, Lo: int32(lo), Hi: int32(hi)}
 	}
+	if hi > lo {
+		v.sawMsg = true
+	}
 	v.addText(raw)
+	v.noteText(raw)
 }
 
 func (w *walker) leafScalar(key, tok string) {
+	var buf [32]byte
+	if lk := lowerKey(key, &buf); isCodeKey(lk) && isInteger(tok) && !successCode(tok) {
+		// Numeric codes: Baidu error_code 17, SiliconFlow code 20012,
+		// MiniMax base_resp.status_code 1008; not a success's 0 or 200.
+		w.v.addCode(strings.TrimPrefix(tok, "-"), 0)
+		w.v.noteCodeKey(lk, tok)
+		w.fields++
+	}
 	switch key {
-	case "code", "status", "error_code", "status_code", "raw_status_code":
+	case "code", "status", "error_code", "status_code", "raw_status_code", "statusCode":
 		if n, ok := Status3(tok); ok && w.v.jsonCode == 0 {
 			w.v.jsonCode = n
 		}
@@ -302,10 +347,33 @@ func (w *walker) leafScalar(key, tok string) {
 
 func isMessageKey(key string) bool {
 	switch key {
-	case "message", "msg", "detail", "error", "errorMessage", "error_message", "raw":
+	case "message", "msg", "detail", "error", "errorMessage", "error_message", "raw", "error_msg", "errmsg",
+		"status_msg", "Message", "details":
 		return true
 	}
 	return false
+}
+
+// noteCodeKey notes a code field whose value is not a success: with a
+// message beside it, the object is an error (see View.Reset).
+func (v *View) noteCodeKey(key, val string) {
+	var buf [32]byte
+	if isCodeKey(lowerKey(key, &buf)) && !successCode(val) {
+		v.sawErrCode = true
+	}
+}
+
+func isInteger(tok string) bool {
+	tok = strings.TrimPrefix(tok, "-")
+	if tok == "" || len(tok) > 12 {
+		return false
+	}
+	for k := 0; k < len(tok); k++ {
+		if !isDigit(tok[k]) {
+			return false
+		}
+	}
+	return true
 }
 
 // embeddedStart returns where an error object starts inside a string's raw

@@ -55,18 +55,66 @@ var lowerTable = func() (t [256]byte) {
 	return t
 }()
 
-// appendLowerUnescaped appends a raw JSON string's contents, unescaped and
-// lower-cased.
+// appendLowerText appends s lower-cased, with every run of white space
+// one space: error text as the rules read it, so that a phrase wrapped
+// across lines or indented ("considered high\n risk") still matches.
+func appendLowerText(dst []byte, s string) []byte {
+	n := len(dst)
+	dst = append(dst, s...)
+	return squeeze(dst, n)
+}
+
+// squeeze lower-cases dst[n:] in place and folds its white space runs.
+// Most text has none: the lower-casing pass notes whether it saw one, and
+// the folding pass runs only then.
+func squeeze(dst []byte, n int) []byte {
+	var prev, runs byte
+	if n > 0 && (dst[n-1] == ' ' || dst[n-1] == '\n') {
+		prev = 1
+	}
+	for i := n; i < len(dst); i++ {
+		c := lowerTable[dst[i]]
+		dst[i] = c
+		sp := spaceTable[c]
+		runs |= sp & prev
+		prev = sp
+	}
+	if runs == 0 {
+		return dst
+	}
+	prevSpace := n > 0 && (dst[n-1] == ' ' || dst[n-1] == '\n')
+	j := n
+	for i := n; i < len(dst); i++ {
+		c := dst[i]
+		if c == ' ' {
+			if prevSpace {
+				continue
+			}
+			prevSpace = true
+		} else {
+			prevSpace = false
+		}
+		dst[j] = c
+		j++
+	}
+	return dst[:j]
+}
+
+// spaceTable is 1 for the space lowerTable makes of white space.
+var spaceTable = func() (t [256]byte) {
+	t[' '] = 1
+	return t
+}()
+
+// appendLowerUnescaped appends a raw JSON string's contents, unescaped,
+// lower-cased and with white space folded (appendLowerText).
 func appendLowerUnescaped(dst []byte, raw string) []byte {
 	if strings.IndexByte(raw, '\\') < 0 {
-		return appendLower(dst, raw)
+		return appendLowerText(dst, raw)
 	}
 	start := len(dst)
 	dst = AppendUnescaped(dst, raw)
-	for i := start; i < len(dst); i++ {
-		dst[i] = lowerTable[dst[i]]
-	}
-	return dst
+	return squeeze(dst, start)
 }
 
 // AppendUnescaped appends the unescaped contents of a raw JSON string.

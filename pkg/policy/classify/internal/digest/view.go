@@ -6,9 +6,10 @@
 package digest
 
 import (
-	"bytes"
 	"strings"
 	"sync"
+
+	"github.com/failbus/failbus/internal/ascii"
 
 	"github.com/failbus/failbus/pkg/events"
 )
@@ -41,11 +42,23 @@ type View struct {
 	HasContent     bool // the JSON holds model output: text, content, tool calls
 	fromTransport  bool // the error object came from transport_error (see digestTransport)
 
-	Text     []byte   // lower-cased error text, see above
+	// Prov is the outcome's provider among the providers the classifier's
+	// rules are scoped to (set by the classifier after Reset), -1 if none.
+	Prov int32
+
+	Text []byte // lower-cased error text, see above
+	// Words are the words of the error names found in the error text and
+	// codes (AccountOverdueError → "account overdue error"), one name a
+	// line; only word patterns (Rule.Words) read them.
+	Words    []byte
 	Hits     []uint64 // body patterns found in text (Classifier.textHits)
 	Scanned  bool
 	TextFull bool     // text hit its size cap: it may not hold all the body
 	THits    []uint64 // transport patterns found in trans
+	WHits    []uint64 // ASCII word patterns found in text (Classifier.wordHits)
+	WScanned bool
+	UHits    []uint64 // non-ASCII word patterns found in text
+	UScanned bool
 	CHits    []uint64 // rule codes among codes
 	CScanned bool
 	TScanned bool
@@ -64,6 +77,15 @@ type View struct {
 
 	RetryDelay    Span  // Google RetryInfo.retryDelay
 	RetryAfterSec int64 // numeric retry_after (seconds)
+
+	// TextFromTransport: the body is empty and Text is the transport
+	// error's text (it holds no error object), so the message rules read
+	// what the client library reported.
+	TextFromTransport bool
+
+	nidents    int  // identifiers read (noteIdents)
+	sawErrCode bool // a code field with a non-success value
+	sawMsg     bool // a non-empty message field
 }
 
 const (
@@ -90,7 +112,8 @@ func (s Span) OK() bool { return s.Src >= 0 && s.Hi > s.Lo }
 var NoSpan = Span{Src: -1}
 
 var viewPool = sync.Pool{New: func() any {
-	return &View{Text: make([]byte, 0, 1024), Trans: make([]byte, 0, 256), CodeBuf: make([]byte, 0, 256)}
+	return &View{Text: make([]byte, 0, 1024), Trans: make([]byte, 0, 256), CodeBuf: make([]byte, 0, 256),
+		Words: make([]byte, 0, 256)}
 }}
 
 // Get takes a View from the pool; Put returns it.
@@ -108,7 +131,9 @@ func Put(v *View) {
 // Reset prepares v for o.
 func (v *View) Reset(o *events.Outcome) {
 	v.Text = v.Text[:0]
+	v.Words = v.Words[:0]
 	v.Scanned, v.TScanned, v.CScanned, v.TextFull = false, false, false, false
+	v.WScanned, v.UScanned = false, false
 	v.Trans = v.Trans[:0]
 	v.CodeBuf = v.CodeBuf[:0]
 	v.NCodes = 0
@@ -123,6 +148,7 @@ func (v *View) Reset(o *events.Outcome) {
 	v.jsonCode = 0
 	v.JSON, v.HTML, v.StatusFromBody, v.BodyError = false, false, false, false
 	v.Whole, v.HasContent, v.fromTransport = false, false, false
+	v.TextFromTransport, v.nidents, v.sawErrCode, v.sawMsg = false, 0, false, false
 	v.body = o.Body
 
 	body := strings.TrimSpace(o.Body)
@@ -145,7 +171,24 @@ func (v *View) Reset(o *events.Outcome) {
 		v.Trans = appendLower(v.Trans, t)
 		if v.EmptyBody {
 			v.digestTransport(o.TransportError)
+			if !v.JSON {
+				// No error object in it: the transport error's text is the
+				// error text, read like a text body.
+				v.Text = appendLowerText(v.Text[:0], t)
+				v.noteKeyValues(v.Text)
+				v.noteText(t)
+				v.TextFromTransport = true
+			}
 		}
+	}
+	if v.sawErrCode && v.sawMsg || v.sawMsg && v.Whole && !v.HasContent {
+		// An object with a failing code and a message is an error object
+		// whatever its keys are called: Baidu {"error_code":17,
+		// "error_msg":…}, MiniMax base_resp, SiliconFlow {"code":20012,
+		// "message":…}, iFlytek header.code. So is a whole JSON body with a
+		// message and no output (Portkey's 200 {"html-message": "Network
+		// connection lost."}).
+		v.BodyError = true
 	}
 	if s, ok := o.Headers["x-amzn-errortype"]; ok {
 		v.addCode(s, 0)
@@ -184,18 +227,23 @@ func IsNoBodyPlaceholder(body string) bool {
 // digestBody fills text, codes and msg from a non-empty body.
 func (v *View) digestBody(body string) {
 	trim := strings.TrimLeft(body, " \t\r\n")
-	if trim != "" && trim[0] == '<' {
-		v.HTML = true
+	if len(trim) > 1 && trim[0] == '<' && (isLetter(trim[1]) || trim[1] == '!' || trim[1] == '?') {
+		v.HTML = true // a page, not "<400> InternalError…"
 	}
 	start := -1
 	if trim != "" && (trim[0] == '{' || trim[0] == '[') {
 		start = len(body) - len(trim)
+	} else if i := sseErrorEvent(trim); i >= 0 {
+		// A stream that ended on an error event after some output: the
+		// last error event is the error.
+		start = len(body) - len(trim) + i
+		v.HasContent = true
 	} else if !v.HTML {
 		// A JSON object behind a short prefix: "Error: 400 {…}", SSE
 		// "event: error\ndata: {…}", Python's "Error code: 503 - {'error': …}".
 		if i := objectStart(body, 512); i >= 0 {
 			start = i
-			v.Text = appendLower(v.Text, body[:i])
+			v.Text = appendLowerText(v.Text, body[:i])
 		}
 	}
 	if start >= 0 {
@@ -203,6 +251,12 @@ func (v *View) digestBody(body string) {
 		ok := w.value(0, "")
 		v.JSON = w.fields > 0
 		v.Whole = ok && start == len(body)-len(trim) && strings.TrimSpace(body[w.i:]) == ""
+		if v.JSON && !ok {
+			// A broken object (cut short, quotes mangled by a wrapper):
+			// what the walk could not read is still the error's text.
+			v.addText(body[start:])
+			v.noteText(body[start:])
+		}
 		if v.JSON || v.Whole {
 			return
 		}
@@ -213,10 +267,14 @@ func (v *View) digestBody(body string) {
 		t = t[:maxPageBytes]
 		v.TextFull = true
 	}
-	v.Text = appendLower(v.Text, t)
+	v.Text = appendLowerText(v.Text, t)
+	if !v.HTML {
+		v.noteKeyValues(v.Text)
+		v.noteText(t)
+	}
 	if v.HTML {
-		if i := bytes.Index(v.Text, []byte("<title>")); i >= 0 {
-			if j := bytes.Index(v.Text[i:], []byte("</title>")); j > 0 {
+		if i := ascii.IndexFold(t, "<title>"); i >= 0 {
+			if j := ascii.IndexFold(t[i:], "</title>"); j > 0 {
 				v.TitleLo, v.TitleHi = i+len("<title>"), i+j
 			}
 		}
@@ -289,11 +347,58 @@ func objectStart(s string, lim int) int {
 			return -1
 		}
 		i += j
-		if i+1 < len(s) && (s[i+1] == '"' || s[i+1] == '\'') {
+		if i+1 < len(s) && (s[i+1] == '"' || s[i+1] == '\'') || jsKeyAt(s, i+1) {
 			return i
 		}
 	}
 	return -1
+}
+
+// jsKeyAt reports whether s holds, at i, a JavaScript object key as Node
+// prints one: " error: " (a space, an identifier, a colon).
+func jsKeyAt(s string, i int) bool {
+	if i >= len(s) || s[i] != ' ' {
+		return false
+	}
+	i++
+	j := i
+	for j < len(s) && (isLetter(s[j]) || s[j] == '_' || j > i && isDigit(s[j])) {
+		j++
+	}
+	return j > i && j < len(s) && s[j] == ':'
+}
+
+// sseErrorEvent returns where the data of the last error event of an SSE
+// stream starts in body, or -1: an "event: error" line's data, or a data
+// line whose object has an "error" key. Only a body that starts as a
+// stream ("data:" or "event:") is read so.
+func sseErrorEvent(body string) int {
+	if !strings.HasPrefix(body, "data:") && !strings.HasPrefix(body, "event:") {
+		return -1
+	}
+	found, errEvent := -1, false
+	for off := 0; off < len(body); {
+		end := strings.IndexByte(body[off:], '\n')
+		if end < 0 {
+			end = len(body)
+		} else {
+			end += off
+		}
+		line := strings.TrimRight(body[off:end], "\r")
+		switch {
+		case strings.HasPrefix(line, "event:"):
+			errEvent = strings.TrimSpace(line[len("event:"):]) == "error"
+		case strings.HasPrefix(line, "data:"):
+			d := strings.TrimLeft(line[len("data:"):], " ")
+			if strings.HasPrefix(d, "{") && (errEvent || strings.Contains(d, `"error"`)) {
+				found = off + len(line) - len(d)
+			}
+		case line == "":
+			errEvent = false
+		}
+		off = end + 1
+	}
+	return found
 }
 
 // digestTransport reads an error object a client library put in its error
@@ -311,7 +416,9 @@ func (v *View) digestTransport(t string) {
 	if w.fields == 0 || !v.BodyError {
 		// Not an error object: forget what the walk collected.
 		v.Text, v.CodeBuf, v.NCodes, v.Msg, v.jsonCode = v.Text[:0], v.CodeBuf[:0], 0, NoSpan, 0
+		v.Words = v.Words[:0]
 		v.RetryDelay, v.RetryAfterSec, v.BodyError, v.HasContent = NoSpan, 0, false, false
+		v.sawErrCode, v.sawMsg, v.nidents = false, false, 0
 		for k := 0; k < v.ndocs; k++ {
 			v.docs[k] = ""
 		}

@@ -3,6 +3,8 @@
 // and redaction triggers, built once per classifier.
 package pattern
 
+import "strings"
+
 // Set is an Aho–Corasick automaton over lower-case patterns: every
 // rule's body patterns (and the hint phrases and redaction triggers) of a
 // Classifier, built once. One pass over an outcome's error text, on first
@@ -13,9 +15,12 @@ package pattern
 // keeps its table small enough for the L1 cache; when such a prefix ends at
 // a text position, the rest of a longer pattern is verified there.
 type Set struct {
-	ids    map[string]int32 // pattern → id
-	pb     [][]byte         // id → pattern
-	class  [256]uint8       // byte → alphabet class; 0 = in no pattern
+	ids map[string]int32 // pattern (with its boundary flags) → id
+	pb  [][]byte         // id → pattern
+	// bound holds, per id, which ends of the pattern must fall on a word
+	// boundary (boundLeft, boundRight); 0 for a plain substring.
+	bound  []uint8
+	class  [256]uint8 // byte → alphabet class; 0 = in no pattern
 	nclass int
 	next   []int32 // DFA: state*nclass+class → state (large automata)
 	// next16 is the same table, premultiplied for small automata: entry
@@ -28,20 +33,84 @@ type Set struct {
 	div    uint64
 	outLo  []int32 // patterns ending in a state: outIDs[outLo[s]:outLo[s+1]]
 	outIDs []int32
+	// fold: '-' and '_' are a space, in patterns and in the text (see
+	// FoldSeparators).
+	fold bool
 }
 
-// Add registers a lower-case, non-empty pattern and returns its id.
-func (p *Set) Add(pat string) int32 {
+// FoldSeparators makes '-', '_' and ' ' one character for this set, before
+// any pattern is added: "rate limit" then also matches "rate-limit" and
+// "rate_limit", and the spellings cost one pattern and one alphabet class
+// instead of three.
+func (p *Set) FoldSeparators() { p.fold = true }
+
+func foldSep(b byte) byte {
+	if b == '-' || b == '_' {
+		return ' '
+	}
+	return b
+}
+
+// Boundary flags of a word pattern (AddWord).
+const (
+	boundLeft  uint8 = 1 << iota // the byte before the match is not a word byte
+	boundRight                   // the byte after the match is not a word byte
+)
+
+// Add registers a lower-case, non-empty pattern, matched anywhere, and
+// returns its id.
+func (p *Set) Add(pat string) int32 { return p.add(pat, 0) }
+
+// AddWord registers a lower-case, non-empty pattern matched on word
+// boundaries and returns its id: an ASCII letter or digit at either end of
+// the pattern must not continue into the text around the match ("quota"
+// is not in "quotas", "rpm" is not in "rpms"), so a short word cannot hit
+// inside a longer one. A trailing '*' lifts the right boundary: "throttl*"
+// matches "throttled" and "throttling". Ends that are not ASCII letters or
+// digits (CJK, punctuation) need no boundary: Chinese is written without
+// spaces.
+func (p *Set) AddWord(pat string) int32 {
+	var b uint8
+	if strings.HasSuffix(pat, "*") {
+		pat = strings.TrimSuffix(pat, "*")
+	} else if wordByte(pat[len(pat)-1]) {
+		b |= boundRight
+	}
+	if wordByte(pat[0]) {
+		b |= boundLeft
+	}
+	return p.add(pat, b)
+}
+
+func (p *Set) add(pat string, bound uint8) int32 {
 	if p.ids == nil {
 		p.ids = make(map[string]int32)
 	}
-	if id, ok := p.ids[pat]; ok {
+	if p.fold && strings.ContainsAny(pat, "-_") {
+		b := []byte(pat)
+		for i := range b {
+			b[i] = foldSep(b[i])
+		}
+		pat = string(b)
+	}
+	key := pat
+	if bound != 0 {
+		key = string(rune('0'+bound)) + "\x00" + pat
+	}
+	if id, ok := p.ids[key]; ok {
 		return id
 	}
 	id := int32(len(p.ids))
-	p.ids[pat] = id
+	p.ids[key] = id
 	p.pb = append(p.pb, []byte(pat))
+	p.bound = append(p.bound, bound)
 	return id
+}
+
+// wordByte reports whether b is an ASCII letter or digit: the bytes a word
+// boundary separates.
+func wordByte(b byte) bool {
+	return b >= 'a' && b <= 'z' || b >= '0' && b <= '9' || b >= 'A' && b <= 'Z'
 }
 
 // acPrefix is how many leading bytes of a pattern the automaton holds.
@@ -52,9 +121,9 @@ func (p *Set) Words() int { return (len(p.ids) + 63) / 64 }
 
 // Build compiles the automaton after every pattern was added.
 func (p *Set) Build() {
-	pats := make([]string, len(p.ids))
-	for s, id := range p.ids {
-		pats[id] = s
+	pats := make([]string, len(p.pb))
+	for id, b := range p.pb {
+		pats[id] = string(b)
 	}
 	// Alphabet: every byte in the automaton's part of a pattern (its first
 	// acPrefix bytes) gets a class. A byte only ever after that part leaves
@@ -72,6 +141,9 @@ func (p *Set) Build() {
 				p.nclass++
 			}
 		}
+	}
+	if p.fold {
+		p.class['-'], p.class['_'] = p.class[' '], p.class[' ']
 	}
 	// Trie.
 	type node struct {
@@ -231,14 +303,37 @@ func (p *Set) mark(s int, text []byte, i int, hits []uint64) {
 			continue
 		}
 		pat := p.pb[id]
+		start := i + 1 - len(pat)
 		if len(pat) > acPrefix {
-			start := i + 1 - acPrefix
-			if len(text)-start < len(pat) || string(text[start:start+len(pat)]) != string(pat) {
+			start = i + 1 - acPrefix
+			if len(text)-start < len(pat) || !p.equal(text[start:start+len(pat)], pat) {
+				continue
+			}
+		}
+		if b := p.bound[id]; b != 0 {
+			if b&boundLeft != 0 && start > 0 && wordByte(text[start-1]) {
+				continue
+			}
+			if end := start + len(pat); b&boundRight != 0 && end < len(text) && wordByte(text[end]) {
 				continue
 			}
 		}
 		hits[id>>6] |= 1 << (id & 63)
 	}
+}
+
+// equal compares a text window with a pattern, folding separators when the
+// set does.
+func (p *Set) equal(text, pat []byte) bool {
+	if !p.fold {
+		return string(text) == string(pat)
+	}
+	for i, b := range text {
+		if foldSep(b) != pat[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // Hit reports whether pattern id is marked in hits.
