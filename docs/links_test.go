@@ -10,7 +10,7 @@ import (
 
 var (
 	mdLink   = regexp.MustCompile(`\]\(([^)\s]+)\)`)
-	mdName   = regexp.MustCompile("[A-Za-z0-9_./-]+\\.md\\b")
+	mdName   = regexp.MustCompile(`[A-Za-z0-9_./-]+\.md\b`)
 	heading  = regexp.MustCompile(`(?m)^#+ (.+)$`)
 	notSlug  = regexp.MustCompile(`[^a-z0-9 _-]`)
 	tableRow = regexp.MustCompile("^\\s*\\| `(failbus\\.[^`]+)`[^|]*\\| (FAILBUS_[A-Z_]+) \\|")

@@ -239,7 +239,24 @@ type Options struct {
 	// max_payload). Values are -1 or positive. The services set
 	// StreamTasks' from the policy's limits.task_bytes.
 	MaxMsgSize map[string]int32
+
+	// AckWait is every durable consumer's lease on a first delivery: how
+	// long a message delivered but never acknowledged waits before it is
+	// redelivered — its service died, or it was in flight to a cluster node
+	// that went away (the node loss's stall: see docs/DEPLOY.md). It
+	// replaces the first step of each consumer's backoff; the later ones
+	// (1m, 2m, 5m) stay. The runners keep inputs waiting for a worker
+	// alive and slow handlers heartbeat at a third of it, so a short one
+	// redelivers only what a dead or starved process held. Defaults to
+	// the consumers' own (30s). Must be at least MinAckWait and at most
+	// the backoff's next step.
+	AckWait time.Duration
 }
+
+// MinAckWait is the shortest Options.AckWait: below it, a process paused
+// for a moment (a long GC, a loaded machine) would see its inputs
+// redelivered to another replica while it still handles them.
+const MinAckWait = 2 * time.Second
 
 // resolved is the topology with Options applied: what Apply sends.
 type resolved struct {
@@ -323,7 +340,21 @@ func (o Options) resolve(t *topo) (*resolved, error) {
 		r.streams = append(r.streams, c)
 	}
 	for _, d := range t.consumers {
-		r.consumers = append(r.consumers, consumerDef{stream: d.stream, cfg: cloneConsumer(d.cfg)})
+		c := cloneConsumer(d.cfg)
+		if o.AckWait != 0 && c.AckPolicy != jetstream.AckNonePolicy {
+			most := MaxRedeliveryDelay
+			if len(c.BackOff) > 1 {
+				most = c.BackOff[1]
+			}
+			if o.AckWait < MinAckWait || o.AckWait > most {
+				return nil, fmt.Errorf("options: AckWait %v: must be between %v and %v (consumer %s)", o.AckWait, MinAckWait, most, c.Durable)
+			}
+			c.AckWait = o.AckWait
+			if len(c.BackOff) > 0 {
+				c.BackOff[0] = o.AckWait // the server takes the first delivery's wait from here
+			}
+		}
+		r.consumers = append(r.consumers, consumerDef{stream: d.stream, cfg: c})
 	}
 	for _, b := range t.buckets {
 		c := cloneBucket(b)

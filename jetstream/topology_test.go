@@ -564,7 +564,22 @@ func TestApplyOptions(t *testing.T) {
 		MaxAge:          map[string]time.Duration{topology.StreamDLQ: time.Hour},
 		MaxBytes:        map[string]int64{topology.StreamOutcomes: 1 << 30},
 		BucketTTL:       map[string]time.Duration{topology.BucketRefusals: 0},
+		AckWait:         5 * time.Second,
 	})
+	for _, name := range topology.Consumers() {
+		stream, want, _ := topology.Consumer(name)
+		c, err := b.js.Consumer(b.ctx, stream, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := c.CachedInfo().Config
+		if want.AckPolicy == jetstream.AckNonePolicy {
+			continue
+		}
+		if got.AckWait != 5*time.Second || len(got.BackOff) != len(want.BackOff) || len(got.BackOff) > 0 && (got.BackOff[0] != 5*time.Second || got.BackOff[1] != want.BackOff[1]) {
+			t.Errorf("%s: ack wait %v, backoff %v; want 5s, the first step 5s and the rest as %v", name, got.AckWait, got.BackOff, want.BackOff)
+		}
+	}
 	for _, s := range topology.Streams() {
 		st, err := b.js.Stream(b.ctx, s.Name)
 		if err != nil {
@@ -612,6 +627,8 @@ func TestApplyRejectsBadOptions(t *testing.T) {
 		{"zero max bytes", topology.Options{MaxBytes: map[string]int64{topology.StreamDLQ: 0}}, "MaxBytes[FAILBUS_DLQ]"},
 		{"ttl for an unknown bucket", topology.Options{BucketTTL: map[string]time.Duration{"REFUSALS": time.Hour}}, "REFUSALS"},
 		{"negative ttl", topology.Options{BucketTTL: map[string]time.Duration{topology.BucketCrons: -1}}, "BucketTTL[FAILBUS_CRONS]"},
+		{"an ack wait a pause would outlast", topology.Options{AckWait: time.Second}, "AckWait"},
+		{"an ack wait beyond the backoff's next step", topology.Options{AckWait: 2 * time.Minute}, "AckWait"},
 	}
 	b := setup(t)
 	for _, tt := range tests {

@@ -42,7 +42,9 @@ import (
 // diffScenario is the scenario: outcomes on several providers (an outage of
 // openai on both profiles and its recovery, 429s with retry-after and
 // retry-after-ms hints, an auth fault on one profile, a model fault, 503s
-// backing off, a context overflow), content refusals of one session with a
+// backing off, a context overflow, groq failing most calls with 503 and
+// 529 on both profiles — degraded, then down when none succeed), content
+// refusals of one session with a
 // boundary between its segments up to a freeze, and more non-critical
 // notifications than the policy's daily budget of 2. Its times start at
 // diffBase; the test moves them to the recent past.
@@ -54,14 +56,14 @@ const (
 	diffSpan = 55 * time.Second
 )
 
-// diffPolicy runs the scenario: no jitter (the scheduler's randomness is
-// not simulate's), short scope and refusal windows, a budget of 2, no
+// diffPolicy runs the scenario: the default jitter (drawn from each
+// outcome's id on the bus and in simulate alike), short scope and refusal
+// windows, a budget of 2, no
 // outage probes within the scenario's minute (simulate's clock is the
 // records', the bus's is real), and a webhook that records what is sent
 // (%s is its URL).
 const diffPolicy = `
 retry:
-  jitter_ratio: 0
   initial_delay: 1s
   max_delay: 30s
 scope:
@@ -126,7 +128,8 @@ func TestEngineSimulateAndDevDecideTheSame(t *testing.T) {
 
 	// The scenario did exercise what it is for.
 	want := map[string][]string{
-		"health":       {`"state":"outage"`, `"state":"degraded"`, `"state":"recovered"`},
+		"health": {`"state":"outage"`, `"state":"degraded"`, `"state":"recovered"`,
+			`failed on the provider's side (overloaded, server_error), on every profile (q1, q2)`, `every profile (q1, q2) fails on the provider's side`},
 		"decision":     {`"action":"wait_provider"`, `"delay_ms":3000`, `"delay_ms":1500`, `"action":"switch_profile"`, `"action":"switch_model"`, `"action":"compact"`, `"action":"skip_provider"`, `"retry":2`},
 		"notification": {`"dedupe_key":"provider-outage:openai:`, `"dedupe_key":"` + notification.DigestKeyPrefix, `"dedupe_key":"provider-refusal:s3#1:2:anthropic"`},
 		"recovery":     {`"step":"confirm"`, `"done":true`},
@@ -277,7 +280,7 @@ func policyBus(t *testing.T, name, polFile string, specs ...servicemain.Spec) *d
 func simulateRecords(t *testing.T, polFile, input string) map[string][]string {
 	t.Helper()
 	var simOut, simErr bytes.Buffer
-	if code := simulate.Command.Run([]string{"--policy", polFile, "--seed", "1"}, strings.NewReader(input), &simOut, &simErr); code != 0 {
+	if code := simulate.Command.Run([]string{"--policy", polFile}, strings.NewReader(input), &simOut, &simErr); code != 0 {
 		t.Fatalf("failbus simulate exited %d: %s", code, simErr.String())
 	}
 	sim := map[string][]string{}

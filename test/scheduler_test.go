@@ -88,11 +88,14 @@ func (b *schBench) startScheduler(opts scheduler.Config) *scheduler.Service {
 	return s
 }
 
-// schClassified is a retryable failure with a provider's hint of afterMS.
+// schClassified is a retryable failure with a provider's hint of afterMS:
+// a 429 of the only profile (neither a provider-wide rate limit nor, as
+// thousands of 5xx without a success would be, a provider that is down),
+// so each is a retry after the hint.
 func schClassified(id, agentName string, turn, step int, afterMS int64) *events.Classification {
 	return &events.Classification{
 		OutcomeID: id, At: events.At(time.Now()), Agent: agentName, Provider: "openai", Model: "gpt-4.1", Profile: "key-a",
-		Class: events.ClassServerError, Retryable: true, Scope: events.ScopeProvider, Rule: "test",
+		Class: events.ClassRateLimit, Retryable: true, Scope: events.ScopeProfile, Rule: "test",
 		Session: "s", Segment: 1, Turn: turn, Step: step,
 		Hints: &events.RetryHints{AfterMS: afterMS, Source: "retry-after-ms"},
 	}

@@ -51,3 +51,27 @@ func TestCLIDispatch(t *testing.T) {
 		seen[c.Name] = true
 	}
 }
+
+// TestHelpNamesEachFlagsArgumentInOneWord: the flag package takes text in
+// backquotes in a flag's usage for the name of its argument, so a usage
+// quoting a command (`failbus auth init`) printed "-nkey failbus auth
+// init"; every flag line of every command's help names one argument at
+// most.
+func TestHelpNamesEachFlagsArgumentInOneWord(t *testing.T) {
+	t.Parallel()
+	for _, c := range commands {
+		var stdout, stderr bytes.Buffer
+		if code := run([]string{"help", c.Name}, &stdout, &stderr); code != 0 {
+			t.Errorf("help %s: exit %d: %s", c.Name, code, stderr.String())
+			continue
+		}
+		for _, line := range strings.Split(stdout.String(), "\n") {
+			if !strings.HasPrefix(line, "  -") {
+				continue
+			}
+			if f := strings.Fields(line); len(f) > 2 {
+				t.Errorf("help %s: %q names its argument %q", c.Name, line, strings.Join(f[1:], " "))
+			}
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"strconv"
 )
 
 // MaxLine bounds one input line of the offline commands (classify,
@@ -55,4 +56,13 @@ func readLine(r *bufio.Reader) (line []byte, tooLong bool, err error) {
 			return line, tooLong, nil
 		}
 	}
+}
+
+// Count is n and word, in the plural unless n is 1: "1 line", "2 lines",
+// "0 duplicates". word must take a plain -s.
+func Count(n int, word string) string {
+	if n == 1 {
+		return "1 " + word
+	}
+	return strconv.Itoa(n) + " " + word + "s"
 }

@@ -75,6 +75,17 @@ func (p *Progress) Add(n uint64) {
 	}
 }
 
+// Label changes what the line says is being done (the stream being read,
+// say), so a slow part of a long read is named.
+func (p *Progress) Label(label string) {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	p.label = label
+	p.mu.Unlock()
+}
+
 // Done draws the final count and ends the line.
 func (p *Progress) Done() {
 	if p == nil {

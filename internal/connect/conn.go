@@ -239,6 +239,18 @@ func (c *Conn) FailFast(ctx context.Context) (_ context.Context, stop func()) {
 	}
 }
 
+// Denied returns the *PermissionError a FailFast context ended with, or
+// nil when ctx has not ended or ended otherwise (cancelled, timed out):
+// a loop that takes the end of its context for "stop" (Ctrl-C) must not
+// take a denial for one and report success.
+func Denied(ctx context.Context) error {
+	var pe *PermissionError
+	if errors.As(context.Cause(ctx), &pe) {
+		return pe
+	}
+	return nil
+}
+
 // User is the name the connection logs in as (Options.UserName).
 func (c *Conn) User() string { return c.user }
 

@@ -95,7 +95,7 @@ type Options struct {
 func (o *Options) Register(fs *flag.FlagSet) {
 	fs.StringVar(&o.Servers, "server", o.Servers, "NATS server URL(s), comma-separated (env "+EnvServer+"; default "+DefaultServer+")")
 	fs.StringVar(&o.Creds, "creds", o.Creds, "NATS credentials file (env "+EnvCreds+")")
-	fs.StringVar(&o.Nkey, "nkey", o.Nkey, "nkey seed file, e.g. one written by `failbus auth init` (env "+EnvNkey+")")
+	fs.StringVar(&o.Nkey, "nkey", o.Nkey, "nkey seed file, e.g. one written by failbus auth init (env "+EnvNkey+")")
 	fs.StringVar(&o.User, "user", o.User, "user name (env "+EnvUser+")")
 	fs.StringVar(&o.Password, "password", o.Password, "password (env "+EnvPassword+")")
 	fs.StringVar(&o.TLSCA, "tls-ca", o.TLSCA, "CA certificate(s) that signed the server's, PEM; requires TLS (env "+EnvTLSCA+")")

@@ -50,6 +50,15 @@ type Options struct {
 	// Specs are the services to run, in start order. Defaults to
 	// services.All() with every flag at its default.
 	Specs []servicemain.Spec
+	// Nodes, above 1, runs that many servers instead of one, routed to
+	// each other as a cluster on loopback (`failbus dev --nodes 3`): store
+	// folders <Server.Dir>/n1…, client ports Server.Port, Server.Port+1, …
+	// (free ones for 0), the topology at Nodes replicas, every service
+	// given every node's URL so it fails over. Server.Dir is required.
+	Nodes int
+	// AckWait is every consumer's lease on a first delivery
+	// (topology.Options.AckWait); 0: the consumers' own (30s).
+	AckWait time.Duration
 	// Auth, when set, runs the server with these users (auth.Init's
 	// directory; `failbus dev --auth`): a connection without credentials
 	// is refused, the topology is applied as the admin, and each service
@@ -61,8 +70,10 @@ type Options struct {
 // Bus is an embedded nats-server with the topology applied and every
 // service running against it.
 type Bus struct {
-	// Srv is the embedded server.
+	// Srv is the embedded server (the first node's, with several).
 	Srv *embedded.Server
+	// Nodes are the servers, in order (one, unless Options.Nodes).
+	Nodes []*Node
 	// JS is the admin's JetStream context (the topology, tools, tests);
 	// each service has its own connection.
 	JS jetstream.JetStream
@@ -102,22 +113,46 @@ func Start(o Options) (_ *Bus, err error) {
 	if o.Auth != nil && o.Server.ConfigFile == "" {
 		o.Server.ConfigFile = o.Auth.ConfPath()
 	}
-	var srv *embedded.Server
-	// Every goroutine the server starts (its client connections,
-	// JetStream's stream and consumer loops) carries the profiler label
-	// failbus=nats-server, each service's its own name (labelled): `go
-	// tool pprof -tags` on a CPU profile of `failbus bench` or `failbus
-	// dev` then splits the CPU between the server and each service.
-	labelled("nats-server", func() { srv, err = embedded.Start(o.Server) })
+	nodeOpts, err := nodeOptions(o.Server, o.Nodes)
 	if err != nil {
 		return nil, err
 	}
-	b := &Bus{Srv: srv, Registry: reg, failed: make(chan struct{})}
+	b := &Bus{Registry: reg, failed: make(chan struct{})}
+	for i, no := range nodeOpts {
+		name := fmt.Sprintf("n%d", i+1)
+		b.Nodes = append(b.Nodes, &Node{Name: name, opts: no})
+	}
 	defer func() {
 		if err != nil {
 			_ = b.Stop()
 		}
 	}()
+	// Every goroutine a server starts (its client connections,
+	// JetStream's stream and consumer loops) carries the profiler label
+	// failbus=nats-server, each service's its own name (labelled): `go
+	// tool pprof -tags` on a CPU profile of `failbus bench` or `failbus
+	// dev` then splits the CPU between the server and each service.
+	// Several nodes start together: each waits for its routes.
+	var startErrs = make([]error, len(b.Nodes))
+	var sg sync.WaitGroup
+	for i, n := range b.Nodes {
+		sg.Go(func() { startErrs[i] = n.start() })
+	}
+	sg.Wait()
+	if err := errors.Join(startErrs...); err != nil {
+		return nil, err
+	}
+	b.Srv = b.Nodes[0].Server()
+	replicas := 0
+	if len(b.Nodes) > 1 {
+		replicas = len(b.Nodes)
+		wctx, cancel := context.WithTimeout(context.Background(), StartTimeout)
+		err := waitJetStream(wctx, b.URL())
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("cluster of %d nodes: %w", len(b.Nodes), err)
+		}
+	}
 	var admin *connect.Conn
 	labelled(auth.RoleAdmin, func() { admin, err = b.connectAs(o.Auth, auth.RoleAdmin, o.Log) })
 	if err != nil {
@@ -129,7 +164,7 @@ func Start(o Options) (_ *Bus, err error) {
 	}
 	actx, cancel := context.WithTimeout(context.Background(), StartTimeout)
 	defer cancel()
-	if err := topology.Apply(actx, b.JS, servicemain.TopologyOptions(pol, 0)); err != nil {
+	if err := topology.Apply(actx, b.JS, servicemain.TopologyOptions(pol, replicas, o.AckWait)); err != nil {
 		return nil, fmt.Errorf("apply topology: %w", err)
 	}
 	ctx, stop := context.WithCancel(context.Background())
@@ -188,8 +223,14 @@ type serverCheck struct {
 // /healthz without the HTTP: JetStream enabled and every stream without a
 // write error, answered within serverCheckTimeout. Callers share the
 // check in flight, so a server that stopped answering costs one goroutine,
-// not one per /healthz request.
+// not one per /healthz request. A bus of several nodes is not judged by
+// any one of them (Options.Nodes): a node whose disk fails shuts its own
+// JetStream down and the others go on, and a node is stopped on purpose
+// now and then; its services' own checks say whether it can store.
 func (b *Bus) serverHealthy() error {
+	if len(b.Nodes) > 1 {
+		return nil
+	}
 	c := &b.check
 	c.mu.Lock()
 	if c.running == nil {
@@ -316,7 +357,7 @@ func (b *Bus) Denials() []connect.Denial {
 // connectAs connects to the bus's server as role: with role's seed in set,
 // or without credentials when set is nil.
 func (b *Bus) connectAs(set *auth.Set, role string, log zerolog.Logger) (*connect.Conn, error) {
-	o := connect.Options{Servers: b.Srv.ClientURL()}
+	o := connect.Options{Servers: b.URL()}
 	if set != nil {
 		if o.Nkey = set.Seed(role); o.Nkey == "" {
 			return nil, fmt.Errorf("%s: no user for it in %s (run failbus auth init again)", role, set.Dir)
@@ -376,19 +417,21 @@ func (b *Bus) Stop() error {
 	for _, c := range b.conns { // the admin's and every service's
 		c.Close()
 	}
-	if b.Srv != nil {
-		down := make(chan struct{})
-		go func() {
-			b.Srv.Shutdown()
-			close(down)
-		}()
-		select {
-		case <-down:
-		case <-time.After(ServerShutdownTimeout):
-			b.mu.Lock()
-			b.errs = append(b.errs, fmt.Errorf("the embedded nats-server did not shut down within %v (a stream stuck on its store): left as it is", ServerShutdownTimeout))
-			b.mu.Unlock()
-		}
+	var sg sync.WaitGroup
+	for _, n := range b.Nodes {
+		sg.Go(n.stop)
+	}
+	down := make(chan struct{})
+	go func() {
+		sg.Wait()
+		close(down)
+	}()
+	select {
+	case <-down:
+	case <-time.After(ServerShutdownTimeout):
+		b.mu.Lock()
+		b.errs = append(b.errs, fmt.Errorf("the embedded nats-server did not shut down within %v (a stream stuck on its store): left as it is", ServerShutdownTimeout))
+		b.mu.Unlock()
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()

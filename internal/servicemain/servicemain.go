@@ -83,6 +83,7 @@ type common struct {
 	conn                          connect.Options
 	opsAddr, policyFile, logLevel string
 	replicas                      int
+	ackWait                       time.Duration
 	apply, noApply, checkHealth   bool
 	shutdownTimeout               time.Duration
 }
@@ -99,6 +100,7 @@ func Run(ctx context.Context, spec Spec, args []string, stderr io.Writer) int {
 	fs.StringVar(&c.opsAddr, "ops-addr", EnvString(opsEnv, spec.DefaultOpsAddr), "address of /metrics and /healthz (env "+opsEnv+")")
 	fs.StringVar(&c.policyFile, "policy", EnvString("FAILBUS_POLICY", ""), "policy file (env FAILBUS_POLICY); default policy when empty")
 	fs.IntVar(&c.replicas, "replicas", EnvInt("FAILBUS_REPLICAS", topology.DefaultReplicas), "stream replicas when applying the topology (env FAILBUS_REPLICAS)")
+	fs.DurationVar(&c.ackWait, "ack-wait", 0, "when applying the topology: every consumer's lease on a first delivery, what a node loss stalls for at most (default 30s; as failbus apply was given)")
 	fs.BoolVar(&c.apply, "apply-topology", true, "create or update the streams, consumers and buckets at start")
 	fs.BoolVar(&c.noApply, "no-apply", false, "do not touch the topology (same as --apply-topology=false): for a service running with its own role's credentials, while the admin applies the topology")
 	fs.StringVar(&c.logLevel, "log-level", EnvString("FAILBUS_LOG_LEVEL", "info"), "debug, info, warn or error (env FAILBUS_LOG_LEVEL)")
@@ -214,7 +216,7 @@ func serve(ctx context.Context, spec Spec, c common, pol *policy.Policy, log zer
 	if c.apply {
 		actx, cancel := context.WithTimeout(ctx, ApplyTimeout)
 		actx, stop := nc.FailFast(actx)
-		err := topology.Apply(actx, js, TopologyOptions(pol, c.replicas))
+		err := topology.Apply(actx, js, TopologyOptions(pol, c.replicas, c.ackWait))
 		stop()
 		cancel()
 		if err != nil {
@@ -268,8 +270,12 @@ func RunBounded(ctx context.Context, svc Service, timeout time.Duration, log zer
 // every binary applying the topology at start agrees on them (otherwise the
 // last one started would win): the refusal bucket's TTL is the policy's
 // refusal.state_ttl, the backstop that retires what no boundary does.
-func TopologyOptions(pol *policy.Policy, replicas int) topology.Options {
-	o := topology.Options{Replicas: replicas}
+//
+// ackWait is every consumer's lease on a first delivery
+// (topology.Options.AckWait; 0: the consumers' own, 30s): on a cluster, it
+// bounds how long classification stalls after a node loss.
+func TopologyOptions(pol *policy.Policy, replicas int, ackWait time.Duration) topology.Options {
+	o := topology.Options{Replicas: replicas, AckWait: ackWait}
 	if pol == nil {
 		return o
 	}

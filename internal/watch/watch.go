@@ -26,6 +26,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/failbus/failbus/internal/connect"
 )
 
 // DefaultInactiveThreshold bounds how long the server keeps the ordered
@@ -150,7 +152,8 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Reader, err
 func (r *Reader) Pending() uint64 { return r.pending }
 
 // Run calls fn with every message in stream order until fn returns an error
-// (ErrStop: nil), ctx ends (nil), Close is called (nil), or, without Follow,
+// (ErrStop: nil), ctx ends (nil; its cause when that is a permission the
+// server denied), Close is called (nil), or, without Follow,
 // the messages selected when the reader opened are read. A message stored
 // after the read began may be included when it arrives before the last of
 // those. Run does not close the reader.
@@ -169,6 +172,11 @@ func (r *Reader) Run(ctx context.Context, fn func(jetstream.Msg) error) error {
 	for {
 		m, err := r.next(ctx)
 		if err != nil {
+			if cause := connect.Denied(ctx); cause != nil {
+				// A denial ended the read: it failed, and must not pass
+				// for a read of an empty stream.
+				return fmt.Errorf("read %s: %w", r.cfg.Stream, cause)
+			}
 			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
 				return nil
 			}

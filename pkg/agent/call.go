@@ -246,7 +246,7 @@ func Call[T any](ctx context.Context, a *Agent, req Request, fn func(context.Con
 			}
 		}
 		at := &Attempt{Target: target, N: n, req: &req, touch: make(chan struct{}, 1)}
-		res, ev, err := runAttempt(ctx, at, fn, req.StallAfter, req.Describe)
+		res, ev, _ := runAttempt(ctx, at, fn, req.StallAfter, req.Describe)
 		if ctx.Err() != nil {
 			return zero, trail, ctx.Err()
 		}

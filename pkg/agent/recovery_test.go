@@ -210,3 +210,25 @@ func TestHandleControls(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A task whose payload holds JSON bytes instead of msgpack is refused by
+// SubmitTask, saying so, and nothing reaches the bus (it would be a dead
+// letter there: "trailing bytes after the message").
+func TestSubmitTaskRefusesAJSONPayload(t *testing.T) {
+	b := setup(t)
+	ag, _ := agent.New(b.nc, "coord")
+	err := ag.SubmitTask(b.ctx, &events.Task{Provider: "openai", Kind: "research", Payload: events.Raw(`{"q":"why"}`)})
+	if !errors.Is(err, events.ErrRawNotMsgpack) || !strings.Contains(err.Error(), "events.RawJSON") {
+		t.Fatalf("SubmitTask with JSON bytes: %v; want ErrRawNotMsgpack naming the helper", err)
+	}
+	payload, err := events.RawOf(map[string]string{"q": "why"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ag.SubmitTask(b.ctx, &events.Task{Provider: "openai", Kind: "research", Payload: payload}); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.count(t, topology.StreamTasks, events.TaskSubject("openai", "coord")); n != 1 {
+		t.Fatalf("%d tasks stored, want only the msgpack one", n)
+	}
+}

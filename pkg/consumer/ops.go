@@ -19,12 +19,14 @@ import (
 //   - GET /metrics: the Prometheus text format of gatherer (an empty registry
 //     when nil);
 //   - GET /healthz: 200 "ok" when health returns nil (or is nil), else 503
-//     with the error text.
+//     with the error text;
 //
-// It returns the bound address (useful with port 0) once the listener is
-// open; serving happens in the background. Bind to loopback unless a
-// scraper elsewhere needs it: the endpoints have no authentication.
-func ServeOps(ctx context.Context, addr string, gatherer prometheus.Gatherer, health func() error, log zerolog.Logger) (string, error) {
+// and any extra endpoints a process adds (`failbus dev --nodes 3`: stop
+// and start a node). It returns the bound address (useful with port 0)
+// once the listener is open; serving happens in the background. Bind to
+// loopback unless a scraper elsewhere needs it: the endpoints have no
+// authentication.
+func ServeOps(ctx context.Context, addr string, gatherer prometheus.Gatherer, health func() error, log zerolog.Logger, extra ...OpsEndpoint) (string, error) {
 	if gatherer == nil {
 		gatherer = prometheus.NewRegistry()
 	}
@@ -46,6 +48,9 @@ func ServeOps(ctx context.Context, addr string, gatherer prometheus.Gatherer, he
 		}
 		fmt.Fprintln(w, "ok")
 	})
+	for _, e := range extra {
+		mux.Handle(e.Pattern, e.Handler)
+	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	bound := ln.Addr().String()
 	go func() {
@@ -60,6 +65,13 @@ func ServeOps(ctx context.Context, addr string, gatherer prometheus.Gatherer, he
 	})
 	log.Info().Str("addr", bound).Msg("serving /metrics and /healthz")
 	return bound, nil
+}
+
+// OpsEndpoint is one more endpoint of ServeOps: an http.ServeMux pattern
+// ("POST /nodes/{name}/stop") and its handler.
+type OpsEndpoint struct {
+	Pattern string
+	Handler http.Handler
 }
 
 // AllHealthy combines health checks into one for ServeOps, so a process

@@ -37,7 +37,7 @@ func (e *Engine) Decide(ctx context.Context, c events.Classification, verdict sc
 		return Decided{}, nil
 	}
 	rp := e.cur.Load().retryFor(c.Provider)
-	u := e.rand()
+	u := retry.JitterU(c.OutcomeID, e.seed)
 	for range MaxConflicts {
 		var (
 			prior *retry.Record

@@ -36,7 +36,6 @@ package engine
 
 import (
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 
@@ -55,21 +54,19 @@ type Config struct {
 	// Stores hold the state. A nil store disables the stages that need
 	// it; use NewMemory for simulate and tests.
 	Stores Stores
-	// Rand supplies uniform numbers in [0, 1) for the backoff jitter; it
-	// must be safe for concurrent use when the engine is. Defaults to a
-	// PCG generator seeded with Seed, behind a mutex.
-	Rand func() float64
-	// Seed seeds the default Rand; the same seed and input give the same
-	// jitter.
+	// Seed varies the backoff jitter's draw: each failure's jitter is
+	// retry.JitterU of its outcome id and Seed, so the same outcome gets
+	// the same delay on the bus, in simulate and in shadow. 0 (the
+	// default) is the bus's draw.
 	Seed uint64
 }
 
 // Engine runs the stages. It is safe for concurrent use when its stores
-// and Rand are.
+// are.
 type Engine struct {
 	cur    atomic.Pointer[compiled]
 	stores Stores
-	rand   func() float64
+	seed   uint64
 
 	// clock is the recovery stage's virtual clock (RecoverDue).
 	clockMu sync.Mutex
@@ -116,22 +113,13 @@ func (c *compiled) retryFor(provider string) *retry.Policy {
 
 // New builds an engine running cfg.Policy on cfg.Stores.
 func New(cfg Config) (*Engine, error) {
-	e := &Engine{stores: cfg.Stores, rand: cfg.Rand}
+	e := &Engine{stores: cfg.Stores, seed: cfg.Seed}
 	p := cfg.Policy
 	if p == nil {
 		p = policy.Default()
 	}
 	if err := e.SetPolicy(p); err != nil {
 		return nil, err
-	}
-	if e.rand == nil {
-		var mu sync.Mutex
-		r := rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15))
-		e.rand = func() float64 {
-			mu.Lock()
-			defer mu.Unlock()
-			return r.Float64()
-		}
 	}
 	return e, nil
 }

@@ -31,7 +31,6 @@ type refusalSim struct {
 	notes    []events.Notification
 	actions  []string
 	agents   []string // turns rotate over these agents
-	boundary int
 }
 
 func newRefusalSim(t *testing.T, cfg refusal.Config) *refusalSim {

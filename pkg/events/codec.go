@@ -315,8 +315,8 @@ func UnmarshalLimits(data []byte, m Message, lim Limits) error {
 	d.r.Reset(data)
 	d.dec.Reset(&d.r)
 	if err := d.dec.Decode(m); err != nil {
-		if f := msgpackField(data, m); f != "" {
-			return &FieldError{Field: f, Problem: cleanErr(err), Err: causeOf(err)}
+		if f, raw := msgpackField(data, m); f != "" {
+			return &FieldError{Field: f, Problem: typeProblem(err, raw), Err: causeOf(err)}
 		}
 		return fmt.Errorf("%w: decode %s: %s", ErrNotFailbus, m.SchemaName(), cleanErr(err))
 	}
@@ -356,12 +356,13 @@ func (d *pooledDecoder) put(payload int) {
 	decoders.Put(d)
 }
 
-// msgpackField finds which key of a msgpack map fails to decode into m's type,
-// by decoding the keys one at a time. It runs only on the error path.
-func msgpackField(data []byte, m Message) string {
+// msgpackField finds which key of a msgpack map fails to decode into m's
+// type, by decoding the keys one at a time, and returns it with its value.
+// It runs only on the error path.
+func msgpackField(data []byte, m Message) (string, msgpack.RawMessage) {
 	var raw map[string]msgpack.RawMessage
 	if err := msgpack.Unmarshal(data, &raw); err != nil {
-		return ""
+		return "", nil
 	}
 	keys := make([]string, 0, len(raw))
 	for k := range raw {
@@ -375,10 +376,55 @@ func msgpackField(data []byte, m Message) string {
 		}
 		probe := New(m.SchemaName())
 		if err := msgpack.Unmarshal(one, probe); err != nil {
-			return k
+			return k, raw[k]
 		}
 	}
-	return ""
+	return "", nil
+}
+
+// typeProblem words a field's decode error for the person who sent it:
+// msgpack's "invalid code=a5 decoding int64" is "want an integer, got a
+// string" (the kind the field takes, the kind of the value sent). Any
+// other error keeps its own words.
+func typeProblem(err error, value []byte) string {
+	s := cleanErr(err)
+	_, hint, found := strings.Cut(s, " decoding ")
+	if !found || !strings.Contains(s, "code=") || len(value) == 0 {
+		return s
+	}
+	want := map[string]string{
+		"int64": "an integer", "uint64": "an integer", "float32": "a number", "float64": "a number",
+		"bool": "true or false", "string/bytes length": "a string", "array length": "a list",
+		"map length": "a map", "nil": "nothing",
+	}[hint]
+	got := msgpackKind(value[0])
+	if want == "" || got == "" {
+		return s
+	}
+	return "want " + want + ", got " + got
+}
+
+// msgpackKind names the kind of msgpack value whose first byte is b.
+func msgpackKind(b byte) string {
+	switch {
+	case b <= 0x7f || b >= 0xe0 || b >= 0xcc && b <= 0xd3:
+		return "an integer"
+	case b <= 0x8f || b == 0xde || b == 0xdf:
+		return "a map"
+	case b <= 0x9f || b == 0xdc || b == 0xdd:
+		return "a list"
+	case b <= 0xbf || b >= 0xd9 && b <= 0xdb:
+		return "a string"
+	case b == 0xc0:
+		return "nil"
+	case b == 0xc2 || b == 0xc3:
+		return "a boolean"
+	case b == 0xca || b == 0xcb:
+		return "a number with a fraction"
+	case b >= 0xc4 && b <= 0xc6:
+		return "binary data"
+	}
+	return "an extension value" // 0xc7–0xc9, 0xd4–0xd8 (a timestamp, say)
 }
 
 // UnmarshalJSON decodes one JSON object into m (offline commands), naming the

@@ -138,7 +138,10 @@ func TestDecodeErrorsNameTheProblem(t *testing.T) {
 		{"no agent", nil, enc(map[string]any{"id": "x", "provider": "p"}), "agent", "required"},
 		{"unreadable time", nil, enc(map[string]any{"id": "x", "agent": "a", "provider": "p", "at": "yesterday"}), "at", "neither RFC 3339"},
 		{"time of wrong type", nil, enc(map[string]any{"id": "x", "agent": "a", "provider": "p", "at": []any{1}}), "at", ""},
-		{"status of wrong type", nil, enc(map[string]any{"id": "x", "agent": "a", "provider": "p", "status": "boom"}), "status", ""},
+		{"status of wrong type", nil, enc(map[string]any{"id": "x", "agent": "a", "provider": "p", "status": "boom"}), "status", "want an integer, got a string"},
+		{"turn as a string", nil, enc(map[string]any{"id": "x", "agent": "a", "provider": "p", "turn": "3"}), "turn", `field "turn": want an integer, got a string`},
+		{"ok as a number", nil, enc(map[string]any{"id": "x", "agent": "a", "provider": "p", "ok": 1}), "ok", "want true or false, got an integer"},
+		{"model as a list", nil, enc(map[string]any{"id": "x", "agent": "a", "provider": "p", "model": []any{"gpt"}}), "model", "want a string, got a list"},
 		{"bad refusal scope", nil, enc(map[string]any{"id": "x", "agent": "a", "provider": "p", "refusal_scope": "all"}), "refusal_scope", "increment or history"},
 		{"negative output budget", nil, enc(map[string]any{"id": "x", "agent": "a", "provider": "p", "max_output_tokens": -1}), "max_output_tokens", "negative"},
 		{"unknown schema", nats.Header{events.HeaderSchema: {"banana/1"}}, enc(map[string]any{"id": "x"}), "", "unknown schema"},
@@ -159,6 +162,9 @@ func TestDecodeErrorsNameTheProblem(t *testing.T) {
 			}
 			if !strings.Contains(err.Error(), c.text) {
 				t.Fatalf("error %q does not say %q", err, c.text)
+			}
+			if strings.Contains(err.Error(), "code=") || strings.Contains(err.Error(), "decoding") {
+				t.Errorf("error %q speaks of msgpack's internals", err)
 			}
 		})
 	}

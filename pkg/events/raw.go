@@ -3,6 +3,7 @@ package events
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -12,7 +13,57 @@ import (
 // kept as its msgpack encoding, so it reaches the dispatch byte for byte.
 // In JSON (offline commands, tail) it is the same value as JSON. The zero
 // Raw is absent.
+//
+// It holds msgpack, not JSON: build one from a Go value with RawOf, or
+// from JSON text with RawJSON (or json.Unmarshal into a Raw). Encoding a
+// Raw that is not exactly one msgpack value fails (ErrRawNotMsgpack),
+// so a record carrying, say, JSON bytes is refused before it is
+// published rather than dead-lettered on the bus.
 type Raw []byte
+
+// ErrRawNotMsgpack: a Raw does not hold exactly one msgpack value (JSON
+// bytes put in one, say).
+var ErrRawNotMsgpack = errors.New("payload is not one msgpack value")
+
+// RawOf encodes v as a Raw: its msgpack encoding, map keys sorted and
+// integers compact, as a JSON payload of the same value is stored.
+func RawOf(v any) (Raw, error) {
+	var buf bytes.Buffer
+	enc := msgpack.NewEncoder(&buf)
+	enc.SetSortMapKeys(true)
+	enc.UseCompactInts(true)
+	enc.SetCustomStructTag("json") // a struct keeps the names its JSON has
+	if err := enc.Encode(v); err != nil {
+		return nil, fmt.Errorf("payload: %w", err)
+	}
+	return Raw(buf.Bytes()), nil
+}
+
+// RawJSON converts JSON text to a Raw of the same value (integers stay
+// integers).
+func RawJSON(text []byte) (Raw, error) {
+	var r Raw
+	if err := r.UnmarshalJSON(text); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// Check reports whether r is absent or exactly one msgpack value, saying
+// what it holds instead when not.
+func (r Raw) Check() error {
+	if len(r) == 0 {
+		return nil
+	}
+	err := CheckMsgpack(r, Limits{})
+	if err == nil {
+		return nil
+	}
+	if json.Valid(r) {
+		return fmt.Errorf("%w: it holds JSON text (%d bytes); build it with events.RawJSON or events.RawOf", ErrRawNotMsgpack, len(r))
+	}
+	return fmt.Errorf("%w: %v; build it with events.RawOf", ErrRawNotMsgpack, err)
+}
 
 // IsZero reports an absent value.
 func (r Raw) IsZero() bool { return len(r) == 0 }
@@ -22,10 +73,15 @@ var (
 	_ msgpack.CustomDecoder = (*Raw)(nil)
 )
 
-// EncodeMsgpack writes the value as it was received.
+// EncodeMsgpack writes the value as it was received; a Raw that is not
+// one msgpack value is an error (Check), never bytes that would break
+// the record around it.
 func (r Raw) EncodeMsgpack(enc *msgpack.Encoder) error {
 	if len(r) == 0 {
 		return enc.EncodeNil()
+	}
+	if err := r.Check(); err != nil {
+		return fmt.Errorf("payload: %w", err)
 	}
 	return msgpack.RawMessage(r).EncodeMsgpack(enc)
 }

@@ -296,7 +296,8 @@ notify: {daily_budget: 0, sinks: [{name: l, type: log}]}
 scope: {window: 2m, outage_min_failures: 5, recovery_min_successes: 4, recovery_min_time: 10m, forget_after: 1h, failover: {openai: [anthropic]}}
 `)
 	want := scope.Config{Window: 2 * time.Minute, OutageMinFailures: 5, RecoveryMinSuccesses: 4, RecoveryMinTime: 10 * time.Minute, ForgetAfter: time.Hour,
-		MaxProfiles: scope.DefaultMaxProfiles, MaxModels: scope.DefaultMaxModels, Failover: map[string][]string{"openai": {"anthropic"}}}
+		MaxProfiles: scope.DefaultMaxProfiles, MaxModels: scope.DefaultMaxModels, ErrorRatio: scope.DefaultErrorRatio, ErrorSample: scope.DefaultErrorSample,
+		MaxAgentsPerProfile: scope.DefaultMaxAgentsPerProfile, Failover: map[string][]string{"openai": {"anthropic"}}}
 	if !reflect.DeepEqual(p.Scope, want) {
 		t.Errorf("scope = %+v, want %+v", p.Scope, want)
 	}

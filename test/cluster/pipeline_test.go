@@ -94,7 +94,7 @@ func startPipeline(t *testing.T, timeout time.Duration) *pipeline {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := topology.Apply(ctx, p.js, servicemain.TopologyOptions(pol, replicas)); err != nil {
+	if err := topology.Apply(ctx, p.js, servicemain.TopologyOptions(pol, replicas, 0)); err != nil {
 		t.Fatalf("the admin applies the topology at R%d: %v", replicas, err)
 	}
 	sctx, stop := context.WithCancel(ctx)

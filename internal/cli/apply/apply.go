@@ -21,7 +21,7 @@ import (
 // Command is `failbus apply`.
 var Command = cli.Command{Name: "apply", Summary: "create or update the streams, consumers and buckets on a bus (as admin; --replicas 3 on a cluster)", Run: run}
 
-const usage = `[--server URLS] [--nkey admin.nk | --creds FILE | --user U --password P] [--tls-ca FILE] [--replicas N] [--policy FILE]
+const usage = `[--server URLS] [--nkey admin.nk | --creds FILE | --user U --password P] [--tls-ca FILE] [--replicas N] [--ack-wait D] [--policy FILE]
 
 Makes the bus hold every stream, durable consumer and KV bucket failbus
 uses, with N replicas each (1 by default; 3 on a 3-node cluster; more than
@@ -30,7 +30,9 @@ are updated in place (messages and consumer positions kept); one that
 cannot be is reported and nothing is changed. --policy gives the settings
 that follow from the policy (the refusal bucket's TTL), as the services
 would apply them. Run it as the admin user; the services then start with
---no-apply under their own roles.`
+--no-apply under their own roles. --ack-wait shortens every consumer's
+lease on a first delivery (30s): on a cluster it bounds how long
+classification stalls when a node is lost (docs/DEPLOY.md).`
 
 // applyTimeout bounds applying the whole topology.
 const applyTimeout = time.Minute
@@ -40,6 +42,7 @@ func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 	var conn cli.Conn
 	conn.Register(fs)
 	replicas := fs.Int("replicas", topology.DefaultReplicas, "copies of every stream and bucket (1-5)")
+	ackWait := fs.Duration("ack-wait", 0, "every consumer's lease on a first delivery: how long a message in flight to a lost node or a dead service waits to be redelivered (default 30s; 5s on a cluster bounds a node loss's stall, docs/DEPLOY.md)")
 	policyFile := fs.String("policy", "", "policy file whose settings shape the topology (default: the built-in policy)")
 	if rest, code, done := cli.Parse(fs, args); done {
 		return code
@@ -65,7 +68,7 @@ func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 	}
 	defer nc.Close()
 	actx, stop := nc.FailFast(ctx)
-	err = topology.Apply(actx, js, servicemain.TopologyOptions(pol, *replicas))
+	err = topology.Apply(actx, js, servicemain.TopologyOptions(pol, *replicas, *ackWait))
 	stop()
 	if err != nil {
 		err = nc.Explain(err)

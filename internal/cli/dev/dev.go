@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -36,12 +37,17 @@ const (
 	// DefaultDevOpsAddr serves /metrics and /healthz of every in-process
 	// service. The separate service binaries use 9401 and up.
 	DefaultDevOpsAddr = "127.0.0.1:9400"
+	// ClusterAckWait is the consumers' lease on a first delivery with
+	// --nodes 3 or 5: a message in flight to a node that is lost is
+	// redelivered after it, so it bounds the stall of classification
+	// (30s otherwise; docs/DEPLOY.md).
+	ClusterAckWait = 5 * time.Second
 )
 
 // Command is `failbus dev`.
 var Command = cli.Command{Name: "dev", Summary: "run an embedded NATS server with JetStream and every service in one process", Run: run}
 
-const devUsage = `[--port N] [--data DIR] [--policy FILE] [--ops-addr ADDR] [--sync-interval D | --sync-always] [--auth] [--max-store SIZE] [--max-payload SIZE] [--shutdown-timeout D]
+const devUsage = `[--port N] [--data DIR] [--nodes 1|3|5] [--ack-wait D] [--policy FILE] [--ops-addr ADDR] [--sync-interval D | --sync-always] [--auth] [--max-store SIZE] [--max-payload SIZE] [--shutdown-timeout D]
 
 Runs an embedded nats-server with JetStream storing in DIR, applies the
 failbus topology, and runs every implemented service in this process. Prints
@@ -64,6 +70,16 @@ crash of the whole host (power loss, kernel panic) can lose what JetStream
 acknowledged within the last --sync-interval (JetStream's default is 2m)
 because the store is fsynced only that often; --sync-always fsyncs every
 write instead, at a large cost in throughput.
+
+--nodes 3 runs three nats-servers in this process instead of one, routed
+to each other as a cluster on loopback (client ports N, N+1, N+2; stores
+in DIR/n1, DIR/n2, DIR/n3), with every stream, consumer and bucket at 3
+replicas and every service given all three URLs: a 3-node deployment to
+try on a laptop. Lose a node and bring it back through the ops address:
+POST /nodes/n2/stop, POST /nodes/n2/start (GET /nodes lists them). Its
+consumers lease a first delivery for 5s (--ack-wait), not 30s: what was
+in flight to a lost node is redelivered that much sooner, which bounds
+the stall of classification (docs/DEPLOY.md measures it).
 
 --auth runs the server with the users of 'failbus auth init' (one nkey per
 role, each allowed only its own subjects), written to DIR/auth the first
@@ -89,13 +105,15 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := cli.NewFlagSet("dev", devUsage, stderr)
 	port := fs.Int("port", cli.DefaultPort, "client port to listen on (loopback only); 0 picks a free one")
 	data := fs.String("data", DefaultDataDir, "JetStream store folder; kept across restarts")
+	nodes := fs.Int("nodes", 1, "nats-servers to run as a cluster on loopback: 1, 3 or 5 (replicas follow)")
+	ackWait := fs.Duration("ack-wait", 0, "every consumer's lease on a first delivery (default 30s; 5s with --nodes 3 or 5)")
 	policyFile := fs.String("policy", "", "policy YAML file (default: the built-in policy)")
 	opsAddr := fs.String("ops-addr", DefaultDevOpsAddr, "address of /metrics and /healthz; \"off\" disables")
 	syncInterval := fs.Duration("sync-interval", embedded.DefaultSyncInterval, "how often the store is fsynced; bounds what a host crash can lose")
 	syncAlways := fs.Bool("sync-always", false, "fsync every write: nothing acknowledged is lost on a host crash; much slower")
 	logLevel := fs.String("log-level", "info", "service log level: debug, info, warn, error")
 	natsLog := fs.Bool("nats-log", false, "also print nats-server's own log")
-	withAuth := fs.Bool("auth", false, "require credentials: the users of `failbus auth init`, written to DIR/auth; each service runs as its own role")
+	withAuth := fs.Bool("auth", false, "require credentials: the users of failbus auth init, written to DIR/auth; each service runs as its own role")
 	maxStore := sizeFlag{n: embedded.DefaultMaxStore}
 	fs.Var(&maxStore, "max-store", "JetStream store limit (the topology reserves 6.5GiB of it)")
 	maxPayload := sizeFlag{n: int64(embedded.DefaultMaxPayload)}
@@ -106,8 +124,17 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	} else if len(rest) > 0 {
 		return cli.UsageError(fs, stderr, "unexpected arguments %q", rest)
 	}
-	if *port < 0 || *port > 65535 {
+	if *port < 0 || *port > 65535-*nodes {
 		return cli.UsageError(fs, stderr, "--port %d: not a port", *port)
+	}
+	if *nodes != 1 && *nodes != 3 && *nodes != 5 {
+		return cli.UsageError(fs, stderr, "--nodes %d: 1, 3 or 5 (an odd count keeps a majority when a node is lost)", *nodes)
+	}
+	if *ackWait == 0 && *nodes > 1 {
+		*ackWait = ClusterAckWait
+	}
+	if *ackWait != 0 && (*ackWait < topology.MinAckWait || *ackWait > time.Minute) {
+		return cli.UsageError(fs, stderr, "--ack-wait %s: must be between %s and 1m", *ackWait, topology.MinAckWait)
 	}
 	if *syncInterval <= 0 {
 		return cli.UsageError(fs, stderr, "--sync-interval must be positive")
@@ -142,9 +169,11 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if *port != 0 {
 		// nats-server reports a taken port only by never becoming ready;
 		// say it at once instead.
-		if err := portFree(*port); err != nil {
-			fmt.Fprintf(stderr, "failbus dev: %v (another failbus dev or nats-server? use --port)\n", err)
-			return 1
+		for i := range *nodes {
+			if err := portFree(*port + i); err != nil {
+				fmt.Fprintf(stderr, "failbus dev: %v (another failbus dev or nats-server? use --port)\n", err)
+				return 1
+			}
 		}
 	}
 	// The ops endpoints are bound before any service starts, so a taken
@@ -162,7 +191,7 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	defer stopOps()
 	ops := "off"
 	if *opsAddr != "off" && *opsAddr != "" {
-		bound, err := consumer.ServeOps(opsCtx, *opsAddr, registry, health, log)
+		bound, err := consumer.ServeOps(opsCtx, *opsAddr, registry, health, log, nodeEndpoints(&running, log)...)
 		if err != nil {
 			fmt.Fprintf(stderr, "failbus dev: %v (use --ops-addr, or off)\n", err)
 			return 1
@@ -188,6 +217,8 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			MaxStore:     maxStore.n,
 			MaxPayload:   int32(maxPayload.n),
 		},
+		Nodes:      *nodes,
+		AckWait:    *ackWait,
 		Policy:     pol,
 		PolicyFile: *policyFile,
 		Log:        log,
@@ -203,10 +234,26 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if *syncAlways {
 		syncDesc = "always"
 	}
-	log.Info().Str("data", b.Srv.Dir()).Str("sync", syncDesc).Str("services", strings.Join(b.Names, ",")).
-		Str("ops", ops).Msg("failbus dev running")
+	dataDir := b.Srv.Dir()
+	if len(b.Nodes) > 1 {
+		dataDir = filepath.Dir(dataDir)
+	}
+	log.Info().Str("data", dataDir).Str("sync", syncDesc).Str("services", strings.Join(b.Names, ",")).
+		Int("nodes", len(b.Nodes)).Str("ops", ops).Msg("failbus dev running")
 	fmt.Fprintf(stdout, "failbus dev: NATS_URL=%s  (services: %s; data: %s; /metrics,/healthz: %s)\n",
-		b.Srv.ClientURL(), strings.Join(b.Names, ", "), b.Srv.Dir(), ops)
+		b.URL(), strings.Join(b.Names, ", "), dataDir, ops)
+	if len(b.Nodes) > 1 {
+		names := make([]string, len(b.Nodes))
+		for i, n := range b.Nodes {
+			names[i] = n.Name
+		}
+		lose := "give --ops-addr to stop and start nodes"
+		if ops != "off" {
+			lose = "lose one: curl -X POST " + ops + "/nodes/n2/stop (then .../start)"
+		}
+		fmt.Fprintf(stdout, "failbus dev: %d nodes (%s) as cluster %s, every stream at %d replicas, a first delivery leased for %s; %s\n",
+			len(b.Nodes), strings.Join(names, ", "), devbus.ClusterName, len(b.Nodes), *ackWait, lose)
+	}
 	if users != nil {
 		fmt.Fprintf(stdout, "failbus dev: credentials required; users in %s: --nkey %s for agents, %s to read, %s for everything\n",
 			users.ConfPath(), users.Seed(auth.RoleAgent), users.Seed(auth.RoleOperator), users.Seed(auth.RoleAdmin))
@@ -243,6 +290,48 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	log.Info().Msg("failbus dev stopped")
 	return code
+}
+
+// nodeEndpoints are the ops endpoints that stop and start the nodes of
+// the running bus (--nodes): GET /nodes, POST /nodes/{name}/stop and
+// /start.
+func nodeEndpoints(running *atomic.Pointer[devbus.Bus], log zerolog.Logger) []consumer.OpsEndpoint {
+	act := func(verb string, do func(*devbus.Bus, string) error) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			b := running.Load()
+			if b == nil {
+				http.Error(w, "starting", http.StatusServiceUnavailable)
+				return
+			}
+			name := r.PathValue("name")
+			if err := do(b, name); err != nil {
+				http.Error(w, err.Error(), http.StatusConflict)
+				return
+			}
+			log.Warn().Str("node", name).Msg("node " + verb)
+			fmt.Fprintf(w, "node %s %s\n", name, verb)
+		}
+	}
+	return []consumer.OpsEndpoint{
+		{Pattern: "GET /nodes", Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			b := running.Load()
+			if b == nil {
+				http.Error(w, "starting", http.StatusServiceUnavailable)
+				return
+			}
+			for _, n := range b.Nodes {
+				state := "stopped"
+				if n.Running() {
+					state = "running"
+				}
+				fmt.Fprintf(w, "%s %s %s %s\n", n.Name, state, n.URL(), n.Dir())
+			}
+		})},
+		{Pattern: "POST /nodes/{name}/stop", Handler: act("stopped", (*devbus.Bus).StopNode)},
+		{Pattern: "POST /nodes/{name}/start", Handler: act("started", (*devbus.Bus).StartNode)},
+	}
 }
 
 // portFree checks that the loopback port can be listened on.

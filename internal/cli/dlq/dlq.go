@@ -133,11 +133,14 @@ func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 	switch sub {
 	case "ls":
 		letters, err := List(ctx, js, sel)
+		if err != nil && len(letters) == 0 {
+			return fail(err) // nothing read: not "no dead letters"
+		}
 		if werr := writeList(stdout, letters, asJSON, time.Now()); werr != nil {
 			return fail(werr)
 		}
 		if err != nil {
-			return fail(err)
+			return fail(err) // the letters were read, their requeue marks not
 		}
 	case "show":
 		failed := false

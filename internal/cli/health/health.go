@@ -56,6 +56,10 @@ func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer nc.Close()
+	// The server answers a denied request by reporting the denial, not by
+	// replying: fail at once, naming it, instead of waiting for a timeout.
+	ctx, failFast := nc.FailFast(ctx)
+	defer failFast()
 	records, err := Latest(ctx, js, providers...)
 	if err != nil {
 		if d := cli.Diagnose(ctx, js, nc.ConnectedUrlRedacted(), topology.StreamHealth); d != nil {

@@ -23,6 +23,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/failbus/failbus/internal/cli"
+	"github.com/failbus/failbus/internal/connect"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
 )
@@ -266,6 +267,10 @@ func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer nc.Close()
+	// The server answers a denied request by reporting the denial, not by
+	// replying: fail at once, naming it, instead of waiting for a timeout.
+	ctx, failFast := nc.FailFast(ctx)
+	defer failFast()
 	if err := loop(ctx, js, o, stdout); err != nil {
 		fmt.Fprintf(stderr, "failbus lag: %v\n", nc.Explain(err))
 		return 1
@@ -281,6 +286,9 @@ func loop(ctx context.Context, js jetstream.JetStream, o options, w io.Writer) e
 	for n := 1; ; n++ {
 		now := time.Now()
 		lags, err := Read(ctx, js, o.Options, now)
+		if denial := connect.Denied(ctx); denial != nil {
+			return denial
+		}
 		if err != nil && ctx.Err() != nil {
 			return nil
 		}

@@ -42,7 +42,7 @@ type publishStats struct {
 
 // summary is the line publish ends with on stderr.
 func (st publishStats) summary() string {
-	s := fmt.Sprintf("%d published, %d duplicates, %d invalid, %d failed", st.published, st.duplicates, st.invalid, st.failed)
+	s := fmt.Sprintf("%d published, %s, %d invalid, %d failed", st.published, cli.Count(st.duplicates, "duplicate"), st.invalid, st.failed)
 	if st.stamped > 0 {
 		s += fmt.Sprintf("; %d published without \"at\" carries the time of publishing", st.stamped)
 		if st.stamped > 1 {
@@ -91,7 +91,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return 1
 	}
 	if n := st.invalid + st.failed; n > 0 {
-		fmt.Fprintf(stderr, "failbus publish: %d lines not published (see the error records on stdout)\n", n)
+		fmt.Fprintf(stderr, "failbus publish: %s not published (see the error records on stdout)\n", cli.Count(n, "line"))
 		return 1
 	}
 	return 0

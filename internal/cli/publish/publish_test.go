@@ -71,6 +71,11 @@ func TestCLIPublish(t *testing.T) {
 	if got := stderr.String(); !strings.HasSuffix(got, "4 lines not published (see the error records on stdout)\n") {
 		t.Errorf("stderr %q does not end by saying lines were not published", got)
 	}
+	var one bytes.Buffer
+	if code := run([]string{"--server", b.Srv.ClientURL()}, strings.NewReader("not json\n"), &bytes.Buffer{}, &one); code != 1 ||
+		!strings.HasSuffix(one.String(), "failbus publish: 1 line not published (see the error records on stdout)\n") {
+		t.Errorf("one bad line: exit %d, stderr %q; want it counted in the singular", code, one.String())
+	}
 
 	// What is on the bus.
 	s, err := b.JS.Stream(b.Ctx, topology.StreamOutcomes)
@@ -174,5 +179,14 @@ func TestCLIPublishToABusThatCannotStore(t *testing.T) {
 				t.Errorf("stderr still says only what nats.go says:\n%s", stderr.String())
 			}
 		})
+	}
+}
+
+// TestPublishSummaryCountsInWords: one line, one duplicate: singular.
+func TestPublishSummaryCountsInWords(t *testing.T) {
+	t.Parallel()
+	got := publishStats{published: 3, duplicates: 1, invalid: 1}.summary()
+	if want := "3 published, 1 duplicate, 1 invalid, 0 failed"; got != want {
+		t.Errorf("summary %q, want %q", got, want)
 	}
 }

@@ -181,8 +181,14 @@ func TestReportOfADayOnARealBus(t *testing.T) {
 			t.Fatalf("no figures for %s", p)
 		}
 		total := 0
+		if len(r.Buckets) != 24 || !r.Buckets[0].Equal(from) || r.BucketMS != time.Hour.Milliseconds() {
+			t.Fatalf("%d buckets of %d ms from %s; want the 24 hours of records from %s, hourly", len(r.Buckets), r.BucketMS, r.Buckets[0], from)
+		}
 		for h, want := range hours {
 			total += want
+			if h >= len(got.Series) && want == 0 {
+				continue // the 25th hour of the period holds no record: off the axis
+			}
 			if b := got.Series[h]; b.Total() != want {
 				t.Errorf("%s hour %d: %d outcomes on the chart, %d published", p, h, b.Total(), want)
 			}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -35,8 +36,15 @@ type Options struct {
 // source is one stream read for the report, in the order they are read:
 // classifications before decisions, whose refusal figures join them.
 type source struct {
-	stream  string
-	filters []string
+	stream string
+	// only, when set, are the subject prefixes of the messages the report
+	// uses; the others are read and skipped. The stream is read whole
+	// rather than through a consumer filtered on several subjects: on a
+	// stream of many subjects (a retry ledger subject per budget, a
+	// schedule subject per retry) the server finds the next message of a
+	// multi-filter consumer slowly — 10,600 messages of FAILBUS_RETRIES
+	// cost it 9.4 s of CPU that way, 0.15 s read whole.
+	only []string
 	// all reads the whole stream, not just the period (health: the state
 	// at the start of the period comes from before it).
 	all bool
@@ -46,7 +54,7 @@ var sources = []source{
 	{stream: topology.StreamOutcomes},
 	{stream: topology.StreamClassified},
 	{stream: topology.StreamDecisions},
-	{stream: topology.StreamRetries, filters: []string{events.RetryPrefix + ".due.>", events.RetryPrefix + ".ledger.>"}},
+	{stream: topology.StreamRetries, only: []string{events.RetryPrefix + ".due.", events.RetryPrefix + ".ledger."}},
 	{stream: topology.StreamHealth, all: true},
 	{stream: topology.StreamNotify},
 	{stream: topology.StreamAudit},
@@ -85,7 +93,7 @@ func Collect(ctx context.Context, js jetstream.JetStream, o Options) (*Report, e
 	}()
 	var total uint64
 	for i, s := range sources {
-		cfg := watch.Config{Stream: s.stream, Filters: s.filters, DeliverPolicy: jetstream.DeliverByStartTimePolicy, StartTime: &o.From, Direct: true}
+		cfg := watch.Config{Stream: s.stream, DeliverPolicy: jetstream.DeliverByStartTimePolicy, StartTime: &o.From, Direct: true}
 		if s.all {
 			cfg.DeliverPolicy, cfg.StartTime = jetstream.DeliverAllPolicy, nil
 		}
@@ -105,7 +113,8 @@ func Collect(ctx context.Context, js jetstream.JetStream, o Options) (*Report, e
 		if r == nil {
 			continue
 		}
-		stream := sources[i].stream
+		stream, only := sources[i].stream, sources[i].only
+		progress.Label("report: reading " + stream)
 		err := r.Run(ctx, func(m jetstream.Msg) error {
 			progress.Add(1)
 			md, err := m.Metadata()
@@ -114,6 +123,9 @@ func Collect(ctx context.Context, js jetstream.JetStream, o Options) (*Report, e
 			}
 			if !md.Timestamp.Before(o.To) {
 				return watch.ErrStop // stored after the period: so is the rest
+			}
+			if len(only) > 0 && !hasPrefix(m.Subject(), only) {
+				return nil
 			}
 			if !a.add(m, md.Sequence.Stream, md.Timestamp) {
 				a.r.Undecodable[stream]++
@@ -126,6 +138,7 @@ func Collect(ctx context.Context, js jetstream.JetStream, o Options) (*Report, e
 		r.Close(ctx)
 		readers[i] = nil
 	}
+	progress.Label("report: read")
 	progress.Done()
 	r := a.finish(now())
 	if a.shadow != nil {
@@ -214,4 +227,14 @@ func (a *aggregator) serviceRecord(schema string, data []byte, stored time.Time)
 		a.policyChange(PolicyChange{At: at, Kind: k.Kind, Source: k.Source, PolicyKey: k.PolicyKey, Error: k.Error})
 	}
 	return true // a record of a kind the report does not chart is not an error
+}
+
+// hasPrefix reports whether subject starts with one of prefixes.
+func hasPrefix(subject string, prefixes []string) bool {
+	for _, p := range prefixes {
+		if strings.HasPrefix(subject, p) {
+			return true
+		}
+	}
+	return false
 }

@@ -111,11 +111,14 @@ type Health struct {
 	Start string `json:"start,omitempty"`
 	// Spans cover the period, one per state in force.
 	Spans []Span `json:"spans"`
-	// Outages counts entries into outage; OutageMS sums their time within
-	// the period.
+	// Outages counts entries into outage; OutageMS sums, within the
+	// period, the time from each to the provider's recovery (recovered or
+	// healthy): the recovering phase, health degraded, included, as the
+	// recovered record's reason counts "the outage lasted".
 	Outages  int   `json:"outages"`
 	OutageMS int64 `json:"outage_ms"`
-	// DegradedMS sums the time degraded within the period.
+	// DegradedMS sums the time degraded outside outages (rate-limited on
+	// every profile, failing a large share of calls) within the period.
 	DegradedMS int64 `json:"degraded_ms"`
 }
 
@@ -268,6 +271,12 @@ var bucketSizes = []time.Duration{
 // maxBuckets bounds the bars of a series: one bar stays wide enough to see.
 const maxBuckets = 36
 
+// fineBuckets bounds the buckets records are first counted in: the
+// smallest bucket size that divides the period into at most this many.
+// The series are drawn in coarser ones at the end (axis), chosen over the
+// span the records cover.
+const fineBuckets = 2048
+
 // BucketFor is the bucket width for a period of length d.
 func BucketFor(d time.Duration) time.Duration {
 	for _, s := range bucketSizes {
@@ -299,6 +308,7 @@ type aggregator struct {
 	ledger     map[string]*[2]bool // retry id → started, cancelled
 	health     map[string][]events.Health
 	healthPre  map[string]events.Health // latest before the period
+	downPre    map[string]bool          // in an outage (recovering included) when the period began
 }
 
 type outcomeSeen struct {
@@ -309,7 +319,13 @@ type outcomeSeen struct {
 type segProv struct{ segment, provider string }
 
 func newAggregator(from, to time.Time) *aggregator {
-	bucket := BucketFor(to.Sub(from))
+	bucket := bucketSizes[len(bucketSizes)-1]
+	for _, s := range bucketSizes {
+		if to.Sub(from) <= s*fineBuckets {
+			bucket = s
+			break
+		}
+	}
 	start := from.Truncate(bucket)
 	n := int((to.Sub(start) + bucket - 1) / bucket)
 	n = max(n, 1)
@@ -332,7 +348,7 @@ func newAggregator(from, to time.Time) *aggregator {
 		outcomes: map[string]outcomeSeen{}, classified: map[string]bool{}, segmentOf: map[string]segProv{},
 		refused: map[segProv]bool{}, skipped: map[segProv]bool{}, frozen: map[segProv]bool{},
 		overruled: map[[4]string]*Overruled{}, reasons: map[[2]string]int{}, recoveries: map[string]*Recovery{},
-		ledger: map[string]*[2]bool{}, health: map[string][]events.Health{}, healthPre: map[string]events.Health{},
+		ledger: map[string]*[2]bool{}, health: map[string][]events.Health{}, healthPre: map[string]events.Health{}, downPre: map[string]bool{},
 	}
 }
 
@@ -478,6 +494,12 @@ func (a *aggregator) healthRecord(h *events.Health, stored time.Time) {
 	if stored.Before(a.from) {
 		if cur, ok := a.healthPre[h.Provider]; !ok || !h.At.Before(cur.At.Time) {
 			a.healthPre[h.Provider] = *h
+		}
+		switch h.State { // a degraded record after an outage is its recovering
+		case events.HealthOutage:
+			a.downPre[h.Provider] = true
+		case events.HealthRecovered, events.HealthHealthy:
+			a.downPre[h.Provider] = false
 		}
 		return
 	}
@@ -632,7 +654,79 @@ func (a *aggregator) finish(now time.Time) *Report {
 	for _, p := range slices.Sorted(maps.Keys(names)) {
 		r.Health[p] = a.timeline(p)
 	}
+	a.axis()
 	return r
+}
+
+// axis chooses the buckets the series are drawn in, and folds the fine
+// buckets the records were counted in into them: over the span the
+// records cover within the period (outcomes, classifications, health
+// changes), not the whole period — a day asked for whose records fill its
+// last two minutes is drawn over those two minutes, not as 24 hourly bars
+// with everything in the last — in the smallest bucket size that is a
+// whole number of fine buckets and gives at most maxBuckets bars. With no
+// record, the period.
+func (a *aggregator) axis() {
+	first, last := -1, -1
+	mark := func(i int) {
+		if first < 0 || i < first {
+			first = i
+		}
+		last = max(last, i)
+	}
+	for _, p := range a.r.Providers {
+		for i, b := range p.Series {
+			if b.Total() > 0 {
+				mark(i)
+			}
+		}
+	}
+	for _, hs := range a.health {
+		for _, h := range hs {
+			t := clamp(h.At.Time, a.from, a.to.Add(-time.Nanosecond))
+			mark(min(max(int(t.Sub(a.r.Buckets[0].Time)/a.bucket), 0), a.n-1))
+		}
+	}
+	if first < 0 {
+		first, last = 0, a.n-1
+	}
+	lo, hi := a.r.Buckets[first].Time, a.r.Buckets[last].Add(a.bucket)
+	size := a.bucket
+	for _, s := range bucketSizes {
+		if s >= a.bucket && s%a.bucket == 0 {
+			size = s
+			if hi.Sub(lo.Truncate(s)) <= s*maxBuckets {
+				break
+			}
+		}
+	}
+	start := lo.Truncate(size)
+	n := max(1, int((hi.Sub(start)+size-1)/size))
+	fine := a.r.Buckets
+	a.r.Buckets = make([]events.Time, n)
+	for i := range n {
+		a.r.Buckets[i] = events.At(start.Add(time.Duration(i) * size))
+	}
+	a.r.BucketMS = size.Milliseconds()
+	for _, p := range a.r.Providers {
+		series := make([]Bucket, n)
+		for i, b := range p.Series {
+			if b.Total() == 0 {
+				continue
+			}
+			j := min(max(int(fine[i].Sub(start)/size), 0), n-1)
+			to := &series[j]
+			to.OK += b.OK
+			to.Unclassified += b.Unclassified
+			for c, v := range b.Classes {
+				if to.Classes == nil {
+					to.Classes = map[string]int{}
+				}
+				to.Classes[c] += v
+			}
+		}
+		p.Series = series
+	}
 }
 
 // timeline builds one provider's spans over the period.
@@ -641,8 +735,10 @@ func (a *aggregator) timeline(provider string) *Health {
 	recs := a.health[provider]
 	slices.SortStableFunc(recs, func(x, y events.Health) int { return x.At.Compare(y.At.Time) })
 	state, reason := events.HealthHealthy, ""
+	down := false // from an outage until recovered or healthy
 	if pre, ok := a.healthPre[provider]; ok {
 		h.Start, state, reason = pre.State, pre.State, pre.Reason
+		down = a.downPre[provider]
 	}
 	if state == events.HealthOutage {
 		h.Outages++
@@ -657,20 +753,26 @@ func (a *aggregator) timeline(provider string) *Health {
 		} else {
 			h.Spans = append(h.Spans, Span{State: state, From: events.At(from), To: events.At(to), Reason: reason})
 		}
-		switch state {
-		case events.HealthOutage:
+		switch {
+		case down:
 			h.OutageMS += to.Sub(from).Milliseconds()
-		case events.HealthDegraded:
+		case state == events.HealthDegraded:
 			h.DegradedMS += to.Sub(from).Milliseconds()
 		}
 		from = to
 	}
 	for _, rec := range recs {
 		add(clamp(rec.At.Time, a.from, a.to))
-		if rec.State == events.HealthOutage && state != events.HealthOutage {
+		if rec.State == events.HealthOutage && !down {
 			h.Outages++
 		}
 		state, reason = rec.State, rec.Reason
+		switch state {
+		case events.HealthOutage:
+			down = true
+		case events.HealthRecovered, events.HealthHealthy:
+			down = false
+		}
 	}
 	add(a.to)
 	return h

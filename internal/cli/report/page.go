@@ -23,13 +23,6 @@ func WriteHTML(w io.Writer, r *Report) error {
 	names := slices.Sorted(maps.Keys(r.Providers))
 	healthNames := slices.Sorted(maps.Keys(r.Health))
 	order := stackOrder(r)
-	maxBar := 0
-	for _, p := range r.Providers {
-		for _, b := range p.Series {
-			maxBar = max(maxBar, b.Total())
-		}
-	}
-	top, step := niceMax(maxBar)
 	present := map[string]bool{}
 	for _, p := range r.Providers {
 		for _, b := range p.Series {
@@ -60,10 +53,10 @@ func WriteHTML(w io.Writer, r *Report) error {
 	}
 	d := pageData{
 		R: r, Names: names, HealthNames: healthNames, Steady: steady, Legend: legend,
-		Period: periodText(r), Bucket: bucketLabel(r.BucketMS), Summary: summary(r, names),
+		Period: periodText(r), Bucket: bucketLabel(r.BucketMS), Summary: summary(r, names), Axis: axisText(r),
 	}
 	for _, n := range names {
-		d.Bars = append(d.Bars, template.HTML(barsSVG(r, n, r.Providers[n], order, top, step)))
+		d.Bars = append(d.Bars, template.HTML(barsSVG(r, n, r.Providers[n], order)))
 	}
 	if len(healthNames) > 0 {
 		d.HealthChart = template.HTML(healthSVG(r, healthNames))
@@ -94,9 +87,11 @@ type pageData struct {
 	// Steady are the providers with outcomes and no health record in or
 	// before the period: healthy throughout (the classifier publishes a
 	// state when it changes).
-	Steady      []string
-	Legend      []string
-	Period      string
+	Steady []string
+	Legend []string
+	Period string
+	// Axis says what the time axis spans when it is less than the period.
+	Axis        string
 	Bucket      string
 	Summary     []string
 	Bars        []template.HTML
@@ -145,6 +140,24 @@ func periodText(r *Report) string {
 	return fmt.Sprintf("%s – %s UTC (%s)", from.Format("2006-01-02 15:04"), to.Format("2006-01-02 15:04"), humanDuration(to.Sub(from)))
 }
 
+// axisText says what the charts' time axis spans when the records cover
+// less than the period ("" when it is the period).
+func axisText(r *Report) string {
+	if len(r.Buckets) == 0 {
+		return ""
+	}
+	from := r.Buckets[0].Time
+	to := r.Buckets[len(r.Buckets)-1].Add(time.Duration(r.BucketMS) * time.Millisecond)
+	if !from.After(r.From.Time) && !to.Before(r.To.Time) {
+		return ""
+	}
+	layout := "15:04"
+	if to.Sub(from) >= 24*time.Hour || from.UTC().YearDay() != to.UTC().YearDay() {
+		layout = "Jan 02 15:04"
+	}
+	return fmt.Sprintf("the charts span the records, %s – %s", from.UTC().Format(layout), to.UTC().Format(layout))
+}
+
 // summary is the period in a few sentences.
 func summary(r *Report, names []string) []string {
 	var out []string
@@ -160,7 +173,11 @@ func summary(r *Report, names []string) []string {
 	for _, p := range slices.Sorted(maps.Keys(r.Health)) {
 		h := r.Health[p]
 		if h.Outages > 0 {
-			out = append(out, fmt.Sprintf("%s was in outage %d time(s), %s in total.", p, h.Outages, humanDuration(time.Duration(h.OutageMS)*time.Millisecond)))
+			times := "once"
+			if h.Outages > 1 {
+				times = strconv.Itoa(h.Outages) + " times"
+			}
+			out = append(out, fmt.Sprintf("%s was down %s, %s in all (from each outage to its recovery, the recovering included).", p, times, humanDuration(time.Duration(h.OutageMS)*time.Millisecond)))
 		}
 	}
 	rt := r.Retries
@@ -269,7 +286,7 @@ code { font-size: 12px; background: #eef1f4; padding: 0 3px; border-radius: 3px;
 <body>
 <main>
 <h1>failbus report</h1>
-<p class="sub">{{.Period}} · generated {{when .R.GeneratedAt}} UTC · one bar per {{.Bucket}}</p>
+<p class="sub">{{.Period}} · generated {{when .R.GeneratedAt}} UTC · one bar per {{.Bucket}}{{with .Axis}} · {{.}}{{end}}</p>
 <nav><a href="#outcomes">Outcomes</a><a href="#health">Health</a><a href="#retries">Retries</a><a href="#overruled">Overruled</a><a href="#refusals">Refusals</a><a href="#notifications">Notifications</a><a href="#deadletters">Dead letters</a><a href="#recoveries">Recoveries</a><a href="#policy">Policy</a>{{if .R.Shadow}}<a href="#shadow">Under another policy</a>{{end}}</nav>
 <ul class="summary">{{range .Summary}}<li>{{.}}</li>{{end}}</ul>
 {{with .R.Notes}}<p class="note">{{range .}}{{.}}. {{end}}</p>{{end}}
@@ -286,7 +303,7 @@ code { font-size: 12px; background: #eef1f4; padding: 0 3px; border-radius: 3px;
 </div>
 
 <h2 id="outcomes">Outcomes and failure classes per provider</h2>
-<p class="sub">Each bar is one time bucket of one provider: its outcomes stacked by what the classifier made of them. All providers share one scale, so heights compare. Hover a bar segment for its time and count.</p>
+<p class="sub">Each bar is one time bucket of one provider: its outcomes stacked by what the classifier made of them. Each provider has a scale of its own (its axis gives the counts), so a provider with a few outcomes reads as well as one with thousands; compare providers by their counts, not their heights. Hover a bar segment for its time and count.</p>
 {{if .Names}}
 <div class="legend">{{range .Legend}}<span><span class="sw" style="background:{{color .}}"></span>{{.}}</span>{{end}}</div>
 {{range $i, $name := .Names}}{{$p := index $.R.Providers $name}}
@@ -309,7 +326,7 @@ code { font-size: 12px; background: #eef1f4; padding: 0 3px; border-radius: 3px;
 <table><tr><th>provider</th><th>state</th><th>from (UTC)</th><th>to (UTC)</th><th>for</th><th>reason</th></tr>
 {{range $name := .HealthNames}}{{range (nonHealthy (index $.R.Health $name))}}<tr><td>{{$name}}</td><td><span class="sw" style="background:{{state .State}}"></span>{{.State}}</td><td>{{when .From}}</td><td>{{when .To}}</td><td>{{dur .From .To}}</td><td class="wrap">{{.Reason}}</td></tr>{{end}}{{end}}
 </table>
-<table><tr><th>provider</th><th class="n">outages</th><th class="n">time in outage</th><th class="n">time degraded</th></tr>
+<table><tr><th>provider</th><th class="n">outages</th><th class="n">down (outage to recovery)</th><th class="n">degraded otherwise</th></tr>
 {{range $name := .HealthNames}}{{$h := index $.R.Health $name}}<tr><td>{{$name}}</td><td class="n" data-k='{{k "health" $name "outages"}}'>{{num $h.Outages}}</td><td class="n">{{ms $h.OutageMS}}</td><td class="n">{{ms $h.DegradedMS}}</td></tr>{{end}}
 </table>
 {{else}}<div class="empty">Nothing in this period: no provider changed its health state.</div>{{end}}

@@ -109,7 +109,7 @@ func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 	case *shadowBase != "" && *shadowPath == "":
 		return cli.UsageError(fs, stderr, "--shadow-base is the base of --shadow NEW.yaml: give --shadow too")
 	case *shadowPath != "":
-		sh = &ShadowOptions{PolicyName: filepath.Base(*shadowPath), Options: shadow.Options{Seed: 1}}
+		sh = &ShadowOptions{PolicyName: filepath.Base(*shadowPath), Options: shadow.Options{}}
 		var err error
 		if sh.New, err = policy.Load(*shadowPath); err != nil {
 			fmt.Fprintf(stderr, "failbus report: --shadow: %v\n", err)
@@ -134,6 +134,10 @@ func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer nc.Close()
+	// The server answers a denied request by reporting the denial, not by
+	// replying: fail at once, naming it, instead of waiting for a timeout.
+	ctx, failFast := nc.FailFast(ctx)
+	defer failFast()
 	r, err := Collect(ctx, js, Options{From: from, To: to, Progress: stderr, Shadow: sh})
 	if err != nil {
 		fmt.Fprintf(stderr, "failbus report: %v\n", nc.Explain(err))

@@ -85,6 +85,7 @@ func TestOperatorCommandsUnderTheirRoles(t *testing.T) {
 		{"health"},
 		{"dlq", "ls"},
 		{"dlq", "show", "1"},
+		{"health"},
 	} {
 		if code, out, errOut := as(auth.RoleOperator, args...); code != 0 || out == "" {
 			t.Errorf("operator: failbus %s: exit %d\n%s%s", strings.Join(args, " "), code, out, errOut)
@@ -98,5 +99,68 @@ func TestOperatorCommandsUnderTheirRoles(t *testing.T) {
 	code, out, errOut := as(auth.RoleAdmin, "dlq", "requeue", "1")
 	if code != 0 || !strings.Contains(out, "requeued → failbus.outcome.openai.bot") {
 		t.Errorf("admin: dlq requeue: exit %d\n%s%s", code, out, errOut)
+	}
+}
+
+// TestOperatorCommandsDeniedFailFast: a role that may not read what an
+// operator command reads (the agent's, the notifier's) is told so by the
+// server at once;
+// each command fails with that denial, naming the subject and the user,
+// instead of waiting for a timeout, and prints nothing on stdout first (a
+// script believes the first line).
+func TestOperatorCommandsDeniedFailFast(t *testing.T) {
+	t.Parallel()
+	set, err := auth.Init(t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bus, err := devbus.Start(devbus.Options{Server: embedded.Options{Dir: t.TempDir()}, Auth: set,
+		Specs: []servicemain.Spec{services.Classifier()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = bus.Stop() })
+	commands := []cli.Command{lag.Command, report.Command, shadow.Command, tail.Command, dlq.Command, health.Command}
+	newPolicy := filepath.Join(t.TempDir(), "new.yaml")
+	if err := os.WriteFile(newPolicy, []byte("retry:\n  max_retries: 1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The agent role reads health (a held call waits for it), so health is
+	// run as the notifier, which does not.
+	for _, c := range []struct {
+		role string
+		args []string
+	}{
+		{auth.RoleNotifier, []string{"health"}},
+		{auth.RoleNotifier, []string{"health", "--json", "openai"}},
+		{auth.RoleAgent, []string{"report", "--json", "--since", "1h"}},
+		{auth.RoleAgent, []string{"dlq", "ls"}},
+		{auth.RoleAgent, []string{"dlq", "show", "1"}},
+		{auth.RoleAgent, []string{"lag"}},
+		{auth.RoleAgent, []string{"shadow", "--policy", newPolicy}},
+		{auth.RoleAgent, []string{"tail", "--no-follow", "failbus.dlq.>"}},
+		{auth.RoleNotifier, []string{"tail", "--last", "1", "--no-follow", "failbus.health.>"}},
+	} {
+		args := c.args
+		t.Run(c.role+" "+strings.Join(args, " "), func(t *testing.T) {
+			t.Parallel()
+			var stdout, stderr bytes.Buffer
+			start := time.Now()
+			code := cli.Main(commands, append(args, "--server", bus.Srv.ClientURL(), "--nkey", set.Seed(c.role)), nil, &stdout, &stderr)
+			took := time.Since(start)
+			errOut := stderr.String()
+			if code != 1 || !strings.Contains(errOut, "permission denied") || !strings.Contains(errOut, "as user "+c.role) {
+				t.Errorf("exit %d, stderr %q; want 1 and the denial named", code, errOut)
+			}
+			for _, waited := range []string{"timeout", "deadline exceeded", "timed out"} {
+				if strings.Contains(errOut, waited) {
+					t.Errorf("stderr %q: the denial came by waiting (%s)", errOut, waited)
+				}
+			}
+			if stdout.Len() > 0 {
+				t.Errorf("stdout %q before the denial", stdout.String())
+			}
+			t.Logf("%s (took %s)", strings.TrimSpace(errOut), took.Round(time.Millisecond))
+		})
 	}
 }

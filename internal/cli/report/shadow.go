@@ -3,7 +3,6 @@ package report
 import (
 	"fmt"
 	"maps"
-	"slices"
 	"time"
 
 	"github.com/failbus/failbus/internal/cli/shadow"
@@ -99,9 +98,3 @@ func action(d *events.Decision) string {
 	return d.Action
 }
 
-// changeNames are the changes of s, most frequent first.
-func changeNames(s *Shadow) []string {
-	names := slices.Sorted(maps.Keys(s.Changes))
-	slices.SortStableFunc(names, func(a, b string) int { return s.Changes[b] - s.Changes[a] })
-	return names
-}

@@ -174,20 +174,27 @@ func stackOrder(r *Report) []string {
 }
 
 // barsSVG draws one provider's outcomes per bucket, stacked by class, on
-// the y scale top (shared by every provider, so heights compare).
-func barsSVG(r *Report, name string, p *Provider, order []string, top, step int) string {
+// a y scale of its own (niceMax of its highest bar), labelled on the
+// axis: a provider with 21 outcomes beside one with 20,000 would be an
+// empty chart on theirs. data-top holds the scale's top.
+func barsSVG(r *Report, name string, p *Provider, order []string) string {
+	highest := 0
+	for _, bk := range p.Series {
+		highest = max(highest, bk.Total())
+	}
+	top, step := niceMax(highest)
 	var b strings.Builder
 	h := marginT + barsPlotH + marginB
-	fmt.Fprintf(&b, `<svg viewBox="0 0 %.0f %.0f" role="img" aria-label="%s: outcomes per %s by class" class="chart">`,
-		chartW, h, html.EscapeString(name), bucketLabel(r.BucketMS))
+	fmt.Fprintf(&b, `<svg viewBox="0 0 %.0f %.0f" role="img" aria-label="%s: outcomes per %s by class, on its own scale (0 to %d)" class="chart" data-top="%d">`,
+		chartW, h, html.EscapeString(name), bucketLabel(r.BucketMS), top, top)
 	yOf := func(v int) float64 { return marginT + barsPlotH - barsPlotH*float64(v)/float64(top) }
 	for v := 0; v <= top; v += step {
 		y := yOf(v)
 		fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" class="grid"/>`, marginL, y, marginL+plotW, y)
 		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="end" class="lbl">%d</text>`, marginL-6, y+4, v)
 	}
-	fmt.Fprintf(&b, `<text transform="translate(14 %.1f) rotate(-90)" text-anchor="middle" class="ttl">outcomes per %s</text>`,
-		marginT+barsPlotH/2, bucketLabel(r.BucketMS))
+	fmt.Fprintf(&b, `<text transform="translate(14 %.1f) rotate(-90)" text-anchor="middle" class="ttl">%s per %s</text>`,
+		marginT+barsPlotH/2, html.EscapeString(name), bucketLabel(r.BucketMS))
 	n := len(r.Buckets)
 	slot := plotW / float64(n)
 	barW := math.Max(1, slot*0.8)
@@ -244,10 +251,18 @@ func healthSVG(r *Report, names []string) string {
 		top := marginT + float64(li)*(labelRow+laneH+laneGap)
 		y := top + labelRow
 		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" class="lbl">%s</text>`, marginL, top+labelFont, html.EscapeString(name))
-		fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" class="nodata"><title>before the period</title></rect>`,
-			marginL, y, xOf(from)-marginL, laneH)
+		if w := xOf(from) - marginL; w > 0 {
+			fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" class="nodata"><title>before the period</title></rect>`,
+				marginL, y, w, laneH)
+		}
 		for _, s := range r.Health[name].Spans {
-			x0, x1 := xOf(s.From.Time), xOf(s.To.Time)
+			// The axis spans the records: a span reaching beyond it is
+			// drawn to its edge.
+			x0 := max(xOf(s.From.Time), marginL)
+			x1 := min(xOf(s.To.Time), marginL+plotW)
+			if x1 <= x0 && !s.From.Equal(s.To.Time) {
+				continue // entirely off the axis
+			}
 			title := fmt.Sprintf("%s: %s from %s to %s (%s)", name, s.State, s.From.UTC().Format("Jan 02 15:04"), s.To.UTC().Format("Jan 02 15:04"), humanDuration(s.To.Sub(s.From.Time)))
 			if s.Reason != "" {
 				title += " — " + s.Reason
@@ -292,15 +307,25 @@ func hbarsSVG(aria string, bars []hbar) string {
 	return b.String()
 }
 
-// humanDuration is "45s", "12m", "2h 05m", "3d 4h".
+// humanDuration is "45s", "3m 30s", "12m", "2h 05m", "3d 4h": rounded to
+// its last unit, never cut (3m 59s is not "3m"), to the second below ten
+// minutes, so it reads like the durations health reasons give.
 func humanDuration(d time.Duration) string {
 	switch {
-	case d < time.Minute:
-		return strconv.Itoa(int(d.Seconds())) + "s"
-	case d < time.Hour:
+	case d < time.Minute-time.Second/2:
+		return strconv.Itoa(int(d.Round(time.Second).Seconds())) + "s"
+	case d < 10*time.Minute-time.Second/2:
+		d = d.Round(time.Second)
+		if s := int(d.Seconds()) % 60; s != 0 {
+			return fmt.Sprintf("%dm %02ds", int(d.Minutes()), s)
+		}
 		return strconv.Itoa(int(d.Minutes())) + "m"
-	case d < 48*time.Hour:
+	case d < time.Hour-time.Minute/2:
+		return strconv.Itoa(int(d.Round(time.Minute).Minutes())) + "m"
+	case d < 48*time.Hour-time.Minute/2:
+		d = d.Round(time.Minute)
 		return fmt.Sprintf("%dh %02dm", int(d.Hours()), int(d.Minutes())%60)
 	}
+	d = d.Round(time.Hour)
 	return fmt.Sprintf("%dd %dh", int(d.Hours())/24, int(d.Hours())%24)
 }

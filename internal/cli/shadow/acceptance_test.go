@@ -24,6 +24,7 @@ import (
 	"github.com/failbus/failbus/internal/watch"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/agent"
+	"github.com/failbus/failbus/pkg/engine/sim"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy"
 )
@@ -62,15 +63,17 @@ func busState(t *testing.T, ctx context.Context, js jetstream.JetStream) map[str
 // retried past the first retry, base retry and new give_up, the summary
 // counts them, and the bus is unchanged afterwards (streams, consumers, no
 // sink called). Shadowing with the base policy itself lists nothing, and
-// the base run's decisions are the ones the bus recorded.
+// the base run's decisions are the ones the bus recorded, jittered delays
+// included; simulate, fed the same outcomes, decides those delays too.
 func TestShadowOfHistoryRecordedOnARealBus(t *testing.T) {
 	t.Parallel()
 	var sinkCalls atomic.Int64
 	sink := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { sinkCalls.Add(1) }))
 	t.Cleanup(sink.Close)
 	dir := t.TempDir()
-	// No jitter, so the base run's delays can be compared with the bus's.
-	baseYAML := fmt.Sprintf("retry:\n  max_retries: 10\n  jitter_ratio: 0\nnotify:\n  sinks:\n    - {name: ops, type: webhook, url: %s}\n", sink.URL)
+	// A wide jitter: the base run's delays must be the bus's to the
+	// millisecond, its draw included.
+	baseYAML := fmt.Sprintf("retry:\n  max_retries: 10\n  jitter_ratio: 0.5\nnotify:\n  sinks:\n    - {name: ops, type: webhook, url: %s}\n", sink.URL)
 	basePath, newPath := filepath.Join(dir, "base.yaml"), filepath.Join(dir, "new.yaml")
 	if err := os.WriteFile(basePath, []byte(baseYAML), 0o644); err != nil {
 		t.Fatal(err)
@@ -101,6 +104,7 @@ func TestShadowOfHistoryRecordedOnARealBus(t *testing.T) {
 	// again, and succeeds elsewhere; one provider each.
 	t0 := time.Now().Add(-time.Hour).UTC()
 	outcomes, wantDiffs := 0, map[string]int{} // outcome id → base retry number
+	var reported []*events.Outcome
 	for a := range 3 {
 		bot, err := agent.New(nc, fmt.Sprintf("bot-%d", a))
 		if err != nil {
@@ -124,6 +128,7 @@ func TestShadowOfHistoryRecordedOnARealBus(t *testing.T) {
 			if err := bot.Report(ctx, o); err != nil {
 				t.Fatal(err)
 			}
+			reported = append(reported, o)
 			outcomes++
 			if !o.OK {
 				select {
@@ -160,6 +165,31 @@ func TestShadowOfHistoryRecordedOnARealBus(t *testing.T) {
 		if d := recorded[id]; d.Action != events.ActionRetry || d.Retry != retry {
 			t.Fatalf("the bus decided %+v for %s, want retry %d (max_retries 10)", d, id, retry)
 		}
+	}
+	// simulate (its default seed), fed the same outcomes, decides the
+	// bus's delays.
+	simulated, err := sim.New(sim.Config{Policy: pol})
+	if err != nil {
+		t.Fatal(err)
+	}
+	jittered := 0
+	for _, o := range reported {
+		for _, out := range simulated.Step(sim.Input{Type: sim.InputOutcome, At: o.At, Outcome: o}) {
+			if out.Decision == nil {
+				continue
+			}
+			rec := recorded[o.ID]
+			if out.Decision.Action != rec.Action || out.Decision.Retry != rec.Retry || out.Decision.DelayMS != rec.DelayMS {
+				t.Errorf("%s: simulate decided %s %d after %d ms, the bus %s %d after %d ms", o.ID,
+					out.Decision.Action, out.Decision.Retry, out.Decision.DelayMS, rec.Action, rec.Retry, rec.DelayMS)
+			}
+			if rec.Retry > 0 && rec.DelayMS%1000 != 0 {
+				jittered++
+			}
+		}
+	}
+	if jittered == 0 {
+		t.Error("no delay on the bus was jittered: the comparison shows nothing")
 	}
 	// Every retry was due before now (the outcomes are an hour old), but
 	// JetStream fires a schedule on its own timer: wait until each has

@@ -53,7 +53,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	until := fs.String("until", "", "stop before this store time (RFC 3339)")
 	endSeq := fs.Uint64("end-seq", 0, "stop after this sequence of FAILBUS_OUTCOMES")
 	input := fs.String("input", "", "replay simulate-format JSON Lines from FILE (- for stdin) instead of the bus")
-	seed := fs.Uint64("seed", 1, "seed of the jitter (the same seed and history give the same output)")
+	seed := fs.Uint64("seed", 0, "vary the jitter's draw: 0 draws it as the bus does, from each outcome's id (the same seed and history give the same output)")
 	if rest, code, done := cli.Parse(fs, args); done {
 		return code
 	} else if len(rest) > 0 {
@@ -144,6 +144,9 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			return 1
 		}
 		defer nc.Close()
+		// A denied read fails at once, naming the denial.
+		ctx, failFast := nc.FailFast(ctx)
+		defer failFast()
 		st, err = ReadBus(ctx, js, rng, stderr, func(rec Record) error {
 			if d := s.Step(InputOf(rec)); d != nil {
 				d.Seq = rec.Seq

@@ -13,15 +13,15 @@
 // called (notifications stay records in memory).
 //
 // Jitter: each decision draws its randomness from its outcome's id (and
-// the seed), not from one stream shared by all decisions, so a decision
-// that changes does not shift the jitter of every later one: a policy
-// equal to the base shows no difference at all.
+// the seed; retry.JitterU), as the bus's scheduler does, not from one
+// stream shared by all decisions: a decision that changes does not shift
+// the jitter of every later one, a policy equal to the base shows no
+// difference at all, and with seed 0 (the default) the base run gives each
+// retry the delay the bus gave it.
 package shadow
 
 import (
-	"encoding/binary"
 	"fmt"
-	"hash/fnv"
 	"time"
 
 	"github.com/failbus/failbus/pkg/engine/sim"
@@ -37,7 +37,7 @@ type Options struct {
 	// New is the policy being audited. Required.
 	New *policy.Policy
 	// Seed varies the jitter (the same seed and history give the same
-	// figures).
+	// figures); 0 draws it as the bus does.
 	Seed uint64
 	// DedupeLifetime is notification admission's dedupe lifetime
 	// (defaults to the notifier's).
@@ -98,7 +98,6 @@ type Summary struct {
 // concurrent use.
 type Shadow struct {
 	base, next *sim.Sim
-	rb, rn     *keyedRand
 	sum        Summary
 	// The new policy's engine steps on its own goroutine, started on
 	// the first Step and kept (a goroutine per step spent a tenth of
@@ -116,12 +115,12 @@ func New(o Options) (*Shadow, error) {
 	if base == nil {
 		base = policy.Default()
 	}
-	s := &Shadow{rb: &keyedRand{seed: o.Seed}, rn: &keyedRand{seed: o.Seed}, sum: Summary{Type: "summary", Changes: map[string]int{}}}
+	s := &Shadow{sum: Summary{Type: "summary", Changes: map[string]int{}}}
 	var err error
-	if s.base, err = sim.New(sim.Config{Policy: base, Rand: s.rb.float, DedupeLifetime: o.DedupeLifetime}); err != nil {
+	if s.base, err = sim.New(sim.Config{Policy: base, Seed: o.Seed, DedupeLifetime: o.DedupeLifetime}); err != nil {
 		return nil, fmt.Errorf("shadow: base policy: %w", err)
 	}
-	if s.next, err = sim.New(sim.Config{Policy: o.New, Rand: s.rn.float, DedupeLifetime: o.DedupeLifetime}); err != nil {
+	if s.next, err = sim.New(sim.Config{Policy: o.New, Seed: o.Seed, DedupeLifetime: o.DedupeLifetime}); err != nil {
 		return nil, fmt.Errorf("shadow: new policy: %w", err)
 	}
 	return s, nil
@@ -130,14 +129,6 @@ func New(o Options) (*Shadow, error) {
 // Step replays one input under both policies and returns the diff when
 // it is an outcome whose decision differs.
 func (s *Shadow) Step(in sim.Input) *Diff {
-	key := in.Type
-	if in.Outcome != nil {
-		key = "outcome:" + in.Outcome.ID
-	} else if !in.At.IsZero() {
-		key += "@" + in.At.UTC().Format(time.RFC3339Nano)
-	}
-	s.rb.reset(key)
-	s.rn.reset(key)
 	// The two engines share nothing (stores, clock, jitter), so they step
 	// side by side: on two cores a replay takes half the time.
 	if s.work == nil {
@@ -249,35 +240,6 @@ func action(d *events.Decision) string {
 		return "none"
 	}
 	return d.Action
-}
-
-// keyedRand is the jitter of one engine: uniform numbers drawn from a hash
-// of the current input's key, the draw's index and the seed, so the same
-// outcome gets the same jitter under both policies, whatever came before.
-type keyedRand struct {
-	seed uint64
-	key  string
-	n    uint64
-}
-
-func (r *keyedRand) reset(key string) { r.key, r.n = key, 0 }
-
-func (r *keyedRand) float() float64 {
-	h := fnv.New64a()
-	var b [16]byte
-	binary.LittleEndian.PutUint64(b[:8], r.seed)
-	binary.LittleEndian.PutUint64(b[8:], r.n)
-	r.n++
-	h.Write(b[:])
-	h.Write([]byte(r.key))
-	x := h.Sum64()
-	// splitmix64's finaliser spreads FNV's low-entropy high bits.
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	x ^= x >> 31
-	return float64(x>>11) / (1 << 53)
 }
 
 // InputOf is the simulate input of a recorded outcome or boundary, at its

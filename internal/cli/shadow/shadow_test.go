@@ -185,28 +185,6 @@ func BenchmarkShadow(b *testing.B) {
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "outcomes/s")
 }
 
-// TestKeyedJitterDependsOnTheInputAlone: the draws of an input do not
-// depend on how many draws the inputs before it took.
-func TestKeyedJitterDependsOnTheInputAlone(t *testing.T) {
-	a, b := &keyedRand{seed: 3}, &keyedRand{seed: 3}
-	a.reset("outcome:x")
-	a.float()
-	a.float()
-	a.reset("outcome:y")
-	b.reset("outcome:y")
-	for i := range 3 {
-		if x, y := a.float(), b.float(); x != y || x < 0 || x >= 1 {
-			t.Fatalf("draw %d of outcome:y: %v after other draws, %v fresh", i, x, y)
-		}
-	}
-	c := &keyedRand{seed: 4}
-	c.reset("outcome:y")
-	b.reset("outcome:y")
-	if c.float() == b.float() {
-		t.Error("the seed does not change the draws")
-	}
-}
-
 // TestShadowSpeedFromTheBus measures `failbus shadow` over 100k outcomes
 // stored on a real bus (FAILBUS_SHADOW_SPEED=1; it prints the figure and
 // asserts nothing about time: speed is measured, not asserted).

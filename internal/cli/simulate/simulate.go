@@ -23,7 +23,7 @@ var Command = cli.Command{Name: "simulate", Summary: "run the whole decision cor
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := cli.NewFlagSet("simulate", "[--policy FILE] [--seed N] < input.jsonl > output.jsonl", stderr)
 	policyPath := fs.String("policy", "", "policy YAML file (default: the built-in default policy)")
-	seed := fs.Uint64("seed", 1, "seed of the backoff jitter's random numbers; the same seed and input give the same output")
+	seed := fs.Uint64("seed", 0, "vary the backoff jitter's draw: 0 draws it as the bus does, from each outcome's id; the same seed and input give the same output")
 	pos, code, done := cli.Parse(fs, args)
 	if done {
 		return code

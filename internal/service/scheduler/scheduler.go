@@ -108,7 +108,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -221,10 +220,6 @@ type Config struct {
 	// time.Now.
 	Now func() time.Time
 
-	// Rand supplies uniform [0, 1) numbers for the backoff jitter; it is
-	// called under a lock. Defaults to math/rand/v2's Float64.
-	Rand func() float64
-
 	// MaxProviders bounds the providers whose
 	// failbus_scheduler_provider_outage series is on /metrics: agents name
 	// providers, so past it the least recently seen provider's series is
@@ -257,8 +252,6 @@ type Service struct {
 	watch   bool
 	file    *policyFile // nil without Config.PolicyFile
 	now     func() time.Time
-	randMu  sync.Mutex
-	rand    func() float64
 	crashAt func(string)
 	log     zerolog.Logger
 	reg     prometheus.Registerer
@@ -337,7 +330,6 @@ func New(js jetstream.JetStream, opts Config) (*Service, error) {
 		js:      js,
 		watch:   opts.WatchPolicy,
 		now:     opts.Now,
-		rand:    opts.Rand,
 		crashAt: opts.CrashAt,
 		log:     rc.Logger.With().Str("service", Name).Logger(),
 		reg:     rc.Registerer,
@@ -345,9 +337,6 @@ func New(js jetstream.JetStream, opts Config) (*Service, error) {
 	}
 	if s.now == nil {
 		s.now = time.Now
-	}
-	if s.rand == nil {
-		s.rand = rand.Float64
 	}
 	if opts.PolicyFile != "" {
 		interval := opts.PolicyPollInterval
@@ -366,7 +355,6 @@ func New(js jetstream.JetStream, opts Config) (*Service, error) {
 	s.eng, err = engine.New(engine.Config{
 		Policy: base,
 		Stores: engine.Stores{Providers: &s.providers, Ledger: ledgerStore{s}},
-		Rand:   s.random,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("scheduler: %w", err)
@@ -501,13 +489,6 @@ func Run(ctx context.Context, nc *nats.Conn, opts Config) error {
 		return err
 	}
 	return s.Run(ctx)
-}
-
-// random is one jitter draw.
-func (s *Service) random() float64 {
-	s.randMu.Lock()
-	defer s.randMu.Unlock()
-	return s.rand()
 }
 
 // crash calls the fault-injection hook.

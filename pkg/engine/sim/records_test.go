@@ -113,7 +113,7 @@ func TestSimDeterministic(t *testing.T) {
 		b, _ := json.Marshal(h.out)
 		return string(b)
 	}
-	if render(7) != render(7) {
+	if a, b := render(7), render(7); a != b {
 		t.Error("same seed, different output")
 	}
 	if render(7) == render(8) {

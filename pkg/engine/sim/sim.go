@@ -16,8 +16,9 @@
 // line's time comes due, in due order, each as a retry_due record stamped
 // with its due time.
 //
-// Randomness (the backoff jitter) comes from a seeded generator or a
-// function the caller passes, so a run is reproducible.
+// Randomness (the backoff jitter) is drawn from each outcome's id, as on
+// the bus (retry.JitterU), so a run is reproducible and decides the delays
+// the bus decided for the same outcomes.
 //
 // A classification's `retryable` is its class's membership in the
 // provider's effective retryable set (false under mode off): the policy's
@@ -49,10 +50,9 @@ import (
 type Config struct {
 	// Policy is the policy to run; nil runs policy.Default().
 	Policy *policy.Policy
-	// Seed seeds the jitter's generator (PCG) when Rand is nil.
+	// Seed varies the backoff jitter's draw (engine.Config.Seed): 0 draws
+	// it as the bus does, from each outcome's id.
 	Seed uint64
-	// Rand, when set, supplies the uniform [0, 1) numbers for the jitter.
-	Rand func() float64
 	// DedupeLifetime is how long a sent notification's dedupe key
 	// suppresses the same key. Defaults to
 	// notification.DefaultDedupeLifetime (7 days), the notifier's default.
@@ -77,7 +77,7 @@ func New(cfg Config) (*Sim, error) {
 		p = policy.Default()
 	}
 	mem := engine.NewMemory(p.Refusal.StateTTL)
-	eng, err := engine.New(engine.Config{Policy: p, Stores: mem.Stores(), Rand: cfg.Rand, Seed: cfg.Seed})
+	eng, err := engine.New(engine.Config{Policy: p, Stores: mem.Stores(), Seed: cfg.Seed})
 	if err != nil {
 		return nil, fmt.Errorf("simulate: %w", err)
 	}

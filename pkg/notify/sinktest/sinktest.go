@@ -104,7 +104,7 @@ func Run(t *testing.T, h Harness) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			ep := h.Start(t)
-			if ep.Sink.Name() == "" || ep.Sink.Name() != ep.Sink.Name() {
+			if name := ep.Sink.Name(); name == "" || name != ep.Sink.Name() {
 				t.Fatalf("Name() = %q: must be non-empty and stable", ep.Sink.Name())
 			}
 			c.run(t, ep)

@@ -3,6 +3,7 @@ package recovery
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/failbus/failbus/pkg/events"
@@ -199,6 +200,14 @@ func (c *Core) recordCommand(rec *events.Recovery) Command {
 	return Command{ID: msgID("recovery", rec.RecoveryID, rec.Step), Subject: events.RecoverySubject(rec.Provider), Recovery: rec}
 }
 
+// count is n and word, in the plural unless n is 1 ("1 task").
+func count(n int, word string) string {
+	if n == 1 {
+		return "1 " + word
+	}
+	return strconv.Itoa(n) + " " + word + "s"
+}
+
 // notification is the one normal notification at the end of a run.
 func (c *Core) notification(provider string, e *Episode, now time.Time) Command {
 	n := e.Counts
@@ -209,9 +218,10 @@ func (c *Core) notification(provider string, e *Episode, now time.Time) Command 
 			DedupeKey: NotificationKey(provider, e.OutageStartedAt.Time),
 			Severity:  events.SeverityNormal,
 			Title:     "recovery checklist done for " + provider,
-			Text: fmt.Sprintf("After the outage of %s from %s to %s (%s): %d running subagents found, %d killed; %d missed cron runs re-run, %d listed as missed; %d failed writes to check; %d tasks re-dispatched; %d held tasks released. Each step is recorded on %s.",
+			Text: fmt.Sprintf("After the outage of %s from %s to %s (%s): %s found, %d killed; %s re-run, %d listed as missed; %s to check; %s re-dispatched; %s released. Each step is recorded on %s.",
 				provider, clock(e.OutageStartedAt.Time), clock(e.RecoveredAt.Time), e.RecoveredAt.Sub(e.OutageStartedAt.Time).Round(time.Second),
-				n.Subagents, n.Killed, n.CronsRerun, n.CronsMissed, n.Writes, n.Redispatched, n.Released, events.RecoverySubject(provider)),
+				count(n.Subagents, "running subagent"), n.Killed, count(n.CronsRerun, "missed cron run"), n.CronsMissed,
+				count(n.Writes, "failed write"), count(n.Redispatched, "task"), count(n.Released, "held task"), events.RecoverySubject(provider)),
 			Labels: map[string]string{"provider": provider, "recovery_id": e.RecoveryID},
 			At:     events.At(now),
 		},

@@ -89,7 +89,7 @@ func TestBudgetKey(t *testing.T) {
 	if !token.MatchString(base.Token()) {
 		t.Fatalf("token %q is not subject-safe b + 24 hex", base.Token())
 	}
-	if base.Token() != base.Token() || base.RetryID(3) != base.Token()+"-3" {
+	if t1, t2 := base.Token(), base.Token(); t1 != t2 || base.RetryID(3) != t1+"-3" {
 		t.Fatalf("token or retry id not deterministic: %s %s", base.Token(), base.RetryID(3))
 	}
 	for _, v := range variants {

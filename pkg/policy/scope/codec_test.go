@@ -14,11 +14,13 @@ import (
 type (
 	entryMirror Entry
 	markMirror  Mark
+	callMirror  Call
 	stateMirror ProviderState
 )
 
 func entryMir(e *Entry) any         { return (*entryMirror)(e) }
 func markMir(m *Mark) any           { return (*markMirror)(m) }
+func callMir(k *Call) any           { return (*callMirror)(k) }
 func stateMir(s *ProviderState) any { return (*stateMirror)(s) }
 
 // TestCodecMatchesReflection: each table writes the bytes reflection
@@ -28,9 +30,11 @@ func stateMir(s *ProviderState) any { return (*stateMirror)(s) }
 func TestCodecMatchesReflection(t *testing.T) {
 	t.Run("entry", func(t *testing.T) { wirecheck.Match(t, 21, 2000, entryMir) })
 	t.Run("mark", func(t *testing.T) { wirecheck.Match(t, 22, 500, markMir) })
+	t.Run("call", func(t *testing.T) { wirecheck.Match(t, 26, 500, callMir) })
 	t.Run("state", func(t *testing.T) { wirecheck.Match(t, 23, 2000, stateMir) })
 	wirecheck.CoversTags(t, reflect.TypeFor[Entry](), entryWire.Keys)
 	wirecheck.CoversTags(t, reflect.TypeFor[Mark](), markWire.Keys)
+	wirecheck.CoversTags(t, reflect.TypeFor[Call](), callWire.Keys)
 	wirecheck.CoversTags(t, reflect.TypeFor[ProviderState](), stateWire.Keys)
 }
 
@@ -49,6 +53,7 @@ func FuzzCodecDecode(f *testing.F) {
 		for _, err := range []error{
 			wirecheck.SameDecode(data, entryMir),
 			wirecheck.SameDecode(data, markMir),
+			wirecheck.SameDecode(data, callMir),
 			wirecheck.SameDecode(data, stateMir),
 		} {
 			if err != nil {

@@ -28,6 +28,15 @@ const (
 	// models one provider's state remembers: names come from agents.
 	DefaultMaxProfiles = 256
 	DefaultMaxModels   = 256
+	// DefaultErrorRatio is the share of the provider's latest calls that
+	// failed on the provider's side at which it is degraded.
+	DefaultErrorRatio = 0.5
+	// DefaultErrorSample is how many of the provider's latest calls that
+	// share is taken over.
+	DefaultErrorSample = 40
+	// DefaultMaxAgentsPerProfile bounds the agents a profile remembers
+	// as having reported it (its possible switch_profile recipients).
+	DefaultMaxAgentsPerProfile = 32
 )
 
 // Config is the `scope:` policy section: the fault-scope thresholds.
@@ -56,6 +65,27 @@ type Config struct {
 	// recently seen (counted). Must be >= 1. Default to 256 each.
 	MaxProfiles int `yaml:"max_profiles" json:"max_profiles"`
 	MaxModels   int `yaml:"max_models" json:"max_models"`
+	// ErrorRatio is the share of the provider's latest calls (ErrorSample
+	// of them, within Window) that failed on the provider's side —
+	// overloaded, server_error, or at the network layer — at which the
+	// provider is degraded, when the failures reached every profile seen
+	// within Window. It is degraded until the share falls below half of
+	// it. Must be within (0, 1]. Defaults to 0.5.
+	ErrorRatio float64 `yaml:"error_ratio" json:"error_ratio"`
+	// ErrorSample is how many of the provider's latest calls the share is
+	// taken over; it counts once at least half of them lie within Window
+	// (40: a provider failing 57 % of its calls does not drift below half
+	// the ratio by chance, so its degraded state does not flap). When
+	// half of them came within Window since the latest success, all
+	// failing on the provider's side, and every profile's latest result is
+	// such a failure, nothing succeeds: an outage. Must be >= 2. Defaults
+	// to 40.
+	ErrorSample int `yaml:"error_sample" json:"error_sample"`
+	// MaxAgentsPerProfile bounds the agents a profile remembers as having
+	// reported it: switch_profile names a profile only to an agent that
+	// reported it (or declared it), and an agent it forgot gets a retry
+	// instead. Must be >= 1. Defaults to 32.
+	MaxAgentsPerProfile int `yaml:"max_agents_per_profile" json:"max_agents_per_profile"`
 	// Failover lists, per provider, the providers to switch to during its
 	// outage, in order; the first one not in an outage is chosen. Empty:
 	// agents wait (wait_provider).
@@ -72,6 +102,9 @@ func DefaultConfig() Config {
 		ForgetAfter:          DefaultForgetAfter,
 		MaxProfiles:          DefaultMaxProfiles,
 		MaxModels:            DefaultMaxModels,
+		ErrorRatio:           DefaultErrorRatio,
+		ErrorSample:          DefaultErrorSample,
+		MaxAgentsPerProfile:  DefaultMaxAgentsPerProfile,
 	}
 }
 
@@ -98,6 +131,15 @@ func (c Config) Validate() error {
 	}
 	if c.MaxModels < 1 {
 		errs = append(errs, fmt.Errorf("scope.max_models: must be >= 1, got %d", c.MaxModels))
+	}
+	if !(c.ErrorRatio > 0 && c.ErrorRatio <= 1) {
+		errs = append(errs, fmt.Errorf("scope.error_ratio: must be within (0, 1], got %v", c.ErrorRatio))
+	}
+	if c.ErrorSample < 2 {
+		errs = append(errs, fmt.Errorf("scope.error_sample: must be >= 2, got %d", c.ErrorSample))
+	}
+	if c.MaxAgentsPerProfile < 1 {
+		errs = append(errs, fmt.Errorf("scope.max_agents_per_profile: must be >= 1, got %d", c.MaxAgentsPerProfile))
 	}
 	names := make([]string, 0, len(c.Failover))
 	for p := range c.Failover {

@@ -16,7 +16,7 @@ import (
 func (s *ProviderState) profileFaultNotice(c events.Classification, e *Entry, target string, now time.Time) events.Notification {
 	what := "No other profile of " + s.Provider + " is known to work."
 	if target != "" {
-		what = "Agents switch to profile " + target + "."
+		what = "Profile " + target + " works: agents that reported it switch to it."
 	}
 	return events.Notification{
 		DedupeKey: "profile-fault:" + s.Provider + ":" + c.Profile + ":" + c.Class + ":" + millis(e.FaultSince),

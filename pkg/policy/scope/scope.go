@@ -22,6 +22,23 @@
 //     {state: outage} and a CRITICAL notification go out — the provider's
 //     every caller is stuck, crons included, and a human must know even when
 //     the day's budget of non-critical notifications is spent.
+//   - Nothing succeeds: every profile seen within scope.window has, as its
+//     latest result, a failure on the provider's side (overloaded,
+//     server_error, or network), and at least half of scope.error_sample
+//     calls (20) came within the window since the provider's latest
+//     success, all such failures: rare by chance even for a provider
+//     failing most calls (a false outage holds every agent until the
+//     recovery streak), and out of reach of one agent retrying alone,
+//     whose retry chain decides. The provider itself is down (seed 002's provider level is
+//     about the provider failing, not only its sockets): an outage as
+//     above, with its reason naming the classes.
+//   - Degraded by errors: at least scope.error_ratio of the provider's
+//     latest calls (scope.error_sample of them, at least half within the
+//     window) failed on its side, and every profile seen within the window
+//     had such a failure within it → health degraded and a normal
+//     notification; retries go on. It ends when the share falls below half
+//     of error_ratio or too few calls came within the window (checked at
+//     each outcome, at the provider's clock); an outage supersedes it.
 //   - Recovery: never on one call. The first success during an outage
 //     starts a recovery streak (health degraded); a network failure breaks
 //     it (health outage again); the streak recovers the provider once it has
@@ -33,7 +50,11 @@
 //     profile's latest result is a success → switch_profile to it (the most
 //     recently successful), and a normal notification per fault episode so
 //     a human refreshes the credential. A 429 on one profile while another
-//     works → switch_profile, before any retry.
+//     works → switch_profile, before any retry. The target is only ever a
+//     named profile the failing outcome's agent reported itself (a profile
+//     remembers its latest scope.max_agents_per_profile agents): another
+//     agent's credential is not one this agent holds (CONTRACT.md), so
+//     without one of its own the agent retries after the cooldown.
 //   - Provider-wide rate limit: at least two profiles seen within the
 //     window, every one's latest result a 429 → health degraded, and
 //     retries wait for the cooldown (the hint, or the longest cooldown a
@@ -60,6 +81,7 @@
 //	profile-fault:<provider>:<profile>:<class>:<episode start, epoch ms>
 //	model-fault:<provider>:<model>:<episode start, epoch ms>
 //	model-fault-escalated:<provider>:<first episode start, epoch ms>:<sorted models>
+//	provider-errors:<provider>:<degraded since, epoch ms>
 //
 // ProviderState is the stored value, with msgpack and JSON keys: the engine
 // (pkg/engine) keeps one per provider in its Providers store — one KV key

@@ -70,6 +70,7 @@ func scopeKeys(ns []events.Notification) string {
 }
 
 const (
+	//lint:ignore ST1011 short names for the tests' many durations: scopeSec is one second
 	scopeSec = time.Second
 	scopeMin = time.Minute
 )

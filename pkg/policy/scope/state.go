@@ -28,6 +28,17 @@ type Entry struct {
 	FaultClass string `msgpack:"fault_class,omitempty" json:"fault_class,omitempty"`
 	// CooldownUntil (profiles) is when the latest rate-limit hint expires.
 	CooldownUntil events.Time `msgpack:"cooldown_until,omitempty" json:"cooldown_until,omitzero"`
+	// ErrorAt and ErrorClass (profiles) are the own time and class of the
+	// profile's latest failure on the provider's side (overloaded,
+	// server_error, network): the degraded rule asks that every profile
+	// had one within the window.
+	ErrorAt    events.Time `msgpack:"error_at,omitempty" json:"error_at,omitzero"`
+	ErrorClass string      `msgpack:"error_class,omitempty" json:"error_class,omitempty"`
+	// Agents (profiles) are the agents that reported the profile, as
+	// AgentKey hashes, the latest last, at most
+	// Config.MaxAgentsPerProfile: switch_profile names the profile only to
+	// them.
+	Agents Keys `msgpack:"agents,omitempty" json:"agents,omitempty"`
 }
 
 // Mark is one outcome counted by a rule: its id, so that a redelivered or
@@ -36,6 +47,16 @@ type Entry struct {
 type Mark struct {
 	ID string      `msgpack:"id" json:"id"`
 	At events.Time `msgpack:"at" json:"at"`
+}
+
+// Call is one of the provider's latest calls, counted by the degraded
+// rule: a hash of its outcome id (IDKey), so a redelivered outcome is not
+// counted twice, its own time, and whether it failed on the provider's
+// side (overloaded, server_error, network).
+type Call struct {
+	ID   uint64      `msgpack:"id" json:"id"`
+	At   events.Time `msgpack:"at" json:"at"`
+	Fail bool        `msgpack:"fail,omitempty" json:"fail,omitempty"`
 }
 
 // ProviderState is the fault-scope state of one provider. Its zero value
@@ -65,6 +86,15 @@ type ProviderState struct {
 	Streak            []string    `msgpack:"streak,omitempty" json:"streak,omitempty"`
 	// RateLimited is true while every profile is rate-limited.
 	RateLimited bool `msgpack:"rate_limited,omitempty" json:"rate_limited,omitempty"`
+	// Erroring is true while a large share of the provider's latest
+	// calls fail on its side on every profile (Config.ErrorRatio), since
+	// ErroringSince.
+	Erroring      bool        `msgpack:"erroring,omitempty" json:"erroring,omitempty"`
+	ErroringSince events.Time `msgpack:"erroring_since,omitempty" json:"erroring_since,omitzero"`
+	// Calls are the provider's latest calls by own time, oldest first, at
+	// most Config.ErrorSample of them: what the degraded rule's share and
+	// the outage of nothing succeeding are taken over.
+	Calls Calls `msgpack:"calls,omitempty" json:"calls,omitempty"`
 	// LastSuccess is the own time of the provider's latest success, any
 	// profile or model.
 	LastSuccess events.Time `msgpack:"last_success,omitempty" json:"last_success,omitzero"`
@@ -77,15 +107,15 @@ type ProviderState struct {
 }
 
 // HealthState is the provider's current health as CONTRACT.md names it:
-// outage, degraded (recovering from an outage, or rate-limited on every
-// profile) or healthy.
+// outage, degraded (recovering from an outage, rate-limited on every
+// profile, or failing a large share of its calls) or healthy.
 func (s *ProviderState) HealthState() string {
 	switch {
 	case s.Outage && s.RecoverySuccesses > 0:
 		return events.HealthDegraded
 	case s.Outage:
 		return events.HealthOutage
-	case s.RateLimited:
+	case s.RateLimited, s.Erroring:
 		return events.HealthDegraded
 	}
 	return events.HealthHealthy
@@ -101,6 +131,38 @@ func isNetwork(c events.Classification) bool {
 		}
 	}
 	return sc == events.ScopeNetwork && c.Class != events.ClassOK
+}
+
+// isProviderSide reports whether a classification is a failure on the
+// provider's side: the provider failing (overloaded, server_error: class
+// scope provider) or the network path to it failing. Seed 002's provider
+// level is the provider failing, not only its sockets.
+func isProviderSide(c events.Classification) bool {
+	sc := c.Scope
+	if sc == "" {
+		if info, ok := events.LookupClass(c.Class); ok {
+			sc = info.Scope
+		}
+	}
+	return (sc == events.ScopeNetwork || sc == events.ScopeProvider) && c.Class != events.ClassOK
+}
+
+// providerSideClass is isProviderSide for a stored entry's latest class.
+func providerSideClass(class string) bool {
+	info, ok := events.LookupClass(class)
+	return ok && class != events.ClassOK && (info.Scope == events.ScopeNetwork || info.Scope == events.ScopeProvider)
+}
+
+// IDKey is the 64-bit FNV-1a hash of an outcome id or an agent name: what
+// the state keeps of the many names it only needs to recognise (the
+// degraded rule's calls, a profile's agents), 8 bytes each.
+func IDKey(s string) uint64 {
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(s); i++ {
+		h ^= uint64(s[i])
+		h *= 1099511628211
+	}
+	return h
 }
 
 // Observe folds one classified outcome into the state and returns the
@@ -156,6 +218,7 @@ func (s *ProviderState) Observe(cfg Config, c events.Classification, now time.Ti
 
 	ok := c.Class == events.ClassOK
 	net := isNetwork(c)
+	side := isProviderSide(c)
 	at := events.At(now)
 
 	// Profile and model entries: the latest result, unless this outcome is
@@ -182,6 +245,10 @@ func (s *ProviderState) Observe(cfg Config, c events.Classification, now time.Ti
 			pe.CooldownUntil = events.At(now.Add(time.Duration(c.Hints.AfterMS) * time.Millisecond))
 		}
 	}
+	if side && !t.Before(pe.ErrorAt.Time) {
+		pe.ErrorAt, pe.ErrorClass = events.At(t), c.Class
+	}
+	pe.Agents = remember(pe.Agents, c.Agent, cfg.MaxAgentsPerProfile)
 	var me *Entry
 	modelFaultStarted := false
 	if c.Model != "" {
@@ -235,11 +302,14 @@ func (s *ProviderState) Observe(cfg Config, c events.Classification, now time.Ti
 		}
 	}
 
-	s.outageTransitions(cfg, c, now, t, ok, net, &obs)
+	s.count(cfg, c, t, side)
+
+	s.outageTransitions(cfg, c, now, t, ok, net, side, &obs)
 	s.rateLimitEnd(cfg, c, now, ok && fresh, &obs)
 	if fresh {
 		s.rateLimitStart(cfg, c, now, &obs)
 	}
+	s.errorTransitions(cfg, now, &obs)
 
 	if ok {
 		return obs
@@ -247,7 +317,7 @@ func (s *ProviderState) Observe(cfg Config, c events.Classification, now time.Ti
 	v := &obs.Verdict
 	s.verdict(c, v)
 	if profileFaultStarted {
-		obs.Notify = append(obs.Notify, s.profileFaultNotice(c, pe, v.SwitchProfile, now))
+		obs.Notify = append(obs.Notify, s.profileFaultNotice(c, pe, working(s.Profiles, c.Profile, ""), now))
 	}
 	if modelFaultStarted {
 		obs.Notify = append(obs.Notify, s.modelFaultNotice(c, me, v.SwitchModel, now))
@@ -277,6 +347,56 @@ func (s *ProviderState) applied(c events.Classification) bool {
 	return slices.Contains(s.Streak, id)
 }
 
+// count adds the outcome to the provider's latest calls (Calls) at its
+// own time t: once per outcome id, and only when it is among the latest
+// Config.ErrorSample by own time, so a redelivery or an old outcome
+// arriving late never counts twice nor pushes a newer one out.
+func (s *ProviderState) count(cfg Config, c events.Classification, t time.Time, fail bool) {
+	n := cfg.ErrorSample
+	if n <= 0 {
+		return
+	}
+	key := IDKey(c.OutcomeID)
+	if c.OutcomeID != "" {
+		for _, k := range s.Calls {
+			if k.ID == key {
+				return
+			}
+		}
+	}
+	if len(s.Calls) >= n && !t.After(s.Calls[0].At.Time) {
+		return // older than every call kept
+	}
+	i := len(s.Calls)
+	for i > 0 && s.Calls[i-1].At.After(t) {
+		i--
+	}
+	s.Calls = slices.Insert(s.Calls, i, Call{ID: key, At: events.At(t), Fail: fail})
+	if len(s.Calls) > n {
+		s.Calls = slices.Delete(s.Calls, 0, len(s.Calls)-n)
+	}
+}
+
+// remember puts agent's key last in keys, dropping the oldest beyond
+// limit (0: no limit).
+func remember(keys Keys, agent string, limit int) Keys {
+	if agent == "" {
+		return keys
+	}
+	k := IDKey(agent)
+	if n := len(keys); n > 0 && keys[n-1] == k {
+		return keys // the common case: the same agent again
+	}
+	if i := slices.Index(keys, k); i >= 0 {
+		keys = slices.Delete(keys, i, i+1)
+	}
+	keys = append(keys, k)
+	if limit > 0 && len(keys) > limit {
+		keys = slices.Delete(keys, 0, len(keys)-limit)
+	}
+	return keys
+}
+
 // verdict fills v for failure c from the current state (nothing for a
 // success).
 func (s *ProviderState) verdict(c events.Classification, v *Verdict) {
@@ -290,10 +410,12 @@ func (s *ProviderState) verdict(c events.Classification, v *Verdict) {
 	}
 	switch c.Class {
 	case events.ClassRateLimit, events.ClassAuth, events.ClassQuotaExhausted:
-		v.SwitchProfile = working(s.Profiles, c.Profile)
+		// Only a profile this agent reported: another agent's credential
+		// is not one it can call with (CONTRACT.md).
+		v.SwitchProfile = working(s.Profiles, c.Profile, c.Agent)
 	}
 	if ModelFault(c.Class) {
-		v.SwitchModel = working(s.Models, c.Model)
+		v.SwitchModel = working(s.Models, c.Model, "")
 	}
 	if s.RateLimited {
 		v.ProviderRateLimited = true
@@ -368,13 +490,21 @@ func (s *ProviderState) active(cfg Config, now time.Time) []string {
 	return out
 }
 
-// working picks another entry whose latest result is a success: the
-// most recent one, by name on a tie; "" when none.
-func working(entries map[string]*Entry, except string) string {
+// working picks another named entry whose latest result is a success,
+// among those agent reported when agent is not empty: the most recent
+// one, by name on a tie; "" when none.
+func working(entries map[string]*Entry, except, agent string) string {
 	best := ""
 	var bestAt time.Time
+	var key uint64
+	if agent != "" {
+		key = IDKey(agent)
+	}
 	for name, e := range entries {
-		if name == except || !e.LastOK {
+		if name == except || name == "" || !e.LastOK {
+			continue
+		}
+		if agent != "" && !slices.Contains(e.Agents, key) {
 			continue
 		}
 		if best == "" || e.LastAt.After(bestAt) || e.LastAt.Equal(bestAt) && name < best {

@@ -15,25 +15,30 @@ import (
 // outcome's own time: a success older than the outage or the current
 // recovery streak does not count toward recovery, and a network failure
 // older than the streak does not break it.
-func (s *ProviderState) outageTransitions(cfg Config, c events.Classification, now, t time.Time, ok, net bool, obs *Observation) {
+func (s *ProviderState) outageTransitions(cfg Config, c events.Classification, now, t time.Time, ok, net, side bool, obs *Observation) {
 	if !s.Outage {
-		if !net {
+		if !side {
 			return
 		}
-		reason, down := s.outageCondition(cfg, now)
+		reason, network, down := s.outageCondition(cfg, now)
 		if !down {
 			return
 		}
 		s.Outage, s.OutageSince, s.OutageReason = true, events.At(now), reason
 		s.RecoveringSince, s.RecoverySuccesses, s.Streak = events.Time{}, 0, nil
 		s.RateLimited = false
+		s.Erroring, s.ErroringSince = false, events.Time{}
+		path := "the same broken network path"
+		if !network {
+			path = "the same failing provider"
+		}
 		obs.Health = append(obs.Health, s.health(now, events.HealthOutage, reason))
 		obs.Notify = append(obs.Notify, events.Notification{
 			DedupeKey: "provider-outage:" + s.Provider + ":" + millis(s.OutageSince),
 			Severity:  events.SeverityCritical,
 			Title:     "provider " + s.Provider + " is down",
-			Text: fmt.Sprintf("%s. Agents hold (wait_provider) instead of retrying or switching models: every model of %s shares the same broken network path, so switching only burns time, tokens and rate limit. failbus declares %s recovered after %d successes spanning at least %s.",
-				sentence(reason), s.Provider, s.Provider, cfg.RecoveryMinSuccesses, cfg.RecoveryMinTime),
+			Text: fmt.Sprintf("%s. Agents hold (wait_provider) instead of retrying or switching models: every model of %s shares %s, so switching only burns time, tokens and rate limit. failbus declares %s recovered after %d successes spanning at least %s.",
+				sentence(reason), s.Provider, path, s.Provider, cfg.RecoveryMinSuccesses, cfg.RecoveryMinTime),
 			Labels: map[string]string{"provider": s.Provider, "state": events.HealthOutage},
 			At:     events.At(now),
 		})
@@ -56,7 +61,7 @@ func (s *ProviderState) outageTransitions(cfg Config, c events.Classification, n
 		if s.RecoverySuccesses >= cfg.RecoveryMinSuccesses && span >= cfg.RecoveryMinTime {
 			since := s.OutageSince
 			reason := fmt.Sprintf("%d successes over %s since %s; the outage began %s and lasted %s",
-				s.RecoverySuccesses, span.Round(time.Millisecond), clock(s.RecoveringSince.Time), clock(since.Time), now.Sub(since.Time).Round(time.Millisecond))
+				s.RecoverySuccesses, span.Round(time.Second), clock(s.RecoveringSince.Time), clock(since.Time), now.Sub(since.Time).Round(time.Second))
 			s.Outage, s.OutageSince, s.OutageReason = false, events.Time{}, ""
 			s.RecoveringSince, s.RecoverySuccesses, s.Streak = events.Time{}, 0, nil
 			obs.Health = append(obs.Health, s.health(now, events.HealthRecovered, reason))
@@ -84,36 +89,137 @@ func (s *ProviderState) outageTransitions(cfg Config, c events.Classification, n
 	}
 }
 
-// outageCondition checks the outage rule and words its evidence.
-func (s *ProviderState) outageCondition(cfg Config, now time.Time) (string, bool) {
+// outageCondition checks the outage rules and words their evidence:
+// every profile seen within the window has a failure on the provider's
+// side as its latest result, and either those are network failures and
+// at least outage_min_failures of them came since the latest success
+// (the network path is down), or at least half of error_sample calls
+// came within the window since the latest success, all failing on the
+// provider's side (nothing succeeds: the provider itself is down).
+// network says which.
+func (s *ProviderState) outageCondition(cfg Config, now time.Time) (reason string, network, down bool) {
 	profiles := s.active(cfg, now)
 	if len(profiles) == 0 {
-		return "", false
+		return "", false, false
 	}
 	classes := map[string]bool{}
+	network = true
 	for _, p := range profiles {
 		e := s.Profiles[p]
-		if e.LastOK || !e.LastNetwork {
-			return "", false
+		if e.LastOK || !e.LastNetwork && !providerSideClass(e.LastClass) {
+			return "", false, false
 		}
+		network = network && e.LastNetwork
 		classes[e.LastClass] = true
 	}
 	cutoff := now.Add(-cfg.Window)
-	n := 0
-	for _, m := range s.NetFailures {
-		if !m.At.Before(cutoff) {
-			n++
-		}
-	}
-	if n < cfg.OutageMinFailures {
-		return "", false
-	}
 	names := make([]string, len(profiles))
 	for i, p := range profiles {
 		names[i] = displayName(p)
 	}
-	return fmt.Sprintf("every profile (%s) fails at the network layer (%s) within %s, %d network failures since the last success",
-		strings.Join(names, ", "), strings.Join(sortedKeys(classes), ", "), cfg.Window, n), true
+	if network {
+		n := 0
+		for _, m := range s.NetFailures {
+			if !m.At.Before(cutoff) {
+				n++
+			}
+		}
+		if n >= cfg.OutageMinFailures {
+			return fmt.Sprintf("every profile (%s) fails at the network layer (%s) within %s, %d network failures since the last success",
+				strings.Join(names, ", "), strings.Join(sortedKeys(classes), ", "), cfg.Window, n), true, true
+		}
+	}
+	failed := 0
+	for _, k := range s.Calls {
+		if k.Fail && !k.At.Before(cutoff) && k.At.After(s.LastSuccess.Time) {
+			failed++
+		}
+	}
+	if failed == 0 || failed < errorCalls(cfg) {
+		return "", false, false
+	}
+	return fmt.Sprintf("every profile (%s) fails on the provider's side (%s): %d calls within %s, none succeeded",
+		strings.Join(names, ", "), strings.Join(sortedKeys(classes), ", "), failed, cfg.Window), false, true
+}
+
+// errorCalls is how many of the provider's calls within the window the
+// degraded rule's share needs, and how many failures in a row since the
+// latest success are an outage: half of error_sample, rounded up.
+func errorCalls(cfg Config) int { return (cfg.ErrorSample + 1) / 2 }
+
+// errorShare counts the provider's latest calls within the window at now,
+// and those of them that failed on the provider's side.
+func (s *ProviderState) errorShare(cfg Config, now time.Time) (calls, failed int) {
+	cutoff := now.Add(-cfg.Window)
+	for _, k := range s.Calls {
+		if k.At.Before(cutoff) {
+			continue
+		}
+		calls++
+		if k.Fail {
+			failed++
+		}
+	}
+	return calls, failed
+}
+
+// errorTransitions moves the provider in and out of degraded by errors:
+// it begins when at least error_ratio of its latest calls within the
+// window (at least half of error_sample of them) failed on its side and
+// every profile seen within the window had such a failure within it; it
+// ends when the share falls below half of error_ratio, or fewer calls
+// than that came within the window (checked at each outcome of the
+// provider, at its clock). An outage supersedes it.
+func (s *ProviderState) errorTransitions(cfg Config, now time.Time, obs *Observation) {
+	if s.Outage {
+		return
+	}
+	calls, failed := s.errorShare(cfg, now)
+	enough := calls > 0 && calls >= errorCalls(cfg)
+	share := float64(failed) / float64(max(calls, 1))
+	if !s.Erroring {
+		if !enough || share < cfg.ErrorRatio {
+			return
+		}
+		profiles := s.active(cfg, now)
+		cutoff := now.Add(-cfg.Window)
+		classes := map[string]bool{}
+		names := make([]string, len(profiles))
+		for i, p := range profiles {
+			e := s.Profiles[p]
+			if e.ErrorAt.Before(cutoff) {
+				return // a profile without such a failure: not the provider's
+			}
+			classes[e.ErrorClass] = true
+			names[i] = displayName(p)
+		}
+		s.Erroring, s.ErroringSince = true, events.At(now)
+		reason := fmt.Sprintf("%d of the latest %d calls within %s failed on the provider's side (%s), on every profile (%s)",
+			failed, calls, cfg.Window, strings.Join(sortedKeys(classes), ", "), strings.Join(names, ", "))
+		obs.Health = append(obs.Health, s.health(now, events.HealthDegraded, reason))
+		obs.Notify = append(obs.Notify, events.Notification{
+			DedupeKey: "provider-errors:" + s.Provider + ":" + millis(s.ErroringSince),
+			Severity:  events.SeverityNormal,
+			Title:     "provider " + s.Provider + " is failing calls",
+			Text: fmt.Sprintf("%s. Retries go on (the failures clear with time); switching models does not help, every model of %s runs on the same provider. It is an outage when nothing succeeds (%d calls in a row within %s).",
+				sentence(reason), s.Provider, errorCalls(cfg), cfg.Window),
+			Labels: map[string]string{"provider": s.Provider, "state": events.HealthDegraded},
+			At:     events.At(now),
+		})
+		return
+	}
+	why := ""
+	switch {
+	case !enough:
+		why = fmt.Sprintf("errors over: fewer than %d calls within %s", errorCalls(cfg), cfg.Window)
+	case share < cfg.ErrorRatio/2:
+		why = fmt.Sprintf("errors over: %d of the latest %d calls failed on the provider's side", failed, calls)
+	}
+	if why == "" {
+		return
+	}
+	s.Erroring, s.ErroringSince = false, events.Time{}
+	obs.Health = append(obs.Health, s.health(now, s.HealthState(), why))
 }
 
 // rateLimitEnd ends a provider-wide rate limit that is over: a success
@@ -139,7 +245,7 @@ func (s *ProviderState) rateLimitEnd(cfg Config, c events.Classification, now ti
 		return
 	}
 	s.RateLimited = false
-	obs.Health = append(obs.Health, s.health(now, events.HealthHealthy, why))
+	obs.Health = append(obs.Health, s.health(now, s.HealthState(), why))
 }
 
 // rateLimitOver says why the provider-wide rate limit is over at now
