@@ -2,6 +2,7 @@ package scheduler_test
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -56,32 +57,34 @@ func spyOn(t *testing.T, nc *nats.Conn, stream, inbox string) *apiSpy {
 	return s
 }
 
-// of returns the requests so far that name one of the subjects parts
-// (a ledger or schedule subject).
-func (s *apiSpy) of(parts ...string) (direct, leader []string) {
+// take returns the requests since the last take that name part (a ledger
+// or schedule subject), and forgets every request so far.
+func (s *apiSpy) take(nc *nats.Conn, part string) (direct, leader []string) {
+	_ = nc.Flush() // what was sent before is in
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	match := func(list []string) []string {
 		var out []string
 		for _, r := range list {
-			for _, p := range parts {
-				if strings.Contains(r, p) {
-					out = append(out, r)
-					break
-				}
+			if strings.Contains(r, part) {
+				out = append(out, r)
 			}
 		}
 		return out
 	}
-	return match(s.direct), match(s.leader)
+	direct, leader = match(s.direct), match(s.leader)
+	s.direct, s.leader = nil, nil
+	return direct, leader
 }
 
-// On a 3-node cluster with FAILBUS_RETRIES at R3, every read of the
-// retry ledger whose answer decides goes to the stream's leader
-// (STREAM.MSG.GET), never to a direct get, which a replica lagging the
-// leader may answer: a decision that appends nothing (a spent budget's
-// give_up), a redelivery's replay and its schedule check, and the agent's
-// started mark, whose "not the latest retry" would drop it.
+// On a 3-node cluster with FAILBUS_RETRIES at R3, a decision that appends
+// nothing to the retry ledger, which no compare-and-set checks, is made
+// from reads of the stream's leader (STREAM.MSG.GET, which only the
+// leader answers), never from a direct get alone, which a replica lagging
+// the leader may answer: a spent budget's give_up, a redelivery's replay
+// and its schedule check, the agent's started mark. A decision that
+// appends (the budget's first retry) stays on direct gets: its
+// compare-and-set catches a stale read.
 func TestLedgerReadsThatDecideAreTheLeadersOnAReplicatedStream(t *testing.T) {
 	t.Parallel()
 	c := testcluster.Start(t, testcluster.Options{InProcess: true})
@@ -118,26 +121,43 @@ func TestLedgerReadsThatDecideAreTheLeadersOnAReplicatedStream(t *testing.T) {
 	sb := &bench{t: t, ctx: ctx, js: sjs}
 	reg := prometheus.NewRegistry()
 	sb.start(scheduler.Config{Policy: pol, Runner: consumer.Config{Registerer: reg}})
-
-	// The first failure of a step spends the budget's one retry; the
-	// second finds it spent: give_up, with nothing appended.
 	first := cls("l-1", "lagger", "openai", "k", events.ClassServerError, 1, 1, 200)
+	ledger := events.RetryLedgerSubject(budgetToken(first, pol))
+
+	// The first failure of a step spends the budget's one retry: an
+	// append, checked by its compare-and-set.
 	b.publish(first, "")
 	d := b.decisionOf("lagger", "l-1")
+	if _, leader := spy.take(nc, ledger); len(leader) > 0 {
+		t.Errorf("an appending decision read the leader: %q", leader)
+	}
+	// The second finds it spent: give_up, with nothing appended.
 	b.publish(cls("l-2", "lagger", "openai", "k", events.ClassServerError, 1, 1, 200), "")
 	if d2 := b.decisionOf("lagger", "l-2"); d2.Action != events.ActionGiveUp {
 		t.Fatalf("second failure of a spent budget: %s, want %s", d2.Action, events.ActionGiveUp)
 	}
-	token := budgetToken(first, pol)
-	ledger := events.RetryLedgerSubject(token)
-	if n := len(b.ledger(token)); n != 1 {
+	b.waitIdle()
+	direct, leader := spy.take(nc, ledger)
+	t.Logf("give_up: %d direct gets, %d leader reads of the ledger", len(direct), len(leader))
+	if len(leader) == 0 {
+		t.Error("the give_up was decided without reading the ledger from the leader")
+	}
+	if n := len(b.ledger(budgetToken(first, pol))); n != 1 {
 		t.Fatalf("ledger holds %d entries, want 1 (a give_up appends nothing)", n)
 	}
 	// A redelivery of the first: replayed from its record, whose schedule
-	// (fired by now, or pending) is looked up.
+	// (fired by now) is looked up.
 	b.poll("the retry to fire", func() bool { return len(b.dues("lagger")) == 1 })
+	spy.take(nc, "")
 	b.publish(first, "redelivery:l-1")
 	b.waitIdle()
+	_, leader = spy.take(nc, events.RetryPrefix+".")
+	t.Logf("replay: %d leader reads: %q", len(leader), leader)
+	for _, part := range []string{ledger, events.RetryScheduleSubject("lagger", d.RetryID), events.RetryDueSubject("lagger")} {
+		if !slices.ContainsFunc(leader, func(r string) bool { return strings.Contains(r, part) }) {
+			t.Errorf("the replay did not read %s from the leader", part)
+		}
+	}
 	// The agent starts it: the mark reads the budget's latest entry.
 	ag, err := agent.New(nc, "lagger")
 	if err != nil {
@@ -147,19 +167,13 @@ func TestLedgerReadsThatDecideAreTheLeadersOnAReplicatedStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.poll("the started mark", func() bool {
-		es := b.ledger(token)
+		es := b.ledger(budgetToken(first, pol))
 		return len(es) == 2 && es[1].Started()
 	})
-
-	direct, leader := spy.of(ledger, events.RetryPrefix+".sched.", events.RetryDueSubject("lagger"))
-	for _, r := range direct {
-		t.Errorf("a read that decides went to a direct get, which a lagging replica may answer: %s", r)
+	if _, leader := spy.take(nc, ledger); len(leader) == 0 {
+		t.Error("the started mark was decided without reading the ledger from the leader")
 	}
-	if len(leader) < 4 {
-		t.Errorf("%d reads of the ledger and schedules from the leader, want at least 4 (give_up, replay, schedule, mark): %q", len(leader), leader)
-	}
-	t.Logf("reads from the leader: %d; direct gets: %d", len(leader), len(direct))
-	if got := labeledCounter(t, reg, "failbus_scheduler_ledger_reads_total", map[string]string{"how": topology.ReadLeader}); got < 2 {
-		t.Errorf("ledger reads counted as the leader's: %v, want at least 2", got)
+	if got := labeledCounter(t, reg, "failbus_scheduler_ledger_reads_total", map[string]string{"how": topology.ReadLeader}); got < 3 {
+		t.Errorf("ledger reads counted as the leader's: %v, want at least 3", got)
 	}
 }

@@ -96,15 +96,15 @@ func (s *Service) schedulePending(ctx context.Context, e *LedgerEntry) (bool, er
 
 // fired reports whether e's schedule has fired: a message on the agent's
 // due subject, stored since e was written, carries Nats-Scheduler with e's
-// schedule subject. On one server it reads headers only, with an ordered
-// consumer; on a replicated stream it reads the due messages one by one
-// from the stream's leader (firedOnLeader), since an ordered consumer may
-// be placed on a replica that has not stored the fired message yet, and
-// "not fired" would schedule the retry again.
+// schedule subject. It reads headers only, with an ordered consumer; a
+// current read of a replicated stream (current.go) reads the due messages
+// one by one from the stream's leader instead (firedOnLeader), since an
+// ordered consumer may be placed on a replica that has not stored the
+// fired message yet, and "not fired" would schedule the retry again.
 func (s *Service) fired(ctx context.Context, e *LedgerEntry) (bool, error) {
 	sched := events.RetryScheduleSubject(e.Agent, e.RetryID)
 	start := e.At.Add(-time.Second)
-	if s.fromLeader {
+	if s.replicated && isCurrent(ctx) {
 		return s.firedOnLeader(ctx, events.RetryDueSubject(e.Agent), sched, start)
 	}
 	err := readStream(ctx, s.js, topology.StreamRetries, events.RetryDueSubject(e.Agent), &start, true, func(m jetstream.Msg) error {
