@@ -186,9 +186,9 @@ type benchConfig struct {
 	rateSeconds          float64
 	pending              int
 	// nodes: --nodes, the servers the bus runs on.
-	nodes int
-	memProfile           string
-	blockProfile         string
+	nodes        int
+	memProfile   string
+	blockProfile string
 	// cpuProfileFailbus: --cpuprofile-failbus.
 	cpuProfileFailbus string
 	// allocProfileFailbus: --allocprofile-failbus.
