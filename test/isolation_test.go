@@ -509,7 +509,8 @@ func TestIsolationCredentialsInRecoveryRecords(t *testing.T) {
 
 // The acceptance figure of the flood: FAILBUS_FLOOD=500000 go test -run
 // TestIsolationFloodFigure ./test prints how long another agent's 429
-// waits for its decision while one agent floods distinct provider names.
+// waits for its decision while one agent floods distinct provider names
+// at FAILBUS_FLOOD_RATE outcomes/s (default 2500).
 // Skipped without the variable (it takes minutes); it asserts that the
 // decision comes, never how fast.
 func TestIsolationFloodFigure(t *testing.T) {
@@ -522,11 +523,19 @@ func TestIsolationFloodFigure(t *testing.T) {
 	t.Cleanup(cancel)
 	b.ctx = ctx
 	b.pub(b.nc, events.OutcomeSubject("openai", "b"), outcomeMap("b-ok", "b", "openai", 200, true), "b-ok")
+	rate, _ := strconv.Atoi(os.Getenv("FAILBUS_FLOOD_RATE"))
+	if rate <= 0 {
+		rate = 2500 // the rate the flood was first seen at
+	}
 	js, _ := jetstream.New(b.nc)
 	done := make(chan struct{})
+	start := time.Now()
 	go func() {
 		defer close(done)
 		for i := range n {
+			if ahead := time.Duration(i)*time.Second/time.Duration(rate) - time.Since(start); ahead > 0 {
+				time.Sleep(ahead) // paced: a flood at a steady rate, not a burst
+			}
 			p := fmt.Sprintf("invented-%07d", i)
 			o := outcomeMap("flood-"+strconv.Itoa(i), "flood", p, 200, true)
 			data, _ := msgpack.Marshal(o)
@@ -546,7 +555,9 @@ func TestIsolationFloodFigure(t *testing.T) {
 		select {
 		case <-done:
 			slices.Sort(waits)
-			t.Logf("flood of %d: %d decisions of b, wait p50 %v, max %v", n, len(waits), waits[len(waits)/2], waits[len(waits)-1])
+			t.Logf("flood of %d at %d/s over %v: %d decisions of b, wait p50 %v, p99 %v, max %v; %d of the flood's outcomes dead letters",
+				n, rate, time.Since(start).Round(time.Second), len(waits), waits[len(waits)/2], waits[len(waits)*99/100], waits[len(waits)-1],
+				len(b.deadLetters("classifier", "limits.")))
 			return
 		default:
 		}

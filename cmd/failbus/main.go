@@ -32,6 +32,7 @@ import (
 	"github.com/failbus/failbus/internal/cli/report"
 	"github.com/failbus/failbus/internal/cli/shadow"
 	"github.com/failbus/failbus/internal/cli/simulate"
+	clistatus "github.com/failbus/failbus/internal/cli/status"
 	"github.com/failbus/failbus/internal/cli/tail"
 	"github.com/failbus/failbus/internal/cli/version"
 )
@@ -46,6 +47,7 @@ var commands = []cli.Command{
 	tail.Command,
 	health.Command,
 	lag.Command,
+	clistatus.Command,
 	dlq.Command,
 	decode.Command,
 	report.Command,

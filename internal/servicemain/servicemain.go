@@ -27,6 +27,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/failbus/failbus/internal/connect"
+	"github.com/failbus/failbus/internal/status"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/policy"
@@ -97,7 +98,7 @@ func Run(ctx context.Context, spec Spec, args []string, stderr io.Writer) int {
 	c.conn.Register(fs)
 	c.conn.RegisterServerAlias(fs, "nats-url")
 	opsEnv := "FAILBUS_" + upper(spec.Name) + "_OPS_ADDR"
-	fs.StringVar(&c.opsAddr, "ops-addr", EnvString(opsEnv, spec.DefaultOpsAddr), "address of /metrics and /healthz (env "+opsEnv+")")
+	fs.StringVar(&c.opsAddr, "ops-addr", EnvString(opsEnv, spec.DefaultOpsAddr), "address of /metrics, /healthz and the live status page /status (env "+opsEnv+")")
 	fs.StringVar(&c.policyFile, "policy", EnvString("FAILBUS_POLICY", ""), "policy file (env FAILBUS_POLICY); default policy when empty")
 	fs.IntVar(&c.replicas, "replicas", EnvInt("FAILBUS_REPLICAS", topology.DefaultReplicas), "stream replicas when applying the topology (env FAILBUS_REPLICAS)")
 	fs.DurationVar(&c.ackWait, "ack-wait", 0, "when applying the topology: every consumer's lease on a first delivery, what a node loss stalls for at most (default 30s; as failbus apply was given)")
@@ -209,6 +210,11 @@ func serve(ctx context.Context, spec Spec, c common, pol *policy.Policy, log zer
 	}
 	defer func() { _ = nc.Drain() }()
 	log.Info().Str("server", nc.ConnectedUrlRedacted()).Str("user", nc.User()).Msg("connected to NATS")
+	stopTracing, err := StartTracing(ctx, spec.Name, log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	js, err := jetstream.New(nc.Conn)
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
@@ -233,7 +239,12 @@ func serve(ctx context.Context, spec Spec, c common, pol *policy.Policy, log zer
 	if err != nil {
 		return nc.Explain(err)
 	}
-	if _, err := consumer.ServeOps(ctx, c.opsAddr, reg, svc.Healthy, log); err != nil {
+	// The live status page, read with this service's own connection: all
+	// of it on a bus without users; under a role, the parts the role may
+	// not read list why (`failbus status` with the operator's
+	// credentials shows everything).
+	page := status.NewServer(ctx, status.NewCollector(js, nil), 0, "")
+	if _, err := consumer.ServeOps(ctx, c.opsAddr, reg, svc.Healthy, log, page.Routes()...); err != nil {
 		return err
 	}
 	return nc.Explain(RunBounded(ctx, svc, c.shutdownTimeout, log))

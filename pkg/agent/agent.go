@@ -37,6 +37,7 @@ import (
 
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
+	"github.com/failbus/failbus/pkg/tracing"
 )
 
 // DurableInactiveThreshold is how long the server keeps an agent's durable
@@ -218,6 +219,7 @@ func (a *Agent) retryMark(ctx context.Context, subject, schema, retryID string) 
 	msg.Header.Set(events.HeaderSchema, schema+"/"+strconv.Itoa(events.CurrentVersion))
 	msg.Header.Set(events.HeaderContentType, events.ContentTypeMsgpack)
 	msg.Header.Set(events.HeaderMsgID, schema+":"+retryID)
+	tracing.Inject(ctx, msg.Header)
 	if _, err := a.js.PublishMsg(ctx, msg); err != nil {
 		return fmt.Errorf("agent %s: %s %s: %w", a.name, schema, retryID, err)
 	}
@@ -232,7 +234,11 @@ func (a *Agent) publish(ctx context.Context, subject string, m events.Message, m
 		return err
 	}
 	hdr.Set(events.HeaderMsgID, msgID)
-	if _, err := a.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: hdr, Data: data}); err != nil {
+	ctx, span := sendSpan(ctx, subject, msgID)
+	tracing.Inject(ctx, hdr) // the record goes on in ctx's trace (trace.go)
+	_, err = a.js.PublishMsg(ctx, &nats.Msg{Subject: subject, Header: hdr, Data: data})
+	tracing.End(span, err, "")
+	if err != nil {
 		return fmt.Errorf("publish to %s: %w", subject, err)
 	}
 	return nil

@@ -217,12 +217,14 @@ func (e *DecisionError) Action() string { return e.Decision.Action }
 //
 // fn must honour its context: Call cancels it when the attempt is silent
 // for StallAfter, and returns without waiting for an fn that ignores it.
-func Call[T any](ctx context.Context, a *Agent, req Request, fn func(context.Context, *Attempt) (T, error)) (T, Trail, error) {
+func Call[T any](ctx context.Context, a *Agent, req Request, fn func(context.Context, *Attempt) (T, error)) (_ T, trail Trail, callErr error) {
 	var zero T
 	if req.Provider == "" {
 		return zero, nil, errors.New("agent: Call needs a provider")
 	}
 	req.defaults()
+	ctx, span := a.startCall(ctx, &req) // one trace for the call (trace.go)
+	defer func() { endCall(span, len(trail), callErr) }()
 	if err := a.router.start(context.Background()); err != nil {
 		return zero, nil, err
 	}
@@ -232,7 +234,6 @@ func Call[T any](ctx context.Context, a *Agent, req Request, fn func(context.Con
 		return zero, nil, err
 	}
 	var (
-		trail   Trail
 		last    *Attempt
 		restart string
 	)
@@ -246,18 +247,22 @@ func Call[T any](ctx context.Context, a *Agent, req Request, fn func(context.Con
 			}
 		}
 		at := &Attempt{Target: target, N: n, req: &req, touch: make(chan struct{}, 1)}
-		res, ev, _ := runAttempt(ctx, at, fn, req.StallAfter, req.Describe)
+		actx, aspan := startAttempt(ctx, at)
+		res, ev, _ := runAttempt(actx, at, fn, req.StallAfter, req.Describe)
 		if ctx.Err() != nil {
+			aspan.End()
 			return zero, trail, ctx.Err()
 		}
 		o := req.outcome(a, nuid.Next(), target, ev)
+		endAttempt(aspan, o)
 		if ev.OK {
-			if err := a.Report(ctx, o); err != nil {
+			if err := a.Report(actx, o); err != nil {
 				return res, trail, err
 			}
 			return res, append(trail, Step{Target: target, Outcome: *o}), nil
 		}
-		d, err := a.decide(ctx, &req, o)
+		d, err := a.decide(actx, &req, o)
+		decided(span, d)
 		trail = append(trail, Step{Target: target, Outcome: *o, Decision: d})
 		if err != nil {
 			return zero, trail, err

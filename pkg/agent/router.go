@@ -109,6 +109,7 @@ func (r *router) decision(m jetstream.Msg) error {
 	if err != nil {
 		return err
 	}
+	r.a.received(m)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if ch, ok := r.decisions[d.OutcomeID]; ok {
@@ -125,6 +126,7 @@ func (r *router) due(m jetstream.Msg) error {
 	if err != nil {
 		return err
 	}
+	r.a.received(m)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if ch, ok := r.dues[d.RetryID]; ok {

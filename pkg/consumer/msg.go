@@ -114,6 +114,9 @@ type Outputs struct {
 	outs    []output
 	err     error
 	stored  []func(fresh bool)
+	// trace is the input's trace context, added to every output
+	// (middleware_trace.go); nil when it has none.
+	trace nats.Header
 }
 
 type output struct {
@@ -143,7 +146,7 @@ func (o *Outputs) Publish(subject string, v events.Message, key string) {
 		return
 	}
 	id := OutputMsgID(o.service, o.inputID, key)
-	msg, err := NewMsg(subject, v, id, nil)
+	msg, err := NewMsg(subject, v, id, o.trace)
 	if err != nil {
 		o.err = fmt.Errorf("output %s to %s: %w", key, subject, err)
 		return

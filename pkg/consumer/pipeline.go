@@ -10,6 +10,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/failbus/failbus/pkg/events"
 )
 
 // pipeline is one Run's flow of inputs. The pull hands each fetched input
@@ -94,6 +96,16 @@ type pending struct {
 	futures  []jetstream.PubAckFuture
 	start    time.Time
 	deadline time.Time
+	// dead is set for an input being dead-lettered: the one future stores
+	// its dead letter, and the input is then acknowledged as one.
+	dead *deadPending
+}
+
+// deadPending is an input's dead letter on its way to the DLQ.
+type deadPending struct {
+	reason    string
+	truncated bool
+	herr      error
 }
 
 func (r *Runner) newPipeline(run, hctx context.Context) *pipeline {
@@ -351,9 +363,40 @@ func (pl *pipeline) process(d *delivery) {
 		r.stored(nil) // whatever the handler wrote itself was stored
 		result, reason = r.ack(m)
 	default:
+		var dl *DeadLetterError
+		if errors.As(herr, &dl) {
+			// Stored like an output, without the worker waiting for it: a
+			// flood of bad input is dead-lettered at the rate of good.
+			if p, err := r.deadLetterAsync(m, dl.Reason, herr, d.start); err == nil {
+				pl.settleq <- p
+				return
+			}
+		}
 		result, reason = r.settle(sctx, pl.hctx, m, out, herr)
 	}
 	pl.finish(m, result, reason, herr, d.start)
+}
+
+// deadLetterAsync starts storing m's dead letter (the record and message
+// id deadLetter stores synchronously); the settler acknowledges m once it
+// is stored.
+func (r *Runner) deadLetterAsync(m *Msg, reason string, herr error, start time.Time) (*pending, error) {
+	data, hdr, dl, err := deadLetterRecord(r.cfg.Service, m, reason, r.js.Conn().MaxPayload())
+	if err != nil {
+		return nil, err
+	}
+	id := DeadLetterMsgID(r.cfg.Service, m.Stream, m.Seq)
+	hdr.Set(events.HeaderMsgID, id)
+	subject := events.DLQSubject(r.cfg.Service)
+	f, err := r.js.PublishMsgAsync(&nats.Msg{Subject: subject, Header: hdr, Data: data}, stallWait)
+	if err != nil {
+		return nil, err
+	}
+	return &pending{
+		m: m, out: &Outputs{outs: []output{{subject: subject, msgID: id}}}, futures: []jetstream.PubAckFuture{f},
+		start: start, deadline: time.Now().Add(settleTimeout),
+		dead: &deadPending{reason: dl.Reason, truncated: dl.Truncated, herr: herr},
+	}, nil
 }
 
 // settleLoop waits for each pending input's outputs to be stored and
@@ -364,6 +407,11 @@ func (pl *pipeline) settleLoop() {
 	sctx := pl.settle
 	for p := range pl.settleq {
 		var result, reason string
+		if p.dead != nil {
+			result, reason = r.settleDead(sctx, p)
+			pl.finish(p.m, result, reason, p.dead.herr, p.start)
+			continue
+		}
 		fresh, err := r.await(sctx, p)
 		r.stored(err)
 		if err != nil {
@@ -376,6 +424,24 @@ func (pl *pipeline) settleLoop() {
 		}
 		pl.finish(p.m, result, reason, nil, p.start)
 	}
+}
+
+// settleDead acknowledges an input whose dead letter is stored, or hands
+// it back with the backoff when storing failed (never lost: the next
+// delivery dead-letters it again, under the same message id).
+func (r *Runner) settleDead(ctx context.Context, p *pending) (string, string) {
+	_, err := r.await(ctx, p)
+	r.stored(err)
+	if err != nil {
+		return r.nak(p.m, r.cfg.backoff(p.m.Delivered), ResultError, fmt.Sprintf("publish dead letter (%s): %v", p.dead.reason, err))
+	}
+	if p.dead.truncated {
+		r.m.deadLettersTruncated.WithLabelValues(r.cfg.Service).Inc()
+	}
+	if err := p.m.raw.Ack(); err != nil {
+		return ResultDeadLetter, p.dead.reason + "; ack failed, dead letter deduplicated on redelivery: " + err.Error()
+	}
+	return ResultDeadLetter, p.dead.reason
 }
 
 // finish records a settled input and frees its slot.
@@ -446,7 +512,9 @@ func (r *Runner) await(ctx context.Context, p *pending) (fresh bool, err error) 
 			return false, fmt.Errorf("%s (%s): %w", o.subject, o.msgID, err)
 		}
 		fresh = fresh || !ack.Duplicate
-		r.m.outputs.WithLabelValues(r.cfg.Service, strconv.FormatBool(ack.Duplicate)).Inc()
+		if p.dead == nil {
+			r.m.outputs.WithLabelValues(r.cfg.Service, strconv.FormatBool(ack.Duplicate)).Inc()
+		}
 	}
 	return fresh, nil
 }

@@ -79,7 +79,7 @@ func New(js jetstream.JetStream, cfg Config, h Handler) (*Runner, error) {
 	if err != nil {
 		return nil, fmt.Errorf("consumer %s: %w", c.Service, err)
 	}
-	handler := chain(h, append([]Middleware{Recover()}, c.Middleware...)...)
+	handler := chain(h, append([]Middleware{Recover(), traceContext(c.Consumer)}, c.Middleware...)...)
 	return &Runner{
 		js:      js,
 		cfg:     c,

@@ -8,6 +8,7 @@ import { jetstream, type JetStreamClient, type JetStreamManager, jetstreamManage
 
 import { openReader, type Reader } from "./reader.js";
 import { requestRoute, type RouteAnswer } from "./route.js";
+import { CallRouter } from "./router.js";
 import {
   type Boundary,
   CONTENT_TYPE_MSGPACK,
@@ -83,6 +84,7 @@ export class Agent {
   private readonly opts: Required<Omit<AgentOptions, "durable">> & { durable: boolean };
   /** When the Agent was created: where non-durable (and first durable) reading starts. */
   readonly created: Date;
+  private router?: CallRouter;
 
   /**
    * Creates an Agent called name (the agent instance id that goes into every
@@ -253,6 +255,27 @@ export class Agent {
     return requestRoute(this.nc, { agent: this.name, session, segment, providers }, { timeoutMs: this.opts.routeTimeoutMs });
   }
 
+  /**
+   * callRouter is the router `call` uses: its own ordered readers of this
+   * agent's decisions, due retries and controls, opened the first time a
+   * call needs them. Not for applications: use call.
+   */
+  callRouter(): CallRouter {
+    this.router ??= new CallRouter({
+      agent: this.name,
+      js: this.js,
+      onError: this.opts.onError,
+      now: this.opts.now,
+      read: (stream, subject, kind, decode, start) => this.read(stream, subject, kind, decode, { ordered: true, start }),
+    });
+    return this.router;
+  }
+
+  /** onError reports an error that happened away from any caller (a reader's, a probe's report). */
+  get onError(): (err: Error) => void {
+    return this.opts.onError;
+  }
+
   /** durableName is the durable consumer's name for a kind, as operators see it in `nats consumer ls`. */
   static durableName(agent: string, kind: string): string {
     return `agent-${tokenName(agent)}-${kind}`;
@@ -263,15 +286,16 @@ export class Agent {
   }
 
   private async read<T>(stream: string, subject: string, kind: string,
-    decode: (subject: string, schemaHeader: string | undefined, data: Uint8Array) => T): Promise<Reader<T>> {
+    decode: (subject: string, schemaHeader: string | undefined, data: Uint8Array) => T,
+    o: { ordered?: boolean; start?: Date } = {}): Promise<Reader<T>> {
     // checkAPI false: no account-info request ($JS.API.INFO), which the
     // agent user of `failbus auth init` may not make; the consumer calls
     // below say clearly enough when JetStream is missing.
     this.jsm ??= jetstreamManager(this.nc, { checkAPI: false });
     return openReader<T>({
       js: this.js, jsm: await this.jsm, nc: this.nc, stream, subject, kind, agent: this.name,
-      durable: this.opts.durable ? Agent.durableName(this.name, kind) : undefined,
-      start: this.created, inactiveThresholdMs: DURABLE_INACTIVE_THRESHOLD_MS, decode, onError: this.opts.onError,
+      durable: this.opts.durable && !o.ordered ? Agent.durableName(this.name, kind) : undefined,
+      start: o.start ?? this.created, inactiveThresholdMs: DURABLE_INACTIVE_THRESHOLD_MS, decode, onError: this.opts.onError,
     });
   }
 

@@ -16,7 +16,7 @@ import {
   type JsMsg,
 } from "@nats-io/jetstream";
 
-import { HEADER_SCHEMA } from "./wire.js";
+import { HEADER_REQUEUE_FOR, HEADER_SCHEMA } from "./wire.js";
 
 /**
  * Reader is a stream of records the bus sent this agent: iterate it with
@@ -164,6 +164,12 @@ class ConsumerReader<T> implements Reader<T> {
         }
         if (this.ack && m.seq <= this.lastAcked) {
           m.ack(); // a redelivery of what the loop already acted on
+          continue;
+        }
+        if (m.headers?.get(HEADER_REQUEUE_FOR)) {
+          // A dead letter of a failbus service requeued for it (failbus
+          // dlq requeue): this agent had the original already.
+          if (this.ack) m.ack();
           continue;
         }
         let v: T;

@@ -79,6 +79,8 @@ export interface Decision {
   action: Action;
   reason?: string;
   class?: string;
+  /** The classification rule that decided class: what an agent hands its caller with a decision it cannot carry out itself. */
+  rule?: string;
   delay_ms?: number;
   due_at?: Date;
   /** 1-based retry number. */
@@ -96,6 +98,17 @@ export interface RetryDue {
   agent: string;
   retry: number;
   due_at?: Date;
+}
+
+/** Provider health states (failbus.health.<provider>). */
+export type HealthState = "healthy" | "degraded" | "outage" | "recovered";
+
+/** A provider's health change, as the scheduler publishes it. */
+export interface Health {
+  at?: Date;
+  provider: string;
+  state: HealthState | (string & {});
+  reason?: string;
 }
 
 /** A subagent's liveness (CONTRACT.md "Recovery"). */
@@ -211,6 +224,7 @@ export const Schema = {
   notification: "notification",
   retryStarted: "retry_started",
   retryCancel: "retry_cancel",
+  health: "health",
 } as const;
 
 /** The version this client writes for every schema. */
@@ -220,6 +234,11 @@ export const HEADER_SCHEMA = "Failbus-Schema";
 export const HEADER_CONTENT_TYPE = "Content-Type";
 export const CONTENT_TYPE_MSGPACK = "application/msgpack";
 export const HEADER_MSG_ID = "Nats-Msg-Id";
+/**
+ * Set on a dead letter of a failbus service requeued for that service
+ * (`failbus dlq requeue`): an agent had the original already and skips it.
+ */
+export const HEADER_REQUEUE_FOR = "Failbus-Requeue-For";
 
 /** Streams the agent reads from (jetstream/ in the repository). */
 export const Stream = {
@@ -227,6 +246,7 @@ export const Stream = {
   retries: "FAILBUS_RETRIES",
   dispatch: "FAILBUS_DISPATCH",
   control: "FAILBUS_CONTROL",
+  health: "FAILBUS_HEALTH",
 } as const;
 
 /** Request-reply subject of the refusal tiers' route service. */
@@ -266,6 +286,7 @@ export const Subject = {
   control: (agent: string) => join("failbus.control", agent),
   notify: (severity: string) => join("failbus.notify", severity),
   classified: (provider: string, cls: string) => join("failbus.classified", provider, cls),
+  health: (provider: string) => join("failbus.health", provider),
 } as const;
 
 /** The context-segment key `<session>#<segment>`. */

@@ -11,7 +11,7 @@ import { after, before, test } from "node:test";
 import { fromSeed } from "@nats-io/nkeys";
 import type { NatsConnection } from "@nats-io/nats-core";
 
-import { Agent, connect, connectAs, inboxPrefixFor } from "../src/index.js";
+import { Agent, call, connect, connectAs, HTTPError, inboxPrefixFor } from "../src/index.js";
 import { startDev, until, type Dev } from "./dev.js";
 
 let dev: Dev;
@@ -72,6 +72,34 @@ test("as the agent user: an outcome is decided, its retry comes due, the refusal
     assert.equal(d2.outcome_id, o2.id);
     assert.equal(d2.action, "give_up");
     await ddr.close();
+  } finally {
+    await nc?.close();
+  }
+});
+
+test("as the agent user: call carries a 429 through its due retry, and a held call may read the provider's health", async () => {
+  let nc: NatsConnection | undefined;
+  try {
+    nc = await connectAs({ servers: dev.url, seedFile });
+    const agent = new Agent(nc, `ts-auth-call-${process.pid}`);
+    let n = 0;
+    const { value, trail } = await call(agent, { provider: "openai", turn: 1, step: 1, session: `s-call-${process.pid}`, segment: 1 }, async () => {
+      if (++n === 1) throw new HTTPError(429, `{"error":{"type":"rate_limit_error","message":"slow down"}}`, { "retry-after-ms": "100" });
+      return "answered";
+    });
+    assert.equal(value, "answered");
+    assert.deepEqual(trail.map((s) => s.decision?.action), ["retry", undefined]);
+    // What a held call reads: the provider's health, with a consumer of its
+    // own. It resolves (the provider is healthy) or waits until the signal
+    // ends it; a permission the role lacks would be another error.
+    const stop = new AbortController();
+    const enough = new Error("waited long enough");
+    const timer = setTimeout(() => stop.abort(enough), 1500);
+    await agent.callRouter().waitHealthy("openai", stop.signal).then(
+      (h) => assert.ok(h.state === "healthy" || h.state === "recovered"),
+      (err: unknown) => assert.equal(err, enough, `the health read failed: ${String(err)}`),
+    );
+    clearTimeout(timer);
   } finally {
     await nc?.close();
   }

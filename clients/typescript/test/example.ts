@@ -1,7 +1,9 @@
 // The README's example, compiled with the package (never run): if the API
 // it shows changes, `npm test` fails to build.
 
-import { Agent, connect, wrap } from "../src/index.js";
+import OpenAI from "openai";
+
+import { Agent, call, completionEvidence, connect, DecisionError, wrap } from "../src/index.js";
 
 export async function readmeExample(endpoints: Record<string, string>, headers: Record<string, string>, body: string,
   callAgain: (outcomeId: string) => Promise<void>): Promise<string | undefined> {
@@ -26,4 +28,38 @@ export async function readmeExample(endpoints: Record<string, string>, headers: 
     await callAgain(r.outcome_id);
   }
   return text;
+}
+
+// The README's call example, compiled the same way.
+export async function readmeCallExample(nc: import("@nats-io/nats-core").NatsConnection, signal: AbortSignal,
+  keys: Record<string, string>, messages: import("openai").OpenAI.Chat.ChatCompletionMessageParam[],
+  show: (attempt: number, text: string) => void, retract: (partial: string) => void,
+  handle: (action: string, cls?: string, rule?: string, reason?: string) => void): Promise<string | undefined> {
+  const agent = new Agent(nc, "support-bot-1");
+  try {
+    const { value } = await call(agent, {
+      provider: "openai", model: "gpt-4o", profile: "team", providers: ["openai"],
+      session: "sess-42", segment: 3, turn: 7, step: 1, signal,
+      onChunk: ({ attempt, text }) => show(attempt, text), // tagged per attempt
+      onRestart: ({ partial }) => retract(partial), // never spliced
+    }, async (at) => {
+      const client = new OpenAI({ apiKey: keys[at.profile!], maxRetries: 0 });
+      const stream = await client.chat.completions.create({ model: at.model!, messages, stream: true }, { signal: at.signal });
+      let text = "";
+      let finish: string | null | undefined;
+      for await (const c of stream) {
+        const d = c.choices[0]?.delta?.content ?? "";
+        if (d) at.emit(d); // output, and a sign of life for the stall watchdog
+        text += d;
+        finish = c.choices[0]?.finish_reason ?? finish;
+      }
+      if (finish === "content_filter") at.observe(completionEvidence({ choices: [{ finish_reason: finish }] }, "increment"));
+      return text;
+    });
+    return value;
+  } catch (err) {
+    if (err instanceof DecisionError) handle(err.action, err.decision.class, err.decision.rule, err.decision.reason);
+    else throw err;
+    return undefined;
+  }
 }

@@ -16,14 +16,17 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"github.com/failbus/failbus/internal/auth"
 	"github.com/failbus/failbus/internal/cli"
+	"github.com/failbus/failbus/internal/connect"
 	"github.com/failbus/failbus/internal/devbus"
 	"github.com/failbus/failbus/internal/embedded"
 	"github.com/failbus/failbus/internal/servicemain"
+	"github.com/failbus/failbus/internal/status"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/policy"
@@ -189,15 +192,26 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	opsCtx, stopOps := context.WithCancel(context.Background())
 	defer stopOps()
+	// The live status page (internal/status), reading the bus once it is
+	// up.
+	page := status.NewServer(opsCtx, nil, 0, "starting: the bus is not up yet")
 	ops := "off"
 	if *opsAddr != "off" && *opsAddr != "" {
-		bound, err := consumer.ServeOps(opsCtx, *opsAddr, registry, health, log, nodeEndpoints(&running, log)...)
+		endpoints := append(page.Routes(), nodeEndpoints(&running, log)...)
+		bound, err := consumer.ServeOps(opsCtx, *opsAddr, registry, health, log, endpoints...)
 		if err != nil {
 			fmt.Fprintf(stderr, "failbus dev: %v (use --ops-addr, or off)\n", err)
 			return 1
 		}
 		ops = "http://" + bound
 	}
+
+	stopTracing, err := servicemain.StartTracing(ctx, "dev", log)
+	if err != nil {
+		fmt.Fprintf(stderr, "failbus dev: %v\n", err)
+		return 1
+	}
+	defer stopTracing()
 
 	var users *auth.Set
 	if *withAuth {
@@ -230,6 +244,16 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	running.Store(b)
+	if ops != "off" {
+		closeStatus, err := watchStatus(b, users, page, registry, log)
+		if err != nil {
+			fmt.Fprintf(stderr, "failbus dev: status page: %v\n", err)
+			stopOps()
+			_ = b.Stop()
+			return 1
+		}
+		defer closeStatus() // after the bus stopped
+	}
 	syncDesc := syncInterval.String()
 	if *syncAlways {
 		syncDesc = "always"
@@ -242,6 +266,9 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		Int("nodes", len(b.Nodes)).Str("ops", ops).Msg("failbus dev running")
 	fmt.Fprintf(stdout, "failbus dev: NATS_URL=%s  (services: %s; data: %s; /metrics,/healthz: %s)\n",
 		b.URL(), strings.Join(b.Names, ", "), dataDir, ops)
+	if ops != "off" {
+		fmt.Fprintf(stdout, "failbus dev: live status page: %s%s\n", ops, status.Path)
+	}
 	if len(b.Nodes) > 1 {
 		names := make([]string, len(b.Nodes))
 		for i, n := range b.Nodes {
@@ -353,4 +380,29 @@ func loadPolicy(path string) (*policy.Policy, error) {
 		return nil, fmt.Errorf("--policy %s: %w", path, err)
 	}
 	return p, nil
+}
+
+// watchStatus gives the status page and the consumers' lag gauges a
+// connection of their own, as the operator under --auth: they read what
+// `failbus status` reads, with the rights an operator has.
+// The returned function closes the connection.
+func watchStatus(b *devbus.Bus, users *auth.Set, page *status.Server, reg *prometheus.Registry, log zerolog.Logger) (func(), error) {
+	o := connect.Options{Servers: b.URL()}
+	if users != nil {
+		o.Nkey = users.Seed(auth.RoleOperator)
+	}
+	c, err := connect.Connect(o, "status", connect.WithLogger(log))
+	if err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(c.Conn)
+	if err == nil {
+		err = reg.Register(status.NewLagCollector(js))
+	}
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	page.SetCollector(status.NewCollector(js, nil))
+	return c.Close, nil
 }

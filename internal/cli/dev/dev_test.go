@@ -78,7 +78,11 @@ func TestCLIDev(t *testing.T) {
 		s, err := js.Stream(ctx, "FAILBUS_CLASSIFIED")
 		return err == nil && s.CachedInfo().State.Msgs == 1
 	})
-	for path, want := range map[string]string{"/healthz": "ok", "/metrics": "failbus_classifier_classified_total"} {
+	for path, want := range map[string]string{
+		"/healthz": "ok", "/metrics": "failbus_classifier_classified_total",
+		// The live status page, its snapshot, and the consumers' lag.
+		"/status": "failbus — live status", "/status.json": `"name":"classifier"`,
+	} {
 		resp, err := http.Get(ops + path)
 		if err != nil {
 			t.Fatal(err)

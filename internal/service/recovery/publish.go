@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/failbus/failbus/pkg/events"
+	"github.com/failbus/failbus/pkg/tracing"
 )
 
 // publisher is recovery.Publisher on JetStream: encode, Nats-Msg-Id, wait
@@ -39,6 +40,8 @@ func (p *publisher) Publish(ctx context.Context, id, subject string, msg events.
 		return err
 	}
 	hdr.Set(events.HeaderMsgID, id)
+	// A dispatch made while handling a task goes on in the task's trace.
+	tracing.Inject(ctx, hdr)
 	pctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
 	ack, err := p.js.PublishMsg(pctx, &nats.Msg{Subject: subject, Header: hdr, Data: data})

@@ -10,6 +10,7 @@ import (
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/engine"
 	"github.com/failbus/failbus/pkg/events"
+	"github.com/failbus/failbus/pkg/tracing"
 )
 
 // handleClassified is the handler of the `scheduler` consumer: the
@@ -173,6 +174,10 @@ func (s *Service) scheduleAndDecide(ctx context.Context, e *LedgerEntry, d *even
 	if err != nil {
 		return fmt.Errorf("decision of %s: %w", d.OutcomeID, err)
 	}
+	// The call's trace goes on through the decision and, copied by the
+	// server when it fires, the due retry.
+	tracing.Inject(ctx, sched.Header)
+	tracing.Inject(ctx, dec.Header)
 	// The connection's async window is shared with every runner on it:
 	// wait for room rather than fail after nats.go's default 200 ms.
 	sf, err := s.js.PublishMsgAsync(sched, stallWait)
@@ -214,7 +219,7 @@ var stallWait = jetstream.WithStallWait(publishTimeout)
 func retryMsgID(retryID string) string { return Name + ":" + retryID + ":decision" }
 
 func (s *Service) publishDecision(ctx context.Context, d *events.Decision, msgID string) error {
-	if _, err := s.publish(ctx, events.DecisionSubject(d.Agent), d, msgID, nil); err != nil {
+	if _, err := s.publish(ctx, events.DecisionSubject(d.Agent), d, msgID, tracing.Header(ctx)); err != nil {
 		return err
 	}
 	s.m.decisions.WithLabelValues(d.Action).Inc()

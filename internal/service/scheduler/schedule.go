@@ -20,6 +20,7 @@ import (
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
+	"github.com/failbus/failbus/pkg/tracing"
 )
 
 // Message-scheduling headers (nats-server 2.12+). nats.go's WithScheduleAt
@@ -61,6 +62,7 @@ func (s *Service) schedule(ctx context.Context, e *LedgerEntry) error {
 	if err != nil {
 		return err
 	}
+	tracing.Inject(ctx, m.Header)
 	if _, err := s.js.PublishMsg(ctx, m); err != nil {
 		return fmt.Errorf("publish schedule %s: %w", m.Subject, err)
 	}

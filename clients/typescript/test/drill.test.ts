@@ -1,0 +1,27 @@
+// The drill, small (6 agents × 5 tasks × 4 calls, the sample timeline at
+// scale 0.01: three seconds, the strategies side by side): the `call` row's
+// promises are asserted, the baselines' figures printed.
+
+import assert from "node:assert/strict";
+import { test } from "node:test";
+
+import { defaults, drill, table } from "./drill.js";
+
+test("the fleet under call loses no task, holds off a provider in its outage and never re-sends a refused segment", async (t) => {
+  const lines: string[] = [];
+  const r = await drill({ ...defaults(), graceMs: 6000, progress: (l) => lines.push(l) });
+  // One diagnostic a line: `go test -v ./test -run TestTypeScriptClient` shows them.
+  for (const l of [...lines, ...table(r).split("\n")]) t.diagnostic(l);
+  const row = r.rows.find((x) => x.strategy === "call");
+  assert.ok(row?.call, "a call row");
+  // The timeline did to this fleet what the promises are about.
+  assert.ok(row.call.outage_declared_ms !== null, "the bus declared the outage");
+  assert.ok((row.call.decisions.wait_provider ?? 0) > 0, "calls were told to wait for the provider");
+  assert.ok(row.probes > 0, "the bus probed the provider through the fleet");
+  assert.ok((row.call.decisions.rerender ?? 0) + (row.call.decisions.skip_provider ?? 0) > 0, "segments were refused");
+  // The promises.
+  assert.equal(row.lost, 0, `tasks lost under call: ${JSON.stringify(row.lost_by)}`);
+  assert.equal(row.completed, row.tasks);
+  assert.equal(row.call.calls_while_held, 0, "calls to the provider, other than probes, while the fleet held on it");
+  assert.equal(row.wasted.refused_resent, 0, "refused segments re-sent to the provider that refused them");
+});
