@@ -36,8 +36,11 @@ import (
 // Each answer is what the stream held when the server read it, possibly
 // on a replica that lags the leader, like any direct get: callers that
 // write after reading (compare-and-set on the subject's last sequence)
-// stay as safe as with GetLastMsgForSubject. On a stream without direct
-// gets every read is GetLastMsgForSubject's. A batch that cannot be
+// stay as safe as with GetLastMsgForSubject; a reader whose answers
+// decide without such a check sets LastReaderOptions.Leader on a
+// replicated stream, and then every read is the leader's, one request
+// each. On a stream without direct gets every read is
+// GetLastMsgForSubject's. A batch that cannot be
 // answered (ErrBatchUnavailable: a server before 2.11, a message that
 // failed to load, an answer cut short) or that this connection may not
 // send (the server drops it without an answer; the connection's last
@@ -79,6 +82,12 @@ type LastReaderOptions struct {
 	OnReads func(how string, n int)
 	// OnBatch is called for each multi_last request sent.
 	OnBatch func()
+	// Leader sends every read to the stream's leader (LeaderGet), alone,
+	// never to a replica's direct get: for a replicated stream whose
+	// reads decide something no compare-and-set checks afterwards, which
+	// a replica that lags the leader must not answer (Replicated). Reads
+	// are then neither batched nor spread over the replicas.
+	Leader bool
 }
 
 // How a LastReader's reads went to the server (LastReaderOptions.OnReads).
@@ -86,6 +95,7 @@ const (
 	ReadBatched  = "batched"  // in a multi_last with other subjects' reads
 	ReadAlone    = "alone"    // one request for one subject, no other subject's read waiting
 	ReadFallback = "fallback" // alone because a batch read was unavailable
+	ReadLeader   = "leader"   // alone, by the stream's leader (LastReaderOptions.Leader)
 )
 
 // MaxLastBatch bounds the subjects of one batch read of a LastReader,
@@ -163,6 +173,13 @@ func (r *LastReader) Close() {
 func (r *LastReader) Last(ctx context.Context, subject string) (*jetstream.RawStreamMsg, error) {
 	if subject == "" || strings.ContainsAny(subject, "*> \t\r\n") {
 		return nil, fmt.Errorf("read the last of %q in %s: not a literal subject", subject, r.name)
+	}
+	if r.opts.Leader {
+		m, err := LeaderGet(ctx, r.js, r.name, MsgQuery{LastFor: subject})
+		if err == nil || errors.Is(err, jetstream.ErrMsgNotFound) {
+			r.count(ReadLeader, 1)
+		}
+		return m, err
 	}
 	q := &lastRead{subject: subject, lead: make(chan struct{}), done: make(chan struct{})}
 	r.mu.Lock()

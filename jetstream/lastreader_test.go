@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -83,9 +84,9 @@ func checkLast(t *testing.T, what string, subjects, got []string, want map[strin
 // lastStats counts what a LastReader reported (its options): Batches
 // multi_last requests sent, answering Batched reads; Alone reads sent in
 // a request for their subject alone; Fallbacks reads sent alone because
-// a batch read was unavailable.
+// a batch read was unavailable; Leader reads sent to the stream's leader.
 type lastStats struct {
-	Batches, Batched, Alone, Fallbacks uint64
+	Batches, Batched, Alone, Fallbacks, Leader uint64
 }
 
 // readCounts collects lastStats through LastReaderOptions.
@@ -106,6 +107,8 @@ func (c *readCounts) options() topology.LastReaderOptions {
 				c.st.Alone += uint64(n)
 			case topology.ReadFallback:
 				c.st.Fallbacks += uint64(n)
+			case topology.ReadLeader:
+				c.st.Leader += uint64(n)
 			}
 		},
 		OnBatch: func() {
@@ -223,6 +226,49 @@ func TestLastReaderFallsBackWithoutDirectGets(t *testing.T) {
 	b, r, counts, want := lastReaderOn(t, "LRN", false)
 	// Without direct gets, no batch is ever tried.
 	readRounds(t, b, r, counts, []string{"LRN.a", "LRN.b", "LRN.none", "LRN.c"}, want, 0)
+}
+
+// TestLastReaderReadsFromTheLeaderWhenTold: with Leader set, reads
+// asked for at once are neither batched nor direct gets: each is the
+// stream leader's (STREAM.MSG.GET, which a spy on the API subjects sees),
+// and each answers what GetLastMsgForSubject would, the server's own
+// subject and sequence (not the forged headers), or the not-found
+// sentinel itself.
+func TestLastReaderReadsFromTheLeaderWhenTold(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	st, want := lastReaderStream(t, b, "LRL", true)
+	counts := &readCounts{}
+	opts := counts.options()
+	opts.Leader = true
+	r := topology.NewLastReader(b.js, st, opts)
+	t.Cleanup(r.Close)
+	var direct, leader atomic.Int64
+	for subj, n := range map[string]*atomic.Int64{"$JS.API.DIRECT.GET.LRL": &direct, "$JS.API.DIRECT.GET.LRL.>": &direct, "$JS.API.STREAM.MSG.GET.LRL": &leader} {
+		if _, err := b.nc.Subscribe(subj, func(*nats.Msg) { n.Add(1) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	subjects := []string{"LRL.b", "LRL.a", "LRL.c", "LRL.none", "LRL.a"}
+	got := make([]string, len(subjects))
+	var wg sync.WaitGroup
+	for i, s := range subjects {
+		wg.Go(func() { got[i] = lastText(r.Last(b.ctx, s)) })
+	}
+	wg.Wait()
+	checkLast(t, "", subjects, got, want)
+	if st := counts.get(); st != (lastStats{Leader: uint64(len(subjects))}) {
+		t.Errorf("stats %+v, want every read the leader's", st)
+	}
+	if err := b.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if d, l := direct.Load(), leader.Load(); d != 0 || l != int64(len(subjects)) {
+		t.Errorf("%d direct gets and %d STREAM.MSG.GET requests, want 0 and %d", d, l, len(subjects))
+	}
 }
 
 // TestLastReaderCancelWhileQueued: a read whose context ends while it

@@ -82,6 +82,12 @@ type batchRequest struct {
 	Batch        int      `json:"batch,omitempty"`
 	// Seq is the first sequence looked at (0: the stream's first).
 	Seq uint64 `json:"seq,omitempty"`
+	// StartTime, instead of Seq, starts at the first message stored at or
+	// after it.
+	StartTime *time.Time `json:"start_time,omitempty"`
+	// UpToSeq bounds a multi_last: the last of each subject among the
+	// messages up to it (0: the stream's last).
+	UpToSeq uint64 `json:"up_to_seq,omitempty"`
 	// MaxBytes bounds one answer (0: the server's max pending, 64 MiB by
 	// default).
 	MaxBytes int `json:"max_bytes,omitempty"`
@@ -258,6 +264,50 @@ func readFrom(ctx context.Context, js jetstream.JetStream, stream, filter string
 			return nil
 		}
 		from = end.lastSeq + 1
+	}
+	return nil
+}
+
+// Page is how one page of a stream ended (ReadPage): how many messages it
+// carried, the sequence of the last, and how many matching messages came
+// after it when the server answered (0: the reader has caught up).
+type Page struct {
+	Answers int
+	LastSeq uint64
+	Pending uint64
+}
+
+// ReadPage reads one page of stream: at most n messages matching filter
+// (wildcards allowed) from sequence from on (or, with a non-nil at, from
+// the first message stored at or after at), at most maxBytes of them (0:
+// 4 MiB), in one direct batch get, and calls fn with each in order. Each
+// carries the headers Nats-Subject, Nats-Sequence, Nats-Time-Stamp and
+// Nats-Num-Pending after any its publisher set (ServerHeader). It is the
+// step a reader without a consumer pages through a stream with, one that
+// may not create consumers (the operator role) included; like any direct
+// get it may be answered by a replica that lags the leader.
+func ReadPage(ctx context.Context, js jetstream.JetStream, stream, filter string, from uint64, at *time.Time, n, maxBytes int, fn func(*nats.Msg) error) (Page, error) {
+	if maxBytes <= 0 {
+		maxBytes = readPageBytes
+	}
+	n = min(max(n, 1), maxReadFrom)
+	req := batchRequest{NextFor: filter, Seq: max(from, 1), Batch: n, MaxBytes: maxBytes}
+	if at != nil {
+		req.Seq, req.StartTime = 0, at
+	}
+	end, err := directBatch(ctx, js, stream, req, n, fn)
+	if err != nil {
+		return Page{}, fmt.Errorf("read %s in %s from %d: %w", filter, stream, from, err)
+	}
+	return Page{Answers: end.answers, LastSeq: end.lastSeq, Pending: end.pending}, nil
+}
+
+// LastPerSubjectUpTo is LastPerSubject among the messages with a sequence
+// up to upto (0: the stream's last): the latest of each subject as the
+// stream stood at a known point, from which a reader then follows on.
+func LastPerSubjectUpTo(ctx context.Context, js jetstream.JetStream, stream string, filters []string, upto uint64, fn func(*nats.Msg) error) error {
+	if _, err := directBatch(ctx, js, stream, batchRequest{MultiLastFor: filters, UpToSeq: upto}, maxBatchAnswers, fn); err != nil {
+		return fmt.Errorf("read the last of %s in %s: %w", strings.Join(filters, " "), stream, err)
 	}
 	return nil
 }

@@ -43,6 +43,10 @@ const (
 	// decision to send or suppress, so a missing or doubled notification can
 	// be explained after the fact.
 	StreamAudit = "FAILBUS_AUDIT"
+	// StreamStoreCheck holds failbus.storecheck.<service>: the write an
+	// idle service makes now and then to show it can still store (its
+	// /healthz), the latest per service.
+	StreamStoreCheck = "FAILBUS_STORECHECK"
 )
 
 // Durable pull consumer names. Each belongs to one service; the runner binds

@@ -76,6 +76,7 @@ const (
 	// dispatched at least once.
 	DefaultMaxBytesDispatch   int64 = 512 << 20
 	DefaultMaxBytesRecoveries int64 = 64 << 20
+	DefaultMaxBytesStoreCheck int64 = 8 << 20
 
 	// DefaultBucketMaxBytes caps every KV bucket (64 MiB). A full bucket
 	// refuses new writes (KV buckets discard new), so a flood of keys
@@ -83,12 +84,13 @@ const (
 	DefaultBucketMaxBytes int64 = 64 << 20
 
 	// DefaultReservedBytes is what the default topology reserves of the
-	// server's store: every stream's and bucket's MaxBytes (7.06 GiB; a
+	// server's store: every stream's and bucket's MaxBytes (7.07 GiB; a
 	// test keeps it equal to the files).
 	DefaultReservedBytes = DefaultMaxBytesOutcomes + DefaultMaxBytesClassified + DefaultMaxBytesHealth +
 		DefaultMaxBytesDecisions + DefaultMaxBytesRetries + DefaultMaxBytesNotify + DefaultMaxBytesControl +
 		DefaultMaxBytesTasks + DefaultMaxBytesDLQ + DefaultMaxBytesAudit + DefaultMaxBytesLiveness +
-		DefaultMaxBytesReports + DefaultMaxBytesDispatch + DefaultMaxBytesRecoveries + 10*DefaultBucketMaxBytes
+		DefaultMaxBytesReports + DefaultMaxBytesDispatch + DefaultMaxBytesRecoveries + DefaultMaxBytesStoreCheck +
+		10*DefaultBucketMaxBytes
 )
 
 // Default MaxAge per stream: how long each stream keeps its messages.
@@ -135,6 +137,9 @@ const (
 	DefaultMaxAgeDLQ = 90 * day
 	// DefaultMaxAgeAudit keeps audit records for 90 days.
 	DefaultMaxAgeAudit = 90 * day
+	// DefaultMaxAgeStoreCheck keeps a store check for an hour: only the
+	// write itself matters (one per service is kept).
+	DefaultMaxAgeStoreCheck = time.Hour
 )
 
 // Default TTL per KV bucket: how long a key lives after its last write. 0

@@ -18,6 +18,7 @@ import (
 
 	"github.com/failbus/failbus/internal/embedded"
 	topology "github.com/failbus/failbus/jetstream"
+	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
 )
 
@@ -189,6 +190,7 @@ func TestFilesCarryTheDocumentedDefaults(t *testing.T) {
 		topology.StreamDispatch:   {topology.DefaultMaxAgeDispatch, []string{events.DispatchPrefix + ".>"}},
 		topology.StreamRecoveries: {topology.DefaultMaxAgeRecoveries, []string{events.RecoveryPrefix + ".>"}},
 		topology.StreamAudit:      {topology.DefaultMaxAgeAudit, []string{events.AuditPrefix + ".>"}},
+		topology.StreamStoreCheck: {topology.DefaultMaxAgeStoreCheck, []string{consumer.StoreCheckPrefix + ".>"}},
 	}
 	maxBytes := map[string]int64{
 		topology.StreamOutcomes: topology.DefaultMaxBytesOutcomes, topology.StreamClassified: topology.DefaultMaxBytesClassified,
@@ -198,6 +200,7 @@ func TestFilesCarryTheDocumentedDefaults(t *testing.T) {
 		topology.StreamDLQ: topology.DefaultMaxBytesDLQ, topology.StreamAudit: topology.DefaultMaxBytesAudit,
 		topology.StreamLiveness: topology.DefaultMaxBytesLiveness, topology.StreamReports: topology.DefaultMaxBytesReports,
 		topology.StreamDispatch: topology.DefaultMaxBytesDispatch, topology.StreamRecoveries: topology.DefaultMaxBytesRecoveries,
+		topology.StreamStoreCheck: topology.DefaultMaxBytesStoreCheck,
 	}
 	var reserved int64
 	got := topology.Streams()

@@ -24,6 +24,7 @@
 //	--lease D           how long a replica keeps a provider after its last step (FAILBUS_RECOVERY_LEASE; default 5s)
 //	--replicas N        stream replicas when applying the topology (FAILBUS_REPLICAS; default 1)
 //	--log-level LEVEL   debug, info, warn, error (FAILBUS_LOG_LEVEL; default info)
+//	--shutdown-timeout  after SIGINT/SIGTERM, exit 1 if the drain has not ended by then (FAILBUS_SHUTDOWN_TIMEOUT; default 40s)
 package main
 
 import (

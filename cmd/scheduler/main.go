@@ -36,6 +36,7 @@
 //	--apply-topology    create/update streams and consumers at start (default true)
 //	--no-apply          same as --apply-topology=false: with a role's own credentials, the admin applies
 //	--log-level LEVEL   debug, info, warn, error (FAILBUS_LOG_LEVEL; default info)
+//	--shutdown-timeout  after SIGINT/SIGTERM, exit 1 if the drain has not ended by then (FAILBUS_SHUTDOWN_TIMEOUT; default 40s)
 package main
 
 import (

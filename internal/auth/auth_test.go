@@ -18,8 +18,10 @@ import (
 	"github.com/failbus/failbus/internal/auth"
 	"github.com/failbus/failbus/internal/connect"
 	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/internal/watch"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/agent"
+	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
 )
 
@@ -234,6 +236,89 @@ func fetchAck(stream, consumer string) op {
 			return errors.New("nothing fetched")
 		}
 		return nil
+	}}
+}
+
+// fetchOnly takes one message from a durable consumer and leaves it
+// unacknowledged: its owner waits out the ack wait for it.
+func fetchOnly(stream, consumer string) op {
+	return op{"fetch without acking from " + stream + "/" + consumer, func(ctx context.Context, nc *connect.Conn, js jetstream.JetStream) error {
+		c, err := js.Consumer(ctx, stream, consumer)
+		if err != nil {
+			return err
+		}
+		batch, err := c.Fetch(1, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			return err
+		}
+		n := 0
+		for range batch.Messages() {
+			n++
+		}
+		if n == 0 {
+			if d := nc.Denials(); len(d) > 0 {
+				return &connect.PermissionError{Denial: d[len(d)-1], Err: errors.New("nothing fetched")}
+			}
+			if err := batch.Error(); err != nil {
+				return err
+			}
+			return errors.New("nothing fetched")
+		}
+		return nil
+	}}
+}
+
+// deleteConsumer deletes a consumer by name.
+func deleteConsumer(stream, name string) op {
+	return op{"delete consumer " + stream + "/" + name, func(ctx context.Context, _ *connect.Conn, js jetstream.JetStream) error {
+		return js.DeleteConsumer(ctx, stream, name)
+	}}
+}
+
+// directRead reads one message matching filter with direct gets, as the
+// operator tools read (watch.Config.Direct).
+func directRead(stream, filter string) op {
+	return op{"read " + filter + " on " + stream + " with direct gets", func(ctx context.Context, _ *connect.Conn, js jetstream.JetStream) error {
+		n := 0
+		err := watch.Read(ctx, js, watch.Config{Stream: stream, Filters: []string{filter}, Direct: true}, func(jetstream.Msg) error {
+			n++
+			return watch.ErrStop
+		})
+		if err == nil && n == 0 {
+			return errors.New("nothing read")
+		}
+		return err
+	}}
+}
+
+// leaderGet reads the first message of stream through its leader.
+func leaderGet(stream string) op {
+	return op{"read the first message of " + stream + " from its leader", func(ctx context.Context, _ *connect.Conn, js jetstream.JetStream) error {
+		_, err := topology.LeaderGet(ctx, js, stream, topology.MsgQuery{Seq: 1, NextFor: ">"})
+		return err
+	}}
+}
+
+// purgeAll purges a whole stream.
+func purgeAll(stream string) op {
+	return op{"purge all of " + stream, func(ctx context.Context, _ *connect.Conn, js jetstream.JetStream) error {
+		s, err := js.Stream(ctx, stream)
+		if err != nil {
+			return err
+		}
+		return s.Purge(ctx)
+	}}
+}
+
+// updateStream sends the stream's own configuration back as an update.
+func updateStream(stream string) op {
+	return op{"update stream " + stream, func(ctx context.Context, _ *connect.Conn, js jetstream.JetStream) error {
+		s, err := js.Stream(ctx, stream)
+		if err != nil {
+			return err
+		}
+		_, err = js.UpdateStream(ctx, s.CachedInfo().Config)
+		return err
 	}}
 }
 
@@ -583,10 +668,12 @@ func TestRoles(t *testing.T) {
 				fetchAck(sOut, topology.ConsumerClassifier),
 				publish(events.ClassifiedSubject("openai", "rate_limit")),
 				publish(events.DLQSubject("classifier")),
+				publish(consumer.StoreCheckSubject("classifier")),
 			},
 			append([]op{
 				publish(events.HealthSubject("openai")), publish(events.DecisionSubject("a1")),
 				publish(events.DLQSubject("scheduler")), publish(events.NotifySubject("critical")),
+				publish(consumer.StoreCheckSubject("scheduler")),
 				publish(events.OutcomeSubject("openai", "a1")),
 				fetchAck(sCls, topology.ConsumerScheduler),
 				read(sOut, "failbus.outcome.>"),
@@ -725,11 +812,21 @@ func TestRoles(t *testing.T) {
 			stream, cfg, _ := topology.Consumer(c)
 			mayNot = append(mayNot, fetchAck(stream, c), durableFor(stream, c, cfg.FilterSubject))
 		}
+		// An agent's durable: not fetched from (stalling the agent for its
+		// ack wait), retargeted, deleted; no consumer of its own either,
+		// ordered ones and a bucket's watch included.
+		a3 := agent.DurableName("a3", "decisions")
 		mayNot = append(mayNot, purge(sOut, events.OutcomeSubject("openai", "a1")), createStream("EVIL", "evil.>"),
-			deleteStream(sCtl), b.readInboxOf(auth.RoleAgent))
+			deleteStream(sCtl), b.readInboxOf(auth.RoleAgent),
+			fetchOnly(sDec, a3), durableFor(sDec, a3, "failbus.dispatch.>"), durableFor(sDec, a3, events.DecisionSubject("a3")),
+			deleteConsumer(sDec, a3), deleteConsumer(sOut, topology.ConsumerClassifier),
+			read(sOut, "failbus.>"), read(topology.StreamDLQ, "failbus.dlq.>"), durableFor(sDec, "operator-own", "failbus.decision.>"),
+			kvWatch(topology.BucketPolicy),
+			deleteStream(topology.StreamDLQ), purgeAll(topology.StreamDLQ), purge(topology.StreamDLQ, events.DLQSubject("classifier")))
 		may := []op{
-			read(sOut, "failbus.>"), read(sRet, "failbus.retry.>"), read(topology.StreamDLQ, "failbus.dlq.>"),
-			lastMsg(sHealth, events.HealthSubject("openai")), kvGet(topology.BucketNotifyDedupe), kvWatch(topology.BucketPolicy),
+			directRead(sOut, "failbus.>"), directRead(sRet, "failbus.retry.>"), directRead(topology.StreamDLQ, "failbus.dlq.>"),
+			leaderGet(sDec),
+			lastMsg(sHealth, events.HealthSubject("openai")), kvGet(topology.BucketNotifyDedupe),
 			subscribe("failbus.>"), subscribe("$JS.EVENT.>"),
 			{"list streams and consumers", func(ctx context.Context, _ *connect.Conn, js jetstream.JetStream) error {
 				n := 0
@@ -769,6 +866,15 @@ func TestRoles(t *testing.T) {
 			}},
 			kvPut(topology.BucketPolicy), publish(events.DecisionSubject("a1")),
 			durableFor(sOut, "admin-tool", "failbus.outcome.>"),
-		}, nil)
+			// failbus apply, which updates FAILBUS_DLQ when the
+			// topology changes it.
+			updateStream(topology.StreamDLQ),
+			{"apply the topology", func(ctx context.Context, _ *connect.Conn, js jetstream.JetStream) error {
+				return topology.Apply(ctx, js, topology.Options{})
+			}},
+		}, []op{
+			// Nobody deletes or purges dead letters, the admin included.
+			deleteStream(topology.StreamDLQ), purgeAll(topology.StreamDLQ), purge(topology.StreamDLQ, events.DLQSubject("classifier")),
+		})
 	})
 }

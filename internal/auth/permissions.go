@@ -52,13 +52,15 @@ func (p Permissions) Server() *server.Permissions {
 func (r Role) Permissions(pub string) (Permissions, error) {
 	inbox := connect.InboxPrefixFor(pub) + ".>"
 	if r.All {
-		return Permissions{PublishAllow: []string{">"}, SubscribeAllow: []string{">"}, AllowResponses: true}, nil
+		return Permissions{PublishAllow: []string{">"}, PublishDeny: keepDeadLetters(), SubscribeAllow: []string{">"}, AllowResponses: true}, nil
 	}
 	var p permBuilder
 	p.sub(inbox)
 	if r.ReadAll {
 		p.operator()
-		return p.done(nil), nil
+		perms := p.done(nil)
+		perms.PublishDeny = append(perms.PublishDeny, readOnlyDeny...)
+		return perms, nil
 	}
 	streams := topology.Streams()
 	streamSubjects := map[string][]string{}
@@ -164,19 +166,43 @@ var agentConsumers = []struct{ stream, kind string }{
 	{topology.StreamControl, "control"},
 }
 
-// operator reads everything: stream, consumer and account info, messages
-// by subject or sequence, and consumers of its own with any filter.
+// operator reads everything: stream, consumer and account info, and
+// messages by subject or sequence (direct gets, which the operator tools
+// page through streams with, and the stream leader's message get). It
+// creates no consumer, not even one of its own: a consumer create's
+// subject carries the consumer's name, which cannot tell the operator's
+// own from an agent's durable, and creating one under a durable's name
+// updates it (retargets its filter); fetching from a durable without
+// acknowledging stalls its owner for the ack wait. So no consumer create,
+// update, delete, fetch or acknowledgement, whatever its name
+// (readOnlyDeny).
 func (p *permBuilder) operator() {
 	p.pub(
 		api+"INFO",
 		api+"STREAM.NAMES", api+"STREAM.LIST", api+"STREAM.INFO.*",
 		api+"CONSUMER.NAMES.*", api+"CONSUMER.LIST.*", api+"CONSUMER.INFO.*.*",
 		api+"DIRECT.GET.>", api+"STREAM.MSG.GET.*",
-		api+"CONSUMER.CREATE.*.*", api+"CONSUMER.CREATE.*.*.>",
-		api+"CONSUMER.MSG.NEXT.*.*", api+"CONSUMER.DELETE.*.*",
-		flowCtl+">",
 	)
 	p.sub(advisory, events.Prefix+".>")
+}
+
+// readOnlyDeny is what the operator is refused beyond every role's denies
+// (done): anything that creates, changes, deletes or reads through a
+// consumer, and the account's and streams' administration.
+var readOnlyDeny = []string{
+	api + "CONSUMER.CREATE.>", api + "CONSUMER.DURABLE.CREATE.>", api + "CONSUMER.DELETE.>",
+	api + "CONSUMER.MSG.NEXT.>", api + "CONSUMER.PAUSE.>", api + "CONSUMER.UNPIN.>",
+	api + "CONSUMER.LEADER.STEPDOWN.>", api + "STREAM.LEADER.STEPDOWN.>", api + "STREAM.PEER.REMOVE.>",
+	api + "STREAM.PURGE.>", api + "STREAM.SNAPSHOT.>", api + "STREAM.RESTORE.>",
+	ack + ">", flowCtl + ">",
+}
+
+// keepDeadLetters is what even the admin is refused: deleting or purging
+// FAILBUS_DLQ, whose messages nobody may delete or purge either (the
+// stream's deny_delete and deny_purge, which a stream update cannot turn
+// off). The admin still updates the stream (failbus apply).
+func keepDeadLetters() []string {
+	return []string{api + "STREAM.DELETE." + topology.StreamDLQ, api + "STREAM.PURGE." + topology.StreamDLQ}
 }
 
 // permBuilder collects subjects without repeats.

@@ -28,6 +28,12 @@
 //     _INBOX.<its nkey public key>.>, which internal/connect uses as the
 //     inbox prefix, so no role reads another's replies (API answers, KV
 //     values, route answers).
+//   - The operator reads and changes nothing: info requests and single
+//     messages (direct gets, the leader's message get) only, no consumer
+//     at all, since a consumer create cannot be told from an update of
+//     someone else's durable by its subject.
+//   - Dead letters are kept: no role may delete or purge FAILBUS_DLQ, the
+//     admin included (its messages are protected by the stream itself).
 //
 // The generic `agent` user may act for any agent name (one seed for a
 // fleet). `auth init --agents a,b` adds users agent-a, agent-b whose
@@ -38,6 +44,7 @@ import (
 	"fmt"
 
 	topology "github.com/failbus/failbus/jetstream"
+	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
 )
 
@@ -105,11 +112,13 @@ type Role struct {
 	All bool
 }
 
-// dlq is the dead-letter subject of each service name.
+// dlq is the dead-letter subject of each service name, and its store
+// check's (consumer.StoreCheckSubject): what every runner of a service
+// writes besides its outputs.
 func dlq(services ...string) []string {
-	out := make([]string, len(services))
-	for i, s := range services {
-		out[i] = events.DLQSubject(s)
+	out := make([]string, 0, 2*len(services))
+	for _, s := range services {
+		out = append(out, events.DLQSubject(s), consumer.StoreCheckSubject(s))
 	}
 	return out
 }
@@ -252,7 +261,7 @@ func Agent(name string) Role {
 func operator() Role {
 	return Role{
 		Name:    RoleOperator,
-		Doc:     "operators: read every stream, consumer and bucket (tail, report, shadow, lag, dlq ls/show); publish nothing, change nothing",
+		Doc:     "operators: read every stream, consumer and bucket (tail, report, shadow, lag, health, dlq ls/show) with direct gets and info requests; publish nothing, change nothing: no consumer created, updated, deleted, fetched from or acknowledged, its own included",
 		ReadAll: true,
 	}
 }
@@ -260,7 +269,7 @@ func operator() Role {
 func admin() Role {
 	return Role{
 		Name: RoleAdmin,
-		Doc:  "the admin: creates and changes streams, consumers and buckets (failbus apply), requeues dead letters, sets the policy in KV; everything",
+		Doc:  "the admin: creates and changes streams, consumers and buckets (failbus apply), requeues dead letters, sets the policy in KV; everything but deleting or purging FAILBUS_DLQ",
 		All:  true,
 		// Declared for the table: the buckets only the admin writes.
 		Buckets: []string{topology.BucketPolicy, topology.BucketDLQRequeues},

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
@@ -83,6 +84,7 @@ type Bus struct {
 
 	conns  []*connect.Conn // the services' own connections
 	health []func() error
+	check  serverCheck
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	mu     sync.Mutex
@@ -181,7 +183,104 @@ func Start(o Options) (_ *Bus, err error) {
 	if err := b.waitHealthy(StartTimeout); err != nil {
 		return nil, err
 	}
+	b.wg.Go(func() { b.watchServer(ctx) })
 	return b, nil
+}
+
+// ErrServerCannotStore is the bus's failure once its embedded server can
+// no longer store (serverHealthy): a stream that failed a write (no space
+// left on the device, say) refuses every later write until the server
+// restarts, and nats-server cannot restart its JetStream in the process.
+// `failbus dev` exits non-zero then, for a supervisor to start it again
+// once the disk has room; what was stored before is kept.
+var ErrServerCannotStore = errors.New("the embedded nats-server cannot store")
+
+// Bounds of the embedded server's checks.
+const (
+	// serverCheckEvery is how often a running bus asks its server whether
+	// it can still store.
+	serverCheckEvery = time.Second
+	// serverCheckTimeout is how long the server's health check may take
+	// before the server counts as unable to store: the check waits for
+	// each stream's lock, which a stream stuck on its store holds for good
+	// (nats-server 2.15.2 deadlocks a stream whose purge fails a write, a
+	// full disk for one).
+	serverCheckTimeout = 5 * time.Second
+	// ServerShutdownTimeout bounds the embedded server's shutdown in Stop:
+	// a stream stuck on its store never stops.
+	ServerShutdownTimeout = 10 * time.Second
+)
+
+// serverCheck is the one server health check in flight at a time.
+type serverCheck struct {
+	mu      sync.Mutex
+	running chan struct{} // closed when the check in flight is done; nil: none
+	started time.Time
+	err     error // the last check's answer
+}
+
+// serverHealthy is the embedded server's own health check, nats-server's
+// /healthz without the HTTP: JetStream enabled and every stream without a
+// write error, answered within serverCheckTimeout. Callers share the
+// check in flight, so a server that stopped answering costs one goroutine,
+// not one per /healthz request. A bus of several nodes is not judged by
+// any one of them (Options.Nodes): a node whose disk fails shuts its own
+// JetStream down and the others go on, and a node is stopped on purpose
+// now and then; its services' own checks say whether it can store.
+func (b *Bus) serverHealthy() error {
+	if len(b.Nodes) > 1 {
+		return nil
+	}
+	c := &b.check
+	c.mu.Lock()
+	if c.running == nil {
+		done := make(chan struct{})
+		c.running, c.started = done, time.Now()
+		go func() {
+			var err error
+			if st := b.Srv.NATS().Healthz(&server.HealthzOptions{}); st.Status != "ok" {
+				err = fmt.Errorf("%w: %s", ErrServerCannotStore, st.Error)
+			}
+			c.mu.Lock()
+			c.err, c.running = err, nil
+			c.mu.Unlock()
+			close(done)
+		}()
+	}
+	running, started := c.running, c.started
+	c.mu.Unlock()
+	wait := time.NewTimer(max(serverCheckTimeout-time.Since(started), 0))
+	defer wait.Stop()
+	select {
+	case <-running:
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.err
+	case <-wait.C:
+		return fmt.Errorf("%w: its health check has not answered for %v (a stream stuck on its store)",
+			ErrServerCannotStore, time.Since(started).Round(time.Second))
+	}
+}
+
+// watchServer fails the bus (Failed, Stop's error) once its server cannot
+// store, checking every serverCheckEvery until ctx ends.
+func (b *Bus) watchServer(ctx context.Context) {
+	t := time.NewTicker(serverCheckEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := b.serverHealthy(); err != nil && ctx.Err() == nil {
+			b.mu.Lock()
+			b.errs = append(b.errs, err)
+			b.mu.Unlock()
+			b.once.Do(func() { close(b.failed) })
+			return
+		}
+	}
 }
 
 // labelled runs fn on a goroutine of its own labelled failbus=name, and
@@ -299,12 +398,17 @@ func (b *Bus) waitHealthy(limit time.Duration) error {
 	}
 }
 
-// Healthy is the /healthz check: every service healthy.
-func (b *Bus) Healthy() error { return consumer.AllHealthy(b.health...)() }
+// Healthy is the /healthz check: the embedded server can store
+// (serverHealthy) and every service is healthy.
+func (b *Bus) Healthy() error {
+	return errors.Join(b.serverHealthy(), consumer.AllHealthy(b.health...)())
+}
 
-// Stop drains every service (each finishes its in-flight messages), then
-// closes the connections and shuts the server down. It returns the errors of
-// services that stopped on their own before.
+// Stop drains every service (each finishes its in-flight messages, unless
+// its writes are not stored), then closes the connections and shuts the
+// server down, waiting at most ServerShutdownTimeout for it. It returns
+// the errors of services that stopped on their own before, and the bus's
+// own (ErrServerCannotStore).
 func (b *Bus) Stop() error {
 	if b.cancel != nil {
 		b.cancel()
@@ -317,7 +421,18 @@ func (b *Bus) Stop() error {
 	for _, n := range b.Nodes {
 		sg.Go(n.stop)
 	}
-	sg.Wait()
+	down := make(chan struct{})
+	go func() {
+		sg.Wait()
+		close(down)
+	}()
+	select {
+	case <-down:
+	case <-time.After(ServerShutdownTimeout):
+		b.mu.Lock()
+		b.errs = append(b.errs, fmt.Errorf("the embedded nats-server did not shut down within %v (a stream stuck on its store): left as it is", ServerShutdownTimeout))
+		b.mu.Unlock()
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return errors.Join(b.errs...)

@@ -36,6 +36,18 @@ import (
 // ApplyTimeout bounds applying the topology at start.
 const ApplyTimeout = 30 * time.Second
 
+// DefaultShutdownTimeout bounds a service's stop after SIGINT/SIGTERM
+// (--shutdown-timeout): the runners' drain (consumer.DefaultDrainTimeout)
+// and the time to store and acknowledge what in-flight handlers produced.
+// A drain whose writes are failing stops at once (the runner does not wait
+// for a store that cannot answer); this is the bound for everything else.
+const DefaultShutdownTimeout = consumer.DefaultDrainTimeout + 10*time.Second
+
+// ErrShutdownTimeout: the service had not stopped within --shutdown-timeout
+// of the signal; the process exits 1 and what was in flight is redelivered,
+// as after SIGKILL.
+var ErrShutdownTimeout = errors.New("did not stop in time")
+
 // Service is what a binary runs: Run until ctx ends, then drain and return
 // nil; Healthy answers /healthz.
 type Service interface {
@@ -74,6 +86,7 @@ type common struct {
 	replicas                      int
 	ackWait                       time.Duration
 	apply, noApply, checkHealth   bool
+	shutdownTimeout               time.Duration
 }
 
 // Run is a whole service binary: it returns the exit code (0 after a
@@ -93,6 +106,7 @@ func Run(ctx context.Context, spec Spec, args []string, stderr io.Writer) int {
 	fs.BoolVar(&c.noApply, "no-apply", false, "do not touch the topology (same as --apply-topology=false): for a service running with its own role's credentials, while the admin applies the topology")
 	fs.StringVar(&c.logLevel, "log-level", EnvString("FAILBUS_LOG_LEVEL", "info"), "debug, info, warn or error (env FAILBUS_LOG_LEVEL)")
 	fs.BoolVar(&c.checkHealth, "check-health", false, "ask the running service's /healthz on --ops-addr and exit 0 when healthy, 1 when not (a container health check)")
+	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", EnvDuration("FAILBUS_SHUTDOWN_TIMEOUT", DefaultShutdownTimeout), "after SIGINT/SIGTERM, exit 1 if the drain has not ended by then (env FAILBUS_SHUTDOWN_TIMEOUT); what was in flight is redelivered")
 	if spec.Flags != nil {
 		spec.Flags(fs)
 	}
@@ -105,6 +119,10 @@ func Run(ctx context.Context, spec Spec, args []string, stderr io.Writer) int {
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "%s: unexpected arguments %q\n", spec.Name, fs.Args())
+		return 2
+	}
+	if c.shutdownTimeout <= 0 {
+		fmt.Fprintf(stderr, "%s: --shutdown-timeout %v: must be positive\n", spec.Name, c.shutdownTimeout)
 		return 2
 	}
 	if c.checkHealth {
@@ -229,7 +247,34 @@ func serve(ctx context.Context, spec Spec, c common, pol *policy.Policy, log zer
 	if _, err := consumer.ServeOps(ctx, c.opsAddr, reg, svc.Healthy, log, page.Routes()...); err != nil {
 		return err
 	}
-	return nc.Explain(svc.Run(ctx))
+	return nc.Explain(RunBounded(ctx, svc, c.shutdownTimeout, log))
+}
+
+// RunBounded runs svc until ctx ends, then waits at most timeout for it to
+// drain: past it, it returns ErrShutdownTimeout and leaves svc running
+// (the caller exits the process; nothing acknowledged is lost, and what
+// was in flight is redelivered, as after SIGKILL).
+func RunBounded(ctx context.Context, svc Service, timeout time.Duration, log zerolog.Logger) error {
+	done := make(chan error, 1)
+	go func() { done <- svc.Run(ctx) }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+	}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-t.C:
+		err := fmt.Errorf("%w: still draining %v after the signal (--shutdown-timeout); in-flight messages are redelivered", ErrShutdownTimeout, timeout)
+		if herr := svc.Healthy(); herr != nil {
+			err = fmt.Errorf("%w; health: %w", err, herr)
+		}
+		log.Error().Err(err).Msg("stopping without a full drain")
+		return err
+	}
 }
 
 // TopologyOptions are the topology settings that follow from the policy, so

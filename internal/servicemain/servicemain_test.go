@@ -3,6 +3,8 @@ package servicemain_test
 import (
 	"bytes"
 	"context"
+	"errors"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nkeys"
+	"github.com/rs/zerolog"
 
 	"github.com/failbus/failbus/internal/connect"
 	"github.com/failbus/failbus/internal/embedded"
@@ -190,5 +193,36 @@ func TestCheckHealth(t *testing.T) {
 	var out bytes.Buffer
 	if code := servicemain.Run(ctx, spec, []string{"--check-health", "--ops-addr", l.Addr().String()}, &out); code != 1 || !strings.Contains(out.String(), "/healthz") {
 		t.Errorf("check of a service answering 503: exit %d, %q", code, out.String())
+	}
+}
+
+// stuck is a service whose Run never ends once started, as one stuck on a
+// store that does not answer.
+type stuck struct{ release chan struct{} }
+
+func (s stuck) Run(context.Context) error { <-s.release; return nil }
+func (stuck) Healthy() error              { return errors.New("stuck on a write") }
+
+// TestRunBoundedStopsWaitingAtTheTimeout: a service that has not drained
+// by the shutdown timeout after its context ended is left running and
+// ErrShutdownTimeout returned, naming its health; one that drains in time
+// returns what Run returned.
+func TestRunBoundedStopsWaitingAtTheTimeout(t *testing.T) {
+	t.Parallel()
+	s := stuck{release: make(chan struct{})}
+	defer close(s.release)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := servicemain.RunBounded(ctx, s, 50*time.Millisecond, zerolog.Nop())
+	if !errors.Is(err, servicemain.ErrShutdownTimeout) || !strings.Contains(err.Error(), "stuck on a write") {
+		t.Errorf("a stuck drain: %v, want ErrShutdownTimeout with its health", err)
+	}
+	done := stuck{release: make(chan struct{})}
+	close(done.release)
+	if err := servicemain.RunBounded(ctx, done, time.Minute, zerolog.Nop()); err != nil {
+		t.Errorf("a drain in time: %v", err)
+	}
+	if code := servicemain.Run(context.Background(), servicemain.Spec{Name: "x"}, []string{"--shutdown-timeout", "0s"}, io.Discard); code != 2 {
+		t.Errorf("--shutdown-timeout 0s: exit %d, want 2", code)
 	}
 }

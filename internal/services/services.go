@@ -52,7 +52,7 @@ func Classifier() servicemain.Spec {
 		Build: func(_ context.Context, env servicemain.Env) (servicemain.Service, error) {
 			return classifier.New(env.JS, classifier.Config{
 				Policy: env.Policy,
-				Runner: consumer.Config{Concurrency: concurrency, Logger: env.Log, Registerer: env.Registry},
+				Runner: consumer.Config{Concurrency: concurrency, Logger: env.Log, Registerer: env.Registry, StoreCheckEvery: consumer.DefaultStoreCheckEvery},
 			})
 		},
 	}
@@ -97,7 +97,7 @@ func Scheduler() servicemain.Spec {
 				PolicyPollInterval: policyPoll,
 				WatchPolicy:        policyKV,
 				MaxProviders:       maxProvs,
-				Runner:             consumer.Config{Concurrency: concurrency, Logger: env.Log, Registerer: env.Registry},
+				Runner:             consumer.Config{Concurrency: concurrency, Logger: env.Log, Registerer: env.Registry, StoreCheckEvery: consumer.DefaultStoreCheckEvery},
 			})
 			if err != nil {
 				return nil, err
@@ -111,7 +111,7 @@ func Scheduler() servicemain.Spec {
 			// and the route micro service.
 			r, err := refusals.New(env.JS, refusals.Config{
 				Policy: env.Policy.Refusal,
-				Runner: consumer.Config{Logger: env.Log, Registerer: env.Registry},
+				Runner: consumer.Config{Logger: env.Log, Registerer: env.Registry, StoreCheckEvery: consumer.DefaultStoreCheckEvery},
 			})
 			if err != nil {
 				return nil, err
@@ -148,12 +148,13 @@ func Notifier() servicemain.Spec {
 		},
 		Build: func(ctx context.Context, env servicemain.Env) (servicemain.Service, error) {
 			return notifier.New(env.JS, notifier.Config{
-				Notify:         env.Policy.Notify,
-				DedupeLifetime: dedupeLifetime,
-				Replica:        replica,
-				Concurrency:    concurrency,
-				Logger:         env.Log,
-				Registerer:     env.Registry,
+				Notify:          env.Policy.Notify,
+				DedupeLifetime:  dedupeLifetime,
+				Replica:         replica,
+				Concurrency:     concurrency,
+				Logger:          env.Log,
+				Registerer:      env.Registry,
+				StoreCheckEvery: consumer.DefaultStoreCheckEvery,
 			})
 		},
 	}
@@ -185,7 +186,7 @@ func Recovery() servicemain.Spec {
 				Limits:   limitsPolicy(env),
 				Owner:    owner,
 				LeaseTTL: lease,
-				Runner:   consumer.Config{Logger: env.Log, Registerer: env.Registry},
+				Runner:   consumer.Config{Logger: env.Log, Registerer: env.Registry, StoreCheckEvery: consumer.DefaultStoreCheckEvery},
 			})
 		},
 	}

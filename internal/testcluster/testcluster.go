@@ -108,6 +108,16 @@ type Options struct {
 	// must be 0 or 1): the single-server deployment, killed and restarted
 	// the same way.
 	Standalone bool
+	// Dir is the folder the nodes' folders (store, configuration, log)
+	// are made in: a small file system, to fill one. Defaults to a
+	// temporary folder of the test.
+	Dir string
+	// MaxStore is each node's JetStream file store limit
+	// (max_file_store), which the topology's streams reserve their
+	// max_bytes against: set it on a small file system, where the
+	// server's default (75% of the free disk) holds too little. 0: the
+	// server's default.
+	MaxStore int64
 }
 
 // Cluster is a running cluster.
@@ -157,7 +167,10 @@ func Start(t testing.TB, o Options) *Cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	base := t.TempDir()
+	base := o.Dir
+	if base == "" {
+		base = t.TempDir()
+	}
 	for i := range o.Nodes {
 		n := &Node{c: c, index: i, name: fmt.Sprintf("n%d", i+1), port: ports[3*i], clusterPort: ports[3*i+1], httpPort: ports[3*i+2]}
 		n.dir = filepath.Join(base, n.name)
@@ -222,7 +235,11 @@ func (n *Node) writeConfig() error {
 	fmt.Fprintf(&b, "listen: \"127.0.0.1:%d\"\n", n.port)
 	fmt.Fprintf(&b, "http: \"127.0.0.1:%d\"\n", n.httpPort)
 	fmt.Fprintf(&b, "max_payload: 8MB\n")
-	fmt.Fprintf(&b, "jetstream {\n  store_dir: %q\n  sync_interval: %s\n}\n", filepath.Join(n.dir, "data"), sync)
+	fmt.Fprintf(&b, "jetstream {\n  store_dir: %q\n  sync_interval: %s\n", filepath.Join(n.dir, "data"), sync)
+	if n.c.opts.MaxStore > 0 {
+		fmt.Fprintf(&b, "  max_file_store: %d\n", n.c.opts.MaxStore)
+	}
+	b.WriteString("}\n")
 	if !n.c.opts.Standalone {
 		fmt.Fprintf(&b, "cluster {\n  name: %q\n  listen: \"127.0.0.1:%d\"\n  routes: [%s]\n}\n", n.c.opts.Name, n.clusterPort, strings.Join(routes, ", "))
 	}

@@ -1,9 +1,12 @@
 // Package watch reads a stream with an ordered consumer: JetStream's
 // client-side cursor, which leaves no state on the server (the consumer is
 // ephemeral, recreated by the client after a gap, and deleted when the read
-// ends). It is the one stream reader of the operator tools — `failbus tail`,
-// `failbus health`, the demo's waits and the bench's collectors — so how a
-// stream is read, followed, stopped and cleaned up is written once.
+// ends); or, with Config.Direct, with no consumer at all, by direct batch
+// gets, which is how the operator tools read (`failbus tail`, `failbus
+// health`, report, shadow, dlq), since the operator role may create no
+// consumer. It is the one stream reader of the tools, the demo's waits and
+// the bench's collectors, so how a stream is read, followed, stopped and
+// cleaned up is written once.
 //
 // Read is the synchronous form (return when the messages stored at the
 // start are read, or follow until the context ends); Start runs the same
@@ -65,6 +68,19 @@ type Config struct {
 	// of waiting until its context ends: for a service that must not take
 	// a partial read for a whole one. 0: no limit.
 	Stall time.Duration
+	// Direct reads with direct batch gets instead of a consumer, so it
+	// leaves nothing on the server and needs only the permission to read
+	// (the operator role may create no consumer: see direct.go). A read
+	// that follows asks for new messages every PollInterval. Messages are
+	// read whole (HeadersOnly is ignored), carry no reply subject and
+	// cannot be acknowledged. The stream must allow direct gets (every
+	// failbus stream does); Stall is not applied. The operator tools
+	// read this way.
+	Direct bool
+	// PollInterval is how often a Direct read that follows asks for
+	// messages stored since its last answer. Defaults to
+	// DefaultPollInterval.
+	PollInterval time.Duration
 }
 
 // ErrStalled: a read without Follow got no message for Config.Stall while
@@ -81,13 +97,25 @@ type Reader struct {
 	cfg     Config
 	cons    jetstream.Consumer
 	it      jetstream.MessagesContext
-	pending uint64 // messages selected when the reader opened
+	direct  *directRead // Config.Direct: no consumer
+	pending uint64      // messages selected when the reader opened
 }
 
-// Open creates the ordered consumer cfg describes.
+// Open creates the ordered consumer cfg describes, or, with Config.Direct,
+// reads the first page of each filter.
 func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Reader, error) {
 	if cfg.Stream == "" {
 		return nil, errors.New("watch: no stream")
+	}
+	if cfg.Direct {
+		if cfg.PollInterval <= 0 {
+			cfg.PollInterval = DefaultPollInterval
+		}
+		d, pending, err := openDirect(ctx, js, cfg)
+		if err != nil {
+			return nil, err
+		}
+		return &Reader{js: js, cfg: cfg, direct: d, pending: pending}, nil
 	}
 	occ := jetstream.OrderedConsumerConfig{
 		FilterSubjects:    cfg.Filters,
@@ -119,7 +147,8 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Reader, err
 }
 
 // Pending is how many messages the reader selected when it opened (for
-// DeliverLastPerSubjectPolicy: how many subjects).
+// DeliverLastPerSubjectPolicy: how many subjects); for a Direct read,
+// messages stored meanwhile may be counted.
 func (r *Reader) Pending() uint64 { return r.pending }
 
 // Run calls fn with every message in stream order until fn returns an error
@@ -129,6 +158,13 @@ func (r *Reader) Pending() uint64 { return r.pending }
 // after the read began may be included when it arrives before the last of
 // those. Run does not close the reader.
 func (r *Reader) Run(ctx context.Context, fn func(jetstream.Msg) error) error {
+	if r.direct != nil {
+		err := r.direct.run(ctx, fn)
+		if errors.Is(err, ErrStop) {
+			return nil
+		}
+		return err
+	}
 	if r.it == nil {
 		return nil
 	}
@@ -184,6 +220,9 @@ func (r *Reader) next(ctx context.Context) (jetstream.Msg, error) {
 // Close stops reading and deletes the ordered consumer at once instead of
 // leaving it to expire.
 func (r *Reader) Close(ctx context.Context) {
+	if r.direct != nil {
+		return // nothing on the server
+	}
 	if r.it != nil {
 		r.it.Stop()
 	}

@@ -285,6 +285,15 @@ func Call[T any](ctx context.Context, a *Agent, req Request, fn func(context.Con
 			if err := a.awaitRetry(ctx, d); err != nil {
 				return zero, trail, err
 			}
+			// A retry scheduled before its provider's outage was declared
+			// comes due into it: hold instead of sending it there.
+			if down, err := a.router.inOutage(ctx, target.Provider); err != nil {
+				return zero, trail, err
+			} else if down {
+				if err := a.hold(ctx, &req, target, probe); err != nil {
+					return zero, trail, err
+				}
+			}
 		case events.ActionSwitchProfile:
 			target.Profile = d.Profile
 		case events.ActionSwitchModel:
@@ -387,8 +396,33 @@ func (a *Agent) decide(ctx context.Context, req *Request, o *events.Outcome) (*e
 		a.router.forget(o.ID, "")
 		return nil, fmt.Errorf("%w for outcome %s within %v: is a scheduler running, and caught up? (failbus lag)", ErrNoDecision, o.ID, req.DecisionTimeout)
 	case <-ctx.Done():
-		a.router.forget(o.ID, "")
+		// The decision may be on its way: a retry decided now would stay
+		// scheduled, so it is waited for a moment and cancelled.
+		go a.cancelLate(ch, o.ID)
 		return nil, ctx.Err()
+	}
+}
+
+// lateDecisionWait is how long a Call cancelled while waiting for its
+// decision still listens for it, to cancel a retry decided meanwhile.
+const lateDecisionWait = 5 * time.Second
+
+// cancelLate cancels the retry a decision that arrives on ch after its
+// Call was cancelled scheduled.
+func (a *Agent) cancelLate(ch <-chan events.Decision, outcomeID string) {
+	t := time.NewTimer(lateDecisionWait)
+	defer t.Stop()
+	select {
+	case d := <-ch:
+		if d.Action == events.ActionRetry && d.RetryID != "" {
+			ctx, cancel := context.WithTimeout(context.Background(), ackTimeout)
+			defer cancel()
+			if err := a.Cancel(ctx, d.RetryID); err != nil {
+				a.opts.onError(fmt.Errorf("agent %s: cancel retry %s of a cancelled call: %w", a.name, d.RetryID, err))
+			}
+		}
+	case <-t.C:
+		a.router.forget(outcomeID, "")
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -195,5 +196,66 @@ func TestCallHoldsOnASegmentWhoseProviderIsDown(t *testing.T) {
 	defer mu.Unlock()
 	if len(probes) < 3 || len(calls) != 1 || calls[0].Before(probes[len(probes)-1]) {
 		t.Errorf("%d probes, then %d calls (the first at %v, the last probe at %v); want the probes that recovered it, then one call", len(probes), len(calls), calls, probes)
+	}
+}
+
+// A retry scheduled before its provider's outage was declared comes due
+// into the outage: the call holds instead of sending it there, answering
+// probes, and resumes once the provider recovered.
+func TestCallHoldsARetryThatComesDueIntoAnOutage(t *testing.T) {
+	b := callBus(t)
+	a := callAgent(t, b, "late")
+	other := callAgent(t, b, "other")
+	ctx := callCtx(t)
+	tctx := ctx // the attempt's own context ends with the attempt
+	var (
+		up               atomic.Bool
+		outage, probes   atomic.Int32
+		callsDuringOuter atomic.Int32
+	)
+	res, trail, err := agent.Call(ctx, a, agent.Request{Provider: "flaky", Model: "m", Turn: 1, Step: 1, ResumeWindow: 100 * time.Millisecond},
+		func(ctx context.Context, at *agent.Attempt) (string, error) {
+			switch {
+			case at.N == 1 && !at.Probe:
+				// Rate-limited; while the retry waits, the provider goes
+				// down for everyone (another agent's network failures).
+				go func() {
+					for storedCount(t, b, topology.StreamDecisions, events.DecisionSubject("late")) == 0 {
+						time.Sleep(10 * time.Millisecond) // the retry is decided first
+					}
+					for i := 0; outage.Load() == 0; i++ {
+						o := &events.Outcome{Provider: "flaky", Model: "m", TransportError: "connect: connection refused"}
+						if err := other.Report(tctx, o); err != nil {
+							return
+						}
+						if storedCount(t, b, topology.StreamHealth, events.HealthSubject("flaky")) > 0 {
+							outage.Store(1)
+						}
+					}
+				}()
+				return "", &agent.HTTPError{Status: 429, Headers: map[string]string{"retry-after": "2"}}
+			case at.Probe:
+				if probes.Add(1) >= 2 {
+					up.Store(true)
+				}
+			case outage.Load() == 1 && !up.Load():
+				callsDuringOuter.Add(1)
+			}
+			if !up.Load() {
+				return "", errors.New("connect: connection refused")
+			}
+			return "back", nil
+		})
+	if err != nil || res != "back" {
+		t.Fatalf("Call = %q, %v (trail %+v)", res, err, trail)
+	}
+	if d := trail[0].Decision; d == nil || d.Action != events.ActionRetry {
+		t.Fatalf("the 429 decided as %+v, want a retry scheduled before the outage", d)
+	}
+	if n := callsDuringOuter.Load(); n != 0 {
+		t.Errorf("%d calls reached the provider during its outage besides probes", n)
+	}
+	if probes.Load() < 2 {
+		t.Errorf("%d probes, want at least 2", probes.Load())
 	}
 }

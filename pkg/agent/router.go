@@ -22,9 +22,11 @@ import (
 // What arrives before its waiter registers (a due retry of a zero delay)
 // is kept for earlyFor.
 type router struct {
-	a    *Agent
-	once sync.Once
-	err  error
+	a *Agent
+	// startMu guards started: a start that failed (the bus unreachable for
+	// a moment) is tried again by the next Call, not remembered.
+	startMu sync.Mutex
+	started bool
 
 	mu        sync.Mutex
 	decisions map[string]chan events.Decision
@@ -47,15 +49,22 @@ const earlyFor = 2 * time.Minute
 // outcomes this process reported outside Call fill it).
 const maxEarly = 4096
 
-// start opens the readers once; their context is the agent's, which ends
-// with the connection.
+// start opens the readers once they open; their context is the agent's,
+// which ends with the connection.
 func (r *router) start(ctx context.Context) error {
-	r.once.Do(func() {
+	r.startMu.Lock()
+	defer r.startMu.Unlock()
+	if r.started {
+		return nil
+	}
+	var opened []jetstream.MessagesContext
+	err := func() error {
+		r.mu.Lock()
 		r.decisions = map[string]chan events.Decision{}
 		r.dues = map[string]chan events.RetryDue{}
 		r.probes = map[string][]chan events.Control{}
 		r.early = map[string]early{}
-		bg := context.Background()
+		r.mu.Unlock()
 		from := r.a.opts.now()
 		for _, rd := range []struct {
 			stream, subject, kind string
@@ -69,18 +78,25 @@ func (r *router) start(ctx context.Context) error {
 				FilterSubjects: []string{rd.subject}, DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &from,
 			})
 			if err != nil {
-				r.err = fmt.Errorf("agent %s: open %s on %s: %w", r.a.name, rd.kind, rd.stream, err)
-				return
+				return fmt.Errorf("agent %s: open %s on %s: %w", r.a.name, rd.kind, rd.stream, err)
 			}
 			msgs, err := it.Messages()
 			if err != nil {
-				r.err = fmt.Errorf("agent %s: read %s: %w", r.a.name, rd.kind, err)
-				return
+				return fmt.Errorf("agent %s: read %s: %w", r.a.name, rd.kind, err)
 			}
-			go r.read(bg, msgs, rd.kind, rd.deliver)
+			opened = append(opened, msgs)
+			go r.read(context.Background(), msgs, rd.kind, rd.deliver)
 		}
-	})
-	return r.err
+		return nil
+	}()
+	if err != nil {
+		for _, m := range opened {
+			m.Stop()
+		}
+		return err
+	}
+	r.started = true
+	return nil
 }
 
 // read hands each message to deliver until the connection closes.
@@ -232,6 +248,40 @@ func (r *router) hold(provider string) (<-chan events.Control, func()) {
 			delete(r.probes, provider)
 		}
 	}
+}
+
+// inOutage reports whether provider's latest health record on the bus
+// says outage (read with a short-lived ordered consumer of its own: the
+// server's latest, not a copy that may lag a decision).
+func (r *router) inOutage(ctx context.Context, provider string) (bool, error) {
+	c, err := r.a.js.OrderedConsumer(ctx, topology.StreamHealth, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{events.HealthSubject(provider)}, DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy,
+	})
+	if err != nil {
+		return false, fmt.Errorf("agent %s: read the health of %s: %w", r.a.name, provider, err)
+	}
+	defer func() {
+		if info := c.CachedInfo(); info != nil {
+			dctx, cancel := context.WithTimeout(context.Background(), ackTimeout)
+			defer cancel()
+			_ = r.a.js.DeleteConsumer(dctx, topology.StreamHealth, info.Name)
+		}
+	}()
+	if c.CachedInfo() != nil && c.CachedInfo().NumPending == 0 {
+		return false, nil // no health record: never in an outage
+	}
+	batch, err := c.Fetch(1, jetstream.FetchMaxWait(ackTimeout))
+	if err != nil {
+		return false, fmt.Errorf("agent %s: read the health of %s: %w", r.a.name, provider, err)
+	}
+	for m := range batch.Messages() {
+		h, err := events.DecodeAs[*events.Health](m.Subject(), m.Headers(), m.Data())
+		if err != nil {
+			return false, nil
+		}
+		return h.State == events.HealthOutage, nil
+	}
+	return false, batch.Error()
 }
 
 // waitHealthy returns once provider's health on the bus says recovered or

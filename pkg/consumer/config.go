@@ -168,8 +168,20 @@ type Config struct {
 	// DrainTimeout is how long in-flight handlers may run after Run's
 	// context is cancelled; then their context is cancelled too, and a
 	// handler that returns the context's error is handed back for immediate
-	// redelivery. Defaults to DefaultDrainTimeout (30s).
+	// redelivery. Defaults to DefaultDrainTimeout (30s). A drain whose
+	// writes are not being stored (Healthy says ErrCannotStore) does not
+	// wait: in-flight work is left for redelivery at once.
 	DrainTimeout time.Duration
+
+	// StoreCheckEvery is how long a runner may see none of its writes go
+	// either way (it is idle) before it writes a StoreCheck to
+	// StoreCheckSubject(Service) to find out whether it can still store
+	// (store.go); Healthy fails while it cannot. The stream
+	// FAILBUS_STORECHECK of the failbus topology holds those subjects, and
+	// the failbus services set DefaultStoreCheckEvery (15s). 0, the
+	// default: never (a runner on another topology, where nothing would
+	// store the check).
+	StoreCheckEvery time.Duration
 
 	// Middleware wraps the handler, the first entry outermost. Recover is
 	// always applied outside all of them, so a panic anywhere becomes a
@@ -240,6 +252,9 @@ func (c Config) resolve() (Config, error) {
 		return bad("FetchBatch %d: must be positive (0 selects max(Concurrency, %d))", c.FetchBatch, DefaultFetchBatch)
 	case c.FetchBatch == 0:
 		c.FetchBatch = min(max(c.Concurrency, DefaultFetchBatch), c.MaxInFlight)
+	}
+	if c.StoreCheckEvery < 0 {
+		return bad("StoreCheckEvery %v: must not be negative (0: never)", c.StoreCheckEvery)
 	}
 	switch {
 	case c.FetchWait < 0:

@@ -104,7 +104,11 @@ func (r *Runner) deadLetter(ctx context.Context, m *Msg, reason string) (string,
 	hdr.Set(events.HeaderMsgID, DeadLetterMsgID(r.cfg.Service, m.Stream, m.Seq))
 	pctx, cancel := context.WithTimeout(ctx, settleTimeout)
 	defer cancel()
-	if _, err := r.js.PublishMsg(pctx, &nats.Msg{Subject: events.DLQSubject(r.cfg.Service), Header: hdr, Data: data}); err != nil {
+	_, err = r.js.PublishMsg(pctx, &nats.Msg{Subject: events.DLQSubject(r.cfg.Service), Header: hdr, Data: data})
+	if ctx.Err() == nil {
+		r.stored(err)
+	}
+	if err != nil {
 		if errors.Is(err, nats.ErrMaxPayload) {
 			err = fmt.Errorf("%w (a %d-byte record; the server's max_payload is %d)", err, len(data), r.js.Conn().MaxPayload())
 		}

@@ -32,6 +32,7 @@ type metrics struct {
 	deadLettersTruncated *prometheus.CounterVec
 	recreated            *prometheus.CounterVec
 	keptAlive            *prometheus.CounterVec
+	storeFailures        *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -73,8 +74,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "failbus_consumer_recreated_total",
 			Help: "Durable consumers the runner found deleted and recreated.",
 		}, []string{"service"}),
+		storeFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "failbus_consumer_store_failures_total",
+			Help: "Messages whose writes (outputs, dead letter, the handler's own) JetStream did not store: no acknowledgement in time, no responder, or a stream out of room. /healthz fails from the first until a message's writes are stored again.",
+		}, []string{"service"}),
 	}
 	var err error
+	if m.storeFailures, err = Register(reg, m.storeFailures); err != nil {
+		return nil, err
+	}
 	if m.deadLettersTruncated, err = Register(reg, m.deadLettersTruncated); err != nil {
 		return nil, err
 	}

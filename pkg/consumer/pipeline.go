@@ -34,6 +34,11 @@ type pipeline struct {
 	r    *Runner
 	run  context.Context // Run's: once done, unstarted inputs are handed back
 	hctx context.Context // the handlers'
+	// settle bounds settling (storing outputs and dead letters, waiting
+	// for their acknowledgements): it outlives hctx, and ends only when a
+	// drain gives up on writes that are not stored (giveUp).
+	settle     context.Context
+	stopSettle context.CancelFunc
 
 	// slots holds one token per input fetched and not yet settled.
 	slots chan struct{}
@@ -115,6 +120,7 @@ func (r *Runner) newPipeline(run, hctx context.Context) *pipeline {
 		stopKA:  make(chan struct{}),
 		keys:    map[string][]*delivery{},
 	}
+	pl.settle, pl.stopSettle = context.WithCancel(context.WithoutCancel(hctx))
 	pl.ready = make(chan *delivery, r.window)
 	for range r.cfg.Concurrency {
 		pl.workers.Go(func() {
@@ -316,7 +322,12 @@ func (pl *pipeline) close() {
 	pl.keepAlive.Wait()
 	close(pl.settleq)
 	pl.settler.Wait()
+	pl.stopSettle()
 }
+
+// giveUp stops settling: outputs are no longer waited for and dead letters
+// no longer sent; their inputs, unacknowledged, are redelivered later.
+func (pl *pipeline) giveUp() { pl.stopSettle() }
 
 // process handles one delivery: decode, handler, then either the async
 // publish of its outputs (settled by the settler) or its immediate
@@ -337,7 +348,7 @@ func (pl *pipeline) process(d *delivery) {
 	}
 	out, herr := r.handle(pl.hctx, m)
 	// Settling must finish even during a drain, so it does not use hctx.
-	sctx := context.WithoutCancel(pl.hctx)
+	sctx := pl.settle
 	var result, reason string
 	switch {
 	case herr == nil && out.err == nil && len(out.outs) > 0:
@@ -346,8 +357,10 @@ func (pl *pipeline) process(d *delivery) {
 			pl.settleq <- &pending{m: m, out: out, futures: futures, start: d.start, deadline: time.Now().Add(settleTimeout)}
 			return
 		}
+		r.stored(err)
 		result, reason = r.fail(sctx, m, fmt.Errorf("publish outputs: %w", err), m.Delivered >= r.maxDeliver)
 	case herr == nil && out.err == nil:
+		r.stored(nil) // whatever the handler wrote itself was stored
 		result, reason = r.ack(m)
 	default:
 		var dl *DeadLetterError
@@ -391,15 +404,17 @@ func (r *Runner) deadLetterAsync(m *Msg, reason string, herr error, start time.T
 // failed.
 func (pl *pipeline) settleLoop() {
 	r := pl.r
-	sctx := context.WithoutCancel(pl.hctx)
+	sctx := pl.settle
 	for p := range pl.settleq {
 		var result, reason string
 		if p.dead != nil {
-			result, reason = r.settleDead(p)
+			result, reason = r.settleDead(sctx, p)
 			pl.finish(p.m, result, reason, p.dead.herr, p.start)
 			continue
 		}
-		if fresh, err := r.await(p); err != nil {
+		fresh, err := r.await(sctx, p)
+		r.stored(err)
+		if err != nil {
 			result, reason = r.fail(sctx, p.m, fmt.Errorf("publish outputs: %w", err), p.m.Delivered >= r.maxDeliver)
 		} else {
 			for _, fn := range p.out.stored {
@@ -414,8 +429,10 @@ func (pl *pipeline) settleLoop() {
 // settleDead acknowledges an input whose dead letter is stored, or hands
 // it back with the backoff when storing failed (never lost: the next
 // delivery dead-letters it again, under the same message id).
-func (r *Runner) settleDead(p *pending) (string, string) {
-	if _, err := r.await(p); err != nil {
+func (r *Runner) settleDead(ctx context.Context, p *pending) (string, string) {
+	_, err := r.await(ctx, p)
+	r.stored(err)
+	if err != nil {
 		return r.nak(p.m, r.cfg.backoff(p.m.Delivered), ResultError, fmt.Sprintf("publish dead letter (%s): %v", p.dead.reason, err))
 	}
 	if p.dead.truncated {
@@ -463,8 +480,9 @@ var errPublishTimeout = errors.New("no acknowledgement from the stream in time")
 
 // await waits for every output of p to be stored; a duplicate is a
 // success (an earlier delivery stored it). fresh reports whether any
-// output was stored by this delivery rather than found a duplicate.
-func (r *Runner) await(p *pending) (fresh bool, err error) {
+// output was stored by this delivery rather than found a duplicate. It
+// stops waiting when ctx ends (a drain gave up on the store).
+func (r *Runner) await(ctx context.Context, p *pending) (fresh bool, err error) {
 	var timer *time.Timer
 	defer func() {
 		if timer != nil {
@@ -486,6 +504,8 @@ func (r *Runner) await(p *pending) (fresh bool, err error) {
 			case err = <-f.Err():
 			case <-timer.C:
 				err = fmt.Errorf("%w (%v)", errPublishTimeout, settleTimeout)
+			case <-ctx.Done():
+				err = fmt.Errorf("not waited for: stopping while writes are not stored: %w", ctx.Err())
 			}
 		}
 		if err != nil {

@@ -86,6 +86,7 @@ func (r *Runner) settle(ctx, hctx context.Context, m *Msg, out *Outputs, herr er
 		// Cut off by the end of a drain: not the message's fault.
 		return r.nak(m, 0, ResultRetry, "shutdown: "+herr.Error())
 	default:
+		r.stored(herr) // the handler's own writes, if that is why it failed
 		return r.fail(ctx, m, herr, last)
 	}
 }

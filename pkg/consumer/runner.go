@@ -58,6 +58,7 @@ type Runner struct {
 	mu       sync.Mutex
 	state    error // ErrNotRunning, nil (running) or ErrStopped
 	fetchErr error // last pull failure, cleared by the next good pull
+	store    storeState
 	started  bool
 }
 
@@ -100,9 +101,11 @@ func (r *Runner) Gatherer() prometheus.Gatherer {
 // Service is the service name the runner was configured with.
 func (r *Runner) Service() string { return r.cfg.Service }
 
-// Healthy reports nil while Run is consuming and the connection is up and
-// the last pull worked; otherwise an error saying what is wrong. It is the
-// /healthz check of ServeOps.
+// Healthy reports nil while Run is consuming, the connection is up, the
+// last pull worked (the durable is there, or was recreated) and the
+// latest message's writes were stored (store.go: ErrCannotStore);
+// otherwise an error saying what is wrong. It is the /healthz check of
+// ServeOps.
 func (r *Runner) Healthy() error {
 	r.mu.Lock()
 	state, fetchErr := r.state, r.fetchErr
@@ -115,6 +118,9 @@ func (r *Runner) Healthy() error {
 	}
 	if fetchErr != nil {
 		return fmt.Errorf("%s: pull from %s/%s: %w", r.cfg.Service, r.cfg.Stream, r.cfg.Consumer, fetchErr)
+	}
+	if err := r.storeErr(); err != nil {
+		return fmt.Errorf("%s: %w", r.cfg.Service, err)
 	}
 	return nil
 }
@@ -151,6 +157,9 @@ func (r *Runner) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	r.mu.Lock()
+	r.store.seen = time.Now() // the first store check after StoreCheckEvery idle
+	r.mu.Unlock()
 	r.setState(nil)
 	r.log.Info().Str("stream", r.cfg.Stream).Str("consumer", r.cfg.Consumer).
 		Int("concurrency", r.cfg.Concurrency).Int("max_in_flight", r.window).Bool("keyed", r.cfg.Key != nil).
@@ -164,12 +173,10 @@ func (r *Runner) Run(ctx context.Context) error {
 	// Handlers (and what they call: topology.KeyValue's healing) log with
 	// the service's logger through zerolog.Ctx.
 	hctx = r.log.WithContext(hctx)
-	stopTimer := context.AfterFunc(ctx, func() {
-		time.AfterFunc(r.cfg.DrainTimeout, hcancel)
-	})
-	defer stopTimer()
 
 	pl := r.newPipeline(ctx, hctx)
+	stopDrain := context.AfterFunc(ctx, func() { r.drain(hctx, hcancel, pl) })
+	defer stopDrain()
 	err = r.pull(ctx, cons, pl)
 	pl.close()
 	// Acks are published without waiting for the server's answer: flush
@@ -183,6 +190,45 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	r.log.Info().Msg("consumer drained and stopped")
 	return nil
+}
+
+// drainPoll is how often a drain checks whether writes are failing.
+const drainPoll = 100 * time.Millisecond
+
+// drain bounds a drain (Run's ctx has ended): in-flight handlers may run
+// for DrainTimeout, unless the runner's writes are failing (storeErr),
+// now or as the drain goes on. Then nothing in flight can be stored, and
+// waiting for it only keeps the process from stopping (a server whose
+// disk is full answers no publish): handlers are cancelled and outputs no
+// longer awaited at once, and their inputs, unacknowledged, are
+// redelivered later, their outputs deduplicated. A runner with store
+// checks (Config.StoreCheckEvery) makes one as the drain begins, so
+// handlers stuck on writes nobody answers do not hold the drain for
+// DrainTimeout before any of their writes has failed.
+func (r *Runner) drain(hctx context.Context, hcancel context.CancelFunc, pl *pipeline) {
+	if r.cfg.StoreCheckEvery > 0 {
+		go r.checkStore(hctx, true)
+	}
+	deadline := time.NewTimer(r.cfg.DrainTimeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(drainPoll)
+	defer tick.Stop()
+	for {
+		if err := r.storeErr(); err != nil {
+			r.log.Warn().Err(err).Msg("draining while writes are not stored: in-flight messages are left for redelivery")
+			pl.giveUp()
+			hcancel()
+			return
+		}
+		select {
+		case <-hctx.Done():
+			return // Run is over
+		case <-deadline.C:
+			hcancel()
+			return
+		case <-tick.C:
+		}
+	}
 }
 
 // bind finds (or creates, with Config.ConsumerConfig) the durable consumer
@@ -273,6 +319,9 @@ func (r *Runner) pull(ctx context.Context, cons jetstream.Consumer, pl *pipeline
 		pl.unreserve(n - used)
 		if err == nil {
 			r.setFetchErr(nil)
+			if idle {
+				r.checkStore(ctx, false)
+			}
 			continue
 		}
 		if errors.Is(err, nats.ErrConnectionClosed) || r.js.Conn().IsClosed() {

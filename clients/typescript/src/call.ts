@@ -6,6 +6,7 @@
 import { nuid } from "@nats-io/nats-core";
 
 import type { Agent } from "./agent.js";
+import type { Wait } from "./router.js";
 import { type Describer, type Evidence, evidenceFields, evidenceOf } from "./evidence.js";
 import type { Control, Decision, Origin, Outcome } from "./wire.js";
 import { segmentKey } from "./wire.js";
@@ -311,6 +312,9 @@ export async function call<T>(agent: Agent, req: CallRequest, fn: (attempt: Atte
     switch (d.action) {
       case "retry":
         await awaitRetry(agent, d, signal);
+        // A retry scheduled before its provider's outage was declared
+        // comes due into it: hold instead of sending it there.
+        if (await router.inOutage(target.provider)) await hold(agent, r, target, fn, signal);
         break;
       case "switch_profile":
         target = { ...target, ...(d.profile ? { profile: d.profile } : { profile: undefined }) };
@@ -419,10 +423,32 @@ async function decide(agent: Agent, r: Resolved, o: Outcome, signal: AbortSignal
     }
     return { decision: d, outcome: reported };
   } catch (err) {
-    wait.cancel();
+    if (signal.aborted) {
+      // The decision may be on its way: a retry decided now would stay
+      // scheduled, so it is waited for a moment and cancelled.
+      void cancelLate(agent, wait, o.id);
+    } else {
+      wait.cancel();
+    }
     throw err;
   } finally {
     clearTimeout(timer);
+  }
+}
+
+/** How long a call cancelled while waiting for its decision still listens for it, to cancel a retry decided meanwhile. */
+const LATE_DECISION_WAIT_MS = 5000;
+
+/** cancelLate cancels the retry a decision that arrives after its call was cancelled scheduled. */
+async function cancelLate(agent: Agent, wait: Wait<Decision>, outcomeId: string): Promise<void> {
+  const late = await Promise.race([wait.promise, sleep(LATE_DECISION_WAIT_MS).then(() => undefined)]);
+  if (!late) {
+    wait.cancel();
+    return;
+  }
+  if (late.action === "retry" && late.retry_id) {
+    await agent.cancel(late.retry_id).catch((err: Error) =>
+      agent.onError(new Error(`failbus agent: cancel retry ${late.retry_id} of a cancelled call (outcome ${outcomeId}): ${err.message}`, { cause: err })));
   }
 }
 

@@ -105,9 +105,16 @@ export class CallRouter {
 
   constructor(private readonly deps: RouterDeps) {}
 
-  /** start opens the readers once; a failure to open them is every later call's error too. */
+  /**
+   * start opens the readers once they open; a failure (the bus unreachable
+   * for a moment) is tried again by the next call, not remembered.
+   */
   start(): Promise<void> {
-    this.started ??= this.open();
+    this.started ??= this.open().catch(async (err: unknown) => {
+      this.started = undefined;
+      await Promise.all(this.readers.splice(0).map((r) => r.close().catch(() => {})));
+      throw err;
+    });
     return this.started;
   }
 
@@ -216,6 +223,38 @@ export class CallRouter {
     });
     this.probes.set(provider, [...(this.probes.get(provider) ?? []), h]);
     return h;
+  }
+
+  /**
+   * inOutage reports whether provider's latest health record on the bus
+   * says outage (read with a short-lived ordered consumer of its own: the
+   * server's latest, not a copy that may lag a decision).
+   */
+  async inOutage(provider: string): Promise<boolean> {
+    const where = `failbus agent ${this.deps.agent}: read the health of ${provider}`;
+    let c;
+    try {
+      c = await this.deps.js.consumers.get(Stream.health, {
+        filter_subjects: Subject.health(provider),
+        deliver_policy: DeliverPolicy.LastPerSubject,
+      });
+    } catch (err) {
+      throw new Error(`${where}: ${(err as Error).message}`, { cause: err });
+    }
+    try {
+      const info = await c.info(true);
+      if (info.num_pending === 0) return false; // no health record: never in an outage
+      const m = await c.next({ expires: 5000 });
+      if (!m) return false;
+      try {
+        const h = decodeRecord<Health>(m.subject, m.headers?.get(HEADER_SCHEMA) || undefined, m.data, Schema.health, ["provider", "state"], ["at"]);
+        return h.state === "outage";
+      } catch {
+        return false;
+      }
+    } finally {
+      await c.delete().catch(() => false);
+    }
   }
 
   /**

@@ -125,10 +125,11 @@ var benchConsumers = []struct{ stream, name string }{
 // Command is `failbus bench`.
 var Command = cli.Command{Name: "bench", Summary: "measure throughput and retry lateness against raw JetStream on a temporary embedded bus", Run: run}
 
-const benchUsage = `[--n N] [--rounds R] [--k K] [--rates R1,R2] [--pending P] [--json]
+const benchUsage = `[--n N] [--rounds R] [--k K] [--rates R1,R2] [--pending P] [--nodes 1|3|5] [--json]
 
 Measures failbus against raw JetStream on one embedded nats-server (file
-store in a temporary folder) with every service in this process, in one run,
+store in a temporary folder; --nodes 3: three of them in a cluster, every
+stream at 3 replicas) with every service in this process, in one run,
 so the ratios hold whatever the machine:
 
   1. raw JetStream: N msgpack outcomes published async with Nats-Msg-Id to a
@@ -184,8 +185,10 @@ type benchConfig struct {
 	rates                []int
 	rateSeconds          float64
 	pending              int
-	memProfile           string
-	blockProfile         string
+	// nodes: --nodes, the servers the bus runs on.
+	nodes        int
+	memProfile   string
+	blockProfile string
 	// cpuProfileFailbus: --cpuprofile-failbus.
 	cpuProfileFailbus string
 	// allocProfileFailbus: --allocprofile-failbus.
@@ -206,6 +209,7 @@ func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 	rates := fs.String("rates", "1000,5000,10000", "outcomes/s at which decision latency is measured (comma-separated; empty for none)")
 	fs.Float64Var(&c.rateSeconds, "rate-seconds", 2, "seconds of load at each --rates rate")
 	fs.IntVar(&c.pending, "pending", 100000, "retries pending through failbus (and raw @at schedules) while lateness and memory are measured again; 0 skips it")
+	fs.IntVar(&c.nodes, "nodes", 1, "servers the bus runs on: 1, or 3 (or 5) in-process nodes routed as a cluster on loopback, every stream at that many replicas, the raw baselines' too (server message counts are the first node's)")
 	asJSON := fs.Bool("json", false, "print the report as one JSON object")
 	verbose := fs.Bool("verbose", false, "print the services' logs on stderr")
 	blockProfile := fs.String("blockprofile", "", "write a profile of where goroutines waited (channels, locks, replies) over the whole run to this file, for go tool pprof (written at the end, as --memprofile): a bus that waits on round trips shows them here, not in --cpuprofile")
@@ -227,6 +231,9 @@ func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 			return cli.UsageError(fs, stderr, "--rates: %q is not a positive number of outcomes per second", f)
 		}
 		c.rates = append(c.rates, v)
+	}
+	if c.nodes != 1 && c.nodes != 3 && c.nodes != 5 {
+		return cli.UsageError(fs, stderr, "--nodes %d: 1, 3 or 5", c.nodes)
 	}
 	if c.rateSeconds <= 0 || c.pending < 0 {
 		return cli.UsageError(fs, stderr, "--rate-seconds must be positive and --pending at least 0")
@@ -339,6 +346,9 @@ type benchParams struct {
 	DelayMaxS  float64 `json:"delay_max_s"`
 	Corpus     string  `json:"corpus"`
 	CorpusRows int     `json:"corpus_rows"`
+	// Nodes is how many servers the bus ran on (--nodes); every stream,
+	// the raw baselines' included, has as many replicas.
+	Nodes int `json:"nodes"`
 }
 
 // benchRound is one round's throughput figures, per second.
@@ -475,7 +485,16 @@ func bench(ctx context.Context, cfg benchConfig, corpus []events.Outcome, source
 	if err != nil {
 		return nil, fmt.Errorf("bench policy: %w", err)
 	}
-	b, err := devbus.Start(devbus.Options{Server: embedded.Options{ServerName: "failbus-bench"}, Log: log, Policy: pol})
+	opts := devbus.Options{Server: embedded.Options{ServerName: "failbus-bench"}, Log: log, Policy: pol}
+	if cfg.nodes > 1 {
+		dir, err := os.MkdirTemp("", "failbus-bench-")
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(dir)
+		opts.Server.Dir, opts.Nodes = dir, cfg.nodes
+	}
+	b, err := devbus.Start(opts)
 	if err != nil {
 		return nil, err
 	}
@@ -504,7 +523,7 @@ func bench(ctx context.Context, cfg benchConfig, corpus []events.Outcome, source
 	rep := &benchReport{
 		Machine: benchMachineInfo(b.Srv.Dir()),
 		Params: benchParams{
-			N: cfg.n, Rounds: cfg.rounds, K: cfg.k, Window: cfg.window,
+			N: cfg.n, Rounds: cfg.rounds, K: cfg.k, Window: cfg.window, Nodes: cfg.nodes,
 			DelayMinS: cfg.delayMin.Seconds(), DelayMaxS: cfg.delayMax.Seconds(),
 			Corpus: source, CorpusRows: len(corpus),
 		},
@@ -1418,7 +1437,11 @@ func summarize(rounds []benchRound) (med, lo, hi benchRound) {
 // printBench writes the readable report.
 func printBench(w io.Writer, rep *benchReport) {
 	m, p := rep.Machine, rep.Params
-	fmt.Fprintf(w, "failbus bench: one embedded nats-server %s (file store in a temporary folder), every service in this process\n", m.NATSServer)
+	servers := "one embedded nats-server"
+	if p.Nodes > 1 {
+		servers = fmt.Sprintf("%d embedded nats-servers in a cluster, every stream at %d replicas,", p.Nodes, p.Nodes)
+	}
+	fmt.Fprintf(w, "failbus bench: %s %s (file store in a temporary folder), every service in this process\n", servers, m.NATSServer)
 	cpu := ""
 	if m.CPU != "" {
 		cpu = m.CPU + ", "

@@ -50,12 +50,20 @@ const (
 // Command is `failbus dev`.
 var Command = cli.Command{Name: "dev", Summary: "run an embedded NATS server with JetStream and every service in one process", Run: run}
 
-const devUsage = `[--port N] [--data DIR] [--nodes 1|3|5] [--ack-wait D] [--policy FILE] [--ops-addr ADDR] [--sync-interval D | --sync-always] [--auth] [--max-store SIZE] [--max-payload SIZE]
+const devUsage = `[--port N] [--data DIR] [--nodes 1|3|5] [--ack-wait D] [--policy FILE] [--ops-addr ADDR] [--sync-interval D | --sync-always] [--auth] [--max-store SIZE] [--max-payload SIZE] [--shutdown-timeout D]
 
 Runs an embedded nats-server with JetStream storing in DIR, applies the
 failbus topology, and runs every implemented service in this process. Prints
 the client URL on stdout; logs go to stderr. SIGINT or SIGTERM drains the
-services (in-flight messages finish) and exits 0.
+services (in-flight messages finish) and exits 0; a drain that has not
+ended after --shutdown-timeout (40s) exits 1, and one whose writes are not
+stored ends at once (what was in flight is redelivered at the next start).
+
+/healthz fails while a service cannot store or lost its consumer, and while
+the embedded server cannot store: once a stream of it failed a write (the
+disk full, say) it refuses every later one until the server restarts, so
+failbus dev then exits 1, for a supervisor (or you) to start it again once
+DIR has room; what was stored before is kept.
 
 One failbus dev at a time may use DIR: it is locked while dev runs, and a
 second one exits naming the first's PID.
@@ -113,6 +121,7 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.Var(&maxStore, "max-store", "JetStream store limit (the topology reserves 6.5GiB of it)")
 	maxPayload := sizeFlag{n: int64(embedded.DefaultMaxPayload)}
 	fs.Var(&maxPayload, "max-payload", "largest message the server accepts (at most 64MiB)")
+	shutdownTimeout := fs.Duration("shutdown-timeout", servicemain.DefaultShutdownTimeout, "after SIGINT/SIGTERM, exit 1 if the drain has not ended by then (what was in flight is redelivered at the next start)")
 	if rest, code, done := cli.Parse(fs, args); done {
 		return code
 	} else if len(rest) > 0 {
@@ -132,6 +141,9 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	if *syncInterval <= 0 {
 		return cli.UsageError(fs, stderr, "--sync-interval must be positive")
+	}
+	if *shutdownTimeout <= 0 {
+		return cli.UsageError(fs, stderr, "--shutdown-timeout must be positive")
 	}
 	if *data == "" {
 		return cli.UsageError(fs, stderr, "--data must name a folder")
@@ -279,13 +291,29 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case <-ctx.Done():
 		log.Info().Msg("signal received: draining")
 	case <-b.Failed():
-		log.Error().Msg("a service stopped: shutting down")
+		log.Error().Msg("the bus failed: shutting down")
 		code = 1
 	}
 	stopOps()
-	if err := b.Stop(); err != nil {
-		log.Error().Err(err).Msg("service failure")
-		code = 1
+	stopped := make(chan error, 1)
+	go func() { stopped <- b.Stop() }()
+	timer := time.NewTimer(*shutdownTimeout)
+	defer timer.Stop()
+	select {
+	case err := <-stopped:
+		if errors.Is(err, devbus.ErrServerCannotStore) {
+			log.Error().Err(err).Str("data", *data).Msg("JetStream cannot store in the data folder (no space left, say): " +
+				"exiting 1 for a supervisor to start failbus dev again once it can; what was stored is kept " +
+				"(a stream that failed a write refuses every later one until its server restarts)")
+			code = 1
+		} else if err != nil {
+			log.Error().Err(err).Msg("service failure")
+			code = 1
+		}
+	case <-timer.C:
+		log.Error().Dur("shutdown_timeout", *shutdownTimeout).Err(b.Healthy()).
+			Msg("still draining after --shutdown-timeout: exiting; in-flight messages are redelivered at the next start")
+		return 1
 	}
 	log.Info().Msg("failbus dev stopped")
 	return code

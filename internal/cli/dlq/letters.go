@@ -148,7 +148,7 @@ func (s Select) keep(l *Letter) bool {
 // List reads the dead letters s selects, in stream order, with their
 // requeue marks. It leaves nothing behind on the server.
 func List(ctx context.Context, js jetstream.JetStream, s Select) ([]Letter, error) {
-	cfg := watch.Config{Stream: s.stream(), DeliverPolicy: jetstream.DeliverAllPolicy}
+	cfg := watch.Config{Stream: s.stream(), DeliverPolicy: jetstream.DeliverAllPolicy, Direct: true}
 	for _, svc := range s.Services {
 		cfg.Filters = append(cfg.Filters, events.DLQSubject(svc))
 	}

@@ -100,7 +100,7 @@ func Latest(ctx context.Context, js jetstream.JetStream, providers ...string) ([
 		filters = slices.Compact(filters)
 	}
 	var out []events.Health
-	cfg := watch.Config{Stream: topology.StreamHealth, Filters: filters, DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy}
+	cfg := watch.Config{Stream: topology.StreamHealth, Filters: filters, DeliverPolicy: jetstream.DeliverLastPerSubjectPolicy, Direct: true}
 	err := watch.Read(ctx, js, cfg, func(m jetstream.Msg) error {
 		h, err := events.DecodeAs[*events.Health](m.Subject(), m.Headers(), m.Data())
 		if err != nil {

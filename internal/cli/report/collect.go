@@ -63,7 +63,7 @@ var sources = []source{
 }
 
 // Collect reads the period's records from the bus and computes the report.
-// It only reads, with ordered consumers that it deletes when done.
+// It only reads, with direct gets: no consumer is created.
 func Collect(ctx context.Context, js jetstream.JetStream, o Options) (*Report, error) {
 	if !o.From.Before(o.To) {
 		return nil, fmt.Errorf("report: the period is empty (from %s to %s)", o.From.Format(time.RFC3339), o.To.Format(time.RFC3339))
@@ -93,7 +93,7 @@ func Collect(ctx context.Context, js jetstream.JetStream, o Options) (*Report, e
 	}()
 	var total uint64
 	for i, s := range sources {
-		cfg := watch.Config{Stream: s.stream, DeliverPolicy: jetstream.DeliverByStartTimePolicy, StartTime: &o.From}
+		cfg := watch.Config{Stream: s.stream, DeliverPolicy: jetstream.DeliverByStartTimePolicy, StartTime: &o.From, Direct: true}
 		if s.all {
 			cfg.DeliverPolicy, cfg.StartTime = jetstream.DeliverAllPolicy, nil
 		}

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/failbus/failbus/internal/auth"
 	"github.com/failbus/failbus/internal/cli"
 	"github.com/failbus/failbus/internal/cli/clitest"
@@ -26,9 +28,10 @@ import (
 )
 
 // TestOperatorCommandsUnderTheirRoles: on a bus that refuses connections
-// without credentials, the operator role runs lag, report (also with
-// --shadow), shadow, tail and dlq ls/show; dlq requeue, which publishes,
-// is refused to it, naming the permission, and runs as admin.
+// without credentials, the operator role, which may create no consumer,
+// runs lag, report (also with --shadow), shadow, health, tail (every way
+// it starts, following too) and dlq ls/show; dlq requeue, which
+// publishes, is refused to it, naming the permission, and runs as admin.
 func TestOperatorCommandsUnderTheirRoles(t *testing.T) {
 	t.Parallel()
 	set, err := auth.Init(t.TempDir(), nil)
@@ -42,6 +45,13 @@ func TestOperatorCommandsUnderTheirRoles(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = bus.Stop() })
 	if _, err := bus.JS.Publish(t.Context(), events.OutcomeSubject("openai", "bot"), []byte("junk")); err != nil {
+		t.Fatal(err)
+	}
+	hdata, hhdr, err := events.Encode(&events.Health{At: events.At(time.Now()), Provider: "openai", State: events.HealthHealthy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bus.JS.PublishMsg(t.Context(), &nats.Msg{Subject: events.HealthSubject("openai"), Header: hhdr, Data: hdata}); err != nil {
 		t.Fatal(err)
 	}
 	commands := []cli.Command{lag.Command, report.Command, shadow.Command, tail.Command, dlq.Command, decode.Command, health.Command}
@@ -67,6 +77,12 @@ func TestOperatorCommandsUnderTheirRoles(t *testing.T) {
 		{"report", "--json", "--since", "1h", "--shadow", newPolicy},
 		{"shadow", "--policy", newPolicy},
 		{"tail", "--no-follow", "failbus.dlq.>"},
+		{"tail", "--no-follow", "--last", "1", "failbus.dlq.>", "failbus.outcome.>"},
+		{"tail", "--no-follow", "--last-per-subject", "failbus.outcome.>"},
+		{"tail", "--no-follow", "--since", "1h", "failbus.>"},
+		{"tail", "--count", "1", "--start-seq", "1", "failbus.dlq.>"},
+		{"health", "--json"},
+		{"health"},
 		{"dlq", "ls"},
 		{"dlq", "show", "1"},
 		{"health"},

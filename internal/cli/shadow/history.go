@@ -65,12 +65,12 @@ type ReadStats struct {
 }
 
 // ReadBus reads the outcomes and boundaries FAILBUS_OUTCOMES holds in r, in
-// stream order (the order the classifier took them in), with an ordered
-// consumer that it deletes when done: nothing is left behind and nothing
-// is acknowledged. progress, when a terminal, shows how far it has come.
+// stream order (the order the classifier took them in), with direct gets
+// (watch.Config.Direct): no consumer is created, nothing is left behind
+// and nothing is acknowledged. progress, when a terminal, shows how far it has come.
 func ReadBus(ctx context.Context, js jetstream.JetStream, r Range, progress io.Writer, fn func(Record) error) (ReadStats, error) {
 	var st ReadStats
-	cfg := watch.Config{Stream: topology.StreamOutcomes, DeliverPolicy: jetstream.DeliverAllPolicy}
+	cfg := watch.Config{Stream: topology.StreamOutcomes, DeliverPolicy: jetstream.DeliverAllPolicy, Direct: true}
 	switch {
 	case !r.StartTime.IsZero():
 		start := r.StartTime

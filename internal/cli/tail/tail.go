@@ -22,6 +22,7 @@ import (
 	"github.com/failbus/failbus/internal/cli"
 	"github.com/failbus/failbus/internal/watch"
 	_ "github.com/failbus/failbus/internal/wiretypes" // every record type the bus writes decodes typed
+	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
 )
 
@@ -46,8 +47,9 @@ decodes ("data_as": "msgpack" for msgpack shown as JSON, "text" for UTF-8
 text, "base64" for anything else).
 
 The streams are found from the subjects (a filter such as failbus.> spans
-several); each is read by its own ordered consumer, which leaves no state on
-the server. Lines of different streams interleave in arrival order; sort by
+several); each is read with direct gets, which leave no state on the
+server and need no more than the operator's permission to read (new
+messages are asked for every quarter of a second). Lines of different streams interleave in arrival order; sort by
 time to merge them. Within one stream they are in stream order.
 
 Start (at most one; default: new messages when following, all with
@@ -274,7 +276,7 @@ func tailPlan(ctx context.Context, js jetstream.JetStream, o tailOptions) ([]str
 }
 
 // minimalFilters drops duplicates and filters that another filter covers:
-// the server rejects overlapping filters on one consumer.
+// a read rejects overlapping filters (each message is read once).
 func minimalFilters(fs []string) []string {
 	var out []string
 	for i, f := range fs {
@@ -324,7 +326,7 @@ func (t *tailWriter) write(line []byte) bool {
 
 // tailStream reads one stream.
 func tailStream(ctx context.Context, js jetstream.JetStream, stream string, filters []string, o tailOptions, out *tailWriter) error {
-	cfg := watch.Config{Stream: stream, Filters: filters, DeliverPolicy: jetstream.DeliverNewPolicy, Follow: !o.noFollow}
+	cfg := watch.Config{Stream: stream, Filters: filters, DeliverPolicy: jetstream.DeliverNewPolicy, Follow: !o.noFollow, Direct: true}
 	switch {
 	case o.since != 0:
 		t := time.Now().Add(-o.since)
@@ -426,29 +428,22 @@ func isMsgpack(data []byte) bool {
 	return err == nil
 }
 
-// probeInactive bounds how long a probe consumer outlives a tail that
-// crashed.
-const probeInactive = watch.DefaultInactiveThreshold
-
-// pending counts the messages an ordered consumer with cfg would deliver
-// now, with a short-lived ephemeral consumer that is deleted at once.
-func pending(ctx context.Context, js jetstream.JetStream, stream string, cfg jetstream.OrderedConsumerConfig) (uint64, error) {
-	c, err := js.CreateConsumer(ctx, stream, jetstream.ConsumerConfig{
-		FilterSubjects:    cfg.FilterSubjects,
-		DeliverPolicy:     cfg.DeliverPolicy,
-		OptStartSeq:       cfg.OptStartSeq,
-		OptStartTime:      cfg.OptStartTime,
-		AckPolicy:         jetstream.AckNonePolicy,
-		InactiveThreshold: probeInactive,
-		MemoryStorage:     true,
-		Replicas:          1,
-	})
-	if err != nil {
-		return 0, fmt.Errorf("count pending on %s: %w", stream, err)
+// matching counts the messages of stream from sequence seq on whose
+// subject matches one of filters (none: every message), with one direct
+// get per filter: the first match and the count after it.
+func matching(ctx context.Context, js jetstream.JetStream, stream string, filters []string, seq uint64) (uint64, error) {
+	if len(filters) == 0 {
+		filters = []string{">"}
 	}
-	info := c.CachedInfo()
-	_ = js.DeleteConsumer(context.WithoutCancel(ctx), stream, info.Name)
-	return info.NumPending, nil
+	var n uint64
+	for _, f := range filters {
+		page, err := topology.ReadPage(ctx, js, stream, f, seq, nil, 1, 0, func(*nats.Msg) error { return nil })
+		if err != nil {
+			return 0, fmt.Errorf("count pending on %s: %w", stream, err)
+		}
+		n += uint64(page.Answers) + page.Pending
+	}
+	return n, nil
 }
 
 // lastNStart finds the stream sequence from which exactly n messages match
@@ -463,11 +458,7 @@ func lastNStart(ctx context.Context, js jetstream.JetStream, stream string, filt
 	if st.Msgs == 0 {
 		return max(st.LastSeq+1, 1), nil
 	}
-	at := func(seq uint64) (uint64, error) {
-		return pending(ctx, js, stream, jetstream.OrderedConsumerConfig{
-			FilterSubjects: filters, DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: seq,
-		})
-	}
+	at := func(seq uint64) (uint64, error) { return matching(ctx, js, stream, filters, seq) }
 	lo, hi := st.FirstSeq, st.LastSeq+1 // invariant: at(lo) >= n (or lo is first), at(hi) < n
 	total, err := at(lo)
 	if err != nil || total <= n {

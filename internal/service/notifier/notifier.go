@@ -79,6 +79,9 @@ type Config struct {
 	Heartbeat time.Duration
 	// FetchWait is the runner's pull wait. Defaults to the runner's.
 	FetchWait time.Duration
+	// StoreCheckEvery is the runner's consumer.Config.StoreCheckEvery
+	// (0: no store checks).
+	StoreCheckEvery time.Duration
 
 	// Now is the clock. Defaults to time.Now.
 	Now func() time.Time
@@ -184,12 +187,13 @@ func New(js jetstream.JetStream, cfg Config) (*Service, error) {
 		// key still stops a second send, but late). Requests are few and
 		// slow, not many and fast: the window stays at twice the senders,
 		// enough to keep every sender busy.
-		MaxInFlight: 2 * concurrency,
-		MaxDeliver:  maxDeliver,
-		FetchWait:   cfg.FetchWait,
-		Middleware:  []consumer.Middleware{consumer.Heartbeat(hb)},
-		Logger:      cfg.Logger,
-		Registerer:  reg,
+		MaxInFlight:     2 * concurrency,
+		MaxDeliver:      maxDeliver,
+		FetchWait:       cfg.FetchWait,
+		StoreCheckEvery: cfg.StoreCheckEvery,
+		Middleware:      []consumer.Middleware{consumer.Heartbeat(hb)},
+		Logger:          cfg.Logger,
+		Registerer:      reg,
 	}, s.Handle)
 	if err != nil {
 		return nil, fmt.Errorf("notifier: %w", err)

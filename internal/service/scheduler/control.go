@@ -43,7 +43,8 @@ func (s *Service) handleControl(ctx context.Context, m *consumer.Msg, _ *consume
 	if at.IsZero() {
 		at = events.At(s.now())
 	}
-	result, err := s.mark(ctx, kind, mark, token, at)
+	// "Not the budget's latest retry" appends nothing: read current.
+	result, err := s.mark(s.current(ctx), kind, mark, token, at)
 	if err != nil {
 		return err
 	}

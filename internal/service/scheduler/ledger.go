@@ -111,7 +111,11 @@ func decodeRaw(m *jetstream.RawStreamMsg) (*ledgerRead, error) {
 // concurrent handlers go to the server together (topology.LastReader).
 func (s *Service) ledgerLast(ctx context.Context, token string) (*ledgerRead, error) {
 	subj := events.RetryLedgerSubject(token)
-	m, err := s.ledgerReads.Last(ctx, subj)
+	reads := s.ledgerReads
+	if s.replicated && isCurrent(ctx) {
+		reads = s.leaderReads
+	}
+	m, err := reads.Last(ctx, subj)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		s.index.sawLast(token, nil)
 		return nil, nil
@@ -149,7 +153,7 @@ func (s *Service) ledgerFind(ctx context.Context, token, outcomeID string, from 
 	var read []*ledgerRead
 	seq := next
 	for {
-		m, err := s.retries.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subj))
+		m, err := s.retriesMsg(ctx, topology.MsgQuery{Seq: seq, NextFor: subj})
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			break
 		}
@@ -182,7 +186,8 @@ func (s *Service) ledgerAppend(ctx context.Context, e *LedgerEntry, expect uint6
 		return 0, false, err
 	}
 	if ack.Duplicate {
-		m, err := s.retries.GetMsg(ctx, ack.Sequence)
+		// Just acknowledged: a replica may not hold it yet.
+		m, err := s.retriesMsg(withCurrent(ctx), topology.MsgQuery{Seq: ack.Sequence})
 		if err != nil {
 			return 0, false, fmt.Errorf("read back ledger %s seq %d: %w", subj, ack.Sequence, err)
 		}
@@ -198,6 +203,22 @@ func (s *Service) ledgerAppend(ctx context.Context, e *LedgerEntry, expect uint6
 	}
 	s.index.appended(e.Budget().Token(), expect, &ledgerRead{entry: *e, seq: ack.Sequence})
 	return ack.Sequence, false, nil
+}
+
+// retriesMsg reads the one message of FAILBUS_RETRIES q names (the
+// ledger's entries, a pending schedule): from the stream's leader when
+// ctx asks for current reads of a replicated stream (current.go), else by
+// the stream's own get (a direct get).
+func (s *Service) retriesMsg(ctx context.Context, q topology.MsgQuery) (*jetstream.RawStreamMsg, error) {
+	switch {
+	case s.replicated && isCurrent(ctx):
+		return topology.LeaderGet(ctx, s.js, topology.StreamRetries, q)
+	case q.LastFor != "":
+		return s.retries.GetLastMsgForSubject(ctx, q.LastFor)
+	case q.NextFor != "":
+		return s.retries.GetMsg(ctx, q.Seq, jetstream.WithGetMsgSubject(q.NextFor))
+	}
+	return s.retries.GetMsg(ctx, q.Seq)
 }
 
 // publish stores v on subject with Nats-Msg-Id msgID and extra headers

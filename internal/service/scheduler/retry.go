@@ -39,8 +39,10 @@ func (s *Service) handleClassified(ctx context.Context, m *consumer.Msg, out *co
 	switch c.Class {
 	case events.ClassOK:
 		// A success feeds the fault scope, and ends the open retry
-		// episode of an outcome without turn and step.
-		return s.eng.Succeeded(ctx, *c, obs.Now)
+		// episode of an outcome without turn and step: a decision to
+		// append nothing when the ledger shows no open episode, so read
+		// current (current.go).
+		return s.eng.Succeeded(s.current(ctx), *c, obs.Now)
 	case events.ClassContentRefusal:
 		return nil // the refusal tiers decide refusals
 	}
@@ -103,10 +105,16 @@ func (s *Service) clockAt(t time.Time) time.Time {
 func (s *Service) decide(ctx context.Context, m *consumer.Msg, out *consumer.Outputs, c events.Classification, obs engine.Observed) error {
 	gctx, g := withGuess(ctx)
 	v, err := s.eng.Decide(gctx, c, obs.Verdict, obs.Now)
-	if err == nil && g.used && (v.Record == nil || v.Replayed) {
-		// Decided on the index's word with no append to check it
-		// (guess.go): decide again from the ledger itself.
-		s.m.guesses.WithLabelValues("unchecked").Inc()
+	if err == nil && (v.Record == nil || v.Replayed) && (g.used || s.replicated) {
+		// Decided with no append to check it, on the index's word
+		// (guess.go) or on reads a replica lagging the leader may have
+		// answered (current.go): decide again from the ledger as its
+		// leader holds it, and carry that decision out with current
+		// reads.
+		if g.used {
+			s.m.guesses.WithLabelValues("unchecked").Inc()
+		}
+		ctx = s.current(ctx)
 		v, err = s.eng.Decide(ctx, c, obs.Verdict, obs.Now)
 	}
 	if err != nil {

@@ -86,7 +86,7 @@ func (s *Service) scheduleMsg(e *LedgerEntry) (*nats.Msg, error) {
 // schedulePending reports whether e's schedule is stored and has not fired.
 func (s *Service) schedulePending(ctx context.Context, e *LedgerEntry) (bool, error) {
 	subj := events.RetryScheduleSubject(e.Agent, e.RetryID)
-	_, err := s.retries.GetLastMsgForSubject(ctx, subj)
+	_, err := s.retriesMsg(ctx, topology.MsgQuery{LastFor: subj})
 	switch {
 	case errors.Is(err, jetstream.ErrMsgNotFound):
 		return false, nil
@@ -98,10 +98,17 @@ func (s *Service) schedulePending(ctx context.Context, e *LedgerEntry) (bool, er
 
 // fired reports whether e's schedule has fired: a message on the agent's
 // due subject, stored since e was written, carries Nats-Scheduler with e's
-// schedule subject. It reads headers only.
+// schedule subject. It reads headers only, with an ordered consumer; a
+// current read of a replicated stream (current.go) reads the due messages
+// one by one from the stream's leader instead (firedOnLeader), since an
+// ordered consumer may be placed on a replica that has not stored the
+// fired message yet, and "not fired" would schedule the retry again.
 func (s *Service) fired(ctx context.Context, e *LedgerEntry) (bool, error) {
 	sched := events.RetryScheduleSubject(e.Agent, e.RetryID)
 	start := e.At.Add(-time.Second)
+	if s.replicated && isCurrent(ctx) {
+		return s.firedOnLeader(ctx, events.RetryDueSubject(e.Agent), sched, start)
+	}
 	err := readStream(ctx, s.js, topology.StreamRetries, events.RetryDueSubject(e.Agent), &start, true, func(m jetstream.Msg) error {
 		if m.Headers().Get(HeaderScheduler) == sched {
 			return errFound
@@ -115,6 +122,24 @@ func (s *Service) fired(ctx context.Context, e *LedgerEntry) (bool, error) {
 		return false, fmt.Errorf("look for fired %s: %w", sched, err)
 	}
 	return false, nil
+}
+
+// firedOnLeader is fired on a replicated stream: the due messages stored
+// since start, read from the leader one at a time.
+func (s *Service) firedOnLeader(ctx context.Context, due, sched string, start time.Time) (bool, error) {
+	q := topology.MsgQuery{NextFor: due, StartTime: &start}
+	for {
+		m, err := s.retriesMsg(ctx, q)
+		switch {
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+			return false, nil
+		case err != nil:
+			return false, fmt.Errorf("look for fired %s: %w", sched, err)
+		case m.Header.Get(HeaderScheduler) == sched:
+			return true, nil
+		}
+		q = topology.MsgQuery{Seq: m.Sequence + 1, NextFor: due}
+	}
 }
 
 // errFound stops a stream read early.

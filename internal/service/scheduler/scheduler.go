@@ -26,7 +26,10 @@
 //     LedgerEntry) and decides with retry.Decide. The reads of handlers
 //     running at the same time go to the server together, one multi_last
 //     per batch (topology.LastReader, counted in
-//     failbus_scheduler_ledger_reads_total{how}).
+//     failbus_scheduler_ledger_reads_total{how}). On a replicated
+//     FAILBUS_RETRIES a decision that appends nothing, which no
+//     compare-and-set checks, is made again from the stream leader's
+//     reads before it is carried out (current.go).
 //  3. A retry is persisted BEFORE it is scheduled: Decide appends the
 //     LedgerEntry with compare-and-set on the subject's last sequence
 //     (Nats-Expected-Last-Subject-Sequence), so two deliveries or replicas
@@ -278,6 +281,12 @@ type Service struct {
 	// ledgerReads reads budgets' last ledger entries, folding the reads
 	// of concurrent handlers into batches; set by Run with retries.
 	ledgerReads *topology.LastReader
+	// leaderReads reads them from FAILBUS_RETRIES's leader, for reads
+	// that must be current (current.go); set by Run.
+	leaderReads *topology.LastReader
+	// replicated: FAILBUS_RETRIES has replicas, whose direct gets may lag
+	// its leader (current.go); set by Run.
+	replicated bool
 	// index remembers the ledger entries this replica has read or
 	// written, per budget (ledgerindex.go).
 	index ledgerIndex
@@ -400,12 +409,13 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		return fmt.Errorf("scheduler: open %s (apply the topology first): %w", topology.StreamRetries, err)
 	}
 	s.retries = retries
-	reads := topology.NewLastReader(s.js, retries, topology.LastReaderOptions{
-		OnReads: func(how string, n int) { s.m.ledgerReads.WithLabelValues(how).Add(float64(n)) },
-		OnBatch: s.m.ledgerBatches.Inc,
-	})
+	s.replicated = topology.Replicated(retries)
+	onReads := func(how string, n int) { s.m.ledgerReads.WithLabelValues(how).Add(float64(n)) }
+	reads := topology.NewLastReader(s.js, retries, topology.LastReaderOptions{OnReads: onReads, OnBatch: s.m.ledgerBatches.Inc})
 	defer reads.Close()
 	s.ledgerReads = reads
+	s.leaderReads = topology.NewLastReader(s.js, retries, topology.LastReaderOptions{OnReads: onReads, Leader: true})
+	defer s.leaderReads.Close()
 	health, err := s.js.Stream(ctx, topology.StreamHealth)
 	if err != nil {
 		return fmt.Errorf("scheduler: open %s (apply the topology first): %w", topology.StreamHealth, err)
@@ -537,9 +547,9 @@ func newMetrics(reg prometheus.Registerer, maxProviders int) (*metrics, error) {
 	m.decisions = counterVec("failbus_scheduler_decisions_total", "Decisions stored, by action: one without a retry once, when its store is confirmed (a redelivery that finds it stored does not count it again); a retry decision also when a replay after a crash publishes it again.", "action")
 	m.conflicts = counter("failbus_scheduler_ledger_conflicts_total", "Ledger writes that lost a compare-and-set race and were decided again.")
 	m.guesses = counterVec("failbus_scheduler_ledger_guesses_total", "Decisions made first on the ledger index's word instead of a read, by result: confirmed by the append's compare-and-set (a read saved), wrong (the append failed; decided again from reads), unchecked (nothing appended; decided again from reads).", "result")
-	m.ledgerReads = counterVec("failbus_scheduler_ledger_reads_total", "Reads of a budget's last ledger entry, by how they went to the server: batched (in a multi_last request with other budgets' reads, which failbus_scheduler_ledger_read_batches_total counts), alone (one request for one budget: no other budget's read was waiting), fallback (a request of their own because a batch read was unavailable: a stream without direct gets, a server before 2.11, a connection not allowed the batch request; batches are tried again after a minute).", "how")
+	m.ledgerReads = counterVec("failbus_scheduler_ledger_reads_total", "Reads of a budget's last ledger entry, by how they went to the server: batched (in a multi_last request with other budgets' reads, which failbus_scheduler_ledger_read_batches_total counts), alone (one request for one budget: no other budget's read was waiting), fallback (a request of their own because a batch read was unavailable: a stream without direct gets, a server before 2.11, a connection not allowed the batch request; batches are tried again after a minute), leader (the stream leader's, one request each: FAILBUS_RETRIES is replicated and the read decides something no compare-and-set checks, such as a decision that appends nothing, which a replica's direct get lagging the writes acknowledged before it must not answer).", "how")
 	if m.ledgerReads != nil {
-		for _, how := range []string{topology.ReadBatched, topology.ReadAlone, topology.ReadFallback} {
+		for _, how := range []string{topology.ReadBatched, topology.ReadAlone, topology.ReadFallback, topology.ReadLeader} {
 			m.ledgerReads.WithLabelValues(how) // every series from the start, at 0
 		}
 	}
