@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"strings"
 	"sync"
 	"time"
@@ -364,6 +365,9 @@ wait:
 			}
 			ev := Evidence{TransportError: fmt.Sprintf("timeout: no output for %v (stall_after); the attempt was ended", stall)}
 			if p := at.streamed(); p != "" {
+				// The provider answered and streamed: the stream stalled,
+				// not the network path to it.
+				ev.Status = http.StatusOK
 				ev.TransportError = fmt.Sprintf("timeout: the stream stopped for %v after %d bytes (stall_after); the attempt was ended", stall, len(p))
 			}
 			return res.v, ev, nil
@@ -377,7 +381,11 @@ wait:
 	if ev != nil {
 		return res.v, *ev, res.err
 	}
-	return res.v, describe(res.err, d), res.err
+	out := describe(res.err, d)
+	if !out.OK && out.Status == 0 && at.streamed() != "" {
+		out.Status = http.StatusOK // chunks flowed: the provider answered, then the stream broke
+	}
+	return res.v, out, res.err
 }
 
 // decide reports o and waits for the bus's decision on it.

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"fmt"
 	"github.com/failbus/failbus/pkg/events"
 )
 
@@ -54,5 +55,15 @@ func Complete(c *events.Classification, o *events.Outcome) {
 		if info, ok := events.LookupClass(c.Class); ok {
 			c.Scope = info.Scope
 		}
+	}
+	// A network-layer class on an outcome that had an HTTP answer (a
+	// stream that stalled or broke after a 2xx began) is the provider's
+	// failure, not the network path's: it counts toward the provider's
+	// error share, never toward an outage (every profile failing at the
+	// network layer), which a few stalled streams of a provider that
+	// answers would otherwise declare.
+	if c.Scope == events.ScopeNetwork && o.Status >= 200 && o.Status < 300 {
+		c.Scope = events.ScopeProvider
+		c.Evidence = append(c.Evidence, fmt.Sprintf("scope provider: the provider answered (status %d) before the failure", o.Status))
 	}
 }

@@ -316,3 +316,48 @@ func TestStepRetryEpisodesWithoutTurnAndStep(t *testing.T) {
 		t.Fatalf("redelivered g1: %+v (new retry %v), want retry %s again", again.Decision, again.Retry, first.RetryID)
 	}
 }
+
+// Streams that stall or break after the provider answered (a 2xx, then
+// nothing) are the provider's failures, not the network path's: however
+// many, they never declare an outage, which needs every profile failing
+// at the network layer; refused connections still do.
+func TestAFailureAfterAnAnswerIsNoNetworkFailure(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	eng, _ := newEngine(t, "")
+	stalled := func(i int) events.Classification {
+		o := &events.Outcome{ID: fmt.Sprint("s", i), Agent: "a", Provider: "p", Profile: "k", Status: 200,
+			TransportError: "timeout: the stream stopped for 2m0s after 120 bytes (stall_after); the attempt was ended", At: events.At(t0)}
+		c := eng.Classify(o)
+		engine.Complete(&c, o)
+		return c
+	}
+	c := stalled(0)
+	if c.Class != events.ClassTimeout || c.Scope != events.ScopeProvider {
+		t.Fatalf("a stalled stream classified %s, scope %s; want timeout, scope provider", c.Class, c.Scope)
+	}
+	for i := range 10 {
+		at := t0.Add(time.Duration(i) * time.Second)
+		c := stalled(i)
+		c.At = events.At(at)
+		o, err := eng.Observe(ctx, c, at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o.Verdict.Outage {
+			t.Fatalf("an outage after %d stalled streams of a provider that answered", i+1)
+		}
+	}
+	var last engine.Observed
+	for i := range 3 {
+		at := t0.Add(time.Duration(20+i) * time.Second)
+		o, err := eng.Observe(ctx, netFail(fmt.Sprint("n", i), "p", "k", at), at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = o
+	}
+	if !last.Verdict.Outage {
+		t.Fatal("refused connections no longer declare an outage")
+	}
+}

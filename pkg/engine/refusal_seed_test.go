@@ -19,18 +19,18 @@ import (
 // refuses every request that reaches it. A send is counted when Route lets
 // the segment reach the refusing provider. No sleeps: time is a variable.
 type refusalSim struct {
-	t        *testing.T
-	book     *book
-	now      time.Time
-	session  string
-	segment  int
-	turn     int
-	refuser  string
-	scope    string
-	sends    map[int][]time.Time // per segment: when the refuser received it
-	notes    []events.Notification
-	actions  []string
-	agents   []string // turns rotate over these agents
+	t       *testing.T
+	book    *book
+	now     time.Time
+	session string
+	segment int
+	turn    int
+	refuser string
+	scope   string
+	sends   map[int][]time.Time // per segment: when the refuser received it
+	notes   []events.Notification
+	actions []string
+	agents  []string // turns rotate over these agents
 }
 
 func newRefusalSim(t *testing.T, cfg refusal.Config) *refusalSim {

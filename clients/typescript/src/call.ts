@@ -271,11 +271,9 @@ export class Attempt implements Target {
  * (answering the bus's probe with one real attempt, resuming spread over
  * resumeWindowMs), and throw a DecisionError for what only the caller can
  * do. It returns fn's result and the trail of attempts. Every wait ends with
- * req.signal, and call then rejects with the signal's reason.
- *
- * One difference from Go's agent.Call: a segment whose providers the route
- * all excludes, one of them for an outage, holds here (probes answered)
- * until that provider recovered, where Go's returns ErrNoProvider.
+ * req.signal, and call then rejects with the signal's reason. A segment
+ * whose providers the route all excludes, one of them for an outage, holds
+ * (probes answered) until that provider recovered, as Go's agent.Call does.
  *
  * fn must honour attempt.signal: call aborts it when the attempt is silent
  * for stallAfterMs, and goes on without waiting for an fn that ignores it.
@@ -388,11 +386,16 @@ async function runAttempt<T>(target: Target, n: number, probe: boolean, fn: (at:
       const text = at.partial !== ""
         ? `timeout: the stream stopped for ${ms} after ${Buffer.byteLength(at.partial, "utf8")} bytes (stall_after); the attempt was ended`
         : `timeout: no output for ${ms} (stall_after); the attempt was ended`;
-      return { at, value: res ? res.value : undefined, ev: { transport_error: text } };
+      // Chunks flowed: the provider answered, then the stream stalled,
+      // not the network path to it.
+      return { at, value: res ? res.value : undefined, ev: at.partial !== "" ? { status: 200, transport_error: text } : { transport_error: text } };
     }
     const res = first as Settled;
     if (at.observed) return { at, value: res.value, ev: at.observed };
-    return { at, value: res.value, ev: evidenceOf(res.threw ? (res.err ?? new Error("the call function threw undefined")) : undefined, r.describe) };
+    const ev = evidenceOf(res.threw ? (res.err ?? new Error("the call function threw undefined")) : undefined, r.describe);
+    // A stream that broke after chunks flowed had an answer (status 200).
+    if (!ev.ok && !ev.status && at.partial !== "") ev.status = 200;
+    return { at, value: res.value, ev };
   } finally {
     clearTimeout(timer);
     at.touched = () => {};
