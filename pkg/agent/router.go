@@ -274,14 +274,15 @@ func (r *router) inOutage(ctx context.Context, provider string) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("agent %s: read the health of %s: %w", r.a.name, provider, err)
 	}
-	for m := range batch.Messages() {
-		h, err := events.DecodeAs[*events.Health](m.Subject(), m.Headers(), m.Data())
-		if err != nil {
-			return false, nil
-		}
-		return h.State == events.HealthOutage, nil
+	m, ok := <-batch.Messages()
+	if !ok {
+		return false, batch.Error()
 	}
-	return false, batch.Error()
+	h, err := events.DecodeAs[*events.Health](m.Subject(), m.Headers(), m.Data())
+	if err != nil {
+		return false, nil // an undecodable record says nothing of an outage
+	}
+	return h.State == events.HealthOutage, nil
 }
 
 // waitHealthy returns once provider's health on the bus says recovered or

@@ -97,4 +97,3 @@ func action(d *events.Decision) string {
 	}
 	return d.Action
 }
-
