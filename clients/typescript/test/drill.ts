@@ -399,7 +399,14 @@ async function runFleet(o: DrillOptions, agents: string[], spanMs: number, deadl
 
 /** whyLost names what lost a task, short enough for a table. */
 function whyLost(err: unknown): string {
-  if (err instanceof DecisionError) return `${err.action} (${err.decision.class})`;
+  if (err instanceof DecisionError) {
+    // An unknown class names its evidence: that is what to teach the classifier.
+    if (err.decision.class === "unknown") {
+      const o = err.outcome;
+      return `${err.action} (unknown: ${o.status ?? "-"} ${(o.transport_error ?? o.body ?? "").slice(0, 80)})`;
+    }
+    return `${err.action} (${err.decision.class})`;
+  }
   const e = err as Error;
   return `${e.name}: ${(e.message ?? String(err)).split("\n")[0]!.slice(0, 100)}`;
 }

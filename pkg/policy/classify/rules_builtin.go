@@ -241,10 +241,12 @@ var builtinRules = []builtin{
 		Body: rl("content has no parts")}},
 	famTransport,
 	famTransportBody,
-	// Any other transport error without a response, after what its words
-	// say.
-	{Rule: Rule{ID: "transport.other", Class: cTransport, Status: rl(noResponse)}, when: func(o *events.Outcome, _ *digest.View) bool { return o.TransportError != "" },
-		note: "transport error without a response", transport: true},
+	// Any other transport error, after what its words say: without a
+	// response, or with a success status (a stream that broke after the
+	// answer began, in words of the client's own: a parser's "Unexpected
+	// end of JSON input").
+	{Rule: Rule{ID: "transport.other", Class: cTransport, Status: rl(noResponse, success)}, when: func(o *events.Outcome, _ *digest.View) bool { return o.TransportError != "" },
+		note: "transport error", transport: true},
 	// ── 6. LiteLLM's verdicts: its exception names in a message, after the
 	// provider's own words and before the status (litellm/exceptions.py;
 	// the proxy returns them as "litellm.RateLimitError: …").

@@ -57,7 +57,7 @@ func TestStopReasonOverflowIsStated(t *testing.T) {
 	}
 }
 
-// TestStatedReasonOutranksStatus: one case per family of issue 16, each
+// TestStatedReasonOutranksStatus: one case per family of stated reasons, each
 // body's words deciding against what its status alone would say.
 func TestStatedReasonOutranksStatus(t *testing.T) {
 	t.Parallel()
@@ -74,6 +74,8 @@ func TestStatedReasonOutranksStatus(t *testing.T) {
 			events.ClassTransport, "transport.other"},
 		{"an error event the SDK put in its message", events.Outcome{Status: 200, TransportError: `received error while streaming: {"type":"error","error":{"details":null,"type":"overloaded_error","message":"Overloaded"} }`},
 			events.ClassOverloaded, "anthropic.overloaded"},
+		{"a stream broken after the answer began, in the client's own words", events.Outcome{Status: 200, TransportError: "SyntaxError: Unexpected end of JSON input"},
+			events.ClassTransport, "transport.other"},
 		{"usage limit under 429", events.Outcome{Status: 429, Body: "You've reached your trial request limit"}, events.ClassQuotaExhausted, "quota.text"},
 		{"budget under 400 typed auth_error", events.Outcome{Status: 400, Body: `{"error":{"message":"Budget has been exceeded! Current cost: 0.0010747, Max budget: 0.0","type":"auth_error","param":null,"code":400}}`},
 			events.ClassQuotaExhausted, "family.billing"},
