@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/failbus/failbus/failbustest"
 	"github.com/failbus/failbus/pkg/agent"
 	"github.com/failbus/failbus/pkg/events"
@@ -127,5 +129,46 @@ func TestCallHoldsThroughAProviderOutage(t *testing.T) {
 	}
 	if len(r.trail) != 2 || r.trail[0].Decision == nil || r.trail[0].Decision.Action != events.ActionWaitProvider || !r.trail[1].Outcome.OK {
 		t.Errorf("trail %+v, want a failure decided wait_provider, then the answer", r.trail)
+	}
+}
+
+// Under WithAuth the agent runs with the credentials it is deployed with:
+// a connection without them is refused, and the agent's own user may
+// report and read its decisions.
+func TestAgentWithItsOwnCredentials(t *testing.T) {
+	bus := failbustest.Start(t, failbustest.WithAuth("billing-bot"))
+	ctx := testCtx(t)
+	if nc, err := nats.Connect(bus.URL()); err == nil {
+		nc.Close()
+		t.Fatal("a connection without credentials was accepted")
+	}
+	if _, err := bus.AgentConn("stranger"); err == nil {
+		t.Fatal("credentials for an agent WithAuth did not name")
+	}
+	nc, err := bus.AgentConn("billing-bot")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	ag, err := agent.New(nc, "billing-bot")
+	if err != nil {
+		t.Fatal(err)
+	}
+	decisions, err := ag.Decisions(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := &events.Outcome{Provider: "openai", Status: 500, Body: `{"error":{"message":"internal error"}}`}
+	if err := ag.Report(ctx, o); err != nil {
+		t.Fatal(err)
+	}
+	want := bus.WaitDecision(t, o.ID)
+	select {
+	case d := <-decisions:
+		if d.OutcomeID != o.ID || d.Action != want.Action {
+			t.Fatalf("read %+v, the bus decided %+v", d, want)
+		}
+	case <-ctx.Done():
+		t.Fatal("the agent never read its decision with its own credentials")
 	}
 }

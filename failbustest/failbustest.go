@@ -48,6 +48,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/failbus/failbus/internal/auth"
+	"github.com/failbus/failbus/internal/connect"
 	"github.com/failbus/failbus/internal/devbus"
 	"github.com/failbus/failbus/internal/embedded"
 	topology "github.com/failbus/failbus/jetstream"
@@ -229,13 +230,9 @@ func New(opts ...Option) (*Bus, error) {
 	if b.dev, err = devbus.Start(o); err != nil {
 		return nil, err
 	}
-	var copts []nats.Option
-	if b.users != nil {
-		nk, err := nats.NkeyOptionFromSeed(b.users.Seed(auth.RoleAdmin))
-		if err != nil {
-			return nil, fmt.Errorf("admin credentials: %w", err)
-		}
-		copts = append(copts, nk)
+	copts, err := b.credentials(auth.RoleAdmin)
+	if err != nil {
+		return nil, err
 	}
 	if b.nc, err = nats.Connect(b.URL(), append(copts, nats.Name("failbustest"))...); err != nil {
 		return nil, fmt.Errorf("connect to the test bus: %w", err)
@@ -312,28 +309,36 @@ func (b *Bus) Conn() *nats.Conn { return b.nc }
 // topology (jetstream/) in a test's own assertions.
 func (b *Bus) JetStream() jetstream.JetStream { return b.js }
 
-// Policy is the policy the services run: ShortTimes and the test's own, on
-// top of the defaults.
-func (b *Bus) Policy() *policy.Policy { return b.pol }
-
 // AgentConn connects as the agent called name, with the credentials
 // WithAuth made for it, so what the agent does is checked against that
 // agent's permissions. Without WithAuth it is a plain connection. The
 // caller closes it.
 func (b *Bus) AgentConn(name string) (*nats.Conn, error) {
-	opts := []nats.Option{nats.Name(name)}
-	if b.users != nil {
-		seed := b.users.Seed(auth.Agent(name).Name)
-		if seed == "" {
-			return nil, fmt.Errorf("failbustest: no user for agent %q: name it in WithAuth", name)
-		}
-		nk, err := nats.NkeyOptionFromSeed(seed)
-		if err != nil {
-			return nil, fmt.Errorf("failbustest: agent %s credentials: %w", name, err)
-		}
-		opts = append(opts, nk)
+	opts, err := b.credentials(auth.Agent(name).Name)
+	if err != nil {
+		return nil, fmt.Errorf("failbustest: agent %s: %w", name, err)
 	}
-	return nats.Connect(b.URL(), opts...)
+	return nats.Connect(b.URL(), append(opts, nats.Name(name))...)
+}
+
+// credentials are the connect options of role's user under WithAuth: its
+// nkey, and its inbox (_INBOX.<public key>, the only one it may read);
+// none without WithAuth.
+func (b *Bus) credentials(role string) ([]nats.Option, error) {
+	if b.users == nil {
+		return nil, nil
+	}
+	for _, u := range b.users.Users {
+		if u.Role.Name != role {
+			continue
+		}
+		nk, err := nats.NkeyOptionFromSeed(u.SeedFile)
+		if err != nil {
+			return nil, fmt.Errorf("credentials of %s: %w", role, err)
+		}
+		return []nats.Option{nk, nats.CustomInboxPrefix(connect.InboxPrefixFor(u.Public))}, nil
+	}
+	return nil, fmt.Errorf("no user %s: name the agent in WithAuth", role)
 }
 
 // Close stops every service (each finishes what it is handling), the
