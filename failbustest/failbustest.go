@@ -21,8 +21,10 @@
 // outage by reporting the failures and successes the fault scope counts,
 // take milliseconds, while every rule stays the product's.
 //
-// A test bus starts in about a second (the services become healthy) and
-// costs tens of megabytes; start one per test that needs one.
+// A test bus is ready in a few hundred milliseconds (every service
+// healthy); stopping it takes about two seconds more, as each service
+// finishes its pending pull from the server. Start one per test that needs
+// one.
 //
 // Unlike the packages under pkg/, this package imports the module's
 // internal services: it is the one public way to run them in process, as
