@@ -82,7 +82,7 @@ func benchGoals(rep *benchReport) []benchGoal {
 // printGoals writes the goals table.
 func printGoals(w io.Writer, goals []benchGoal) {
 	t := benchTable{align: "lll"}
-	t.add("GOALS (issue 11)", "", "this run")
+	t.add("GOALS", "", "this run")
 	for _, g := range goals {
 		verdict := "not met"
 		switch {

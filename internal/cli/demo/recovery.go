@@ -26,7 +26,7 @@ import (
 // that fails and tasks submitted meanwhile; agents hold and only answer
 // probes; after the recovery the checklist runs, printed line by line.
 var recoveryScenario = demoScenario{
-	title: "A provider outage, and the checklist after it (seed 002)",
+	title: "A provider outage, and the checklist after it",
 	about: "During an outage crons silently fail, subagents die while their status still says running, memory writes\n" +
 		"are lost and new work has nowhere to go. Tasks wait in the stream; holding agents are asked for probes, so\n" +
 		"the outage can end; then the checklist runs, every step recorded before the next.",

@@ -44,7 +44,7 @@ func demoRefusalPolicy() *policy.Policy {
 // the schedule (demoRefusalPolicy), so it does not depend on the demo bus's
 // policy.
 var refusalScenario = demoScenario{
-	title: "A provider refuses a segment's history (seed 000)",
+	title: "A provider refuses a segment's history: bounded re-probes, then frozen",
 	about: "Waiting does not change a refusal of bytes that stay in every request: bounded re-probes after the latest\n" +
 		"refusal, then frozen until a boundary. Two notifications, not one and not one per turn.",
 	run: func(ctx context.Context, d *demo) error { return runRefusalScenario(ctx, d.printf) },
