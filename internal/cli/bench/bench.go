@@ -320,7 +320,7 @@ type benchReport struct {
 	Latency []benchLatency `json:"latency,omitempty"`
 	// Pending is the run with --pending retries pending (nil with 0).
 	Pending *benchPending `json:"pending,omitempty"`
-	// Goals are issue 11's goals judged against this run (goals.go).
+	// Goals are the performance goals judged against this run (goals.go).
 	Goals []benchGoal `json:"goals"`
 	// ElapsedS is the whole run, bus start-up included.
 	ElapsedS float64 `json:"elapsed_s"`

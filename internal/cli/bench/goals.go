@@ -5,7 +5,7 @@ import (
 	"io"
 )
 
-// Issue 11's goals, as ratios and margins so they hold on any machine;
+// The bus's performance goals, as ratios and margins so they hold on any machine;
 // the bench says of each whether this run met it, so the acceptance is
 // one command.
 const (

@@ -20,7 +20,7 @@ import (
 	"github.com/failbus/failbus/pkg/policy"
 )
 
-// recoveryScenario is seed 002's checklist in `failbus demo` (issue 10): a
+// recoveryScenario is the post-outage checklist in `failbus demo`: a
 // provider outage with a running subagent that dies, one that is slow but
 // alive, one that finishes, crons that miss their times, a memory write
 // that fails and tasks submitted meanwhile; agents hold and only answer

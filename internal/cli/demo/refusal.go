@@ -36,8 +36,7 @@ func demoRefusalPolicy() *policy.Policy {
 	return p
 }
 
-// refusalScenario is the refusal tiers in `failbus demo` (seed 000, issue 5
-// deliverable 6): one segment's whole refusal life — the first refusal,
+// refusalScenario is the refusal tiers in `failbus demo`: one segment's whole refusal life — the first refusal,
 // three re-probes measured from the latest refusal, the freeze, the two
 // notifications, turns that keep skipping, and a boundary that lets the
 // provider try again. It runs on a bus of its own whose policy compresses

@@ -35,8 +35,7 @@ func demoRetryPolicy() *policy.Policy {
 	return p
 }
 
-// retryScenario is retries and fault scope in `failbus demo` (seed 003,
-// 002; issue 4 deliverable 6): a 429 retried exactly when the provider
+// retryScenario is retries and fault scope in `failbus demo`: a 429 retried exactly when the provider
 // said, a 503 backing off until its budget is spent, and a provider outage
 // that holds agents (wait_provider) until sustained successes recover it.
 // It runs on a bus of its own with demoRetryPolicy, so it does not depend

@@ -1,4 +1,4 @@
-// Package refusals is the refusal tiers on the bus (seed 000, issue 5): the
+// Package refusals is the refusal tiers on the bus: the
 // pure core of pkg/policy/refusal (State, Notice, RouteProviders) with
 // durable state, consumers and a route service around it.
 //
