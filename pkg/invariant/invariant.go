@@ -1,6 +1,6 @@
 // Package invariant checks the grammar of an LLM provider's event stream:
-// seed 003's validateStream, wrapped around every provider stream before any
-// consumer sees an event, so an adapter that translates a provider's stream
+// seven rules (a harness's validateStream), wrapped around every provider
+// stream before any consumer sees an event, so an adapter that translates a provider's stream
 // wrongly fails at once, naming the rule, instead of a token meter or a UI
 // quietly getting it wrong later. A violation is reported as an Outcome that
 // the classifier files as `invariant` (rule stream.invariant), which is not
@@ -85,7 +85,7 @@ type Event struct {
 }
 
 // UpstreamCode is the upstream_code a violation's outcome carries: the code
-// seed 003's validateStream throws, a hint the classifier accepts only with
+// a stream validator throws, a hint the classifier accepts only with
 // the transport error's evidence.
 const UpstreamCode = "INVARIANT"
 
