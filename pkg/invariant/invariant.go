@@ -6,7 +6,7 @@
 // the classifier files as `invariant` (rule stream.invariant), which is not
 // retryable by default: the model's stream, not the clock, is at fault.
 //
-// The seven rules, in the words of the seed, with their ids:
+// The seven rules, with their ids:
 //
 //  1. usage_at_most_once — usage is reported at most once.
 //  2. usage_before_finish — usage comes before finish.
@@ -54,7 +54,7 @@ const (
 	RuleFinishExactlyOnce  = "finish_exactly_once"
 )
 
-// Rules lists the rule ids in the seed's order.
+// Rules lists the rule ids in the order above.
 var Rules = []string{
 	RuleUsageAtMostOnce, RuleUsageBeforeFinish, RuleNothingAfterFinish, RuleBlockPaired,
 	RuleDeltaInOpenBlock, RuleBlockEndType, RuleFinishExactlyOnce,

@@ -26,7 +26,7 @@ import (
 	"github.com/failbus/failbus/pkg/policy/refusal"
 )
 
-// demoRefusalPolicy is the seed's schedule compressed 1:18000 (15m → 50ms,
+// demoRefusalPolicy is the default re-probe schedule compressed 1:18000 (15m → 50ms,
 // 1h → 200ms, 6h → 1.2s), so one segment's whole refusal life takes about
 // three seconds.
 func demoRefusalPolicy() *policy.Policy {
@@ -58,7 +58,7 @@ const (
 
 // runRefusalScenario starts a bus with demoRefusalPolicy, then drives one agent
 // through the segment's life, printing with printf. It fails when the bus
-// decides anything but the seed's rule.
+// decides anything but the refusal tiers' rule.
 func runRefusalScenario(ctx context.Context, printf func(string, ...any)) (err error) {
 	pol := demoRefusalPolicy()
 	cfg := pol.Refusal
