@@ -1,6 +1,8 @@
 // The drill, small (6 agents × 5 tasks × 4 calls, the sample timeline at
-// scale 0.01: three seconds, the strategies side by side): the `call` row's
-// promises are asserted, the baselines' figures printed.
+// scale 0.01: three seconds), the `call` strategy only: its promises are
+// asserted. No deadline is one: a machine busy with other tests slows the
+// fleet, and the run waits up to two minutes for the last task (it ends
+// when every task has). `npm run drill` prints the baselines beside it.
 
 import assert from "node:assert/strict";
 import { test } from "node:test";
@@ -9,7 +11,7 @@ import { defaults, drill, table } from "./drill.js";
 
 test("the fleet under call loses no task, holds off a provider in its outage and never re-sends a refused segment", async (t) => {
   const lines: string[] = [];
-  const r = await drill({ ...defaults(), graceMs: 6000, progress: (l) => lines.push(l) });
+  const r = await drill({ ...defaults(), strategies: ["call"], graceMs: 120_000, progress: (l) => lines.push(l) });
   // One diagnostic a line: `go test -v ./test -run TestTypeScriptClient` shows them.
   for (const l of [...lines, ...table(r).split("\n")]) t.diagnostic(l);
   const row = r.rows.find((x) => x.strategy === "call");
