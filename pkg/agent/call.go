@@ -444,7 +444,10 @@ func (a *Agent) awaitRetry(ctx context.Context, d *events.Decision) error {
 		a.router.forget("", d.RetryID)
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ackTimeout)
 		defer cancel()
-		_ = a.Cancel(cctx, d.RetryID)
+		if err := a.Cancel(cctx, d.RetryID); err != nil {
+			// The retry will still come due; the caller has gone.
+			a.opts.onError(fmt.Errorf("agent %s: cancel retry %s of a cancelled call: %w", a.name, d.RetryID, err))
+		}
 		return ctx.Err()
 	}
 	return a.Started(ctx, d.RetryID)
