@@ -66,8 +66,8 @@ func (r *Runner) handle(hctx context.Context, m *Msg) (*Outputs, error) {
 // returns the metrics result and the reason logged.
 func (r *Runner) settle(ctx, hctx context.Context, m *Msg, out *Outputs, herr error) (result, reason string) {
 	var (
-		dl *DeadLetterError
-		re *RetryError
+		dl *deadLetterError
+		re *retryError
 	)
 	last := m.Delivered >= r.maxDeliver
 	switch {
@@ -129,7 +129,7 @@ func (r *Runner) logResult(m *Msg, result, reason string, herr error, elapsed ti
 	if reason != "" {
 		ev = ev.Str("reason", logText(reason))
 	}
-	var dl *DeadLetterError
+	var dl *deadLetterError
 	if errors.As(herr, &dl) && dl.Stack != "" {
 		ev = ev.Str("stack", dl.Stack)
 	}
