@@ -38,10 +38,6 @@ const (
 	// unacknowledged message: the last step of every consumer's backoff
 	// list (30s, 1m, 2m, 5m). DuplicateWindow must be longer.
 	MaxRedeliveryDelay = 5 * time.Minute
-
-	// noLimit is the server's own "no limit" for MaxBytes (and
-	// BucketMaxBytes): the stream is bounded by its MaxAge alone.
-	noLimit int64 = -1
 )
 
 // Default MaxBytes per stream: a ceiling under MaxAge, so one flood (an
