@@ -207,7 +207,7 @@ type Options struct {
 
 	// MaxBytes caps a stream's size, keyed by stream name. A stream absent
 	// from the map keeps its default (DefaultMaxBytesOutcomes, ...).
-	// Values are noLimit (-1) or positive. A full stream drops its oldest
+	// Values are -1 (the server's "no limit") or positive. A full stream drops its oldest
 	// messages (FAILBUS_TASKS refuses new ones); for StreamRetries that
 	// includes pending schedules, so size it generously. The server must
 	// have store (max_file_store) for the sum of all of them.
@@ -215,7 +215,7 @@ type Options struct {
 
 	// BucketMaxBytes caps a KV bucket's size, keyed by bucket name. A
 	// bucket absent from the map keeps DefaultBucketMaxBytes (64 MiB).
-	// Values are noLimit (-1) or positive. A full bucket refuses writes.
+	// Values are -1 (the server's "no limit") or positive. A full bucket refuses writes.
 	BucketMaxBytes map[string]int64
 
 	// DuplicateWindow is how long every stream remembers a Nats-Msg-Id.
