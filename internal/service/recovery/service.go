@@ -1,4 +1,4 @@
-// Package recovery is the recovery service (seed 002, CONTRACT.md §
+// Package recovery is the recovery service (docs/CONTRACT.md §
 // "Recovery"): the pure core of pkg/policy/recovery on the bus. Its
 // consumers feed the core, a driver advances it:
 //
