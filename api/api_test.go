@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
 
@@ -16,6 +17,12 @@ import (
 )
 
 var update = flag.Bool("update", false, "rewrite exported.txt from the code")
+
+// maxExported bounds the public API: the number of exported names in
+// pkg/ and jetstream/ (types, funcs, methods, consts, vars; not the fields
+// of exported structs nor the methods of exported interfaces). Raising it
+// is a decision to review, not a side effect of a change.
+const maxExported = 1139
 
 // publicDirs are the public package trees.
 var publicDirs = []string{"pkg", "jetstream"}
@@ -60,4 +67,33 @@ func TestExportedAPI(t *testing.T) {
 			strings.Count(got, "\n"), strings.Count(string(want), "\n"))
 	}
 	t.Logf("%d exported identifiers in %v", strings.Count(got, "\n"), publicDirs)
+}
+
+// TestExportedCount keeps the public API from growing unnoticed: it counts
+// the exported names of every public package (fields and interface
+// methods aside), logs them per package, and fails above maxExported.
+func TestExportedCount(t *testing.T) {
+	perPkg := map[string]int{}
+	total := 0
+	for _, line := range surface(t) {
+		pkg, decl, ok := strings.Cut(line, ": ")
+		if !ok || strings.HasPrefix(decl, "field ") || strings.HasPrefix(decl, "method ") {
+			continue
+		}
+		perPkg[pkg]++
+		total++
+	}
+	pkgs := make([]string, 0, len(perPkg))
+	for p := range perPkg {
+		pkgs = append(pkgs, p)
+	}
+	sort.Strings(pkgs)
+	for _, p := range pkgs {
+		t.Logf("%4d %s", perPkg[p], p)
+	}
+	t.Logf("%4d in all (at most %d)", total, maxExported)
+	if total > maxExported {
+		t.Fatalf("%d exported names in %v, more than maxExported (%d): unexport what outsiders do not need, or raise the bound as a reviewed decision",
+			total, publicDirs, maxExported)
+	}
 }

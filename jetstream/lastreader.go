@@ -26,7 +26,7 @@ import (
 // The caller that finds the reader idle sends its read at once, alone (a
 // direct get with the subject in the request's subject, as
 // GetLastMsgForSubject sends it); reads asked for meanwhile wait for it,
-// and the first of them then sends them all, up to MaxLastBatch subjects,
+// and the first of them then sends them all, up to maxLastBatch subjects,
 // in one multi_last. An idle bus therefore reads as before, one request
 // per read, and a busy one in batches that waited no longer than the round
 // trip before them. Answers are read by the server's own headers (the
@@ -98,9 +98,9 @@ const (
 	ReadLeader   = "leader"   // alone, by the stream's leader (LastReaderOptions.Leader)
 )
 
-// MaxLastBatch bounds the subjects of one batch read of a LastReader,
+// maxLastBatch bounds the subjects of one batch read of a LastReader,
 // below the 1024 answers nats-server sends one batch at most.
-const MaxLastBatch = 256
+const maxLastBatch = 256
 
 // lastReaderBackoff is how long a LastReader reads one subject at a time
 // after a batch read was unavailable.
@@ -228,7 +228,7 @@ func (r *LastReader) lead(ctx context.Context, me *lastRead) {
 		r.hookTake()
 	}
 	r.mu.Lock()
-	n := min(len(r.queue), MaxLastBatch)
+	n := min(len(r.queue), maxLastBatch)
 	batch := make([]*lastRead, n)
 	copy(batch, r.queue)
 	r.queue = append(r.queue[:0], r.queue[n:]...)
@@ -446,7 +446,7 @@ func (r *LastReader) listen() (<-chan *nats.Msg, string, error) {
 	r.batchN++
 	// Room for every answer one batch may carry and its end, so deliver
 	// never blocks the connection's dispatch.
-	r.answers = make(chan *nats.Msg, MaxLastBatch+1)
+	r.answers = make(chan *nats.Msg, maxLastBatch+1)
 	r.reply = r.inbox + strconv.FormatUint(r.batchN, 10)
 	return r.answers, r.reply, nil
 }

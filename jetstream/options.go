@@ -20,9 +20,9 @@ const (
 	// single server and `failbus dev`. Use 3 on a cluster (docs/DEPLOY.md).
 	DefaultReplicas = 1
 
-	// DefaultStorage keeps streams and buckets on disk, so they survive a
+	// defaultStorage keeps streams and buckets on disk, so they survive a
 	// restart (and a SIGKILL) of the server.
-	DefaultStorage = jetstream.FileStorage
+	defaultStorage = jetstream.FileStorage
 
 	// DefaultDuplicateWindow is how long a stream remembers a Nats-Msg-Id.
 	// It is longer than the longest redelivery delay of any consumer
@@ -38,10 +38,6 @@ const (
 	// unacknowledged message: the last step of every consumer's backoff
 	// list (30s, 1m, 2m, 5m). DuplicateWindow must be longer.
 	MaxRedeliveryDelay = 5 * time.Minute
-
-	// NoLimit is the server's own "no limit" for MaxBytes (and
-	// BucketMaxBytes): the stream is bounded by its MaxAge alone.
-	NoLimit int64 = -1
 )
 
 // Default MaxBytes per stream: a ceiling under MaxAge, so one flood (an
@@ -56,27 +52,27 @@ const (
 // server embedded.DefaultMaxStore (16 GiB). Size them for production with
 // Options.MaxBytes: 30 days of outcomes at 100/s is hundreds of GB.
 const (
-	DefaultMaxBytesOutcomes   int64 = 2 << 30
-	DefaultMaxBytesClassified int64 = 512 << 20
-	DefaultMaxBytesHealth     int64 = 64 << 20
-	DefaultMaxBytesDecisions  int64 = 256 << 20
-	// DefaultMaxBytesRetries also holds pending schedules: a stream that
+	defaultMaxBytesOutcomes   int64 = 2 << 30
+	defaultMaxBytesClassified int64 = 512 << 20
+	defaultMaxBytesHealth     int64 = 64 << 20
+	defaultMaxBytesDecisions  int64 = 256 << 20
+	// defaultMaxBytesRetries also holds pending schedules: a stream that
 	// fills faster than its oldest schedule fires would drop it, so keep
 	// the window MaxBytes covers (at the failure rate) above the longest
 	// delay (6 h re-probes by default).
-	DefaultMaxBytesRetries  int64 = 1 << 30
-	DefaultMaxBytesNotify   int64 = 64 << 20
-	DefaultMaxBytesControl  int64 = 64 << 20
-	DefaultMaxBytesTasks    int64 = 512 << 20
-	DefaultMaxBytesDLQ      int64 = 1 << 30
-	DefaultMaxBytesAudit    int64 = 128 << 20
-	DefaultMaxBytesLiveness int64 = 256 << 20
-	DefaultMaxBytesReports  int64 = 64 << 20
-	// DefaultMaxBytesDispatch is as large as FAILBUS_TASKS: every task is
+	defaultMaxBytesRetries  int64 = 1 << 30
+	defaultMaxBytesNotify   int64 = 64 << 20
+	defaultMaxBytesControl  int64 = 64 << 20
+	defaultMaxBytesTasks    int64 = 512 << 20
+	defaultMaxBytesDLQ      int64 = 1 << 30
+	defaultMaxBytesAudit    int64 = 128 << 20
+	defaultMaxBytesLiveness int64 = 256 << 20
+	defaultMaxBytesReports  int64 = 64 << 20
+	// defaultMaxBytesDispatch is as large as FAILBUS_TASKS: every task is
 	// dispatched at least once.
-	DefaultMaxBytesDispatch   int64 = 512 << 20
-	DefaultMaxBytesRecoveries int64 = 64 << 20
-	DefaultMaxBytesStoreCheck int64 = 8 << 20
+	defaultMaxBytesDispatch   int64 = 512 << 20
+	defaultMaxBytesRecoveries int64 = 64 << 20
+	defaultMaxBytesStoreCheck int64 = 8 << 20
 
 	// DefaultBucketMaxBytes caps every KV bucket (64 MiB). A full bucket
 	// refuses new writes (KV buckets discard new), so a flood of keys
@@ -86,98 +82,98 @@ const (
 	// DefaultReservedBytes is what the default topology reserves of the
 	// server's store: every stream's and bucket's MaxBytes (7.07 GiB; a
 	// test keeps it equal to the files).
-	DefaultReservedBytes = DefaultMaxBytesOutcomes + DefaultMaxBytesClassified + DefaultMaxBytesHealth +
-		DefaultMaxBytesDecisions + DefaultMaxBytesRetries + DefaultMaxBytesNotify + DefaultMaxBytesControl +
-		DefaultMaxBytesTasks + DefaultMaxBytesDLQ + DefaultMaxBytesAudit + DefaultMaxBytesLiveness +
-		DefaultMaxBytesReports + DefaultMaxBytesDispatch + DefaultMaxBytesRecoveries + DefaultMaxBytesStoreCheck +
+	DefaultReservedBytes = defaultMaxBytesOutcomes + defaultMaxBytesClassified + defaultMaxBytesHealth +
+		defaultMaxBytesDecisions + defaultMaxBytesRetries + defaultMaxBytesNotify + defaultMaxBytesControl +
+		defaultMaxBytesTasks + defaultMaxBytesDLQ + defaultMaxBytesAudit + defaultMaxBytesLiveness +
+		defaultMaxBytesReports + defaultMaxBytesDispatch + defaultMaxBytesRecoveries + defaultMaxBytesStoreCheck +
 		10*DefaultBucketMaxBytes
 )
 
 // Default MaxAge per stream: how long each stream keeps its messages.
 const (
-	// DefaultMaxAgeOutcomes keeps raw outcomes for 30 days: the evidence
+	// defaultMaxAgeOutcomes keeps raw outcomes for 30 days: the evidence
 	// for `failbus tail` and for simulating a new policy over past weeks.
-	DefaultMaxAgeOutcomes = 30 * day
-	// DefaultMaxAgeClassified keeps classifications as long as outcomes.
-	DefaultMaxAgeClassified = 30 * day
-	// DefaultMaxAgeHealth keeps provider health changes for 90 days: small,
+	defaultMaxAgeOutcomes = 30 * day
+	// defaultMaxAgeClassified keeps classifications as long as outcomes.
+	defaultMaxAgeClassified = 30 * day
+	// defaultMaxAgeHealth keeps provider health changes for 90 days: small,
 	// and the history of outages is worth keeping.
-	DefaultMaxAgeHealth = 90 * day
+	defaultMaxAgeHealth = 90 * day
 	// DefaultMaxAgeDecisions keeps decisions for 7 days: an agent reads its
 	// own within seconds; the rest is for operators.
 	DefaultMaxAgeDecisions = 7 * day
-	// DefaultMaxAgeRetries keeps retry records and pending schedules for 7
+	// defaultMaxAgeRetries keeps retry records and pending schedules for 7
 	// days. It must stay longer than the longest delay anything schedules
 	// (retry max delay, refusal re-probes up to 6 h): a schedule older than
 	// MaxAge is removed before it fires, unless it was published with
 	// "Nats-TTL: never" (nats-server exempts messages with a negative TTL
 	// from MaxAge; the stream allows per-message TTLs).
-	DefaultMaxAgeRetries = 7 * day
-	// DefaultMaxAgeNotify keeps notification requests for 7 days.
-	DefaultMaxAgeNotify = 7 * day
-	// DefaultMaxAgeControl keeps control commands for 7 days.
-	DefaultMaxAgeControl = 7 * day
+	defaultMaxAgeRetries = 7 * day
+	// defaultMaxAgeNotify keeps notification requests for 7 days.
+	defaultMaxAgeNotify = 7 * day
+	// defaultMaxAgeControl keeps control commands for 7 days.
+	defaultMaxAgeControl = 7 * day
 	// DefaultMaxAgeTasks keeps queued tasks for 30 days, so work held
 	// through a long outage is not lost.
 	DefaultMaxAgeTasks = 30 * day
-	// DefaultMaxAgeLiveness keeps heartbeats for 7 days: only the latest
+	// defaultMaxAgeLiveness keeps heartbeats for 7 days: only the latest
 	// per subagent matters, and it is kept in KV.
-	DefaultMaxAgeLiveness = 7 * day
-	// DefaultMaxAgeReports keeps cron and write reports for 30 days, as
+	defaultMaxAgeLiveness = 7 * day
+	// defaultMaxAgeReports keeps cron and write reports for 30 days, as
 	// long as tasks: the checklist reads them back over the whole outage.
-	DefaultMaxAgeReports = 30 * day
-	// DefaultMaxAgeDispatch keeps dispatched tasks for 30 days, as long as
+	defaultMaxAgeReports = 30 * day
+	// defaultMaxAgeDispatch keeps dispatched tasks for 30 days, as long as
 	// the tasks themselves.
-	DefaultMaxAgeDispatch = 30 * day
-	// DefaultMaxAgeRecoveries keeps recovery step records for 90 days, like
+	defaultMaxAgeDispatch = 30 * day
+	// defaultMaxAgeRecoveries keeps recovery step records for 90 days, like
 	// the health history they follow.
-	DefaultMaxAgeRecoveries = 90 * day
-	// DefaultMaxAgeDLQ keeps dead letters for 90 days: they are read late,
+	defaultMaxAgeRecoveries = 90 * day
+	// defaultMaxAgeDLQ keeps dead letters for 90 days: they are read late,
 	// by a human.
-	DefaultMaxAgeDLQ = 90 * day
-	// DefaultMaxAgeAudit keeps audit records for 90 days.
-	DefaultMaxAgeAudit = 90 * day
-	// DefaultMaxAgeStoreCheck keeps a store check for an hour: only the
+	defaultMaxAgeDLQ = 90 * day
+	// defaultMaxAgeAudit keeps audit records for 90 days.
+	defaultMaxAgeAudit = 90 * day
+	// defaultMaxAgeStoreCheck keeps a store check for an hour: only the
 	// write itself matters (one per service is kept).
-	DefaultMaxAgeStoreCheck = time.Hour
+	defaultMaxAgeStoreCheck = time.Hour
 )
 
 // Default TTL per KV bucket: how long a key lives after its last write. 0
 // keeps keys until they are deleted.
 const (
-	// DefaultTTLRefusals is a backstop for abandoned segments: refusal state
+	// defaultTTLRefusals is a backstop for abandoned segments: refusal state
 	// is meant to live until a segment boundary, but a segment that never
 	// sends one would otherwise keep its key forever. A segment still alive
 	// after 7 days without a new refusal starts over (its provider may see
 	// the refused content again): set BucketTTL[BucketRefusals] to 0 to keep
 	// state until the boundary, however long.
-	DefaultTTLRefusals = 7 * day
+	defaultTTLRefusals = 7 * day
 	// DefaultTTLNotifyDedupe remembers a sent notification's dedupe key for
 	// 7 days; the same key after that notifies again.
 	DefaultTTLNotifyDedupe = 7 * day
-	// DefaultTTLNotifyBudget drops daily budget counters after 7 days.
-	DefaultTTLNotifyBudget = 7 * day
-	// DefaultTTLHeartbeats forgets an agent that has not beaten for 30 days.
-	DefaultTTLHeartbeats = 30 * day
-	// DefaultTTLCrons keeps cron specs until deleted.
-	DefaultTTLCrons time.Duration = 0
-	// DefaultTTLRecovery forgets a provider's recovery state, a ledger
+	// defaultTTLNotifyBudget drops daily budget counters after 7 days.
+	defaultTTLNotifyBudget = 7 * day
+	// defaultTTLHeartbeats forgets an agent that has not beaten for 30 days.
+	defaultTTLHeartbeats = 30 * day
+	// defaultTTLCrons keeps cron specs until deleted.
+	defaultTTLCrons time.Duration = 0
+	// defaultTTLRecovery forgets a provider's recovery state, a ledger
 	// entry or a task's index 30 days after its last write, as long as
 	// FAILBUS_TASKS keeps the task.
-	DefaultTTLRecovery = 30 * day
-	// DefaultTTLScope forgets a provider's fault scope 30 days after its
+	defaultTTLRecovery = 30 * day
+	// defaultTTLScope forgets a provider's fault scope 30 days after its
 	// last outcome (its profiles and models are forgotten after the
 	// policy's scope.forget_after anyway).
-	DefaultTTLScope = 30 * day
-	// DefaultTTLPolicy keeps the policy until replaced.
-	DefaultTTLPolicy time.Duration = 0
-	// DefaultTTLDLQRequeues keeps a requeue mark as long as FAILBUS_DLQ
+	defaultTTLScope = 30 * day
+	// defaultTTLPolicy keeps the policy until replaced.
+	defaultTTLPolicy time.Duration = 0
+	// defaultTTLDLQRequeues keeps a requeue mark as long as FAILBUS_DLQ
 	// keeps its dead letter (DefaultMaxAgeDLQ).
-	DefaultTTLDLQRequeues = DefaultMaxAgeDLQ
-	// DefaultTTLLimits forgets that an agent named a provider 30 days after
+	defaultTTLDLQRequeues = defaultMaxAgeDLQ
+	// defaultTTLLimits forgets that an agent named a provider 30 days after
 	// the last time it was noted (as FAILBUS_SCOPE forgets the provider),
 	// and an agent's task bytes of a day with the tasks (DefaultMaxAgeTasks).
-	DefaultTTLLimits = 30 * day
+	defaultTTLLimits = 30 * day
 )
 
 // Options adjust the topology to a deployment. The zero value is the topology
@@ -211,7 +207,7 @@ type Options struct {
 
 	// MaxBytes caps a stream's size, keyed by stream name. A stream absent
 	// from the map keeps its default (DefaultMaxBytesOutcomes, ...).
-	// Values are NoLimit (-1) or positive. A full stream drops its oldest
+	// Values are -1 (the server's "no limit") or positive. A full stream drops its oldest
 	// messages (FAILBUS_TASKS refuses new ones); for StreamRetries that
 	// includes pending schedules, so size it generously. The server must
 	// have store (max_file_store) for the sum of all of them.
@@ -219,7 +215,7 @@ type Options struct {
 
 	// BucketMaxBytes caps a KV bucket's size, keyed by bucket name. A
 	// bucket absent from the map keeps DefaultBucketMaxBytes (64 MiB).
-	// Values are NoLimit (-1) or positive. A full bucket refuses writes.
+	// Values are -1 (the server's "no limit") or positive. A full bucket refuses writes.
 	BucketMaxBytes map[string]int64
 
 	// DuplicateWindow is how long every stream remembers a Nats-Msg-Id.

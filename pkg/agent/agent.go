@@ -93,9 +93,9 @@ func WithDurable() Option { return func(o *options) { o.durable = true } }
 // default ignores them.
 func WithErrorHandler(fn func(error)) Option { return func(o *options) { o.onError = fn } }
 
-// WithClock sets the clock used to fill a missing `at` and to choose where
+// withClock sets the clock used to fill a missing `at` and to choose where
 // reading starts. Defaults to time.Now; tests and replays set their own.
-func WithClock(now func() time.Time) Option { return func(o *options) { o.now = now } }
+func withClock(now func() time.Time) Option { return func(o *options) { o.now = now } }
 
 // New returns an Agent called name (the agent instance id that goes into
 // every Outcome's `agent` field and into the subjects it reads) using nc.

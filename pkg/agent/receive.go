@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/failbus/failbus/internal/requeue"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
 )
@@ -205,7 +206,7 @@ func each[T any](ctx context.Context, a *Agent, r *reader, decode func(jetstream
 			a.opts.onError(fmt.Errorf("agent %s: read %s: %w", a.name, r.kind, err))
 			continue
 		}
-		if m.Headers().Get(events.HeaderRequeueFor) != "" {
+		if m.Headers().Get(requeue.HeaderFor) != "" {
 			// A dead letter of a failbus service requeued for it (failbus
 			// dlq requeue): this agent had the original already.
 			if r.ack {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/failbus/failbus/internal/requeue"
 	"github.com/failbus/failbus/pkg/agent"
 	"github.com/failbus/failbus/pkg/events"
 )
@@ -30,8 +31,8 @@ func TestAgentSkipsADecisionRequeuedForAService(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hdr.Set(events.HeaderRequeueFor, "recovery-decisions")
-	hdr.Set(events.HeaderRequeuedFrom, "FAILBUS_DLQ:3")
+	hdr.Set(requeue.HeaderFor, "recovery-decisions")
+	hdr.Set(requeue.HeaderFrom, "FAILBUS_DLQ:3")
 	if _, err := b.js.PublishMsg(b.ctx, &nats.Msg{Subject: events.DecisionSubject("bot"), Header: hdr, Data: data}); err != nil {
 		t.Fatal(err)
 	}

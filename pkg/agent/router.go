@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/failbus/failbus/internal/requeue"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
 )
@@ -111,7 +112,7 @@ func (r *router) read(ctx context.Context, msgs jetstream.MessagesContext, kind 
 			r.a.opts.onError(fmt.Errorf("agent %s: read %s: %w", r.a.name, kind, err))
 			continue
 		}
-		if m.Headers().Get(events.HeaderRequeueFor) != "" {
+		if m.Headers().Get(requeue.HeaderFor) != "" {
 			continue // a service's requeued dead letter: not for agents
 		}
 		if err := deliver(m); err != nil {

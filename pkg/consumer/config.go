@@ -37,11 +37,11 @@ const (
 	DefaultDrainTimeout = 30 * time.Second
 )
 
-// DefaultBackoff is the redelivery delay after a handler error, indexed by
+// defaultBackoff is the redelivery delay after a handler error, indexed by
 // delivery count (the last entry repeats): 1s, 5s, 30s, 1m, 5m. Its longest
 // step equals topology.MaxRedeliveryDelay, which the streams' duplicate
 // window is built to exceed.
-func DefaultBackoff() []time.Duration {
+func defaultBackoff() []time.Duration {
 	return []time.Duration{time.Second, 5 * time.Second, 30 * time.Second, time.Minute, 5 * time.Minute}
 }
 
@@ -139,7 +139,7 @@ type Config struct {
 
 	// Backoff is the redelivery delay after a handler error: delivery n
 	// waits Backoff[n-1], and the last entry repeats. Defaults to
-	// DefaultBackoff(). Every entry must be positive and at most
+	// defaultBackoff(). Every entry must be positive and at most
 	// topology.MaxRedeliveryDelay, so that outputs re-published by a
 	// redelivery still fall inside the duplicate window. Retry(after) uses
 	// its own delay instead.
@@ -230,7 +230,7 @@ func (c Config) resolve() (Config, error) {
 		return bad("MaxDeliver %d: must be positive (0 selects the consumer's)", c.MaxDeliver)
 	}
 	if c.Backoff == nil {
-		c.Backoff = DefaultBackoff()
+		c.Backoff = defaultBackoff()
 	}
 	if len(c.Backoff) == 0 {
 		return bad("Backoff: needs at least one delay (nil selects the default)")

@@ -80,10 +80,10 @@ func (p *position) startSeq() uint64 {
 	return min(start, p.ackFloor+1)
 }
 
-// MetaRecreated is the metadata key a recreated durable carries: when and
+// metaRecreated is the metadata key a recreated durable carries: when and
 // why the runner recreated it. topology.Apply keeps such a consumer's start
 // position instead of calling it incompatible.
-const MetaRecreated = topology.MetaRecreated
+const metaRecreated = topology.MetaRecreated
 
 // consumerGone reports whether a pull error means the durable (or its
 // stream) may no longer exist: later pulls find no responder. The
@@ -127,7 +127,7 @@ func (r *Runner) heal(ctx context.Context, cause error) (jetstream.Consumer, err
 	for k, v := range cfg.Metadata {
 		meta[k] = v
 	}
-	meta[MetaRecreated] = fmt.Sprintf("%s by %s at stream sequence %d", time.Now().UTC().Format(time.RFC3339), r.cfg.Service, max(start, 1))
+	meta[metaRecreated] = fmt.Sprintf("%s by %s at stream sequence %d", time.Now().UTC().Format(time.RFC3339), r.cfg.Service, max(start, 1))
 	cfg.Metadata = meta
 	cons, err = r.js.CreateConsumer(ctx, r.cfg.Stream, cfg)
 	if errors.Is(err, jetstream.ErrConsumerExists) {

@@ -129,7 +129,7 @@ func TestRunnerRecreatesADeletedDurable(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := cons.CachedInfo().Config
-	if cfg.DeliverPolicy != jetstream.DeliverByStartSequencePolicy || cfg.OptStartSeq != 6 || cfg.Metadata[MetaRecreated] == "" {
+	if cfg.DeliverPolicy != jetstream.DeliverByStartSequencePolicy || cfg.OptStartSeq != 6 || cfg.Metadata[metaRecreated] == "" {
 		t.Fatalf("recreated consumer: deliver %v from %d, metadata %v; want from 6, marked", cfg.DeliverPolicy, cfg.OptStartSeq, cfg.Metadata)
 	}
 	if got := recreatedCount(t, r); got != 1 {

@@ -16,7 +16,7 @@ func Recover() Middleware {
 		return func(ctx context.Context, m *Msg, out *Outputs) (err error) {
 			defer func() {
 				if p := recover(); p != nil {
-					err = &DeadLetterError{Reason: fmt.Sprintf("panic: %v", p), Stack: string(debug.Stack())}
+					err = &deadLetterError{Reason: fmt.Sprintf("panic: %v", p), Stack: string(debug.Stack())}
 				}
 			}()
 			return next(ctx, m, out)

@@ -43,8 +43,8 @@ func traceContext(group string) Middleware {
 			}()
 			err := next(ctx, m, out)
 			var (
-				re *RetryError
-				dl *DeadLetterError
+				re *retryError
+				dl *deadLetterError
 			)
 			switch {
 			case err == nil:

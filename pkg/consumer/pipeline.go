@@ -363,7 +363,7 @@ func (pl *pipeline) process(d *delivery) {
 		r.stored(nil) // whatever the handler wrote itself was stored
 		result, reason = r.ack(m)
 	default:
-		var dl *DeadLetterError
+		var dl *deadLetterError
 		if errors.As(herr, &dl) {
 			// Stored like an output, without the worker waiting for it: a
 			// flood of bad input is dead-lettered at the rate of good.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/failbus/failbus/internal/requeue"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/redact"
 )
@@ -37,7 +38,7 @@ func (r *Runner) handle(hctx context.Context, m *Msg) (*Outputs, error) {
 	// A dead letter requeued for another service (failbus dlq requeue):
 	// this consumer processed the original already, so it only
 	// acknowledges the copy.
-	skip := herr == nil && events.RequeuedElsewhere(m.Header, svc)
+	skip := herr == nil && requeue.Elsewhere(m.Header, svc)
 	if herr == nil && !skip && r.checksLimits(m) {
 		// Before any decoder sees it: a payload beyond the limits is
 		// rejected without recursion or allocation (events.CheckMsgpack).
@@ -66,8 +67,8 @@ func (r *Runner) handle(hctx context.Context, m *Msg) (*Outputs, error) {
 // returns the metrics result and the reason logged.
 func (r *Runner) settle(ctx, hctx context.Context, m *Msg, out *Outputs, herr error) (result, reason string) {
 	var (
-		dl *DeadLetterError
-		re *RetryError
+		dl *deadLetterError
+		re *retryError
 	)
 	last := m.Delivered >= r.maxDeliver
 	switch {
@@ -129,7 +130,7 @@ func (r *Runner) logResult(m *Msg, result, reason string, herr error, elapsed ti
 	if reason != "" {
 		ev = ev.Str("reason", logText(reason))
 	}
-	var dl *DeadLetterError
+	var dl *deadLetterError
 	if errors.As(herr, &dl) && dl.Stack != "" {
 		ev = ev.Str("stack", dl.Stack)
 	}

@@ -7,8 +7,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/failbus/failbus/internal/requeue"
 	"github.com/failbus/failbus/pkg/consumer"
-	"github.com/failbus/failbus/pkg/events"
 )
 
 // TestRunnerHandlesARequeuedDeadLetterOnlyInItsService: a dead letter
@@ -29,9 +29,9 @@ func TestRunnerHandlesARequeuedDeadLetterOnlyInItsService(t *testing.T) {
 	}
 	b.publishIn("test.in.x", "plain", []byte("payload")) // both handle it
 	m := &nats.Msg{Subject: "test.in.x", Data: []byte("payload"), Header: nats.Header{}}
-	m.Header.Set(nats.MsgIdHdr, events.RequeueMsgID("FAILBUS_DLQ", 7))
-	m.Header.Set(events.HeaderRequeuedFrom, events.RequeuedFrom("FAILBUS_DLQ", 7))
-	m.Header.Set(events.HeaderRequeueFor, service)
+	m.Header.Set(nats.MsgIdHdr, requeue.MsgID("FAILBUS_DLQ", 7))
+	m.Header.Set(requeue.HeaderFrom, requeue.From("FAILBUS_DLQ", 7))
+	m.Header.Set(requeue.HeaderFor, service)
 	if _, err := b.js.PublishMsg(b.ctx, m); err != nil {
 		t.Fatal(err)
 	}

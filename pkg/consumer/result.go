@@ -5,9 +5,9 @@ import (
 	"time"
 )
 
-// RetryError is what Retry returns: the handler asks for the message again
+// retryError is what Retry returns: the handler asks for the message again
 // after a delay. Middleware can recognise it with errors.As.
-type RetryError struct {
+type retryError struct {
 	// After is the redelivery delay; 0 redelivers at once.
 	After time.Duration
 	// Reason says why, for logs and, if the delivery limit is reached, for
@@ -16,7 +16,7 @@ type RetryError struct {
 }
 
 // Error implements error.
-func (e *RetryError) Error() string { return fmt.Sprintf("retry after %v: %s", e.After, e.Reason) }
+func (e *retryError) Error() string { return fmt.Sprintf("retry after %v: %s", e.After, e.Reason) }
 
 // Retry tells the runner to redeliver the message after the given delay
 // (negative counts as 0), like River's JobSnooze: for a cause that clears
@@ -25,12 +25,12 @@ func (e *RetryError) Error() string { return fmt.Sprintf("retry after %v: %s", e
 // allowed delivery the message is dead-lettered with reason instead.
 // Outputs published by the handler before returning Retry are dropped.
 func Retry(after time.Duration, reason string) error {
-	return &RetryError{After: max(after, 0), Reason: reason}
+	return &retryError{After: max(after, 0), Reason: reason}
 }
 
-// DeadLetterError is what DeadLetter returns: the message cannot be used,
+// deadLetterError is what DeadLetter returns: the message cannot be used,
 // and no retry will change that.
-type DeadLetterError struct {
+type deadLetterError struct {
 	// Reason goes into the dead letter; it should say what to fix.
 	Reason string
 	// Stack is the goroutine stack when the dead letter comes from a panic
@@ -39,15 +39,15 @@ type DeadLetterError struct {
 }
 
 // Error implements error.
-func (e *DeadLetterError) Error() string { return "dead letter: " + e.Reason }
+func (e *deadLetterError) Error() string { return "dead letter: " + e.Reason }
 
 // DeadLetter tells the runner to send the message to failbus.dlq.<service>
 // now, with reason, and acknowledge it. Use it for input no retry can fix:
 // it does not decode, a required field is missing. Outputs published by the
 // handler before returning DeadLetter are dropped.
-func DeadLetter(reason string) error { return &DeadLetterError{Reason: reason} }
+func DeadLetter(reason string) error { return &deadLetterError{Reason: reason} }
 
 // DeadLetterf is DeadLetter with a formatted reason.
 func DeadLetterf(format string, args ...any) error {
-	return &DeadLetterError{Reason: fmt.Sprintf(format, args...)}
+	return &deadLetterError{Reason: fmt.Sprintf(format, args...)}
 }

@@ -20,7 +20,7 @@ import (
 // one full by its own limit refuses each. Only a write tells. While it
 // works, the runner adds no write to find out: it watches its own, every
 // message's outputs, dead letters, and the handler's writes (an error the
-// handler returns that StoreFailure recognises), and Healthy fails while
+// handler returns that storeFailure recognises), and Healthy fails while
 // the latest message it settled could not be stored. The next message
 // whose writes are stored (a redelivery of the same, once the server has
 // room) makes it healthy again. A runner that saw no write go either way
@@ -28,7 +28,7 @@ import (
 // instead: a page of the disk and a bit (a smaller write may still fit in
 // a page with bytes to spare, on a disk with none) to FAILBUS_STORECHECK,
 // which keeps one per service, and takes its acknowledgement within
-// StoreCheckTimeout as the verdict. What none of this sees is a stream the
+// storeCheckTimeout as the verdict. What none of this sees is a stream the
 // runner does not write that failed a write: nats-server's own /healthz
 // names each.
 
@@ -45,7 +45,7 @@ const (
 	errCodeInsufficientResources jetstream.ErrorCode = 10023
 )
 
-// StoreFailure reports whether err says JetStream did not store a write:
+// storeFailure reports whether err says JetStream did not store a write:
 // no acknowledgement within its deadline (a server whose disk is full
 // answers none), no responder (JetStream gone), a stream or the account
 // out of room (maximum bytes or messages with discard new, insufficient
@@ -53,7 +53,7 @@ const (
 // a duplicate, or a message the stream rejects for what it is, is not.
 // A handler that writes beside its outputs returns such errors wrapped, so
 // the runner's health sees them (see Healthy).
-func StoreFailure(err error) bool {
+func storeFailure(err error) bool {
 	if err == nil {
 		return false
 	}
@@ -90,8 +90,8 @@ const SchemaStoreCheck = "store_check"
 const (
 	// DefaultStoreCheckEvery is the failbus services' Config.StoreCheckEvery.
 	DefaultStoreCheckEvery = 15 * time.Second
-	// StoreCheckTimeout bounds one store check's acknowledgement.
-	StoreCheckTimeout = 5 * time.Second
+	// storeCheckTimeout bounds one store check's acknowledgement.
+	storeCheckTimeout = 5 * time.Second
 	// storeCheckPad is how much a store check writes: a page and a bit,
 	// so it needs room a page with free bytes left does not give.
 	storeCheckPad = 4096 + 64
@@ -137,13 +137,13 @@ func (r *Runner) checkStore(ctx context.Context, now bool) {
 		r.log.Error().Err(err).Msg("store check not built")
 		return
 	}
-	cctx, cancel := context.WithTimeout(ctx, StoreCheckTimeout)
+	cctx, cancel := context.WithTimeout(ctx, storeCheckTimeout)
 	defer cancel()
 	_, err = r.js.PublishMsg(cctx, m)
 	if ctx.Err() != nil {
 		return // stopping: no verdict
 	}
-	if err != nil && !StoreFailure(err) {
+	if err != nil && !storeFailure(err) {
 		// Not a store's answer (a permission refused, say): still a
 		// failure to store, which the service cannot work without.
 		err = fmt.Errorf("%w: store check refused: %w", ErrCannotStore, err)
@@ -156,9 +156,9 @@ func (r *Runner) checkStore(ctx context.Context, now bool) {
 
 // stored records how the writes of a message went: err nil when they were
 // stored (or there were none), else the failure. Errors that are not
-// StoreFailure change nothing.
+// storeFailure change nothing.
 func (r *Runner) stored(err error) {
-	if err != nil && !StoreFailure(err) && !errors.Is(err, ErrCannotStore) {
+	if err != nil && !storeFailure(err) && !errors.Is(err, ErrCannotStore) {
 		return
 	}
 	r.mu.Lock()

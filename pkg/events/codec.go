@@ -72,7 +72,7 @@ type FieldError struct {
 	Field   string
 	Problem string
 	// Err is the cause when it is one callers can test for with errors.Is
-	// (ErrTimeRange, ErrNumberRange, ...); nil otherwise.
+	// (ErrTimeRange, errNumberRange, ...); nil otherwise.
 	Err error
 }
 
@@ -102,10 +102,10 @@ func firstErr(errs ...error) error {
 	return nil
 }
 
-// SchemaHeader is the Failbus-Schema value for m at the current version:
+// schemaHeader is the Failbus-Schema value for m at the current version:
 // the one its type's table entry holds (built once, not per message), or
 // built here for a type outside the table.
-func SchemaHeader(m Message) string {
+func schemaHeader(m Message) string {
 	name := m.SchemaName()
 	if h, ok := headerBySchema[name]; ok {
 		return h
@@ -200,7 +200,7 @@ func Encode(m Message) ([]byte, nats.Header, error) {
 		return nil, nil, err
 	}
 	h := nats.Header{}
-	h.Set(HeaderSchema, SchemaHeader(m))
+	h.Set(HeaderSchema, schemaHeader(m))
 	h.Set(HeaderContentType, ContentTypeMsgpack)
 	return data, h, nil
 }
@@ -266,13 +266,13 @@ func DecodeLimits(subject string, h nats.Header, data []byte, lim Limits) (Messa
 		return nil, fmt.Errorf("%w: content type %q, want %s", ErrNotFailbus, ct, ContentTypeMsgpack)
 	}
 	m := New(name)
-	if err := UnmarshalLimits(data, m, lim); err != nil {
+	if err := unmarshalLimits(data, m, lim); err != nil {
 		return nil, err
 	}
 	if err := m.Validate(); err != nil {
 		return nil, fmt.Errorf("invalid %s: %w", name, err)
 	}
-	if err := CheckSender(subject, m); err != nil {
+	if err := checkSender(subject, m); err != nil {
 		return nil, fmt.Errorf("invalid %s: %w", name, err)
 	}
 	return m, nil
@@ -295,12 +295,12 @@ func DecodeAs[T Message](subject string, h nats.Header, data []byte) (T, error) 
 
 // Unmarshal decodes a msgpack payload into m within the default Limits,
 // naming the offending field on a type error. It does not validate.
-func Unmarshal(data []byte, m Message) error { return UnmarshalLimits(data, m, Limits{}) }
+func Unmarshal(data []byte, m Message) error { return unmarshalLimits(data, m, Limits{}) }
 
-// UnmarshalLimits is Unmarshal within lim: the payload is pre-scanned by
+// unmarshalLimits is Unmarshal within lim: the payload is pre-scanned by
 // CheckMsgpack, so a payload beyond a limit is rejected with a *LimitError
 // before msgpack decodes (and allocates) anything.
-func UnmarshalLimits(data []byte, m Message, lim Limits) error {
+func unmarshalLimits(data []byte, m Message, lim Limits) error {
 	if len(data) == 0 {
 		return fmt.Errorf("%w: empty payload", ErrNotFailbus)
 	}
@@ -455,9 +455,9 @@ func UnmarshalJSON(data []byte, m Message) error {
 }
 
 // causeOf returns the failbus sentinel inside err, if any, so a field error
-// still answers errors.Is(err, ErrTimeRange).
+// still answers errors.Is(err, errTimeRange).
 func causeOf(err error) error {
-	for _, s := range []error{ErrTimeRange, ErrNumberRange} {
+	for _, s := range []error{errTimeRange, errNumberRange} {
 		if errors.Is(err, s) {
 			return s
 		}
@@ -486,7 +486,7 @@ func ToJSON(subject string, h nats.Header, data []byte) ([]byte, error) {
 		if json.Valid(data) {
 			return data, nil
 		}
-		if le := (*LimitError)(nil); errors.As(err, &le) {
+		if le := (*limitError)(nil); errors.As(err, &le) {
 			return nil, err // it names the limit
 		}
 		return nil, fmt.Errorf("%w: neither msgpack nor JSON", ErrNotFailbus)

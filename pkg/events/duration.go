@@ -25,8 +25,8 @@ func (d Duration) IsZero() bool { return d == 0 }
 // String is the Go duration string.
 func (d Duration) String() string { return time.Duration(d).String() }
 
-// ParseDuration reads a Go duration string or decimal milliseconds.
-func ParseDuration(s string) (Duration, error) {
+// parseDuration reads a Go duration string or decimal milliseconds.
+func parseDuration(s string) (Duration, error) {
 	if s == "" {
 		return 0, nil
 	}
@@ -62,7 +62,7 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 		if err := json.Unmarshal(b, &s); err != nil {
 			return fmt.Errorf("duration: %w", err)
 		}
-		v, err := ParseDuration(s)
+		v, err := parseDuration(s)
 		if err != nil {
 			return err
 		}
@@ -99,7 +99,7 @@ func (d *Duration) DecodeMsgpack(dec *msgpack.Decoder) error {
 	switch x := v.(type) {
 	case nil:
 	case string:
-		out, err = ParseDuration(x)
+		out, err = parseDuration(x)
 	case int8, int16, int32, int64, uint8, uint16, uint32, uint64:
 		var n int64
 		switch y := x.(type) {

@@ -26,11 +26,11 @@ type AgentRecord interface {
 // agent than its subject: a dead letter, never read as either agent's.
 var ErrWrongAgent = errors.New("payload names another agent than its subject")
 
-// CheckSender checks that an AgentRecord stored on one of its own
+// checkSender checks that an AgentRecord stored on one of its own
 // subjects (the family that carries its type) names the agent whose token
 // ends the subject. Other messages, and a record on a subject outside its
 // family (a caller that does not know the subject passes ""), pass.
-func CheckSender(subject string, m Message) error {
+func checkSender(subject string, m Message) error {
 	a, ok := m.(AgentRecord)
 	if !ok || subject == "" || SubjectSchema(subject) != m.SchemaName() {
 		return nil

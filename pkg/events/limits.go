@@ -14,22 +14,22 @@ import (
 // Defaults of Limits. A failbus message is a flat map with a few small
 // nested values (headers, origin, labels), so these leave room for large
 // bodies and generous pass-through payloads while bounding what one message
-// can cost to decode: at most DefaultMaxValues values (a few MB of Go
-// objects) and no recursion deeper than DefaultMaxDepth.
+// can cost to decode: at most defaultMaxValues values (a few MB of Go
+// objects) and no recursion deeper than defaultMaxDepth.
 const (
-	// DefaultMaxBytes is the largest payload decoded: 8 MiB, the
+	// defaultMaxBytes is the largest payload decoded: 8 MiB, the
 	// max_payload `failbus dev` gives its server (nats-server's own default
 	// is 1 MiB, which then bounds first).
-	DefaultMaxBytes = 8 << 20
-	// DefaultMaxDepth is the deepest nesting of arrays and maps, the
+	defaultMaxBytes = 8 << 20
+	// defaultMaxDepth is the deepest nesting of arrays and maps, the
 	// payload's own map counting as 1.
-	DefaultMaxDepth = 64
-	// DefaultMaxEntries is the most elements of one array or entries of one
+	defaultMaxDepth = 64
+	// defaultMaxEntries is the most elements of one array or entries of one
 	// map.
-	DefaultMaxEntries = 65_536
-	// DefaultMaxValues is the most values in one payload, keys and
+	defaultMaxEntries = 65_536
+	// defaultMaxValues is the most values in one payload, keys and
 	// containers included: it bounds the objects a decode can allocate.
-	DefaultMaxValues = 262_144
+	defaultMaxValues = 262_144
 	// DefaultMaxString is the longest string, binary or extension value:
 	// 4 MiB.
 	DefaultMaxString = 4 << 20
@@ -40,36 +40,36 @@ const (
 // A service dead-letters such input with the error's text as the reason, so
 // the limit is named there.
 var (
-	// ErrTooLarge: the payload exceeds Limits.MaxBytes.
-	ErrTooLarge = errors.New("payload too large")
-	// ErrTooDeep: arrays and maps nest deeper than Limits.MaxDepth.
-	ErrTooDeep = errors.New("nesting too deep")
-	// ErrTooManyEntries: one array or map exceeds Limits.MaxEntries.
-	ErrTooManyEntries = errors.New("too many entries in one array or map")
-	// ErrTooManyValues: the payload holds more than Limits.MaxValues values.
-	ErrTooManyValues = errors.New("too many values")
-	// ErrStringTooLong: a string, binary or extension value exceeds
+	// errTooLarge: the payload exceeds Limits.MaxBytes.
+	errTooLarge = errors.New("payload too large")
+	// errTooDeep: arrays and maps nest deeper than Limits.MaxDepth.
+	errTooDeep = errors.New("nesting too deep")
+	// errTooManyEntries: one array or map exceeds Limits.MaxEntries.
+	errTooManyEntries = errors.New("too many entries in one array or map")
+	// errTooManyValues: the payload holds more than Limits.MaxValues values.
+	errTooManyValues = errors.New("too many values")
+	// errStringTooLong: a string, binary or extension value exceeds
 	// Limits.MaxString.
-	ErrStringTooLong = errors.New("string too long")
-	// ErrTruncated: a length or count claims more bytes than the payload
+	errStringTooLong = errors.New("string too long")
+	// errTruncated: a length or count claims more bytes than the payload
 	// has left (a lying length), or the payload ends inside a value.
-	ErrTruncated = errors.New("truncated payload or lying length")
+	errTruncated = errors.New("truncated payload or lying length")
 	// ErrMalformed: bytes msgpack never produces (0xc1), or trailing bytes
 	// after the message.
 	ErrMalformed = errors.New("malformed msgpack")
-	// ErrNumberRange: an integer outside what failbus stores (above
+	// errNumberRange: an integer outside what failbus stores (above
 	// 2^63-1), or a count outside a field's bound. Integers are never
 	// wrapped around.
-	ErrNumberRange = errors.New("number out of range")
-	// ErrTimeRange: a time outside years 0001–9999, whatever its shape.
-	ErrTimeRange = errors.New("time out of range")
+	errNumberRange = errors.New("number out of range")
+	// errTimeRange: a time outside years 0001–9999, whatever its shape.
+	errTimeRange = errors.New("time out of range")
 )
 
-// LimitError says which limit a payload broke, by how much and where.
-type LimitError struct {
-	// Err is the sentinel: ErrTooLarge, ErrTooDeep, ...
+// limitError says which limit a payload broke, by how much and where.
+type limitError struct {
+	// Err is the sentinel: errTooLarge, errTooDeep, ...
 	Err error
-	// Limit is the bound that was exceeded (for ErrTruncated: the bytes
+	// Limit is the bound that was exceeded (for errTruncated: the bytes
 	// that were left).
 	Limit int64
 	// Got is what the payload had or claimed.
@@ -82,22 +82,22 @@ type LimitError struct {
 	Offset int
 }
 
-func (e *LimitError) Error() string {
+func (e *limitError) Error() string {
 	var s string
 	switch {
-	case errors.Is(e.Err, ErrTooLarge):
+	case errors.Is(e.Err, errTooLarge):
 		s = fmt.Sprintf("payload of %d bytes exceeds the limit of %d bytes", e.Got, e.Limit)
-	case errors.Is(e.Err, ErrTooDeep):
+	case errors.Is(e.Err, errTooDeep):
 		s = fmt.Sprintf("nesting depth exceeds the limit of %d", e.Limit)
-	case errors.Is(e.Err, ErrTooManyEntries):
+	case errors.Is(e.Err, errTooManyEntries):
 		s = fmt.Sprintf("array or map of %d entries exceeds the limit of %d", e.Got, e.Limit)
-	case errors.Is(e.Err, ErrTooManyValues):
+	case errors.Is(e.Err, errTooManyValues):
 		s = fmt.Sprintf("more than the limit of %d values", e.Limit)
-	case errors.Is(e.Err, ErrStringTooLong):
+	case errors.Is(e.Err, errStringTooLong):
 		s = fmt.Sprintf("value of %d bytes exceeds the limit of %d bytes", e.Got, e.Limit)
-	case errors.Is(e.Err, ErrTruncated):
+	case errors.Is(e.Err, errTruncated):
 		s = fmt.Sprintf("needs %d bytes, %d left", e.Got, e.Limit)
-	case errors.Is(e.Err, ErrNumberRange):
+	case errors.Is(e.Err, errNumberRange):
 		s = fmt.Sprintf("integer %s exceeds the limit of %d", strconv.FormatUint(uint64(e.Got), 10), e.Limit)
 	case errors.Is(e.Err, ErrMalformed) && e.Got == 0:
 		s = "trailing bytes after the message"
@@ -113,7 +113,7 @@ func (e *LimitError) Error() string {
 	return fmt.Sprintf("%s: %s at byte %d", e.Err, s, e.Offset)
 }
 
-func (e *LimitError) Unwrap() error { return e.Err }
+func (e *limitError) Unwrap() error { return e.Err }
 
 // Limits bound what decoding one payload may cost. They are checked by a
 // pre-scan of the msgpack bytes (CheckMsgpack) before anything is decoded:
@@ -123,16 +123,16 @@ func (e *LimitError) Unwrap() error { return e.Err }
 // The zero value of each field selects its default (DefaultMaxBytes, ...);
 // a negative value is treated as the default too.
 type Limits struct {
-	// MaxBytes is the largest payload. Defaults to DefaultMaxBytes (8 MiB).
+	// MaxBytes is the largest payload. Defaults to defaultMaxBytes (8 MiB).
 	MaxBytes int
 	// MaxDepth is the deepest nesting of arrays and maps, the top-level map
-	// counting as 1. Defaults to DefaultMaxDepth (64).
+	// counting as 1. Defaults to defaultMaxDepth (64).
 	MaxDepth int
 	// MaxEntries is the most elements of one array or entries of one map.
-	// Defaults to DefaultMaxEntries (65 536).
+	// Defaults to defaultMaxEntries (65 536).
 	MaxEntries int
 	// MaxValues is the most values in the payload, map keys and the
-	// containers themselves included. Defaults to DefaultMaxValues
+	// containers themselves included. Defaults to defaultMaxValues
 	// (262 144).
 	MaxValues int
 	// MaxString is the longest string, binary or extension value in bytes.
@@ -146,10 +146,10 @@ func (l Limits) resolve() Limits {
 			*v = d
 		}
 	}
-	def(&l.MaxBytes, DefaultMaxBytes)
-	def(&l.MaxDepth, DefaultMaxDepth)
-	def(&l.MaxEntries, DefaultMaxEntries)
-	def(&l.MaxValues, DefaultMaxValues)
+	def(&l.MaxBytes, defaultMaxBytes)
+	def(&l.MaxDepth, defaultMaxDepth)
+	def(&l.MaxEntries, defaultMaxEntries)
+	def(&l.MaxValues, defaultMaxValues)
 	def(&l.MaxString, DefaultMaxString)
 	return l
 }
@@ -161,7 +161,7 @@ type scanFrame struct {
 	isMap bool
 }
 
-// maxFieldName is how much of a top-level key a LimitError repeats.
+// maxFieldName is how much of a top-level key a limitError repeats.
 const maxFieldName = 64
 
 // CheckMsgpack checks that data is exactly one msgpack value within lim,
@@ -175,7 +175,7 @@ const maxFieldName = 64
 func CheckMsgpack(data []byte, lim Limits) error {
 	lim = lim.resolve()
 	if len(data) > lim.MaxBytes {
-		return &LimitError{Err: ErrTooLarge, Limit: int64(lim.MaxBytes), Got: int64(len(data))}
+		return &limitError{Err: errTooLarge, Limit: int64(lim.MaxBytes), Got: int64(len(data))}
 	}
 	// failbus messages nest three deep at most (the top map, a map or
 	// list in it, its elements); deeper input grows the stack.
@@ -204,7 +204,7 @@ type scanner struct {
 }
 
 func (s *scanner) fail(err error, limit, got int64, at int) error {
-	e := &LimitError{Err: err, Limit: limit, Got: got, Offset: at}
+	e := &limitError{Err: err, Limit: limit, Got: got, Offset: at}
 	if len(s.stack) > 0 && s.stack[0].isMap && (len(s.stack) > 1 || !s.topKey) {
 		e.Field = string(s.data[s.fieldFrom:s.fieldTo])
 	}
@@ -214,7 +214,7 @@ func (s *scanner) fail(err error, limit, got int64, at int) error {
 // uint reads an n-byte big-endian unsigned number at pos.
 func (s *scanner) uint(n int, start int) (uint64, error) {
 	if len(s.data)-s.pos < n {
-		return 0, s.fail(ErrTruncated, int64(len(s.data)-s.pos), int64(n), start)
+		return 0, s.fail(errTruncated, int64(len(s.data)-s.pos), int64(n), start)
 	}
 	var v uint64
 	for _, b := range s.data[s.pos : s.pos+n] {
@@ -248,11 +248,11 @@ func (s *scanner) run() error {
 func (s *scanner) value() error {
 	start := s.pos
 	if s.pos >= len(s.data) {
-		return s.fail(ErrTruncated, 0, 1, start)
+		return s.fail(errTruncated, 0, 1, start)
 	}
 	s.values++
 	if s.values > s.lim.MaxValues {
-		return s.fail(ErrTooManyValues, int64(s.lim.MaxValues), int64(s.values), start)
+		return s.fail(errTooManyValues, int64(s.lim.MaxValues), int64(s.values), start)
 	}
 	c := s.data[s.pos]
 	s.pos++
@@ -289,7 +289,7 @@ func (s *scanner) value() error {
 			return err
 		}
 		if v > math.MaxInt64 {
-			return s.fail(ErrNumberRange, math.MaxInt64, int64(v), start)
+			return s.fail(errNumberRange, math.MaxInt64, int64(v), start)
 		}
 		return nil
 	case c <= 0xd3: // int8 ... int64
@@ -318,10 +318,10 @@ func (s *scanner) value() error {
 	case isByte:
 		n += uint64(fixed)
 		if n > uint64(s.lim.MaxString) {
-			return s.fail(ErrStringTooLong, int64(s.lim.MaxString), clampInt64(n), start)
+			return s.fail(errStringTooLong, int64(s.lim.MaxString), clampInt64(n), start)
 		}
 		if n > left {
-			return s.fail(ErrTruncated, int64(left), clampInt64(n), start)
+			return s.fail(errTruncated, int64(left), clampInt64(n), start)
 		}
 		if s.topKey && isStr {
 			s.fieldFrom, s.fieldTo = s.pos, s.pos+int(min(n, maxFieldName))
@@ -329,7 +329,7 @@ func (s *scanner) value() error {
 		s.pos += int(n)
 	case isCont:
 		if n > uint64(s.lim.MaxEntries) {
-			return s.fail(ErrTooManyEntries, int64(s.lim.MaxEntries), clampInt64(n), start)
+			return s.fail(errTooManyEntries, int64(s.lim.MaxEntries), clampInt64(n), start)
 		}
 		if isMap {
 			n *= 2
@@ -337,15 +337,15 @@ func (s *scanner) value() error {
 		// Every value takes at least one byte: a count above the bytes left
 		// is a lie, rejected before anything sizes a slice by it.
 		if n > left {
-			return s.fail(ErrTruncated, int64(left), clampInt64(n), start)
+			return s.fail(errTruncated, int64(left), clampInt64(n), start)
 		}
 		if len(s.stack) >= s.lim.MaxDepth {
-			return s.fail(ErrTooDeep, int64(s.lim.MaxDepth), int64(len(s.stack)+1), start)
+			return s.fail(errTooDeep, int64(s.lim.MaxDepth), int64(len(s.stack)+1), start)
 		}
 		s.stack = append(s.stack, scanFrame{left: int(n), isMap: isMap})
 	case fixed > 0:
 		if uint64(fixed) > left {
-			return s.fail(ErrTruncated, int64(left), int64(fixed), start)
+			return s.fail(errTruncated, int64(left), int64(fixed), start)
 		}
 		s.pos += fixed
 	}

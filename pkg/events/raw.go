@@ -15,7 +15,7 @@ import (
 // Raw is absent.
 //
 // It holds msgpack, not JSON: build one from a Go value with RawOf, or
-// from JSON text with RawJSON (or json.Unmarshal into a Raw). Encoding a
+// from JSON text with rawJSON (or json.Unmarshal into a Raw). Encoding a
 // Raw that is not exactly one msgpack value fails (ErrRawNotMsgpack),
 // so a record carrying, say, JSON bytes is refused before it is
 // published rather than dead-lettered on the bus.
@@ -39,9 +39,9 @@ func RawOf(v any) (Raw, error) {
 	return Raw(buf.Bytes()), nil
 }
 
-// RawJSON converts JSON text to a Raw of the same value (integers stay
+// rawJSON converts JSON text to a Raw of the same value (integers stay
 // integers).
-func RawJSON(text []byte) (Raw, error) {
+func rawJSON(text []byte) (Raw, error) {
 	var r Raw
 	if err := r.UnmarshalJSON(text); err != nil {
 		return nil, err

@@ -25,8 +25,8 @@ type Time struct{ time.Time }
 // At wraps t, normalised to UTC.
 func At(t time.Time) Time { return Time{t.UTC()} }
 
-// FromMillis builds a Time from epoch milliseconds.
-func FromMillis(ms int64) Time { return Time{time.UnixMilli(ms).UTC()} }
+// fromMillis builds a Time from epoch milliseconds.
+func fromMillis(ms int64) Time { return Time{time.UnixMilli(ms).UTC()} }
 
 // JSONTimeLayout is how failbus writes times in JSON: RFC 3339, milliseconds,
 // UTC.
@@ -39,9 +39,9 @@ const (
 	maxEpochMillis = 253402300799999
 )
 
-// ParseTime reads a time from a string: RFC 3339 (with or without fraction),
+// parseTime reads a time from a string: RFC 3339 (with or without fraction),
 // or a decimal integer of epoch milliseconds.
-func ParseTime(s string) (Time, error) {
+func parseTime(s string) (Time, error) {
 	if s == "" {
 		return Time{}, nil
 	}
@@ -62,16 +62,16 @@ var (
 
 func millis(n int64) (Time, error) {
 	if n < minEpochMillis || n > maxEpochMillis {
-		return Time{}, fmt.Errorf("%w: epoch milliseconds %d outside years 0001-9999", ErrTimeRange, n)
+		return Time{}, fmt.Errorf("%w: epoch milliseconds %d outside years 0001-9999", errTimeRange, n)
 	}
-	return FromMillis(n), nil
+	return fromMillis(n), nil
 }
 
 // inRange accepts t when it lies in years 0001–9999, like epoch
 // milliseconds: a msgpack timestamp can say year 292277026596.
 func inRange(t time.Time) (Time, error) {
 	if t.Before(minTime) || t.After(maxTime) {
-		return Time{}, fmt.Errorf("%w: %d-%02d-%02d is outside years 0001-9999", ErrTimeRange, t.Year(), t.Month(), t.Day())
+		return Time{}, fmt.Errorf("%w: %d-%02d-%02d is outside years 0001-9999", errTimeRange, t.Year(), t.Month(), t.Day())
 	}
 	return At(t), nil
 }
@@ -81,9 +81,9 @@ func floatMillis(f float64) (Time, error) {
 		return Time{}, fmt.Errorf("time %v is not an integer of epoch milliseconds", f)
 	}
 	if f < minEpochMillis || f > maxEpochMillis {
-		return Time{}, fmt.Errorf("%w: epoch milliseconds %v outside years 0001-9999", ErrTimeRange, f)
+		return Time{}, fmt.Errorf("%w: epoch milliseconds %v outside years 0001-9999", errTimeRange, f)
 	}
-	return FromMillis(int64(f)), nil
+	return fromMillis(int64(f)), nil
 }
 
 // MarshalJSON writes RFC 3339 with milliseconds; the zero Time is null.
@@ -107,7 +107,7 @@ func (t *Time) UnmarshalJSON(b []byte) error {
 		if err := json.Unmarshal(b, &s); err != nil {
 			return fmt.Errorf("time: %w", err)
 		}
-		v, err := ParseTime(s)
+		v, err := parseTime(s)
 		if err != nil {
 			return err
 		}
@@ -168,13 +168,13 @@ func (t *Time) DecodeMsgpack(dec *msgpack.Decoder) error {
 	case msgpcode.IsString(c) || msgpcode.IsBin(c):
 		var b []byte
 		if b, err = dec.DecodeBytes(); err == nil {
-			out, err = ParseTime(string(b))
+			out, err = parseTime(string(b))
 		}
 	case c == msgpcode.Uint64:
 		var n uint64
 		if n, err = dec.DecodeUint64(); err == nil {
 			if n > math.MaxInt64 {
-				return fmt.Errorf("%w: epoch milliseconds %d outside years 0001-9999", ErrTimeRange, n)
+				return fmt.Errorf("%w: epoch milliseconds %d outside years 0001-9999", errTimeRange, n)
 			}
 			out, err = millis(int64(n))
 		}
@@ -238,20 +238,20 @@ func truncate(s string, n int) string {
 // `failbus simulate` can replay any history; a service that keeps a clock
 // of its own from events (the scheduler's fault scope) goes by EventTime.
 const (
-	// MaxAtAhead is how far `at` may lie after the stored time and still
+	// maxAtAhead is how far `at` may lie after the stored time and still
 	// be an agent's clock running fast: such an `at` counts as the stored
 	// time. Further ahead, `at` is not believed.
-	MaxAtAhead = time.Minute
-	// MaxAtBehind is how far `at` may lie before the stored time: an agent
+	maxAtAhead = time.Minute
+	// maxAtBehind is how far `at` may lie before the stored time: an agent
 	// that buffered outcomes through a disconnection publishes them late.
 	// 30 days, as long as FAILBUS_OUTCOMES keeps them; older is not
 	// believed.
-	MaxAtBehind = 30 * 24 * time.Hour
+	maxAtBehind = 30 * 24 * time.Hour
 )
 
 // EventTime is the time to order an event by: its `at` when that lies in
-// [stored − MaxAtBehind, stored], the stored time when `at` is ahead of it
-// (believed when by at most MaxAtAhead), and the stored time, not believed,
+// [stored − maxAtBehind, stored], the stored time when `at` is ahead of it
+// (believed when by at most maxAtAhead), and the stored time, not believed,
 // when `at` is absent or outside the window. It is never later than stored:
 // a clock that advances by EventTime never runs ahead of the bus's own
 // clock, whatever one event says (a year-9999 `at` moves it by nothing).
@@ -263,8 +263,8 @@ func EventTime(at Time, stored time.Time) (t time.Time, believed bool) {
 		}
 		return stored, false
 	case at.After(stored):
-		return stored, !at.After(stored.Add(MaxAtAhead))
-	case at.Before(stored.Add(-MaxAtBehind)):
+		return stored, !at.After(stored.Add(maxAtAhead))
+	case at.Before(stored.Add(-maxAtBehind)):
 		return stored, false
 	}
 	return at.Time, true

@@ -75,27 +75,27 @@ func (o *Outcome) Validate() error {
 // Bounds on Outcome fields, so a hostile value is a clear error instead of a
 // wrapped-around number, an oversized subject or a broken header.
 const (
-	// MaxNameBytes bounds id, agent, provider, model, profile and session:
+	// maxNameBytes bounds id, agent, provider, model, profile and session:
 	// they become subject tokens, header values and metric labels.
-	MaxNameBytes = 512
-	// MaxTokens bounds request_tokens, context_window and
+	maxNameBytes = 512
+	// maxTokens bounds request_tokens, context_window and
 	// max_output_tokens (2^40, about 1.1e12), so sums and differences of
 	// them never overflow.
-	MaxTokens = 1 << 40
+	maxTokens = 1 << 40
 )
 
 // checkID accepts an id that can be a Nats-Msg-Id header value: a name
-// (checkText: at most MaxNameBytes of UTF-8, no control characters, a CR
+// (checkText: at most maxNameBytes of UTF-8, no control characters, a CR
 // or LF would end the header).
 func checkID(id string) error { return checkText(id) }
 
 // checkText is the shape every identifier an agent sends must have: at
-// most MaxNameBytes, valid UTF-8 (a Prometheus label refuses anything
+// most maxNameBytes, valid UTF-8 (a Prometheus label refuses anything
 // else, by panicking), no control character (C0, DEL or C1: a CR or LF
 // ends a header line, and none belongs in a name shown to a person).
 func checkText(v string) error {
-	if len(v) > MaxNameBytes {
-		return fmt.Errorf("%d bytes exceed the limit of %d", len(v), MaxNameBytes)
+	if len(v) > maxNameBytes {
+		return fmt.Errorf("%d bytes exceed the limit of %d", len(v), maxNameBytes)
 	}
 	for i, r := range v {
 		switch {
@@ -117,7 +117,7 @@ func validRuneAt(v string, i int) bool {
 
 // CheckName applies the rules of every identifier an agent sends (agent,
 // provider, model, profile, session, subagent, task, cron, write key, …):
-// at most MaxNameBytes of valid UTF-8, no control character, nothing
+// at most maxNameBytes of valid UTF-8, no control character, nothing
 // redact.String would mask. Identifiers become subject tokens, KV keys,
 // header values and metric labels, and are repeated in every output, so
 // one that breaks any of these is refused where it enters, naming the
@@ -150,8 +150,8 @@ func tokenCount(n int) error {
 	switch {
 	case n < 0:
 		return errors.New("negative")
-	case n > MaxTokens:
-		return fmt.Errorf("%w: %d exceeds the limit of %d", ErrNumberRange, n, MaxTokens)
+	case n > maxTokens:
+		return fmt.Errorf("%w: %d exceeds the limit of %d", errNumberRange, n, maxTokens)
 	}
 	return nil
 }

@@ -142,11 +142,11 @@ func (n *Notifier) Budget(ctx context.Context, day string) (*BudgetRecord, error
 	return n.readBudget(ctx, day)
 }
 
-// DigestRequest is the request that tells a human the day's budget is used
+// digestRequest is the request that tells a human the day's budget is used
 // up. It goes through the bus like any request (failbus.notify.normal),
 // so it is deduplicated, retried and audited like the others; its dedupe
 // key makes it once per day, and it bypasses the budget.
-func DigestRequest(b *BudgetRecord, service string) *events.Notification {
+func digestRequest(b *BudgetRecord, service string) *events.Notification {
 	n := notification.Digest(b.Limit, b.Day, b.Held, b.ExhaustedAt, topology.StreamNotify, events.AuditSubject(service, AuditHeld))
 	return &n
 }
@@ -162,7 +162,7 @@ func renderDigestText(n *events.Notification, b *BudgetRecord, service string) {
 // record cannot be read, the count from when the digest was requested
 // stands.
 func (n *Notifier) renderDigest(ctx context.Context, note *events.Notification) {
-	day := note.Labels[DigestDayLabel]
+	day := note.Labels[digestDayLabel]
 	if day == "" {
 		return
 	}
@@ -177,7 +177,7 @@ func (n *Notifier) renderDigest(ctx context.Context, note *events.Notification) 
 // is per day, and its dedupe key too, so replicas racing to publish it
 // still deliver one.
 func (n *Notifier) publishDigest(ctx context.Context, b *BudgetRecord) error {
-	req := DigestRequest(b, n.cfg.Service)
+	req := digestRequest(b, n.cfg.Service)
 	if req.At.IsZero() {
 		req.At = events.At(n.cfg.Now())
 	}

@@ -14,9 +14,9 @@ import (
 	"github.com/failbus/failbus/pkg/redact"
 )
 
-// UserAgent is sent by every HTTP sink, so receivers can tell failbus apart
+// userAgent is sent by every HTTP sink, so receivers can tell failbus apart
 // in their logs.
-const UserAgent = "failbus-notifier/1"
+const userAgent = "failbus-notifier/1"
 
 // defaultHTTPClient has no overall timeout: every Send carries a context
 // deadline instead (Config.SendTimeout), which also covers reading the
@@ -51,7 +51,7 @@ func (r httpRequest) do(ctx context.Context) error {
 	for k, vs := range r.header {
 		req.Header[k] = vs
 	}
-	req.Header.Set("User-Agent", UserAgent)
+	req.Header.Set("User-Agent", userAgent)
 	client := r.client
 	if client == nil {
 		client = defaultHTTPClient
@@ -61,7 +61,7 @@ func (r httpRequest) do(ctx context.Context) error {
 		return &SinkError{Sink: r.sink, Answer: clip(redact.String(transportText(ctx, err)))}
 	}
 	defer resp.Body.Close()
-	answer, _ := io.ReadAll(io.LimitReader(resp.Body, 4*MaxAnswer))
+	answer, _ := io.ReadAll(io.LimitReader(resp.Body, 4*maxAnswer))
 	// Drain a little more so the connection can be reused.
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	ok := r.success

@@ -14,25 +14,25 @@ import (
 // Every transition is a compare-and-set on the entry's revision, so two
 // replicas never both believe they own a key.
 const (
-	// LedgerClaimed: a replica owns the key until Until (its lease) and is
+	// ledgerClaimed: a replica owns the key until Until (its lease) and is
 	// delivering.
-	LedgerClaimed = "claimed"
-	// LedgerPending: a delivery failed; the request that owns the key comes
+	ledgerClaimed = "claimed"
+	// ledgerPending: a delivery failed; the request that owns the key comes
 	// back (JetStream redelivery) before Until.
-	LedgerPending = "pending"
-	// LedgerSent: every routed sink accepted it at SentAt; the key is spent
+	ledgerPending = "pending"
+	// ledgerSent: every routed sink accepted it at SentAt; the key is spent
 	// for the dedupe lifetime.
-	LedgerSent = "sent"
-	// LedgerHeld: the daily budget held it back on HeldDay.
-	LedgerHeld = "held"
-	// LedgerFailed: it was dead-lettered; a new request with the key starts
+	ledgerSent = "sent"
+	// ledgerHeld: the daily budget held it back on HeldDay.
+	ledgerHeld = "held"
+	// ledgerFailed: it was dead-lettered; a new request with the key starts
 	// over.
-	LedgerFailed = "failed"
+	ledgerFailed = "failed"
 )
 
-// LedgerEntry is the stored state of one dedupe key. It is JSON so an
+// ledgerEntry is the stored state of one dedupe key. It is JSON so an
 // operator can read it with `nats kv get FAILBUS_NOTIFY_DEDUPE <key>`.
-type LedgerEntry struct {
+type ledgerEntry struct {
 	DedupeKey string `json:"dedupe_key"`
 	State     string `json:"state"`
 	// Generation is the idempotency key of this lifetime of the dedupe
@@ -68,7 +68,7 @@ type SinkState struct {
 }
 
 // sink returns the state of the named sink, creating it.
-func (e *LedgerEntry) sink(name string) *SinkState {
+func (e *ledgerEntry) sink(name string) *SinkState {
 	if e.Sinks == nil {
 		e.Sinks = map[string]*SinkState{}
 	}
@@ -80,15 +80,15 @@ func (e *LedgerEntry) sink(name string) *SinkState {
 	return s
 }
 
-// LedgerKey is the dedupe bucket key of a dedupe key: "k." and the hex
+// ledgerKey is the dedupe bucket key of a dedupe key: "k." and the hex
 // SHA-256 of the key, since dedupe keys hold characters KV keys do not
 // allow (':', '#', ',').
-func LedgerKey(dedupeKey string) string {
+func ledgerKey(dedupeKey string) string {
 	sum := sha256.Sum256([]byte(dedupeKey))
 	return "k." + hex.EncodeToString(sum[:])
 }
 
-func encodeEntry(e *LedgerEntry) []byte {
+func encodeEntry(e *ledgerEntry) []byte {
 	b, err := json.Marshal(e)
 	if err != nil {
 		panic(fmt.Sprintf("notify: encode ledger entry: %v", err)) // plain structs: cannot fail
@@ -96,8 +96,8 @@ func encodeEntry(e *LedgerEntry) []byte {
 	return b
 }
 
-func decodeEntry(b []byte) (*LedgerEntry, error) {
-	var e LedgerEntry
+func decodeEntry(b []byte) (*ledgerEntry, error) {
+	var e ledgerEntry
 	if err := json.Unmarshal(b, &e); err != nil {
 		return nil, fmt.Errorf("decode ledger entry: %w", err)
 	}
@@ -125,8 +125,8 @@ type BudgetRecord struct {
 // BudgetKey is the budget bucket key of a UTC day ("2006-01-02").
 func BudgetKey(day string) string { return "day." + day }
 
-// UTCDay is the budget day of t (notification.UTCDay).
-func UTCDay(t time.Time) string { return notification.UTCDay(t) }
+// utcDay is the budget day of t (notification.UTCDay).
+func utcDay(t time.Time) string { return notification.UTCDay(t) }
 
 // day is the record as admission reads it.
 func (b *BudgetRecord) day() notification.Day {

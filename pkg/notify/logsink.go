@@ -9,9 +9,9 @@ import (
 	"github.com/failbus/failbus/pkg/events"
 )
 
-// DefaultLogSinkName is the name of the log sink the notifier uses when the
+// defaultLogSinkName is the name of the log sink the notifier uses when the
 // policy configures no sink, as in `failbus dev` and `failbus demo`.
-const DefaultLogSinkName = "log"
+const defaultLogSinkName = "log"
 
 // Log writes each notification as one structured zerolog line: critical at
 // error level, normal at warn, info at info. It is the default sink for

@@ -30,13 +30,13 @@ const (
 	// same key: the dedupe bucket's TTL, so the bucket forgets a key when
 	// the notifier stops honouring it.
 	DefaultDedupeLifetime = topology.DefaultTTLNotifyDedupe
-	// DefaultClaimLease is how long a claim protects a delivery in
+	// defaultClaimLease is how long a claim protects a delivery in
 	// progress. A crashed replica's claims are taken over after it.
-	DefaultClaimLease = 30 * time.Second
-	// DefaultMaxUnconfirmed is how many sends to non-idempotent sinks one
+	defaultClaimLease = 30 * time.Second
+	// defaultMaxUnconfirmed is how many sends to non-idempotent sinks one
 	// replica may have between "sent" and "recorded as sent": the bound
 	// on duplicates one crash of a replica can cause.
-	DefaultMaxUnconfirmed = 1
+	defaultMaxUnconfirmed = 1
 )
 
 // Unlimited as Config.DailyBudget turns the budget off. (The policy's
@@ -45,13 +45,13 @@ const (
 const Unlimited = notification.Unlimited
 
 // DigestKeyPrefix starts the dedupe key of a budget digest; the UTC day
-// follows. With the label DigestLabel=DigestLabelValue it marks the one
+// follows. With the label digestLabel=DigestLabelValue it marks the one
 // request per day that bypasses the budget it reports on.
 const (
 	DigestKeyPrefix  = notification.DigestKeyPrefix
-	DigestLabel      = notification.DigestLabel
-	DigestLabelValue = notification.DigestLabelValue
-	DigestDayLabel   = notification.DigestDayLabel
+	digestLabel      = notification.DigestLabel
+	digestLabelValue = notification.DigestLabelValue
+	digestDayLabel   = notification.DigestDayLabel
 )
 
 // Config configures a Notifier. Every field documents its default; the
@@ -77,11 +77,11 @@ type Config struct {
 	// ClaimLease is how long a claim is honoured without being renewed.
 	// It must exceed every route's Timeout, since a send is never started
 	// with less lease left than its timeout. Defaults to
-	// DefaultClaimLease (30s), or twice the longest route Timeout when
+	// defaultClaimLease (30s), or twice the longest route Timeout when
 	// that is more. Replicas' clocks must agree to well within it.
 	ClaimLease time.Duration
 	// MaxUnconfirmed bounds the sends to non-idempotent sinks in flight
-	// at once in this replica (see DefaultMaxUnconfirmed). Defaults to 1.
+	// at once in this replica (see defaultMaxUnconfirmed). Defaults to 1.
 	MaxUnconfirmed int
 	// Replica names this replica in ledger entries and audit records.
 	// Defaults to "<hostname>-<pid>-<random>".
@@ -147,13 +147,13 @@ func New(ctx context.Context, cfg Config) (*Notifier, error) {
 		cfg.DedupeLifetime = DefaultDedupeLifetime
 	}
 	if cfg.ClaimLease == 0 {
-		cfg.ClaimLease = max(DefaultClaimLease, 2*n.maxWait)
+		cfg.ClaimLease = max(defaultClaimLease, 2*n.maxWait)
 	}
 	if cfg.ClaimLease <= n.maxWait {
 		return nil, fmt.Errorf("notify: ClaimLease %v must exceed the longest send timeout %v", cfg.ClaimLease, n.maxWait)
 	}
 	if cfg.MaxUnconfirmed == 0 {
-		cfg.MaxUnconfirmed = DefaultMaxUnconfirmed
+		cfg.MaxUnconfirmed = defaultMaxUnconfirmed
 	}
 	if cfg.Replica == "" {
 		host, _ := os.Hostname()
@@ -252,10 +252,10 @@ func (n *Notifier) Process(ctx context.Context, req Request) (Result, error) {
 		return Result{}, errors.New("notify: request without an ID")
 	}
 	p := &proc{n: n, req: req, now: n.cfg.Now()}
-	p.day = UTCDay(p.now)
+	p.day = utcDay(p.now)
 	p.note = n.redacted(req.Notification, p.now)
-	p.key = LedgerKey(req.Notification.DedupeKey)
-	p.digest = IsDigest(&req.Notification)
+	p.key = ledgerKey(req.Notification.DedupeKey)
+	p.digest = isDigest(&req.Notification)
 	p.budgeted = notification.Budgeted(n.limits(), req.Notification)
 	for _, r := range n.cfg.Routes {
 		if r.Matches(&req.Notification) {
@@ -269,9 +269,9 @@ func (n *Notifier) Process(ctx context.Context, req Request) (Result, error) {
 	return p.run(ctx)
 }
 
-// IsDigest reports whether n is the notifier's own budget digest, which the
+// isDigest reports whether n is the notifier's own budget digest, which the
 // budget does not apply to.
-func IsDigest(n *events.Notification) bool { return notification.IsDigest(*n) }
+func isDigest(n *events.Notification) bool { return notification.IsDigest(*n) }
 
 // limits are the admission limits (notification.Admit) this notifier runs.
 func (n *Notifier) limits() notification.Limits {
@@ -300,7 +300,7 @@ type proc struct {
 	digest   bool
 	budgeted bool
 
-	entry *LedgerEntry
+	entry *ledgerEntry
 	rev   uint64
 	// resumed: the key comes from an earlier delivery of this request, or
 	// from a claim whose owner died; sinks already sent may lack their
@@ -397,10 +397,10 @@ func (p *proc) acquire(ctx context.Context) (Result, bool, error) {
 }
 
 // fresh is a new entry claimed by this request: a new lifetime of the key.
-func (p *proc) fresh() *LedgerEntry {
-	return &LedgerEntry{
+func (p *proc) fresh() *ledgerEntry {
+	return &ledgerEntry{
 		DedupeKey:  p.req.Notification.DedupeKey,
-		State:      LedgerClaimed,
+		State:      ledgerClaimed,
 		Generation: nuid.Next(),
 		Request:    p.req.ID,
 		Owner:      p.n.cfg.Replica,
@@ -411,15 +411,15 @@ func (p *proc) fresh() *LedgerEntry {
 
 // judge looks at an existing entry. It either decides the request (done),
 // or rewrites e into a claim by this request for acquire to store.
-func (p *proc) judge(ctx context.Context, e *LedgerEntry) (Result, bool, error) {
+func (p *proc) judge(ctx context.Context, e *ledgerEntry) (Result, bool, error) {
 	n, now, mine := p.n, p.now, e.Request == p.req.ID
 	claim := func() (Result, bool, error) {
-		p.resumed = mine || e.State == LedgerClaimed
-		e.State, e.Request, e.Owner, e.Until = LedgerClaimed, p.req.ID, n.cfg.Replica, now.Add(n.cfg.ClaimLease)
+		p.resumed = mine || e.State == ledgerClaimed
+		e.State, e.Request, e.Owner, e.Until = ledgerClaimed, p.req.ID, n.cfg.Replica, now.Add(n.cfg.ClaimLease)
 		return Result{}, false, nil
 	}
 	switch e.State {
-	case LedgerSent:
+	case ledgerSent:
 		a := notification.AdmitKey(n.limits(), p.req.Notification, notification.KeyState{SentAt: e.SentAt}, now)
 		if a.NewLifetime {
 			*e = *p.fresh() // lifetime over: notify again, new idempotency key
@@ -438,7 +438,7 @@ func (p *proc) judge(ctx context.Context, e *LedgerEntry) (Result, bool, error) 
 			return res, true, err
 		}
 		return p.dedupe(a.Reason+" by request "+e.Request, e)
-	case LedgerClaimed:
+	case ledgerClaimed:
 		if now.Before(e.Until) {
 			if mine {
 				// An earlier delivery of this very request holds the
@@ -449,19 +449,19 @@ func (p *proc) judge(ctx context.Context, e *LedgerEntry) (Result, bool, error) 
 			return p.dedupe("being delivered by request "+e.Request+" on replica "+e.Owner, e)
 		}
 		return claim() // the owner's lease ran out: it crashed or stalled
-	case LedgerPending:
+	case ledgerPending:
 		if !mine && now.Before(e.Until) {
 			return p.dedupe("being retried by request "+e.Request, e)
 		}
 		return claim()
-	case LedgerHeld:
+	case ledgerHeld:
 		if a := notification.AdmitKey(n.limits(), p.req.Notification, notification.KeyState{HeldDay: e.HeldDay}, now); a.HeldAgain {
 			res, err := p.heldAgain(ctx, e)
 			return res, true, err
 		}
 		e.HeldDay = ""
 		return claim()
-	case LedgerFailed:
+	case ledgerFailed:
 		if mine {
 			// Dead-lettered already and redelivered (the ack was lost):
 			// the dead letter is stored once under the same id.
@@ -478,14 +478,14 @@ func (p *proc) judge(ctx context.Context, e *LedgerEntry) (Result, bool, error) 
 	return claim()
 }
 
-func (p *proc) dedupe(reason string, e *LedgerEntry) (Result, bool, error) {
+func (p *proc) dedupe(reason string, e *ledgerEntry) (Result, bool, error) {
 	res, err := p.finish(Result{Action: Ack, Kind: AuditDeduped}, p.audit(AuditDeduped, "", 0, "", reason, withGeneration(e.Generation)))
 	return res, true, err
 }
 
 // heldAgain: the key was already held back today (a repeat, or a
 // redelivery). It is not counted again; the digest is made sure of.
-func (p *proc) heldAgain(ctx context.Context, e *LedgerEntry) (Result, error) {
+func (p *proc) heldAgain(ctx context.Context, e *ledgerEntry) (Result, error) {
 	b, err := p.n.readBudget(ctx, p.day)
 	if err != nil {
 		return Result{}, err
@@ -512,7 +512,7 @@ func (p *proc) takeBudgetSlot(ctx context.Context) (Result, bool, error) {
 		p.entry.BudgetDay, p.budgetRec = p.day, b
 		return Result{}, false, nil
 	}
-	p.entry.State, p.entry.HeldDay, p.entry.Owner, p.entry.Until = LedgerHeld, p.day, "", time.Time{}
+	p.entry.State, p.entry.HeldDay, p.entry.Owner, p.entry.Until = ledgerHeld, p.day, "", time.Time{}
 	if err := p.store(ctx); err != nil {
 		return Result{}, true, err
 	}
@@ -596,7 +596,7 @@ func (p *proc) deliver(ctx context.Context) (Result, error) {
 		failures = append(failures, failure{route: r, err: se, st: st})
 	}
 	if len(failures) == 0 {
-		if p.entry.State != LedgerSent { // every sink was already sent
+		if p.entry.State != ledgerSent { // every sink was already sent
 			p.markSent()
 			if err := p.store(ctx); err != nil {
 				return Result{}, err
@@ -608,7 +608,7 @@ func (p *proc) deliver(ctx context.Context) (Result, error) {
 }
 
 func (p *proc) markSent() {
-	p.entry.State, p.entry.SentAt, p.entry.Owner, p.entry.Until = LedgerSent, p.now, "", time.Time{}
+	p.entry.State, p.entry.SentAt, p.entry.Owner, p.entry.Until = ledgerSent, p.now, "", time.Time{}
 }
 
 // sendOne sends to one sink. A send to a sink that cannot deduplicate
@@ -688,11 +688,11 @@ func (p *proc) settleFailures(ctx context.Context, failures []failure) (Result, 
 	after = min(after, topology.MaxRedeliveryDelay)
 	reason := strings.Join(reasons, "; ")
 	if final {
-		p.entry.State, p.entry.FailReason, p.entry.Owner, p.entry.Until = LedgerFailed, reason, "", time.Time{}
+		p.entry.State, p.entry.FailReason, p.entry.Owner, p.entry.Until = ledgerFailed, reason, "", time.Time{}
 	} else {
 		// The request comes back after `after`; until then (with a
 		// lease's grace) repeats of the key defer to it.
-		p.entry.State, p.entry.Owner, p.entry.Until = LedgerPending, "", p.now.Add(after+n.cfg.ClaimLease)
+		p.entry.State, p.entry.Owner, p.entry.Until = ledgerPending, "", p.now.Add(after+n.cfg.ClaimLease)
 	}
 	if err := p.store(ctx); err != nil {
 		return Result{}, err

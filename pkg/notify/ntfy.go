@@ -70,8 +70,8 @@ func NewNtfy(cfg NtfyConfig) (*Ntfy, error) {
 // Name implements Sink.
 func (s *Ntfy) Name() string { return s.cfg.Name }
 
-// NtfyMessage is the JSON publish body (https://docs.ntfy.sh/publish/#publish-as-json).
-type NtfyMessage struct {
+// ntfyMessage is the JSON publish body (https://docs.ntfy.sh/publish/#publish-as-json).
+type ntfyMessage struct {
 	Topic    string   `json:"topic"`
 	Title    string   `json:"title,omitempty"`
 	Message  string   `json:"message"`
@@ -79,9 +79,9 @@ type NtfyMessage struct {
 	Tags     []string `json:"tags,omitempty"`
 }
 
-// NtfyPriority maps a failbus severity to ntfy's 1–5 scale: critical is 5
+// ntfyPriority maps a failbus severity to ntfy's 1–5 scale: critical is 5
 // (urgent), normal 3 (default), info 2 (low).
-func NtfyPriority(severity string) int {
+func ntfyPriority(severity string) int {
 	switch severity {
 	case events.SeverityCritical:
 		return 5
@@ -105,7 +105,7 @@ func (s *Ntfy) Send(ctx context.Context, d Delivery) error {
 	if n.Severity == events.SeverityCritical {
 		tags = append(tags, "rotating_light")
 	}
-	body, err := json.Marshal(NtfyMessage{Topic: s.cfg.Topic, Title: n.Title, Message: msg, Priority: NtfyPriority(n.Severity), Tags: tags})
+	body, err := json.Marshal(ntfyMessage{Topic: s.cfg.Topic, Title: n.Title, Message: msg, Priority: ntfyPriority(n.Severity), Tags: tags})
 	if err != nil {
 		return &SinkError{Sink: s.cfg.Name, Answer: "encode payload: " + err.Error(), Permanent: true}
 	}

@@ -13,8 +13,8 @@ import (
 	"github.com/failbus/failbus/pkg/events"
 )
 
-// DefaultPagerDutyURL is PagerDuty's Events API v2 endpoint.
-const DefaultPagerDutyURL = "https://events.pagerduty.com/v2/enqueue"
+// defaultPagerDutyURL is PagerDuty's Events API v2 endpoint.
+const defaultPagerDutyURL = "https://events.pagerduty.com/v2/enqueue"
 
 // PagerDuty limits (Events API v2).
 const (
@@ -26,7 +26,7 @@ const (
 type PagerDutyConfig struct {
 	// Name is the sink's name. Required.
 	Name string
-	// URL is the Events API endpoint. Defaults to DefaultPagerDutyURL;
+	// URL is the Events API endpoint. Defaults to defaultPagerDutyURL;
 	// tests point it at a local server.
 	URL string
 	// RoutingKey is the integration's routing key, from the environment
@@ -49,7 +49,7 @@ func NewPagerDuty(cfg PagerDutyConfig) (*PagerDuty, error) {
 		return nil, fmt.Errorf("pagerduty sink: name is required")
 	}
 	if cfg.URL == "" {
-		cfg.URL = DefaultPagerDutyURL
+		cfg.URL = defaultPagerDutyURL
 	}
 	if err := requireURL("pagerduty", cfg.Name, cfg.URL); err != nil {
 		return nil, err
@@ -70,17 +70,17 @@ func (p *PagerDuty) Name() string { return p.cfg.Name }
 // dedup_key.
 func (p *PagerDuty) Idempotent() bool { return true }
 
-// PagerDutyEvent is the Events API v2 body.
-type PagerDutyEvent struct {
+// pagerDutyEvent is the Events API v2 body.
+type pagerDutyEvent struct {
 	RoutingKey  string           `json:"routing_key"`
 	EventAction string           `json:"event_action"`
 	DedupKey    string           `json:"dedup_key"`
 	Client      string           `json:"client,omitempty"`
-	Payload     PagerDutyPayload `json:"payload"`
+	Payload     pagerDutyPayload `json:"payload"`
 }
 
-// PagerDutyPayload is the event's payload.
-type PagerDutyPayload struct {
+// pagerDutyPayload is the event's payload.
+type pagerDutyPayload struct {
 	Summary       string         `json:"summary"`
 	Source        string         `json:"source"`
 	Severity      string         `json:"severity"`
@@ -88,9 +88,9 @@ type PagerDutyPayload struct {
 	CustomDetails map[string]any `json:"custom_details,omitempty"`
 }
 
-// PagerDutySeverity maps a failbus severity to PagerDuty's: critical stays
+// pagerDutySeverity maps a failbus severity to PagerDuty's: critical stays
 // critical, normal is warning, info is info.
-func PagerDutySeverity(severity string) string {
+func pagerDutySeverity(severity string) string {
 	switch severity {
 	case events.SeverityCritical:
 		return "critical"
@@ -100,9 +100,9 @@ func PagerDutySeverity(severity string) string {
 	return "warning"
 }
 
-// PagerDutyDedupKey is the dedup_key for a dedupe key: the key itself, or,
+// pagerDutyDedupKey is the dedup_key for a dedupe key: the key itself, or,
 // when longer than PagerDuty's 255 bytes, "failbus-sha256:" and its hash.
-func PagerDutyDedupKey(dedupeKey string) string {
+func pagerDutyDedupKey(dedupeKey string) string {
 	if len(dedupeKey) <= pdMaxDedupKey {
 		return dedupeKey
 	}
@@ -129,15 +129,15 @@ func (p *PagerDuty) Send(ctx context.Context, d Delivery) error {
 	if len(n.Labels) > 0 {
 		details["labels"] = n.Labels
 	}
-	ev := PagerDutyEvent{
+	ev := pagerDutyEvent{
 		RoutingKey:  p.cfg.RoutingKey,
 		EventAction: "trigger",
-		DedupKey:    PagerDutyDedupKey(n.DedupeKey),
+		DedupKey:    pagerDutyDedupKey(n.DedupeKey),
 		Client:      "failbus",
-		Payload: PagerDutyPayload{
+		Payload: pagerDutyPayload{
 			Summary:       summary,
 			Source:        p.cfg.Source,
-			Severity:      PagerDutySeverity(n.Severity),
+			Severity:      pagerDutySeverity(n.Severity),
 			CustomDetails: details,
 		},
 	}

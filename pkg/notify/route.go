@@ -17,15 +17,15 @@ import (
 )
 
 // Defaults of a Route's retry policy and send timeout. A sink that keeps
-// failing is attempted DefaultMaxAttempts times over about three minutes
+// failing is attempted defaultMaxAttempts times over about three minutes
 // (2s, 4s, 8s, 16s, 32s, 60s, 60s between attempts), which rides out a
 // one-minute outage of the receiver, and is then dead-lettered with its
 // last answer.
 const (
-	DefaultMaxAttempts  = 8
-	DefaultRetryInitial = 2 * time.Second
-	DefaultRetryMax     = 60 * time.Second
-	DefaultSendTimeout  = 10 * time.Second
+	defaultMaxAttempts  = 8
+	defaultRetryInitial = 2 * time.Second
+	defaultRetryMax     = 60 * time.Second
+	defaultSendTimeout  = 10 * time.Second
 )
 
 // retryJitter spreads retries of many notifications that failed together
@@ -38,26 +38,26 @@ const retryJitter = 0.2
 type RetryPolicy struct {
 	// MaxAttempts is the number of attempts before the request is
 	// dead-lettered with the sink's last answer. Defaults to
-	// DefaultMaxAttempts. The consumer's MaxDeliver bounds it too: on the
+	// defaultMaxAttempts. The consumer's MaxDeliver bounds it too: on the
 	// last allowed delivery a failure is dead-lettered whatever the count.
 	MaxAttempts int
 	// Initial is the delay after the first failure; it doubles after each
-	// further one. Defaults to DefaultRetryInitial.
+	// further one. Defaults to defaultRetryInitial.
 	Initial time.Duration
-	// Max caps the delay. Defaults to DefaultRetryMax; it must not exceed
+	// Max caps the delay. Defaults to defaultRetryMax; it must not exceed
 	// the topology's MaxRedeliveryDelay (5m).
 	Max time.Duration
 }
 
 func (p RetryPolicy) withDefaults() RetryPolicy {
 	if p.MaxAttempts <= 0 {
-		p.MaxAttempts = DefaultMaxAttempts
+		p.MaxAttempts = defaultMaxAttempts
 	}
 	if p.Initial <= 0 {
-		p.Initial = DefaultRetryInitial
+		p.Initial = defaultRetryInitial
 	}
 	if p.Max <= 0 {
-		p.Max = max(DefaultRetryMax, p.Initial)
+		p.Max = max(defaultRetryMax, p.Initial)
 	}
 	return p
 }
@@ -86,7 +86,7 @@ type Route struct {
 	Labels map[string]string
 	// Retry is how failures of this sink are retried.
 	Retry RetryPolicy
-	// Timeout bounds one Send. Defaults to DefaultSendTimeout.
+	// Timeout bounds one Send. Defaults to defaultSendTimeout.
 	Timeout time.Duration
 }
 
@@ -109,7 +109,7 @@ func (r Route) timeout() time.Duration {
 	if r.Timeout > 0 {
 		return r.Timeout
 	}
-	return DefaultSendTimeout
+	return defaultSendTimeout
 }
 
 // BuildOptions are what Routes needs besides the policy.
@@ -133,7 +133,7 @@ func Routes(cfg notification.Config, opts BuildOptions) ([]Route, error) {
 		opts.Getenv = os.Getenv
 	}
 	if len(cfg.Sinks) == 0 {
-		s, err := NewLog(DefaultLogSinkName, opts.Log)
+		s, err := NewLog(defaultLogSinkName, opts.Log)
 		if err != nil {
 			return nil, err
 		}

@@ -67,9 +67,9 @@ type Delivery struct {
 	Attempt int
 }
 
-// MaxAnswer bounds how much of a receiver's answer a SinkError keeps: enough
+// maxAnswer bounds how much of a receiver's answer a SinkError keeps: enough
 // to say what went wrong, small enough for an audit record.
-const MaxAnswer = 512
+const maxAnswer = 512
 
 // SinkError is a failed Send: what the receiver answered, and whether
 // retrying can help. Audit records and dead letters carry Answer.
@@ -80,7 +80,7 @@ type SinkError struct {
 	// 0 when no answer arrived (connection refused, timeout).
 	Status int
 	// Answer is the receiver's answer: the response body or SMTP reply
-	// text, or the transport error; redacted and at most MaxAnswer bytes.
+	// text, or the transport error; redacted and at most maxAnswer bytes.
 	Answer string
 	// Permanent is true when the receiver rejected the request itself (bad
 	// URL, invalid payload, unknown recipient, revoked key): the cause
@@ -117,10 +117,10 @@ func AsSinkError(sink string, err error) *SinkError {
 	return &SinkError{Sink: sink, Answer: clip(redact.String(err.Error()))}
 }
 
-// clip bounds s to MaxAnswer bytes without splitting a UTF-8 sequence.
+// clip bounds s to maxAnswer bytes without splitting a UTF-8 sequence.
 func clip(s string) string {
-	if len(s) <= MaxAnswer {
+	if len(s) <= maxAnswer {
 		return s
 	}
-	return truncateUTF8(s, MaxAnswer) + "…"
+	return truncateUTF8(s, maxAnswer) + "…"
 }

@@ -44,10 +44,10 @@ type SlackMessage struct {
 	Text string `json:"text"`
 }
 
-// SlackText renders a notification in Slack's mrkdwn: the severity and the
+// slackText renders a notification in Slack's mrkdwn: the severity and the
 // title in bold on the first line, the text below, the labels and the
 // dedupe key in a last line.
-func SlackText(d Delivery) string {
+func slackText(d Delivery) string {
 	n := d.Notification
 	var b strings.Builder
 	b.WriteString("*[" + strings.ToUpper(n.Severity) + "]")
@@ -89,7 +89,7 @@ func labelString(labels map[string]string) string {
 // error word (invalid_payload, no_service, channel_is_archived) that becomes
 // the SinkError's answer.
 func (s *Slack) Send(ctx context.Context, d Delivery) error {
-	body, err := json.Marshal(SlackMessage{Text: SlackText(d)})
+	body, err := json.Marshal(SlackMessage{Text: slackText(d)})
 	if err != nil {
 		return &SinkError{Sink: s.cfg.Name, Answer: "encode payload: " + err.Error(), Permanent: true}
 	}

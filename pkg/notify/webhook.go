@@ -38,8 +38,8 @@ type WebhookPayload struct {
 	At        events.Time       `json:"at"`
 }
 
-// NewWebhookPayload is the body for n.
-func NewWebhookPayload(n events.Notification) WebhookPayload {
+// newWebhookPayload is the body for n.
+func newWebhookPayload(n events.Notification) WebhookPayload {
 	labels := n.Labels
 	if labels == nil {
 		labels = map[string]string{}
@@ -96,7 +96,7 @@ func (w *Webhook) Idempotent() bool { return w.cfg.Idempotent }
 
 // Send implements Sink.
 func (w *Webhook) Send(ctx context.Context, d Delivery) error {
-	body, err := json.Marshal(NewWebhookPayload(d.Notification))
+	body, err := json.Marshal(newWebhookPayload(d.Notification))
 	if err != nil {
 		return &SinkError{Sink: w.cfg.Name, Answer: "encode payload: " + err.Error(), Permanent: true}
 	}

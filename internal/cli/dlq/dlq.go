@@ -18,6 +18,7 @@ import (
 
 	"github.com/failbus/failbus/internal/cli"
 	"github.com/failbus/failbus/internal/cli/lag"
+	"github.com/failbus/failbus/internal/requeue"
 	"github.com/failbus/failbus/pkg/events"
 )
 
@@ -204,7 +205,7 @@ func requeueAll(ctx context.Context, q *Requeuer, js jetstream.JetStream, seqs [
 			}
 			state := "would requeue"
 			if l.Mark != nil && l.Mark.State == MarkRequeued {
-				state = "already requeued to " + events.RequeuedFrom(l.Mark.Stream, l.Mark.Seq) + "; would publish nothing"
+				state = "already requeued to " + requeue.From(l.Mark.Stream, l.Mark.Seq) + "; would publish nothing"
 			}
 			fmt.Fprintf(stdout, "%s: %s → %s (for %s)\n", l.ID(), state, l.DL.Subject, l.DL.Service)
 			continue
@@ -222,7 +223,7 @@ func requeueAll(ctx context.Context, q *Requeuer, js jetstream.JetStream, seqs [
 			}
 			continue
 		}
-		copyAt := events.RequeuedFrom(res.Stream, res.Seq)
+		copyAt := requeue.From(res.Stream, res.Seq)
 		switch {
 		case res.Already:
 			fmt.Fprintf(stdout, "%s: already requeued by %s at %s → %s (%s); nothing published\n",
@@ -320,7 +321,7 @@ func markText(mk *Mark, now time.Time) string {
 	case mk == nil:
 		return "-"
 	case mk.State == MarkRequeued:
-		return lag.Age(now.Sub(mk.RequeuedAt)) + " ago → " + events.RequeuedFrom(mk.Stream, mk.Seq)
+		return lag.Age(now.Sub(mk.RequeuedAt)) + " ago → " + requeue.From(mk.Stream, mk.Seq)
 	}
 	return "interrupted (claimed " + lag.Age(now.Sub(mk.ClaimedAt)) + " ago by " + mk.By + "): requeue again to finish"
 }
@@ -393,7 +394,7 @@ func writeShow(ctx context.Context, js jetstream.JetStream, w io.Writer, l *Lett
 	field("reason", "%s", dl.Reason)
 	where := ""
 	if dl.Stream != "" {
-		where = "  (was " + events.RequeuedFrom(dl.Stream, dl.Seq) + ")"
+		where = "  (was " + requeue.From(dl.Stream, dl.Seq) + ")"
 	}
 	field("subject", "%s%s", dl.Subject, where)
 	keys := make([]string, 0, len(dl.Headers))
@@ -430,7 +431,7 @@ func writeShow(ctx context.Context, js jetstream.JetStream, w io.Writer, l *Lett
 	case mk == nil:
 		field("requeued", "no")
 	case mk.State == MarkRequeued:
-		field("requeued", "by %s at %s → %s (%s)", mk.By, mk.RequeuedAt.Format(time.RFC3339), mk.Subject, events.RequeuedFrom(mk.Stream, mk.Seq))
+		field("requeued", "by %s at %s → %s (%s)", mk.By, mk.RequeuedAt.Format(time.RFC3339), mk.Subject, requeue.From(mk.Stream, mk.Seq))
 	default:
 		field("requeued", "interrupted: claimed by %s at %s; requeue again to finish", mk.By, mk.ClaimedAt.Format(time.RFC3339))
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/failbus/failbus/internal/cli/clitest"
 	"github.com/failbus/failbus/internal/devbus"
 	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/internal/requeue"
 	"github.com/failbus/failbus/internal/servicemain"
 	"github.com/failbus/failbus/internal/services"
 	"github.com/failbus/failbus/internal/watch"
@@ -180,9 +181,9 @@ notify:
 		t.Fatalf("%d messages on the subject, want the original and one copy", len(msgs))
 	}
 	cp := msgs[1].Headers()
-	wantFrom := events.RequeuedFrom(topology.StreamDLQ, seq)
-	if cp.Get(events.HeaderRequeuedFrom) != wantFrom || cp.Get(events.HeaderRequeueFor) != "notifier" ||
-		cp.Get(events.HeaderRequeuedMsgID) != "req-1" || cp.Get(nats.MsgIdHdr) != events.RequeueMsgID(topology.StreamDLQ, seq) {
+	wantFrom := requeue.From(topology.StreamDLQ, seq)
+	if cp.Get(requeue.HeaderFrom) != wantFrom || cp.Get(requeue.HeaderFor) != "notifier" ||
+		cp.Get(requeue.HeaderMsgID) != "req-1" || cp.Get(nats.MsgIdHdr) != requeue.MsgID(topology.StreamDLQ, seq) {
 		t.Errorf("copy headers %v: want requeued from %s, for notifier, original id req-1", cp, wantFrom)
 	}
 	if !bytes.Equal(msgs[1].Data(), data) {
@@ -248,7 +249,7 @@ func (b *bench) store(dl any, msgID string) uint64 {
 func (b *bench) copies(seq uint64) []jetstream.Msg {
 	var out []jetstream.Msg
 	for _, m := range streamMsgs(b.t, b.Ctx, b.JS, topology.StreamOutcomes, events.OutcomeSubject("openai", "bot")) {
-		if m.Headers().Get(events.HeaderRequeuedFrom) == events.RequeuedFrom(topology.StreamDLQ, seq) {
+		if m.Headers().Get(requeue.HeaderFrom) == requeue.From(topology.StreamDLQ, seq) {
 			out = append(out, m)
 		}
 	}
@@ -343,7 +344,7 @@ func TestRequeueOnce(t *testing.T) {
 		copies := func() int {
 			n := 0
 			for _, m := range streamMsgs(t, b.Ctx, b.JS, stream, subject) {
-				if m.Headers().Get(events.HeaderRequeuedFrom) == events.RequeuedFrom(topology.StreamDLQ, seq) {
+				if m.Headers().Get(requeue.HeaderFrom) == requeue.From(topology.StreamDLQ, seq) {
 					n++
 				}
 			}
@@ -359,7 +360,7 @@ func TestRequeueOnce(t *testing.T) {
 		}
 		probe := "test.short.probe"
 		clitest.WaitFor(t, "the stream to forget the copy's message id", func() bool {
-			ack, err := b.JS.PublishMsg(b.Ctx, &nats.Msg{Subject: probe, Header: nats.Header{nats.MsgIdHdr: {events.RequeueMsgID(topology.StreamDLQ, seq)}}, Data: []byte{0x80}})
+			ack, err := b.JS.PublishMsg(b.Ctx, &nats.Msg{Subject: probe, Header: nats.Header{nats.MsgIdHdr: {requeue.MsgID(topology.StreamDLQ, seq)}}, Data: []byte{0x80}})
 			return err == nil && !ack.Duplicate
 		})
 		res, err := q("second").Requeue(b.Ctx, seq)

@@ -7,7 +7,7 @@
 // A requeue is three steps, each durable: a claim (a create-only key per
 // dead letter in KV bucket FAILBUS_DLQ_REQUEUES), the copy published to the
 // original subject with a Nats-Msg-Id derived from the dead letter
-// (events.RequeueMsgID), and the mark that it is done, with where the copy
+// (requeue.MsgID), and the mark that it is done, with where the copy
 // was stored (compare-and-set on the claim's revision).
 //
 //   - Two operators requeueing the same dead letter: one creates the claim;
@@ -43,6 +43,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/failbus/failbus/internal/requeue"
 	"github.com/failbus/failbus/internal/watch"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
@@ -72,7 +73,7 @@ type Letter struct {
 }
 
 // ID is the dead letter's identity for people and headers, "<stream>:<seq>".
-func (l *Letter) ID() string { return events.RequeuedFrom(l.Stream, l.Seq) }
+func (l *Letter) ID() string { return requeue.From(l.Stream, l.Seq) }
 
 // Whole identifies a dead letter's whole original input. A dead letter of
 // input that did not fit whole keeps a bounded prefix, the input's length
@@ -241,7 +242,7 @@ func OriginalOf(ctx context.Context, js jetstream.JetStream, l *Letter) (*Origin
 		}
 		return &Original{Subject: dl.Subject, Header: nats.Header(dl.Headers), Data: dl.Data, From: "dead letter"}, nil
 	}
-	where := events.RequeuedFrom(dl.Stream, dl.Seq)
+	where := requeue.From(dl.Stream, dl.Seq)
 	if dl.Stream == "" || dl.Seq == 0 {
 		return nil, fmt.Errorf("dead letter %s keeps %d of %d bytes and does not say where the input is stored: %w",
 			l.ID(), len(dl.Data), l.Whole.Len, ErrOriginalGone)

@@ -11,8 +11,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/failbus/failbus/internal/requeue"
 	"github.com/failbus/failbus/internal/watch"
-	"github.com/failbus/failbus/pkg/events"
 )
 
 // Requeuer puts dead letters back on their original subjects, each once
@@ -208,12 +208,12 @@ func copyOf(orig *Original, l *Letter) *nats.Msg {
 		}
 		h[k] = append([]string(nil), vs...)
 	}
-	if id := orig.Header.Get(nats.MsgIdHdr); id != "" && h.Get(events.HeaderRequeuedMsgID) == "" {
-		h.Set(events.HeaderRequeuedMsgID, id)
+	if id := orig.Header.Get(nats.MsgIdHdr); id != "" && h.Get(requeue.HeaderMsgID) == "" {
+		h.Set(requeue.HeaderMsgID, id)
 	}
-	h.Set(events.HeaderRequeuedFrom, l.ID())
-	h.Set(events.HeaderRequeueFor, l.DL.Service)
-	h.Set(nats.MsgIdHdr, events.RequeueMsgID(l.Stream, l.Seq))
+	h.Set(requeue.HeaderFrom, l.ID())
+	h.Set(requeue.HeaderFor, l.DL.Service)
+	h.Set(nats.MsgIdHdr, requeue.MsgID(l.Stream, l.Seq))
 	return &nats.Msg{Subject: orig.Subject, Header: h, Data: orig.Data}
 }
 
@@ -226,7 +226,7 @@ func findCopy(ctx context.Context, js jetstream.JetStream, stream, subject, from
 		Stream: stream, Filters: []string{subject}, HeadersOnly: true,
 		DeliverPolicy: jetstream.DeliverByStartTimePolicy, StartTime: &since,
 	}, func(m jetstream.Msg) error {
-		if m.Headers().Get(events.HeaderRequeuedFrom) != from {
+		if m.Headers().Get(requeue.HeaderFrom) != from {
 			return nil
 		}
 		md, err := m.Metadata()

@@ -1,0 +1,4 @@
+package agent
+
+// Names the black-box tests use for identifiers the package keeps unexported.
+var WithClock = withClock
