@@ -29,6 +29,7 @@ import (
 	"github.com/failbus/failbus/internal/devbus"
 	"github.com/failbus/failbus/internal/embedded"
 	svc "github.com/failbus/failbus/internal/service/recovery"
+	"github.com/failbus/failbus/internal/streamread"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy"
@@ -126,7 +127,7 @@ func stored[T events.Message](b *isoBus, stream, filter string) []T {
 	b.t.Helper()
 	var out []T
 	for _, m := range b.raw(stream, filter) {
-		subject := topology.ServerHeader(m, jetstream.SubjectHeader)
+		subject := streamread.ServerHeader(m, jetstream.SubjectHeader)
 		v, err := events.Decode(subject, m.Header, m.Data)
 		if err != nil {
 			b.t.Fatalf("%s on %s: %v", stream, subject, err)
@@ -142,7 +143,7 @@ func stored[T events.Message](b *isoBus, stream, filter string) []T {
 func (b *isoBus) raw(stream, filter string) []*nats.Msg {
 	b.t.Helper()
 	var out []*nats.Msg
-	if err := topology.ReadFrom(b.ctx, b.js, stream, filter, 0, 0, 1<<30, func(m *nats.Msg) error {
+	if err := streamread.ReadFrom(b.ctx, b.js, stream, filter, 0, 0, 1<<30, func(m *nats.Msg) error {
 		out = append(out, m)
 		return nil
 	}); err != nil {

@@ -18,6 +18,7 @@ import (
 	"github.com/failbus/failbus/internal/auth"
 	"github.com/failbus/failbus/internal/connect"
 	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/internal/streamread"
 	"github.com/failbus/failbus/internal/watch"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/agent"
@@ -294,7 +295,7 @@ func directRead(stream, filter string) op {
 // leaderGet reads the first message of stream through its leader.
 func leaderGet(stream string) op {
 	return op{"read the first message of " + stream + " from its leader", func(ctx context.Context, _ *connect.Conn, js jetstream.JetStream) error {
-		_, err := topology.LeaderGet(ctx, js, stream, topology.MsgQuery{Seq: 1, NextFor: ">"})
+		_, err := streamread.LeaderGet(ctx, js, stream, streamread.MsgQuery{Seq: 1, NextFor: ">"})
 		return err
 	}}
 }
@@ -414,28 +415,28 @@ func lastMsg(stream, subject string) op {
 // multi_last batch read, then a last-by-subject direct get.
 func lastPerSubject(stream, filter string) op {
 	return op{"read the last of each " + filter + " on " + stream, func(ctx context.Context, _ *connect.Conn, js jetstream.JetStream) error {
-		if err := topology.LastPerSubject(ctx, js, stream, []string{filter}, 0, func(*nats.Msg) error { return nil }); err != nil {
+		if err := streamread.LastPerSubject(ctx, js, stream, []string{filter}, 0, func(*nats.Msg) error { return nil }); err != nil {
 			return err
 		}
-		_, err := topology.LastSeq(ctx, js, stream, filter)
+		_, err := streamread.LastSeq(ctx, js, stream, filter)
 		return err
 	}}
 }
 
 // lastReads is the scheduler's read of budgets' ledgers
-// (topology.LastReader): the request a batch sends (a multi_last of
+// (streamread.LastReader): the request a batch sends (a multi_last of
 // literal subjects, answered on an inbox), then a read alone through a
 // LastReader.
 func lastReads(stream string, subjects ...string) op {
 	return op{"read the last of " + strings.Join(subjects, " ") + " on " + stream, func(ctx context.Context, _ *connect.Conn, js jetstream.JetStream) error {
-		if err := topology.LastPerSubject(ctx, js, stream, subjects, 0, func(*nats.Msg) error { return nil }); err != nil {
+		if err := streamread.LastPerSubject(ctx, js, stream, subjects, 0, func(*nats.Msg) error { return nil }); err != nil {
 			return err
 		}
 		s, err := js.Stream(ctx, stream)
 		if err != nil {
 			return err
 		}
-		r := topology.NewLastReader(js, s, topology.LastReaderOptions{})
+		r := streamread.NewLastReader(js, s, streamread.LastReaderOptions{})
 		defer r.Close()
 		if _, err := r.Last(ctx, subjects[0]); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
 			return err

@@ -25,6 +25,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/failbus/failbus/internal/kvkey"
+	"github.com/failbus/failbus/internal/streamread"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
@@ -66,7 +67,7 @@ func (b *bucket) get(ctx context.Context) (jetstream.KeyValue, error) {
 	if b.kv != nil {
 		return b.kv, nil
 	}
-	kv, err := topology.KeyValue(ctx, b.js, topology.BucketLimits)
+	kv, err := streamread.KeyValue(ctx, b.js, topology.BucketLimits)
 	if err != nil {
 		return nil, fmt.Errorf("limits: open %s (apply the topology): %w", topology.BucketLimits, err)
 	}
@@ -162,7 +163,7 @@ func (p *Providers) Admit(ctx context.Context, agent, provider string) error {
 	if err := p.admitProvider(ctx, kv, agent, provider, ep, now); err != nil {
 		return err
 	}
-	if _, err := kv.Create(ctx, key, nil); err != nil && !errors.Is(err, jetstream.ErrKeyExists) && !topology.IsWrongLastSeq(err) {
+	if _, err := kv.Create(ctx, key, nil); err != nil && !errors.Is(err, jetstream.ErrKeyExists) && !streamread.IsWrongLastSeq(err) {
 		return fmt.Errorf("limits: record %s: %w", key, err)
 	}
 	p.mu.Lock()
@@ -194,7 +195,7 @@ func (p *Providers) admitProvider(ctx context.Context, kv jetstream.KeyValue, ag
 			return err
 		}
 	}
-	if _, err := kv.Create(ctx, key, nil); err != nil && !errors.Is(err, jetstream.ErrKeyExists) && !topology.IsWrongLastSeq(err) {
+	if _, err := kv.Create(ctx, key, nil); err != nil && !errors.Is(err, jetstream.ErrKeyExists) && !streamread.IsWrongLastSeq(err) {
 		return fmt.Errorf("limits: record %s: %w", key, err)
 	}
 	p.mu.Lock()
@@ -249,9 +250,9 @@ func (p *Providers) remember(key string, at time.Time) {
 }
 
 // listNames reads the keys under prefix (one batched read of the latest
-// values, topology.LatestEntries) and returns their remainders.
+// values, streamread.LatestEntries) and returns their remainders.
 func listNames(ctx context.Context, js jetstream.JetStream, kv jetstream.KeyValue, prefix string) (map[string]bool, error) {
-	es, err := topology.LatestEntries(ctx, js, kv, prefix+">")
+	es, err := streamread.LatestEntries(ctx, js, kv, prefix+">")
 	if err != nil {
 		return nil, fmt.Errorf("limits: list %s%s: %w", kv.Bucket(), "/"+prefix, err)
 	}
@@ -448,7 +449,7 @@ func (t *Tasks) Admit(ctx context.Context, agent, id string, seq uint64, size in
 		} else {
 			_, err = kv.Update(ctx, key, data, rev)
 		}
-		if errors.Is(err, jetstream.ErrKeyExists) || topology.IsWrongLastSeq(err) {
+		if errors.Is(err, jetstream.ErrKeyExists) || streamread.IsWrongLastSeq(err) {
 			continue
 		}
 		if err != nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/failbus/failbus/internal/kvkey"
+	"github.com/failbus/failbus/internal/streamread"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/engine"
 	"github.com/failbus/failbus/pkg/events"
@@ -89,7 +90,7 @@ type Options struct {
 
 // Open binds the bucket; apply the topology first.
 func Open(ctx context.Context, js jetstream.JetStream, opts Options) (*Store, error) {
-	kv, err := topology.KeyValue(ctx, js, topology.BucketScope)
+	kv, err := streamread.KeyValue(ctx, js, topology.BucketScope)
 	if err != nil {
 		return nil, fmt.Errorf("open KV %s (apply the topology first): %w", topology.BucketScope, err)
 	}
@@ -218,7 +219,7 @@ func (p *Store) Update(ctx context.Context, provider string, fn func(*engine.Pro
 		} else {
 			newRev, err = p.kv.Update(ctx, key, data, rev)
 		}
-		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) || topology.IsWrongLastSeq(err) {
+		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) || streamread.IsWrongLastSeq(err) {
 			// Another writer has the key either way: read it before each
 			// update for a while.
 			if fromCache {
@@ -265,7 +266,7 @@ func (p *Store) Seed(ctx context.Context, provider string) (bool, error) {
 		return false, err
 	}
 	rev, err := p.kv.Create(ctx, key, data)
-	if errors.Is(err, jetstream.ErrKeyExists) || topology.IsWrongLastSeq(err) {
+	if errors.Is(err, jetstream.ErrKeyExists) || streamread.IsWrongLastSeq(err) {
 		return false, nil // a writer was first: its record stands
 	}
 	if err != nil {

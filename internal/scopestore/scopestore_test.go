@@ -15,6 +15,7 @@ import (
 
 	"github.com/failbus/failbus/internal/bustest"
 	"github.com/failbus/failbus/internal/scopestore"
+	"github.com/failbus/failbus/internal/streamread"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/engine"
 	"github.com/failbus/failbus/pkg/events"
@@ -164,7 +165,7 @@ func TestDeletedKeyStartsOver(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	kv, err := topology.KeyValue(context.Background(), b.JS, topology.BucketScope)
+	kv, err := streamread.KeyValue(context.Background(), b.JS, topology.BucketScope)
 	if err != nil {
 		t.Fatal(err)
 	}

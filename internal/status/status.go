@@ -38,6 +38,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/failbus/failbus/internal/cli/lag"
+	"github.com/failbus/failbus/internal/streamread"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/notify"
@@ -248,10 +249,10 @@ func (c *Collector) Collect(ctx context.Context) (*Snapshot, error) {
 
 // health reads the latest health record of every provider.
 func (c *Collector) health(ctx context.Context, get func(string) *Provider) error {
-	return topology.LastPerSubject(ctx, c.js, topology.StreamHealth, []string{events.HealthPrefix + ".>"}, 0, func(m *nats.Msg) error {
-		h, err := events.DecodeAs[*events.Health](topology.ServerHeader(m, jetstream.SubjectHeader), m.Header, m.Data)
+	return streamread.LastPerSubject(ctx, c.js, topology.StreamHealth, []string{events.HealthPrefix + ".>"}, 0, func(m *nats.Msg) error {
+		h, err := events.DecodeAs[*events.Health](streamread.ServerHeader(m, jetstream.SubjectHeader), m.Header, m.Data)
 		if err != nil {
-			return fmt.Errorf("health record %s: %w", topology.ServerHeader(m, jetstream.SubjectHeader), err)
+			return fmt.Errorf("health record %s: %w", streamread.ServerHeader(m, jetstream.SubjectHeader), err)
 		}
 		p := get(h.Provider)
 		p.State, p.Since, p.Reason = h.State, h.At.Time.UTC(), h.Reason
@@ -269,7 +270,7 @@ func (c *Collector) recoveryState(ctx context.Context, get func(string) *Provide
 		}
 		c.kv = kv
 	}
-	entries, err := topology.LatestEntries(ctx, c.js, c.kv, "prov.>")
+	entries, err := streamread.LatestEntries(ctx, c.js, c.kv, "prov.>")
 	if err != nil {
 		return err
 	}
@@ -314,10 +315,10 @@ func steps(done int) []Step {
 // progress of a run the provider record no longer holds (finished), or
 // confirms one in progress.
 func (c *Collector) checklists(ctx context.Context, get func(string) *Provider) error {
-	return topology.LastPerSubject(ctx, c.js, topology.StreamRecoveries, []string{events.RecoveryPrefix + ".>"}, 0, func(m *nats.Msg) error {
-		r, err := events.DecodeAs[*events.Recovery](topology.ServerHeader(m, jetstream.SubjectHeader), m.Header, m.Data)
+	return streamread.LastPerSubject(ctx, c.js, topology.StreamRecoveries, []string{events.RecoveryPrefix + ".>"}, 0, func(m *nats.Msg) error {
+		r, err := events.DecodeAs[*events.Recovery](streamread.ServerHeader(m, jetstream.SubjectHeader), m.Header, m.Data)
 		if err != nil {
-			return fmt.Errorf("recovery record %s: %w", topology.ServerHeader(m, jetstream.SubjectHeader), err)
+			return fmt.Errorf("recovery record %s: %w", streamread.ServerHeader(m, jetstream.SubjectHeader), err)
 		}
 		p := get(r.Provider)
 		if p.Checklist != nil {
@@ -352,7 +353,7 @@ func (c *Collector) checklists(ctx context.Context, get func(string) *Provider) 
 // reason.
 func (c *Collector) deadLetters(ctx context.Context, now time.Time, out *DeadLetters) error {
 	err := c.dlq.read(ctx, c.js, now.Add(-Window), func(m *nats.Msg, stored time.Time) {
-		subject := topology.ServerHeader(m, jetstream.SubjectHeader)
+		subject := streamread.ServerHeader(m, jetstream.SubjectHeader)
 		service := strings.TrimPrefix(subject, events.DLQPrefix+".")
 		reason := "(undecodable dead letter)"
 		if dl, err := events.DecodeAs[*events.DeadLetter](subject, m.Header, m.Data); err == nil {
@@ -388,13 +389,13 @@ func (c *Collector) deadLetters(ctx context.Context, now time.Time, out *DeadLet
 func (c *Collector) notifications(ctx context.Context, now time.Time, out *Notifications) error {
 	var errs []error
 	if err := c.notify.read(ctx, c.js, now.Add(-Window), func(m *nats.Msg, stored time.Time) {
-		subject := topology.ServerHeader(m, jetstream.SubjectHeader)
+		subject := streamread.ServerHeader(m, jetstream.SubjectHeader)
 		c.reqWin.add(stored, strings.TrimPrefix(subject, events.NotifyPrefix+"."))
 	}); err != nil {
 		errs = append(errs, err)
 	}
 	if err := c.audit.read(ctx, c.js, now.Add(-Window), func(m *nats.Msg, stored time.Time) {
-		subject := topology.ServerHeader(m, jetstream.SubjectHeader)
+		subject := streamread.ServerHeader(m, jetstream.SubjectHeader)
 		c.auditWin.add(stored, subject[strings.LastIndexByte(subject, '.')+1:])
 	}); err != nil {
 		errs = append(errs, err)

@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	topology "github.com/failbus/failbus/jetstream"
+	"github.com/failbus/failbus/internal/streamread"
 )
 
 // window counts keys over the last span of time, by minute: what a stream
@@ -99,12 +99,12 @@ func (t *tail) read(ctx context.Context, js jetstream.JetStream, from time.Time,
 		t.next = seq
 	}
 	n := 0
-	err := topology.ReadFrom(ctx, js, t.stream, t.filter, t.next, 0, pageLimit, func(m *nats.Msg) error {
-		seq, err := strconv.ParseUint(topology.ServerHeader(m, jetstream.SequenceHeader), 10, 64)
+	err := streamread.ReadFrom(ctx, js, t.stream, t.filter, t.next, 0, pageLimit, func(m *nats.Msg) error {
+		seq, err := strconv.ParseUint(streamread.ServerHeader(m, jetstream.SequenceHeader), 10, 64)
 		if err != nil {
 			return fmt.Errorf("read %s: sequence: %w", t.stream, err)
 		}
-		stored, err := time.Parse(time.RFC3339Nano, topology.ServerHeader(m, jetstream.TimeStampHeaer))
+		stored, err := time.Parse(time.RFC3339Nano, streamread.ServerHeader(m, jetstream.TimeStampHeaer))
 		if err != nil {
 			return fmt.Errorf("read %s: time stamp: %w", t.stream, err)
 		}
@@ -151,7 +151,7 @@ func firstSince(ctx context.Context, js jetstream.JetStream, stream, filter stri
 		}
 		return 0, fmt.Errorf("stream %s: first message since %s: %w", stream, t.Format(time.RFC3339), err)
 	}
-	seqText := topology.ServerHeader(m, jetstream.SequenceHeader)
+	seqText := streamread.ServerHeader(m, jetstream.SequenceHeader)
 	if seqText == "" {
 		if m.Header.Get("Status") == "404" {
 			return 0, nil

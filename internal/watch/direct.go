@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	topology "github.com/failbus/failbus/jetstream"
+	"github.com/failbus/failbus/internal/streamread"
 	"github.com/failbus/failbus/pkg/events"
 )
 
@@ -157,11 +157,11 @@ func (d *directRead) readLast(ctx context.Context, filters []string, last uint64
 		}
 		return nil
 	}
-	err := topology.LastPerSubjectUpTo(ctx, d.js, d.cfg.Stream, filters, last, keep)
-	if errors.Is(err, topology.ErrTooManySubjects) {
+	err := streamread.LastPerSubjectUpTo(ctx, d.js, d.cfg.Stream, filters, last, keep)
+	if errors.Is(err, streamread.ErrTooManySubjects) {
 		clear(latest)
 		for _, f := range filters {
-			err = topology.ReadFrom(ctx, d.js, d.cfg.Stream, f, 1, last, int(last), keep)
+			err = streamread.ReadFrom(ctx, d.js, d.cfg.Stream, f, 1, last, int(last), keep)
 			if err != nil {
 				break
 			}
@@ -196,7 +196,7 @@ func (d *directRead) fetch(ctx context.Context, c *cursor, known uint64) error {
 	if c.next > 1 || c.through > 0 {
 		at = nil // only the first page starts at a time
 	}
-	page, err := topology.ReadPage(ctx, d.js, d.cfg.Stream, c.filter, c.next, at, directPage, directPageBytes, func(m *nats.Msg) error {
+	page, err := streamread.ReadPage(ctx, d.js, d.cfg.Stream, c.filter, c.next, at, directPage, directPageBytes, func(m *nats.Msg) error {
 		dm, err := d.wrap(m)
 		if err != nil {
 			return err
@@ -229,16 +229,16 @@ func (d *directRead) fetch(ctx context.Context, c *cursor, known uint64) error {
 
 // wrap is a direct get's answer as a jetstream.Msg.
 func (d *directRead) wrap(m *nats.Msg) (*directMsg, error) {
-	seq, err := strconv.ParseUint(topology.ServerHeader(m, jetstream.SequenceHeader), 10, 64)
+	seq, err := strconv.ParseUint(streamread.ServerHeader(m, jetstream.SequenceHeader), 10, 64)
 	if err != nil {
 		return nil, fmt.Errorf("read %s: an answer without its sequence", d.cfg.Stream)
 	}
-	at, err := time.Parse(time.RFC3339Nano, topology.ServerHeader(m, jetstream.TimeStampHeaer))
+	at, err := time.Parse(time.RFC3339Nano, streamread.ServerHeader(m, jetstream.TimeStampHeaer))
 	if err != nil {
 		return nil, fmt.Errorf("read %s: seq %d without its time: %w", d.cfg.Stream, seq, err)
 	}
-	pending, _ := strconv.ParseUint(topology.ServerHeader(m, "Nats-Num-Pending"), 10, 64)
-	dm := &directMsg{stream: d.cfg.Stream, subject: topology.ServerHeader(m, jetstream.SubjectHeader), seq: seq, at: at, pending: pending, data: m.Data}
+	pending, _ := strconv.ParseUint(streamread.ServerHeader(m, "Nats-Num-Pending"), 10, 64)
+	dm := &directMsg{stream: d.cfg.Stream, subject: streamread.ServerHeader(m, jetstream.SubjectHeader), seq: seq, at: at, pending: pending, data: m.Data}
 	dm.header = stripServerHeaders(m.Header)
 	return dm, nil
 }

@@ -170,7 +170,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	// DrainTimeout, so in-flight work finishes during a drain.
 	hctx, hcancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer hcancel()
-	// Handlers (and what they call: topology.KeyValue's healing) log with
+	// Handlers (and what they call: streamread.KeyValue's healing) log with
 	// the service's logger through zerolog.Ctx.
 	hctx = r.log.WithContext(hctx)
 

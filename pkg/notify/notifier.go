@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nuid"
 	"github.com/rs/zerolog"
 
+	"github.com/failbus/failbus/internal/streamread"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
@@ -172,10 +173,10 @@ func New(ctx context.Context, cfg Config) (*Notifier, error) {
 		cfg.Now = time.Now
 	}
 	var err error
-	if n.ledger, err = topology.KeyValue(ctx, cfg.JetStream, cfg.LedgerBucket); err != nil {
+	if n.ledger, err = streamread.KeyValue(ctx, cfg.JetStream, cfg.LedgerBucket); err != nil {
 		return nil, fmt.Errorf("notify: dedupe bucket %s: %w", cfg.LedgerBucket, err)
 	}
-	if n.budget, err = topology.KeyValue(ctx, cfg.JetStream, cfg.BudgetBucket); err != nil {
+	if n.budget, err = streamread.KeyValue(ctx, cfg.JetStream, cfg.BudgetBucket); err != nil {
 		return nil, fmt.Errorf("notify: budget bucket %s: %w", cfg.BudgetBucket, err)
 	}
 	st, err := n.ledger.Status(ctx)

@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/failbus/failbus/internal/service/scheduler"
+	"github.com/failbus/failbus/internal/streamread"
 	"github.com/failbus/failbus/internal/watch"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
@@ -282,7 +283,7 @@ func (r *benchRunner) failbusDecisionLatency(ctx context.Context, rate, n int) (
 	if err != nil {
 		return nil, nil, 0, err
 	}
-	classified, err := topology.LastSeq(ctx, r.js, topology.StreamClassified, benchClassified)
+	classified, err := streamread.LastSeq(ctx, r.js, topology.StreamClassified, benchClassified)
 	if err != nil {
 		return nil, nil, 0, err
 	}

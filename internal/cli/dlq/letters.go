@@ -44,6 +44,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/failbus/failbus/internal/requeue"
+	"github.com/failbus/failbus/internal/streamread"
 	"github.com/failbus/failbus/internal/watch"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
@@ -353,13 +354,13 @@ func getMark(ctx context.Context, js jetstream.JetStream, key string) (*Mark, ui
 }
 
 // readMarks reads every mark, keyed by KV key (one batch read,
-// topology.LatestEntries).
+// streamread.LatestEntries).
 func readMarks(ctx context.Context, js jetstream.JetStream) (map[string]Mark, error) {
 	kv, err := marksBucket(ctx, js)
 	if err != nil {
 		return nil, err
 	}
-	es, err := topology.LatestEntries(ctx, js, kv, ">")
+	es, err := streamread.LatestEntries(ctx, js, kv, ">")
 	if err != nil {
 		return nil, fmt.Errorf("read the requeue marks: %w", err)
 	}

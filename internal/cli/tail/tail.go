@@ -20,9 +20,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/failbus/failbus/internal/cli"
+	"github.com/failbus/failbus/internal/streamread"
 	"github.com/failbus/failbus/internal/watch"
 	_ "github.com/failbus/failbus/internal/wiretypes" // every record type the bus writes decodes typed
-	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
 )
 
@@ -437,7 +437,7 @@ func matching(ctx context.Context, js jetstream.JetStream, stream string, filter
 	}
 	var n uint64
 	for _, f := range filters {
-		page, err := topology.ReadPage(ctx, js, stream, f, seq, nil, 1, 0, func(*nats.Msg) error { return nil })
+		page, err := streamread.ReadPage(ctx, js, stream, f, seq, nil, 1, 0, func(*nats.Msg) error { return nil })
 		if err != nil {
 			return 0, fmt.Errorf("count pending on %s: %w", stream, err)
 		}

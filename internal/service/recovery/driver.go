@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/vmihailenco/msgpack/v5"
 
-	topology "github.com/failbus/failbus/jetstream"
+	"github.com/failbus/failbus/internal/streamread"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/policy/recovery"
 )
@@ -157,7 +157,7 @@ func (s *Service) quarantine(ctx context.Context, key string, e jetstream.KeyVal
 		return err
 	}
 	s.m.quarantined.Inc()
-	if err := kv.Delete(ctx, key, jetstream.LastRevision(e.Revision())); err != nil && !topology.IsWrongLastSeq(err) {
+	if err := kv.Delete(ctx, key, jetstream.LastRevision(e.Revision())); err != nil && !streamread.IsWrongLastSeq(err) {
 		return fmt.Errorf("delete %s: %w", key, err)
 	}
 	return nil

@@ -16,6 +16,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	ilimits "github.com/failbus/failbus/internal/limits"
+	"github.com/failbus/failbus/internal/streamread"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy/limits"
@@ -80,7 +81,7 @@ func OpenStore(ctx context.Context, js jetstream.JetStream) (*Store, error) {
 		name string
 		kv   *jetstream.KeyValue
 	}{{topology.BucketRecovery, &s.state}, {topology.BucketHeartbeats, &s.heartbeats}, {topology.BucketCrons, &s.crons}} {
-		if *b.kv, err = topology.KeyValue(ctx, js, b.name); err != nil {
+		if *b.kv, err = streamread.KeyValue(ctx, js, b.name); err != nil {
 			return nil, fmt.Errorf("recovery: open KV %s (apply the topology first): %w", b.name, err)
 		}
 	}
@@ -219,10 +220,10 @@ func (s *Store) SaveProvider(ctx context.Context, r *recovery.ProviderRecord, re
 }
 
 // ListProviders implements recovery.Providers. It reads the records (one
-// batch read, topology.LatestEntries) rather than listing keys: a key
+// batch read, streamread.LatestEntries) rather than listing keys: a key
 // listing creates and deletes a consumer, and a submitted task asks.
 func (s *Store) ListProviders(ctx context.Context) ([]string, error) {
-	es, err := topology.LatestEntries(ctx, s.js, s.state, provPrefix+">")
+	es, err := streamread.LatestEntries(ctx, s.js, s.state, provPrefix+">")
 	if err != nil {
 		return nil, fmt.Errorf("list providers: %w", err)
 	}
@@ -295,7 +296,7 @@ func (s *Store) Heartbeat(ctx context.Context, agent, subagent string) (*events.
 }
 
 // LatestHeartbeats implements recovery.Heartbeats: a snapshot of the bucket
-// (every current value, topology.LatestEntries).
+// (every current value, streamread.LatestEntries).
 func (s *Store) LatestHeartbeats(ctx context.Context) ([]events.Heartbeat, error) {
 	var out []events.Heartbeat
 	err := s.snapshot(ctx, s.heartbeats, hbPrefix+">", func(v []byte) {
@@ -308,9 +309,9 @@ func (s *Store) LatestHeartbeats(ctx context.Context) ([]events.Heartbeat, error
 }
 
 // snapshot calls fn with every current value under filter (one batch read,
-// topology.LatestEntries).
+// streamread.LatestEntries).
 func (s *Store) snapshot(ctx context.Context, kv jetstream.KeyValue, filter string, fn func([]byte)) error {
-	es, err := topology.LatestEntries(ctx, s.js, kv, filter)
+	es, err := streamread.LatestEntries(ctx, s.js, kv, filter)
 	if err != nil {
 		return fmt.Errorf("read %s: %w", kv.Bucket(), err)
 	}

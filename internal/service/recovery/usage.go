@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/failbus/failbus/internal/streamread"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy/recovery"
@@ -47,11 +48,11 @@ func (s *Store) RecentUsers(ctx context.Context, provider string, max int) ([]re
 	filter := events.OutcomePrefix + "." + events.Token(provider) + ".*"
 	latest := map[string]time.Time{}
 	read := func(m *nats.Msg) error {
-		o, err := events.DecodeAs[*events.Outcome](topology.ServerHeader(m, jetstream.SubjectHeader), m.Header, m.Data)
+		o, err := events.DecodeAs[*events.Outcome](streamread.ServerHeader(m, jetstream.SubjectHeader), m.Header, m.Data)
 		if err != nil || o.Provider != provider || o.Agent == "" {
 			return nil
 		}
-		at, err := time.Parse(time.RFC3339Nano, topology.ServerHeader(m, jetstream.TimeStampHeaer))
+		at, err := time.Parse(time.RFC3339Nano, streamread.ServerHeader(m, jetstream.TimeStampHeaer))
 		if err != nil {
 			return nil // not what the server stamps: skip it, read the rest
 		}
@@ -60,13 +61,13 @@ func (s *Store) RecentUsers(ctx context.Context, provider string, max int) ([]re
 		}
 		return nil
 	}
-	err := topology.LastPerSubject(ctx, s.js, topology.StreamOutcomes, []string{filter}, 0, read)
-	if errors.Is(err, topology.ErrBatchUnavailable) {
+	err := streamread.LastPerSubject(ctx, s.js, topology.StreamOutcomes, []string{filter}, 0, read)
+	if errors.Is(err, streamread.ErrBatchUnavailable) {
 		// More agents (or bytes) than one answer carries: those of the
 		// provider's latest outcomes, read back from the stream's tail.
 		clear(latest)
 		var end uint64
-		if end, err = topology.LastSeq(ctx, s.js, topology.StreamOutcomes, filter); err != nil {
+		if end, err = streamread.LastSeq(ctx, s.js, topology.StreamOutcomes, filter); err != nil {
 			return nil, err
 		}
 		for range usageTailWindows {
@@ -77,7 +78,7 @@ func (s *Store) RecentUsers(ctx context.Context, provider string, max int) ([]re
 			if end > usageTail {
 				from = end - usageTail + 1
 			}
-			if err = topology.ReadFrom(ctx, s.js, topology.StreamOutcomes, filter, from, end, usageTail, read); err != nil {
+			if err = streamread.ReadFrom(ctx, s.js, topology.StreamOutcomes, filter, from, end, usageTail, read); err != nil {
 				if len(latest) > 0 && ctx.Err() != nil {
 					// Out of time further back: the newer windows' agents
 					// are the ones a probe wants.
@@ -111,8 +112,8 @@ func (s *Store) LatestDecisions(ctx context.Context, agents []string) (map[strin
 			filters = append(filters, f)
 		}
 	}
-	err := topology.LastPerSubject(ctx, s.js, topology.StreamDecisions, filters, 0, func(m *nats.Msg) error {
-		d, err := events.DecodeAs[*events.Decision](topology.ServerHeader(m, jetstream.SubjectHeader), m.Header, m.Data)
+	err := streamread.LastPerSubject(ctx, s.js, topology.StreamDecisions, filters, 0, func(m *nats.Msg) error {
+		d, err := events.DecodeAs[*events.Decision](streamread.ServerHeader(m, jetstream.SubjectHeader), m.Header, m.Data)
 		if err == nil && want[d.Agent] {
 			out[d.Agent] = *d
 		}

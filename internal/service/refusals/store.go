@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/failbus/failbus/internal/streamread"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/policy/refusal"
 )
@@ -36,7 +37,7 @@ type Store struct {
 
 // OpenStore binds the refusal bucket; apply the topology first.
 func OpenStore(ctx context.Context, js jetstream.JetStream) (*Store, error) {
-	kv, err := topology.KeyValue(ctx, js, topology.BucketRefusals)
+	kv, err := streamread.KeyValue(ctx, js, topology.BucketRefusals)
 	if err != nil {
 		return nil, fmt.Errorf("refusals: open KV %s (apply the topology first): %w", topology.BucketRefusals, err)
 	}
@@ -160,11 +161,11 @@ func (s *Store) Update(ctx context.Context, key string, fn UpdateFunc) (conflict
 
 // Entries returns every live entry matching the KV key filter (with values
 // unless metaOnly), read once: a snapshot, not a subscription. It is one
-// batch read (topology.LatestEntries), not a watch: a refusal that
+// batch read (streamread.LatestEntries), not a watch: a refusal that
 // notifies and every segment boundary ask for one, and a watch would
 // create and delete a consumer each time.
 func (s *Store) Entries(ctx context.Context, filter string, metaOnly bool) ([]Entry, error) {
-	kves, err := topology.LatestEntries(ctx, s.js, s.kv, filter)
+	kves, err := streamread.LatestEntries(ctx, s.js, s.kv, filter)
 	if err != nil {
 		return nil, fmt.Errorf("refusals: read %s: %w", filter, err)
 	}

@@ -227,7 +227,7 @@ func (b *bench) putOutagePolicy() (uint64, *policy.Policy) {
 
 // A failure that appends nothing reads its budget's ledger before its
 // decision goes out; the reads of concurrent handlers go to the server
-// together (topology.LastReader), and every one is counted by how it
+// together (streamread.LastReader), and every one is counted by how it
 // went.
 func TestLedgerReadsAreCounted(t *testing.T) {
 	t.Parallel()

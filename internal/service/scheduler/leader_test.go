@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/failbus/failbus/internal/service/scheduler"
+	"github.com/failbus/failbus/internal/streamread"
 	"github.com/failbus/failbus/internal/testcluster"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/agent"
@@ -173,7 +174,7 @@ func TestLedgerReadsThatDecideAreTheLeadersOnAReplicatedStream(t *testing.T) {
 	if _, leader := spy.take(nc, ledger); len(leader) == 0 {
 		t.Error("the started mark was decided without reading the ledger from the leader")
 	}
-	if got := labeledCounter(t, reg, "failbus_scheduler_ledger_reads_total", map[string]string{"how": topology.ReadLeader}); got < 3 {
+	if got := labeledCounter(t, reg, "failbus_scheduler_ledger_reads_total", map[string]string{"how": streamread.ReadLeader}); got < 3 {
 		t.Errorf("ledger reads counted as the leader's: %v, want at least 3", got)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/failbus/failbus/internal/streamread"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
@@ -108,7 +109,7 @@ func decodeRaw(m *jetstream.RawStreamMsg) (*ledgerRead, error) {
 
 // ledgerLast reads the budget's last entry; nil when the budget is
 // untouched. The index learns the budget's last sequence. Reads of
-// concurrent handlers go to the server together (topology.LastReader).
+// concurrent handlers go to the server together (streamread.LastReader).
 func (s *Service) ledgerLast(ctx context.Context, token string) (*ledgerRead, error) {
 	subj := events.RetryLedgerSubject(token)
 	reads := s.ledgerReads
@@ -153,7 +154,7 @@ func (s *Service) ledgerFind(ctx context.Context, token, outcomeID string, from 
 	var read []*ledgerRead
 	seq := next
 	for {
-		m, err := s.retriesMsg(ctx, topology.MsgQuery{Seq: seq, NextFor: subj})
+		m, err := s.retriesMsg(ctx, streamread.MsgQuery{Seq: seq, NextFor: subj})
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			break
 		}
@@ -179,7 +180,7 @@ func (s *Service) ledgerAppend(ctx context.Context, e *LedgerEntry, expect uint6
 	subj := events.RetryLedgerSubject(e.Budget().Token())
 	msgID := Name + ":" + e.RetryID + ":" + kind
 	ack, err := s.publish(ctx, subj, e, msgID, nil, jetstream.WithExpectLastSequencePerSubject(expect))
-	if topology.IsWrongLastSeq(err) {
+	if streamread.IsWrongLastSeq(err) {
 		return 0, false, errLedgerConflict
 	}
 	if err != nil {
@@ -187,7 +188,7 @@ func (s *Service) ledgerAppend(ctx context.Context, e *LedgerEntry, expect uint6
 	}
 	if ack.Duplicate {
 		// Just acknowledged: a replica may not hold it yet.
-		m, err := s.retriesMsg(withCurrent(ctx), topology.MsgQuery{Seq: ack.Sequence})
+		m, err := s.retriesMsg(withCurrent(ctx), streamread.MsgQuery{Seq: ack.Sequence})
 		if err != nil {
 			return 0, false, fmt.Errorf("read back ledger %s seq %d: %w", subj, ack.Sequence, err)
 		}
@@ -209,10 +210,10 @@ func (s *Service) ledgerAppend(ctx context.Context, e *LedgerEntry, expect uint6
 // ledger's entries, a pending schedule): from the stream's leader when
 // ctx asks for current reads of a replicated stream (current.go), else by
 // the stream's own get (a direct get).
-func (s *Service) retriesMsg(ctx context.Context, q topology.MsgQuery) (*jetstream.RawStreamMsg, error) {
+func (s *Service) retriesMsg(ctx context.Context, q streamread.MsgQuery) (*jetstream.RawStreamMsg, error) {
 	switch {
 	case s.replicated && isCurrent(ctx):
-		return topology.LeaderGet(ctx, s.js, topology.StreamRetries, q)
+		return streamread.LeaderGet(ctx, s.js, topology.StreamRetries, q)
 	case q.LastFor != "":
 		return s.retries.GetLastMsgForSubject(ctx, q.LastFor)
 	case q.NextFor != "":

@@ -7,6 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/failbus/failbus/internal/streamread"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy"
@@ -111,7 +112,7 @@ var kvSource = "kv " + topology.BucketPolicy + "/" + PolicyKVKey
 // startPolicyWatch opens the watch on the KV policy and applies its current
 // value before returning, so the first message is decided with it.
 func (s *Service) startPolicyWatch(ctx context.Context) (jetstream.KeyWatcher, error) {
-	kv, err := topology.KeyValue(ctx, s.js, topology.BucketPolicy)
+	kv, err := streamread.KeyValue(ctx, s.js, topology.BucketPolicy)
 	if err != nil {
 		return nil, fmt.Errorf("scheduler: open KV %s (apply the topology first): %w", topology.BucketPolicy, err)
 	}

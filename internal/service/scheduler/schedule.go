@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/failbus/failbus/internal/streamread"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
@@ -86,7 +87,7 @@ func (s *Service) scheduleMsg(e *LedgerEntry) (*nats.Msg, error) {
 // schedulePending reports whether e's schedule is stored and has not fired.
 func (s *Service) schedulePending(ctx context.Context, e *LedgerEntry) (bool, error) {
 	subj := events.RetryScheduleSubject(e.Agent, e.RetryID)
-	_, err := s.retriesMsg(ctx, topology.MsgQuery{LastFor: subj})
+	_, err := s.retriesMsg(ctx, streamread.MsgQuery{LastFor: subj})
 	switch {
 	case errors.Is(err, jetstream.ErrMsgNotFound):
 		return false, nil
@@ -127,7 +128,7 @@ func (s *Service) fired(ctx context.Context, e *LedgerEntry) (bool, error) {
 // firedOnLeader is fired on a replicated stream: the due messages stored
 // since start, read from the leader one at a time.
 func (s *Service) firedOnLeader(ctx context.Context, due, sched string, start time.Time) (bool, error) {
-	q := topology.MsgQuery{NextFor: due, StartTime: &start}
+	q := streamread.MsgQuery{NextFor: due, StartTime: &start}
 	for {
 		m, err := s.retriesMsg(ctx, q)
 		switch {
@@ -138,7 +139,7 @@ func (s *Service) firedOnLeader(ctx context.Context, due, sched string, start ti
 		case m.Header.Get(HeaderScheduler) == sched:
 			return true, nil
 		}
-		q = topology.MsgQuery{Seq: m.Sequence + 1, NextFor: due}
+		q = streamread.MsgQuery{Seq: m.Sequence + 1, NextFor: due}
 	}
 }
 

@@ -25,7 +25,7 @@
 //     events.RetryLedgerSubject(budget token) in FAILBUS_RETRIES, a
 //     LedgerEntry) and decides with retry.Decide. The reads of handlers
 //     running at the same time go to the server together, one multi_last
-//     per batch (topology.LastReader, counted in
+//     per batch (streamread.LastReader, counted in
 //     failbus_scheduler_ledger_reads_total{how}). On a replicated
 //     FAILBUS_RETRIES a decision that appends nothing, which no
 //     compare-and-set checks, is made again from the stream leader's
@@ -117,6 +117,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/failbus/failbus/internal/scopestore"
+	"github.com/failbus/failbus/internal/streamread"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/engine"
@@ -280,10 +281,10 @@ type Service struct {
 	health  jetstream.Stream // FAILBUS_HEALTH, set by Run before consuming
 	// ledgerReads reads budgets' last ledger entries, folding the reads
 	// of concurrent handlers into batches; set by Run with retries.
-	ledgerReads *topology.LastReader
+	ledgerReads *streamread.LastReader
 	// leaderReads reads them from FAILBUS_RETRIES's leader, for reads
 	// that must be current (current.go); set by Run.
-	leaderReads *topology.LastReader
+	leaderReads *streamread.LastReader
 	// replicated: FAILBUS_RETRIES has replicas, whose direct gets may lag
 	// its leader (current.go); set by Run.
 	replicated bool
@@ -409,12 +410,12 @@ func (s *Service) Run(ctx context.Context) (err error) {
 		return fmt.Errorf("scheduler: open %s (apply the topology first): %w", topology.StreamRetries, err)
 	}
 	s.retries = retries
-	s.replicated = topology.Replicated(retries)
+	s.replicated = streamread.Replicated(retries)
 	onReads := func(how string, n int) { s.m.ledgerReads.WithLabelValues(how).Add(float64(n)) }
-	reads := topology.NewLastReader(s.js, retries, topology.LastReaderOptions{OnReads: onReads, OnBatch: s.m.ledgerBatches.Inc})
+	reads := streamread.NewLastReader(s.js, retries, streamread.LastReaderOptions{OnReads: onReads, OnBatch: s.m.ledgerBatches.Inc})
 	defer reads.Close()
 	s.ledgerReads = reads
-	s.leaderReads = topology.NewLastReader(s.js, retries, topology.LastReaderOptions{OnReads: onReads, Leader: true})
+	s.leaderReads = streamread.NewLastReader(s.js, retries, streamread.LastReaderOptions{OnReads: onReads, Leader: true})
 	defer s.leaderReads.Close()
 	health, err := s.js.Stream(ctx, topology.StreamHealth)
 	if err != nil {
@@ -549,7 +550,7 @@ func newMetrics(reg prometheus.Registerer, maxProviders int) (*metrics, error) {
 	m.guesses = counterVec("failbus_scheduler_ledger_guesses_total", "Decisions made first on the ledger index's word instead of a read, by result: confirmed by the append's compare-and-set (a read saved), wrong (the append failed; decided again from reads), unchecked (nothing appended; decided again from reads).", "result")
 	m.ledgerReads = counterVec("failbus_scheduler_ledger_reads_total", "Reads of a budget's last ledger entry, by how they went to the server: batched (in a multi_last request with other budgets' reads, which failbus_scheduler_ledger_read_batches_total counts), alone (one request for one budget: no other budget's read was waiting), fallback (a request of their own because a batch read was unavailable: a stream without direct gets, a server before 2.11, a connection not allowed the batch request; batches are tried again after a minute), leader (the stream leader's, one request each: FAILBUS_RETRIES is replicated and the read decides something no compare-and-set checks, such as a decision that appends nothing, which a replica's direct get lagging the writes acknowledged before it must not answer).", "how")
 	if m.ledgerReads != nil {
-		for _, how := range []string{topology.ReadBatched, topology.ReadAlone, topology.ReadFallback, topology.ReadLeader} {
+		for _, how := range []string{streamread.ReadBatched, streamread.ReadAlone, streamread.ReadFallback, streamread.ReadLeader} {
 			m.ledgerReads.WithLabelValues(how) // every series from the start, at 0
 		}
 	}

@@ -1,4 +1,4 @@
-package topology_test
+package streamread_test
 
 import (
 	"errors"
@@ -9,7 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	topology "github.com/failbus/failbus/jetstream"
+	"github.com/failbus/failbus/internal/streamread"
 )
 
 // TestLeaderGet reads single messages through the stream's JSON API: by
@@ -46,22 +46,22 @@ func TestLeaderGet(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name string
-		q    topology.MsgQuery
+		q    streamread.MsgQuery
 		want string
 	}{
-		{"by sequence", topology.MsgQuery{Seq: 2}, "lg.b #2 m2 X-N=2"},
-		{"next on a subject", topology.MsgQuery{Seq: 2, NextFor: "lg.a"}, "lg.a #3 m3 X-N=3"},
-		{"next on a wildcard", topology.MsgQuery{Seq: 4, NextFor: "lg.*"}, "lg.b #4 m4 X-N=4"},
-		{"next from a time", topology.MsgQuery{StartTime: &before, NextFor: "lg.b"}, "lg.b #4 m4 X-N=4"},
-		{"last on a subject", topology.MsgQuery{LastFor: "lg.a"}, "lg.a #3 m3 X-N=3"},
-		{"nothing past the end", topology.MsgQuery{Seq: 5, NextFor: "lg.a"}, "not found"},
-		{"nothing on a subject", topology.MsgQuery{LastFor: "lg.none"}, "not found"},
+		{"by sequence", streamread.MsgQuery{Seq: 2}, "lg.b #2 m2 X-N=2"},
+		{"next on a subject", streamread.MsgQuery{Seq: 2, NextFor: "lg.a"}, "lg.a #3 m3 X-N=3"},
+		{"next on a wildcard", streamread.MsgQuery{Seq: 4, NextFor: "lg.*"}, "lg.b #4 m4 X-N=4"},
+		{"next from a time", streamread.MsgQuery{StartTime: &before, NextFor: "lg.b"}, "lg.b #4 m4 X-N=4"},
+		{"last on a subject", streamread.MsgQuery{LastFor: "lg.a"}, "lg.a #3 m3 X-N=3"},
+		{"nothing past the end", streamread.MsgQuery{Seq: 5, NextFor: "lg.a"}, "not found"},
+		{"nothing on a subject", streamread.MsgQuery{LastFor: "lg.none"}, "not found"},
 	} {
-		if got := text(topology.LeaderGet(b.ctx, b.js, "LG", tc.q)); got != tc.want {
+		if got := text(streamread.LeaderGet(b.ctx, b.js, "LG", tc.q)); got != tc.want {
 			t.Errorf("%s: %s, want %s", tc.name, got, tc.want)
 		}
 	}
-	_, err := topology.LeaderGet(b.ctx, b.js, "NOPE", topology.MsgQuery{Seq: 1})
+	_, err := streamread.LeaderGet(b.ctx, b.js, "NOPE", streamread.MsgQuery{Seq: 1})
 	var apiErr *jetstream.APIError
 	if !errors.As(err, &apiErr) || apiErr.ErrorCode != jetstream.JSErrCodeStreamNotFound {
 		t.Errorf("a stream that is not there: %v, want the server's stream-not-found", err)

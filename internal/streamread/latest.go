@@ -1,4 +1,4 @@
-package topology
+package streamread
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package topology_test
+package streamread_test
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/failbus/failbus/internal/embedded"
-	topology "github.com/failbus/failbus/jetstream"
+	"github.com/failbus/failbus/internal/streamread"
 )
 
 // lastReaderStream creates stream name on name.> (with direct gets or
@@ -61,12 +61,12 @@ func wantLast(want map[string]string, subject string) string {
 // lastReaderOn starts a server with stream name (lastReaderStream) and a
 // LastReader of it that reports to counts: the server, the reader, its
 // counts and the answers it must give.
-func lastReaderOn(t *testing.T, name string, direct bool) (*bundle, *topology.LastReader, *readCounts, map[string]string) {
+func lastReaderOn(t *testing.T, name string, direct bool) (*bundle, *streamread.LastReader, *readCounts, map[string]string) {
 	t.Helper()
 	b := setup(t)
 	st, want := lastReaderStream(t, b, name, direct)
 	counts := &readCounts{}
-	r := topology.NewLastReader(b.js, st, counts.options())
+	r := streamread.NewLastReader(b.js, st, counts.options())
 	t.Cleanup(r.Close)
 	return b, r, counts, want
 }
@@ -95,19 +95,19 @@ type readCounts struct {
 	st lastStats
 }
 
-func (c *readCounts) options() topology.LastReaderOptions {
-	return topology.LastReaderOptions{
+func (c *readCounts) options() streamread.LastReaderOptions {
+	return streamread.LastReaderOptions{
 		OnReads: func(how string, n int) {
 			c.mu.Lock()
 			defer c.mu.Unlock()
 			switch how {
-			case topology.ReadBatched:
+			case streamread.ReadBatched:
 				c.st.Batched += uint64(n)
-			case topology.ReadAlone:
+			case streamread.ReadAlone:
 				c.st.Alone += uint64(n)
-			case topology.ReadFallback:
+			case streamread.ReadFallback:
 				c.st.Fallbacks += uint64(n)
-			case topology.ReadLeader:
+			case streamread.ReadLeader:
 				c.st.Leader += uint64(n)
 			}
 		},
@@ -128,7 +128,7 @@ func (c *readCounts) get() lastStats {
 // readRounds reads subjects twice through readMany and checks every
 // answer against want and, after each round, that batches multi_last
 // requests were sent in all and every read so far fell back.
-func readRounds(t *testing.T, b *bundle, r *topology.LastReader, counts *readCounts, subjects []string, want map[string]string, batches uint64) {
+func readRounds(t *testing.T, b *bundle, r *streamread.LastReader, counts *readCounts, subjects []string, want map[string]string, batches uint64) {
 	t.Helper()
 	for round := range 2 {
 		checkLast(t, fmt.Sprintf("round %d: ", round), subjects, readMany(t, b, r, subjects), want)
@@ -159,11 +159,11 @@ func lastText(m *jetstream.RawStreamMsg, err error) string {
 // readMany holds the first read in flight (the leader's hook) until the
 // others are queued behind it, then lets it go: each read's answer, in
 // the order of subjects.
-func readMany(t *testing.T, b *bundle, r *topology.LastReader, subjects []string) []string {
+func readMany(t *testing.T, b *bundle, r *streamread.LastReader, subjects []string) []string {
 	t.Helper()
 	var once sync.Once
 	release := make(chan struct{})
-	topology.HookLastTake(r, func() {
+	streamread.HookLastTake(r, func() {
 		once.Do(func() { <-release })
 	}, nil)
 	got := make([]string, len(subjects))
@@ -180,12 +180,12 @@ func readMany(t *testing.T, b *bundle, r *topology.LastReader, subjects []string
 }
 
 // waitQueued polls until n reads wait in r's queue.
-func waitQueued(t *testing.T, r *topology.LastReader, n int) {
+func waitQueued(t *testing.T, r *streamread.LastReader, n int) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for topology.QueuedLastReads(r) != n {
+	for streamread.QueuedLastReads(r) != n {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d reads queued, want %d", topology.QueuedLastReads(r), n)
+			t.Fatalf("%d reads queued, want %d", streamread.QueuedLastReads(r), n)
 		}
 		time.Sleep(time.Millisecond) // polling with a deadline
 	}
@@ -241,7 +241,7 @@ func TestLastReaderReadsFromTheLeaderWhenTold(t *testing.T) {
 	counts := &readCounts{}
 	opts := counts.options()
 	opts.Leader = true
-	r := topology.NewLastReader(b.js, st, opts)
+	r := streamread.NewLastReader(b.js, st, opts)
 	t.Cleanup(r.Close)
 	var direct, leader atomic.Int64
 	for subj, n := range map[string]*atomic.Int64{"$JS.API.DIRECT.GET.LRL": &direct, "$JS.API.DIRECT.GET.LRL.>": &direct, "$JS.API.STREAM.MSG.GET.LRL": &leader} {
@@ -278,7 +278,7 @@ func TestLastReaderCancelWhileQueued(t *testing.T) {
 	b, r, counts, want := lastReaderOn(t, "LRC", true)
 	release := make(chan struct{})
 	var once sync.Once
-	topology.HookLastTake(r, func() { once.Do(func() { <-release }) }, nil)
+	streamread.HookLastTake(r, func() { once.Do(func() { <-release }) }, nil)
 	var wg sync.WaitGroup
 	var first, third string
 	wg.Go(func() { first = lastText(r.Last(b.ctx, "LRC.a")) })
@@ -317,7 +317,7 @@ func TestLastReaderHandsTheLeadOn(t *testing.T) {
 	b, r, counts, want := lastReaderOn(t, "LRH", true)
 	taken, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	topology.HookLastTake(r, nil, func(int) { // the first read, taken, waits
+	streamread.HookLastTake(r, nil, func(int) { // the first read, taken, waits
 		once.Do(func() {
 			close(taken)
 			<-release
@@ -380,7 +380,7 @@ func TestLastReaderFallsBackWhenBatchesAreDenied(t *testing.T) {
 		t.Fatal(err)
 	}
 	counts := &readCounts{}
-	r := topology.NewLastReader(js, st, counts.options())
+	r := streamread.NewLastReader(js, st, counts.options())
 	defer r.Close()
 	b := &bundle{ctx: ctx, js: js}
 	// One batch tried in the first round, none in the second.

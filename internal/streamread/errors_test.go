@@ -1,4 +1,4 @@
-package topology_test
+package streamread_test
 
 import (
 	"errors"
@@ -8,7 +8,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	topology "github.com/failbus/failbus/jetstream"
+	"github.com/failbus/failbus/internal/streamread"
 )
 
 // TestIsWrongLastSeq: the server's own answers to a compare-and-set that
@@ -54,7 +54,7 @@ func TestIsWrongLastSeq(t *testing.T) {
 		{"a plain error", errors.New("wrong last sequence"), false},
 		{"a connection error", nats.ErrConnectionClosed, false},
 	} {
-		if got := topology.IsWrongLastSeq(tc.err); got != tc.want {
+		if got := streamread.IsWrongLastSeq(tc.err); got != tc.want {
 			t.Errorf("%s: IsWrongLastSeq(%v) = %v, want %v", tc.name, tc.err, got, tc.want)
 		}
 	}

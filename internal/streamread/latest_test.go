@@ -1,4 +1,4 @@
-package topology_test
+package streamread_test
 
 import (
 	"cmp"
@@ -13,7 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	topology "github.com/failbus/failbus/jetstream"
+	"github.com/failbus/failbus/internal/streamread"
 )
 
 type kvRow struct {
@@ -84,7 +84,7 @@ func TestLatestEntries(t *testing.T) {
 		{"s3.>", nil}, // never written
 	}
 	for _, tt := range tests {
-		got, err := topology.LatestEntries(b.ctx, b.js, kv, tt.filter)
+		got, err := streamread.LatestEntries(b.ctx, b.js, kv, tt.filter)
 		if err != nil {
 			t.Fatalf("%s: %v", tt.filter, err)
 		}
@@ -105,7 +105,7 @@ func TestLatestEntries(t *testing.T) {
 			}
 		}
 	}
-	if rows := rowsOf(must(topology.LatestEntries(b.ctx, b.js, kv, "s1.1.p1"))); len(rows) != 1 || rows[0].value != "a3" {
+	if rows := rowsOf(must(streamread.LatestEntries(b.ctx, b.js, kv, "s1.1.p1"))); len(rows) != 1 || rows[0].value != "a3" {
 		t.Errorf("s1.1.p1: %v, want its latest value a3", rows)
 	}
 
@@ -114,7 +114,7 @@ func TestLatestEntries(t *testing.T) {
 	// inbox under the connection's request mux, which the bucket's
 	// creation started, would get every answer twice.)
 	in := b.nc.Stats().InMsgs
-	if _, err := topology.LatestEntries(b.ctx, b.js, kv, "s1.>"); err != nil {
+	if _, err := streamread.LatestEntries(b.ctx, b.js, kv, "s1.>"); err != nil {
 		t.Fatal(err)
 	}
 	if got := b.nc.Stats().InMsgs - in; got != 6 {
@@ -126,7 +126,7 @@ func TestLatestEntries(t *testing.T) {
 	// watch makes at least two (create, delete), a direct get none.
 	before := must(b.js.AccountInfo(b.ctx)).API.Total
 	for range 3 {
-		if _, err := topology.LatestEntries(b.ctx, b.js, kv, "s1.>"); err != nil {
+		if _, err := streamread.LatestEntries(b.ctx, b.js, kv, "s1.>"); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -155,7 +155,7 @@ func TestLatestEntriesBeyondOneBatch(t *testing.T) {
 	}{{1024, false}, {1100, true}} {
 		put(0, tt.n)
 		before := must(b.js.AccountInfo(b.ctx)).API.Total
-		got, err := topology.LatestEntries(b.ctx, b.js, kv, "k.*")
+		got, err := streamread.LatestEntries(b.ctx, b.js, kv, "k.*")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -191,7 +191,7 @@ func TestLatestEntriesWithoutDirectGets(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	got, err := topology.LatestEntries(b.ctx, b.js, kv, "a.*")
+	got, err := streamread.LatestEntries(b.ctx, b.js, kv, "a.*")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -233,7 +233,7 @@ func TestLastPerSubject(t *testing.T) {
 	}
 	read := func(filter string, from uint64) (map[string]string, error) {
 		got := map[string]string{}
-		err := topology.LastPerSubject(b.ctx, b.js, "LAST", []string{filter}, from, func(m *nats.Msg) error {
+		err := streamread.LastPerSubject(b.ctx, b.js, "LAST", []string{filter}, from, func(m *nats.Msg) error {
 			got[m.Header.Get(jetstream.SubjectHeader)] = string(m.Data)
 			return nil
 		})
@@ -261,7 +261,7 @@ func TestLastPerSubject(t *testing.T) {
 		}
 	}
 	for filter, want := range map[string]uint64{"last.p.*": lastP, "last.p.b": 2, "last.x.*": 0} {
-		if got, err := topology.LastSeq(b.ctx, b.js, "LAST", filter); err != nil || got != want {
+		if got, err := streamread.LastSeq(b.ctx, b.js, "LAST", filter); err != nil || got != want {
 			t.Errorf("LastSeq %s = %d, %v; want %d", filter, got, err, want)
 		}
 	}
@@ -271,11 +271,11 @@ func TestLastPerSubject(t *testing.T) {
 		pub(fmt.Sprintf("last.many.%d", i), fmt.Sprint(i))
 	}
 	for _, from := range []uint64{0, first + 1000} {
-		if _, err := read("last.many.*", from); !errors.Is(err, topology.ErrTooManySubjects) || !errors.Is(err, topology.ErrBatchUnavailable) {
+		if _, err := read("last.many.*", from); !errors.Is(err, streamread.ErrTooManySubjects) || !errors.Is(err, streamread.ErrBatchUnavailable) {
 			t.Fatalf("1100 subjects from %d: %v, want ErrTooManySubjects", from, err)
 		}
 	}
-	last := must(topology.LastSeq(b.ctx, b.js, "LAST", "last.many.*"))
+	last := must(streamread.LastSeq(b.ctx, b.js, "LAST", "last.many.*"))
 	nums := func(from, to int) []string {
 		var out []string
 		for i := from; i <= to; i++ {
@@ -297,7 +297,7 @@ func TestLastPerSubject(t *testing.T) {
 		{"in pages, up to a bound", first + 500, first + 799, 4096, 300, nums(500, 799)},
 	} {
 		var got []string
-		err := topology.ReadFromPaged(b.ctx, b.js, "LAST", "last.many.*", tt.from, tt.upto, tt.n, cmp.Or(tt.pageBytes, 4<<20), func(m *nats.Msg) error {
+		err := streamread.ReadFromPaged(b.ctx, b.js, "LAST", "last.many.*", tt.from, tt.upto, tt.n, cmp.Or(tt.pageBytes, 4<<20), func(m *nats.Msg) error {
 			got = append(got, string(m.Data))
 			return nil
 		})
@@ -329,15 +329,15 @@ func TestBatchReadsTakeTheServersHeaders(t *testing.T) {
 		seqs[subj] = must(b.js.PublishMsg(b.ctx, &nats.Msg{Subject: subj, Header: h})).Sequence
 	}
 	check := func(how string, m *nats.Msg) {
-		subj := topology.ServerHeader(m, jetstream.SubjectHeader)
-		seq := topology.ServerHeader(m, jetstream.SequenceHeader)
-		at, err := time.Parse(time.RFC3339Nano, topology.ServerHeader(m, jetstream.TimeStampHeaer))
+		subj := streamread.ServerHeader(m, jetstream.SubjectHeader)
+		seq := streamread.ServerHeader(m, jetstream.SequenceHeader)
+		at, err := time.Parse(time.RFC3339Nano, streamread.ServerHeader(m, jetstream.TimeStampHeaer))
 		if want, ok := seqs[subj]; !ok || seq != fmt.Sprint(want) || err != nil || at.Year() < 2026 {
 			t.Errorf("%s: subject %q sequence %s time %v (%v); want the server's", how, subj, seq, at, err)
 		}
 	}
 	n := 0
-	if err := topology.LastPerSubject(b.ctx, b.js, "HDR", []string{"hdr.>"}, 0, func(m *nats.Msg) error {
+	if err := streamread.LastPerSubject(b.ctx, b.js, "HDR", []string{"hdr.>"}, 0, func(m *nats.Msg) error {
 		n++
 		check("last per subject", m)
 		return nil
@@ -345,7 +345,7 @@ func TestBatchReadsTakeTheServersHeaders(t *testing.T) {
 		t.Errorf("last per subject: %d messages, %v; want 2", n, err)
 	}
 	n = 0
-	if err := topology.ReadFrom(b.ctx, b.js, "HDR", "hdr.>", 0, 0, 10, func(m *nats.Msg) error {
+	if err := streamread.ReadFrom(b.ctx, b.js, "HDR", "hdr.>", 0, 0, 10, func(m *nats.Msg) error {
 		n++
 		check("read from", m)
 		return nil
@@ -353,7 +353,7 @@ func TestBatchReadsTakeTheServersHeaders(t *testing.T) {
 		t.Errorf("read from: %d messages, %v; want 2", n, err)
 	}
 	for subj, want := range seqs {
-		if got, err := topology.LastSeq(b.ctx, b.js, "HDR", subj); err != nil || got != want {
+		if got, err := streamread.LastSeq(b.ctx, b.js, "HDR", subj); err != nil || got != want {
 			t.Errorf("LastSeq %s = %d, %v; want the server's %d", subj, got, err, want)
 		}
 	}
