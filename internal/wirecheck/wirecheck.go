@@ -1,4 +1,4 @@
-// Package wirecheck holds a hand-written msgpack codec (events.FieldTable)
+// Package wirecheck holds a hand-written msgpack codec (wire.FieldTable)
 // to what msgpack's reflection does for the same struct tags: tests give
 // it a type with the codec and a mirror type (the same fields, none of
 // the methods) and it compares bytes written and values read, on random

@@ -7,59 +7,60 @@ import (
 
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/failbus/failbus/internal/wire"
 	"github.com/failbus/failbus/pkg/events"
 )
 
 // The fault scope's state is stored on every batch the scheduler observes
 // (internal/scopestore) and read back when another replica wrote it: its
-// records encode and decode through field tables (events.FieldTable), not
+// records encode and decode through field tables (wire.FieldTable), not
 // msgpack's reflection, which was most of that cost (a provider's record
 // holds an Entry per profile and per model). TestCodecMatchesReflection
 // holds each table to what reflection writes and reads.
 
-var entryWire = events.NewFieldTable(
-	events.StringField("last_id", true, func(e *Entry) *string { return &e.LastID }),
-	events.TimeField("last_seen", true, func(e *Entry) *events.Time { return &e.LastSeen }),
-	events.TimeField("last_at", false, func(e *Entry) *events.Time { return &e.LastAt }),
-	events.BoolField("last_ok", false, func(e *Entry) *bool { return &e.LastOK }),
-	events.StringField("last_class", false, func(e *Entry) *string { return &e.LastClass }),
-	events.BoolField("last_network", true, func(e *Entry) *bool { return &e.LastNetwork }),
-	events.TimeField("fault_since", true, func(e *Entry) *events.Time { return &e.FaultSince }),
-	events.StringField("fault_class", true, func(e *Entry) *string { return &e.FaultClass }),
-	events.TimeField("cooldown_until", true, func(e *Entry) *events.Time { return &e.CooldownUntil }),
-	events.TimeField("error_at", true, func(e *Entry) *events.Time { return &e.ErrorAt }),
-	events.StringField("error_class", true, func(e *Entry) *string { return &e.ErrorClass }),
-	events.ReflectField("agents", func(e *Entry) bool { return len(e.Agents) == 0 }, func(e *Entry) *Keys { return &e.Agents }),
+var entryWire = wire.NewFieldTable(
+	wire.StringField("last_id", true, func(e *Entry) *string { return &e.LastID }),
+	wire.TimeField("last_seen", true, func(e *Entry) *events.Time { return &e.LastSeen }),
+	wire.TimeField("last_at", false, func(e *Entry) *events.Time { return &e.LastAt }),
+	wire.BoolField("last_ok", false, func(e *Entry) *bool { return &e.LastOK }),
+	wire.StringField("last_class", false, func(e *Entry) *string { return &e.LastClass }),
+	wire.BoolField("last_network", true, func(e *Entry) *bool { return &e.LastNetwork }),
+	wire.TimeField("fault_since", true, func(e *Entry) *events.Time { return &e.FaultSince }),
+	wire.StringField("fault_class", true, func(e *Entry) *string { return &e.FaultClass }),
+	wire.TimeField("cooldown_until", true, func(e *Entry) *events.Time { return &e.CooldownUntil }),
+	wire.TimeField("error_at", true, func(e *Entry) *events.Time { return &e.ErrorAt }),
+	wire.StringField("error_class", true, func(e *Entry) *string { return &e.ErrorClass }),
+	wire.ReflectField("agents", func(e *Entry) bool { return len(e.Agents) == 0 }, func(e *Entry) *Keys { return &e.Agents }),
 )
 
-var callWire = events.NewFieldTable(
-	events.Uint64Field("id", false, func(k *Call) *uint64 { return &k.ID }),
-	events.TimeField("at", false, func(k *Call) *events.Time { return &k.At }),
-	events.BoolField("fail", true, func(k *Call) *bool { return &k.Fail }),
+var callWire = wire.NewFieldTable(
+	wire.Uint64Field("id", false, func(k *Call) *uint64 { return &k.ID }),
+	wire.TimeField("at", false, func(k *Call) *events.Time { return &k.At }),
+	wire.BoolField("fail", true, func(k *Call) *bool { return &k.Fail }),
 )
 
-var markWire = events.NewFieldTable(
-	events.StringField("id", false, func(m *Mark) *string { return &m.ID }),
-	events.TimeField("at", false, func(m *Mark) *events.Time { return &m.At }),
+var markWire = wire.NewFieldTable(
+	wire.StringField("id", false, func(m *Mark) *string { return &m.ID }),
+	wire.TimeField("at", false, func(m *Mark) *events.Time { return &m.At }),
 )
 
-var stateWire = events.NewFieldTable(
-	events.StringField("provider", false, func(s *ProviderState) *string { return &s.Provider }),
-	events.TimeField("clock", true, func(s *ProviderState) *events.Time { return &s.Clock }),
-	events.BoolField("outage", true, func(s *ProviderState) *bool { return &s.Outage }),
-	events.TimeField("outage_since", true, func(s *ProviderState) *events.Time { return &s.OutageSince }),
-	events.StringField("outage_reason", true, func(s *ProviderState) *string { return &s.OutageReason }),
-	events.TimeField("recovering_since", true, func(s *ProviderState) *events.Time { return &s.RecoveringSince }),
-	events.IntField("recovery_successes", true, func(s *ProviderState) *int { return &s.RecoverySuccesses }),
-	events.ReflectField("streak", func(s *ProviderState) bool { return len(s.Streak) == 0 }, func(s *ProviderState) *[]string { return &s.Streak }),
-	events.BoolField("rate_limited", true, func(s *ProviderState) *bool { return &s.RateLimited }),
-	events.BoolField("erroring", true, func(s *ProviderState) *bool { return &s.Erroring }),
-	events.TimeField("erroring_since", true, func(s *ProviderState) *events.Time { return &s.ErroringSince }),
-	events.ReflectField("calls", func(s *ProviderState) bool { return len(s.Calls) == 0 }, func(s *ProviderState) *Calls { return &s.Calls }),
-	events.TimeField("last_success", true, func(s *ProviderState) *events.Time { return &s.LastSuccess }),
-	events.ReflectField("net_failures", func(s *ProviderState) bool { return len(s.NetFailures) == 0 }, func(s *ProviderState) *[]Mark { return &s.NetFailures }),
-	events.ReflectField("profiles", func(s *ProviderState) bool { return len(s.Profiles) == 0 }, func(s *ProviderState) *map[string]*Entry { return &s.Profiles }),
-	events.ReflectField("models", func(s *ProviderState) bool { return len(s.Models) == 0 }, func(s *ProviderState) *map[string]*Entry { return &s.Models }),
+var stateWire = wire.NewFieldTable(
+	wire.StringField("provider", false, func(s *ProviderState) *string { return &s.Provider }),
+	wire.TimeField("clock", true, func(s *ProviderState) *events.Time { return &s.Clock }),
+	wire.BoolField("outage", true, func(s *ProviderState) *bool { return &s.Outage }),
+	wire.TimeField("outage_since", true, func(s *ProviderState) *events.Time { return &s.OutageSince }),
+	wire.StringField("outage_reason", true, func(s *ProviderState) *string { return &s.OutageReason }),
+	wire.TimeField("recovering_since", true, func(s *ProviderState) *events.Time { return &s.RecoveringSince }),
+	wire.IntField("recovery_successes", true, func(s *ProviderState) *int { return &s.RecoverySuccesses }),
+	wire.ReflectField("streak", func(s *ProviderState) bool { return len(s.Streak) == 0 }, func(s *ProviderState) *[]string { return &s.Streak }),
+	wire.BoolField("rate_limited", true, func(s *ProviderState) *bool { return &s.RateLimited }),
+	wire.BoolField("erroring", true, func(s *ProviderState) *bool { return &s.Erroring }),
+	wire.TimeField("erroring_since", true, func(s *ProviderState) *events.Time { return &s.ErroringSince }),
+	wire.ReflectField("calls", func(s *ProviderState) bool { return len(s.Calls) == 0 }, func(s *ProviderState) *Calls { return &s.Calls }),
+	wire.TimeField("last_success", true, func(s *ProviderState) *events.Time { return &s.LastSuccess }),
+	wire.ReflectField("net_failures", func(s *ProviderState) bool { return len(s.NetFailures) == 0 }, func(s *ProviderState) *[]Mark { return &s.NetFailures }),
+	wire.ReflectField("profiles", func(s *ProviderState) bool { return len(s.Profiles) == 0 }, func(s *ProviderState) *map[string]*Entry { return &s.Profiles }),
+	wire.ReflectField("models", func(s *ProviderState) bool { return len(s.Models) == 0 }, func(s *ProviderState) *map[string]*Entry { return &s.Models }),
 )
 
 var (
