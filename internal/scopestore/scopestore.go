@@ -21,9 +21,9 @@ import (
 
 	"github.com/failbus/failbus/internal/kvkey"
 	"github.com/failbus/failbus/internal/streamread"
+	"github.com/failbus/failbus/internal/wire"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/engine"
-	"github.com/failbus/failbus/pkg/events"
 )
 
 // Store is engine.Providers on FAILBUS_SCOPE. It is safe for concurrent
@@ -117,7 +117,7 @@ func Key(provider string) string { return kvkey.Escape(provider) }
 // are written in Go's map order, so equal records need not store equal
 // bytes (nothing compares them: compare-and-set is on revisions).
 func EncodeRecord(rec *engine.ProviderRecord) ([]byte, error) {
-	data, err := events.MarshalSorted(rec)
+	data, err := wire.MarshalSorted(rec)
 	if err != nil {
 		return nil, fmt.Errorf("encode fault scope of %s: %w", rec.State.Provider, err)
 	}

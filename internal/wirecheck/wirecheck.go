@@ -126,7 +126,7 @@ func randString(r *rand.Rand) string {
 
 // Encodings are v's bytes under each encoder set-up failbus uses:
 // events.Marshal's (compact ints), a default encoder's, and
-// events.MarshalSorted's (sorted map keys).
+// wire.MarshalSorted's (sorted map keys).
 func Encodings(t testing.TB, v any) [3][]byte {
 	t.Helper()
 	var out [3][]byte

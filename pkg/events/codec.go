@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/failbus/failbus/internal/wire"
 	"github.com/failbus/failbus/pkg/redact"
 )
 
@@ -130,62 +131,11 @@ func ParseSchemaHeader(v string) (name string, version int, err error) {
 // Marshal encodes m as msgpack. Most callers want Encode, which also builds
 // the headers.
 func Marshal(m Message) ([]byte, error) {
-	data, err := marshalPooled(m, func(enc *msgpack.Encoder) { enc.UseCompactInts(true) })
+	data, err := wire.Marshal(m, func(enc *msgpack.Encoder) { enc.UseCompactInts(true) })
 	if err != nil {
 		return nil, fmt.Errorf("encode %s: %w", m.SchemaName(), err)
 	}
 	return data, nil
-}
-
-// MarshalSorted encodes v as msgpack with SetSortMapKeys (maps of
-// strings, bools and interfaces in key order; msgpack writes other maps in
-// Go's map order) and integers at their full width: for state kept in KV,
-// written on every change. It shares Marshal's pooled encoders.
-func MarshalSorted(v any) ([]byte, error) {
-	return marshalPooled(v, func(enc *msgpack.Encoder) { enc.SetSortMapKeys(true) })
-}
-
-// marshalPooled encodes v on a pooled encoder set up by configure and
-// returns a copy of the bytes. Each call starts from a fresh encoder's
-// state (Reset clears every setting): a type of another package may intern
-// strings (the dictionary would outlive its call) or change settings in
-// its own EncodeMsgpack.
-func marshalPooled(v any, configure func(*msgpack.Encoder)) ([]byte, error) {
-	e := encoders.Get().(*pooledEncoder)
-	defer e.put()
-	e.enc.Reset(&e.buf)
-	configure(e.enc)
-	if err := e.enc.Encode(v); err != nil {
-		return nil, err
-	}
-	return bytes.Clone(e.buf.Bytes()), nil
-}
-
-// encoders keeps msgpack encoders with their buffers between Marshal
-// calls: every stored output is encoded, and a new encoder writing into a
-// buffer grown from empty was a quarter of an encoding's allocations
-// (BenchmarkMarshal).
-var encoders = sync.Pool{New: func() any {
-	e := &pooledEncoder{}
-	e.enc = msgpack.NewEncoder(&e.buf)
-	return e
-}}
-
-// maxPooledBuffer: an encoder whose buffer grew past it (one large
-// payload) is dropped rather than kept.
-const maxPooledBuffer = 64 << 10
-
-type pooledEncoder struct {
-	buf bytes.Buffer
-	enc *msgpack.Encoder
-}
-
-func (e *pooledEncoder) put() {
-	if e.buf.Cap() > maxPooledBuffer {
-		return
-	}
-	e.buf.Reset()
-	encoders.Put(e)
 }
 
 // Encode validates m and returns its msgpack payload and the headers every
@@ -304,7 +254,7 @@ func unmarshalLimits(data []byte, m Message, lim Limits) error {
 	if len(data) == 0 {
 		return fmt.Errorf("%w: empty payload", ErrNotFailbus)
 	}
-	if !IsMsgpackMap(data) {
+	if !wire.IsMsgpackMap(data) {
 		return fmt.Errorf("%w: payload is not a msgpack map (first byte 0x%02x)", ErrNotFailbus, data[0])
 	}
 	if err := CheckMsgpack(data, lim); err != nil {
@@ -323,14 +273,8 @@ func unmarshalLimits(data []byte, m Message, lim Limits) error {
 	return nil
 }
 
-// IsMsgpackMap reports whether data starts a msgpack map (fixmap, map16,
-// map32): the shape of every failbus record, and never of JSON text.
-func IsMsgpackMap(data []byte) bool {
-	return len(data) > 0 && (data[0]&0xf0 == 0x80 || data[0] == 0xde || data[0] == 0xdf)
-}
-
 // decoders keeps msgpack decoders with their readers between Unmarshal
-// calls, as encoders does for Marshal: every message a service reads is
+// calls, as wire.Marshal keeps encoders: every message a service reads is
 // decoded once.
 var decoders = sync.Pool{New: func() any {
 	d := &pooledDecoder{}
@@ -350,7 +294,7 @@ type pooledDecoder struct {
 func (d *pooledDecoder) put(payload int) {
 	d.r.Reset(nil)
 	d.dec.Reset(&d.r)
-	if payload > maxPooledBuffer {
+	if payload > wire.MaxPooledBuffer {
 		return
 	}
 	decoders.Put(d)

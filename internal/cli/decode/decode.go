@@ -85,7 +85,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 // Decode renders one payload as JSON: typed by subject or schema when one
 // is given and the payload is that type, else the JSON of its msgpack
 // value. err says why it is not what was asked for; out then still shows
-// the payload (events.PayloadJSON).
+// the payload (cli.PayloadJSON).
 func Decode(subject, schema string, data []byte) (out []byte, err error) {
 	h := nats.Header{}
 	if schema != "" {
@@ -95,17 +95,17 @@ func Decode(subject, schema string, data []byte) (out []byte, err error) {
 		m, err := events.Decode(subject, h, data)
 		if err == nil {
 			if dl, ok := m.(*events.DeadLetter); ok {
-				return events.DeadLetterJSON(dl)
+				return cli.DeadLetterJSON(dl)
 			}
 			return json.Marshal(m)
 		}
-		shown, _ := events.PayloadJSON(data)
+		shown, _ := cli.PayloadJSON(data)
 		return shown, err
 	}
 	if b, err := events.MsgpackToJSON(data); err == nil {
 		return b, nil
 	}
-	shown, as := events.PayloadJSON(data)
+	shown, as := cli.PayloadJSON(data)
 	return shown, fmt.Errorf("%w: the payload is not msgpack (shown as %s)", events.ErrNotFailbus, as)
 }
 

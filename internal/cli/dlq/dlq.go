@@ -361,7 +361,7 @@ func writeShow(ctx context.Context, js jetstream.JetStream, w io.Writer, l *Lett
 	if asJSON {
 		sl := showLine{Seq: l.Seq, Time: events.At(l.Time), Subject: l.Subject, MsgID: l.MsgID, Requeue: l.Mark}
 		if l.DL != nil {
-			b, err := events.DeadLetterJSON(l.DL)
+			b, err := cli.DeadLetterJSON(l.DL)
 			if err != nil {
 				return err
 			}
@@ -370,7 +370,7 @@ func writeShow(ctx context.Context, js jetstream.JetStream, w io.Writer, l *Lett
 			sl.Error = l.Err.Error()
 		}
 		if orig != nil {
-			sl.Original, sl.OriginalAs = events.PayloadJSON(orig.Data)
+			sl.Original, sl.OriginalAs = cli.PayloadJSON(orig.Data)
 			sl.OriginalFrom = orig.From
 		}
 		if origErr != nil {
@@ -419,8 +419,8 @@ func writeShow(ctx context.Context, js jetstream.JetStream, w io.Writer, l *Lett
 	default:
 		field("payload", "%d bytes:", len(data))
 	}
-	out, as := events.PayloadJSON(data)
-	if as == events.PayloadMsgpack {
+	out, as := cli.PayloadJSON(data)
+	if as == cli.PayloadMsgpack {
 		var ind bytes.Buffer
 		if json.Indent(&ind, out, "  ", "  ") == nil {
 			out = ind.Bytes()

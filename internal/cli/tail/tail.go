@@ -405,11 +405,11 @@ const errJSONPayload = "payload is JSON, not msgpack: failbus services dead-lett
 const errBinaryPayload = "payload is not msgpack (nor JSON): shown as raw, base64"
 
 // renderPayload renders a payload: msgpack as JSON (a dead letter with the
-// payload it carries decoded, see events.DeadLetterJSON), JSON as itself with an
+// payload it carries decoded, see cli.DeadLetterJSON), JSON as itself with an
 // error, anything else as raw bytes with an error.
 func renderPayload(subject string, h nats.Header, data []byte) (out json.RawMessage, raw []byte, errText string) {
 	if dl, err := events.DecodeAs[*events.DeadLetter](subject, h, data); err == nil {
-		if b, err := events.DeadLetterJSON(dl); err == nil {
+		if b, err := cli.DeadLetterJSON(dl); err == nil {
 			return b, nil, ""
 		}
 	}

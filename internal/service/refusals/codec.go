@@ -13,6 +13,7 @@ import (
 
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/failbus/failbus/internal/wire"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy/refusal"
 )
@@ -223,7 +224,7 @@ func EncodeRecord(r refusal.Record) ([]byte, error) {
 // returned with the error. Unreadable extra keys are dropped and reported
 // in the error too, with the state kept.
 func DecodeRecord(data []byte) (refusal.Record, error) {
-	if events.IsMsgpackMap(data) {
+	if wire.IsMsgpackMap(data) {
 		// One pass for what EncodeRecord wrote (a map); a value it cannot
 		// read whole, or another shape, is read in two below, to keep
 		// what can be kept.

@@ -1,8 +1,10 @@
-package events
+package cli
 
 import (
 	"encoding/json"
 	"unicode/utf8"
+
+	"github.com/failbus/failbus/pkg/events"
 )
 
 // Ways PayloadJSON renders a payload (its second result).
@@ -16,7 +18,7 @@ const (
 // original payload, say: msgpack as the JSON of its value, else UTF-8 text
 // as a JSON string, else base64. as says which (PayloadMsgpack, …).
 func PayloadJSON(data []byte) (out json.RawMessage, as string) {
-	if b, err := MsgpackToJSON(data); err == nil {
+	if b, err := events.MsgpackToJSON(data); err == nil {
 		return b, PayloadMsgpack
 	}
 	if utf8.Valid(data) {
@@ -30,8 +32,8 @@ func PayloadJSON(data []byte) (out json.RawMessage, as string) {
 // DeadLetterJSON renders a dead letter for people: its fields, with the
 // payload it carries decoded where it decodes (PayloadJSON) and data_as
 // saying how.
-func DeadLetterJSON(dl *DeadLetter) ([]byte, error) {
-	type plain DeadLetter // the same fields, without a Data override
+func DeadLetterJSON(dl *events.DeadLetter) ([]byte, error) {
+	type plain events.DeadLetter // the same fields, without a Data override
 	v := struct {
 		*plain
 		Data   json.RawMessage `json:"data"`

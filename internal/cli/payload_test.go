@@ -1,4 +1,4 @@
-package events
+package cli
 
 import "testing"
 
