@@ -1,6 +1,10 @@
 package events
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/failbus/failbus/internal/cronexpr"
+)
 
 // SchemaName implements Message.
 func (*Heartbeat) SchemaName() string { return SchemaHeartbeat }
@@ -58,10 +62,10 @@ func (c *CronSpec) Validate() error {
 	if err := names("agent", c.Agent, "cron", c.Cron, "provider", c.Provider, "timezone", c.Timezone); err != nil {
 		return err
 	}
-	if _, err := ParseCronSchedule(c.Schedule); err != nil {
+	if _, err := cronexpr.Parse(c.Schedule); err != nil {
 		return &FieldError{Field: "schedule", Problem: err.Error()}
 	}
-	if _, err := LoadLocation(c.Timezone); err != nil {
+	if _, err := cronexpr.LoadLocation(c.Timezone); err != nil {
 		return &FieldError{Field: "timezone", Problem: err.Error()}
 	}
 	switch c.Catchup {

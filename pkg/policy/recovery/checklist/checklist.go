@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/failbus/failbus/internal/cronexpr"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/redact"
 )
@@ -138,11 +139,11 @@ func MissedCrons(lim Limits, provider string, start, recovered time.Time, crons 
 		if !belongs(s.Provider, provider) {
 			continue
 		}
-		sched, err := events.ParseCronSchedule(s.Schedule)
+		sched, err := cronexpr.Parse(s.Schedule)
 		if err != nil {
 			continue // validated on the way in; a spec stored before a parser change
 		}
-		loc, err := events.LoadLocation(s.Timezone)
+		loc, err := cronexpr.LoadLocation(s.Timezone)
 		if err != nil {
 			continue
 		}
