@@ -57,7 +57,7 @@ func Apply(ctx context.Context, js jetstream.JetStream, opts Options) error {
 		if have == nil {
 			continue
 		}
-		if e := checkStream(KindStream, want.Name, *have, want); e != nil {
+		if e := checkStream(kindStream, want.Name, *have, want); e != nil {
 			incompatible = append(incompatible, e)
 			continue
 		}
@@ -203,7 +203,7 @@ func applyStream(ctx context.Context, js jetstream.JetStream, want jetstream.Str
 			return err
 		}
 		if have != nil {
-			if e := checkStream(KindStream, want.Name, *have, want); e != nil {
+			if e := checkStream(kindStream, want.Name, *have, want); e != nil {
 				return e
 			}
 		}
@@ -283,7 +283,7 @@ func keepRecreatedStart(have, want jetstream.ConsumerConfig) jetstream.ConsumerC
 // consumer's position.
 func checkConsumer(name string, have, want jetstream.ConsumerConfig) error {
 	bad := func(field string, h, w any) error {
-		return &IncompatibleError{Kind: KindConsumer, Name: name, Field: field, Have: jsonText(h), Want: jsonText(w)}
+		return &IncompatibleError{Kind: kindConsumer, Name: name, Field: field, Have: jsonText(h), Want: jsonText(w)}
 	}
 	switch {
 	case have.DeliverSubject != "":
@@ -308,7 +308,7 @@ func checkConsumer(name string, have, want jetstream.ConsumerConfig) error {
 // existing bucket cannot be updated to want.
 func checkBucket(name string, have jetstream.StreamConfig, want jetstream.KeyValueConfig) error {
 	bad := func(field string, h, w any) error {
-		return &IncompatibleError{Kind: KindBucket, Name: name, Field: field, Have: jsonText(h), Want: jsonText(w)}
+		return &IncompatibleError{Kind: kindBucket, Name: name, Field: field, Have: jsonText(h), Want: jsonText(w)}
 	}
 	switch {
 	case have.Mirror != nil && want.Mirror == nil:

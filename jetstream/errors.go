@@ -7,12 +7,12 @@ import (
 
 // Kinds of resource an IncompatibleError can name.
 const (
-	// KindStream names a stream in an IncompatibleError.
-	KindStream = "stream"
-	// KindConsumer names a durable consumer in an IncompatibleError.
-	KindConsumer = "consumer"
-	// KindBucket names a KV bucket in an IncompatibleError.
-	KindBucket = "bucket"
+	// kindStream names a stream in an IncompatibleError.
+	kindStream = "stream"
+	// kindConsumer names a durable consumer in an IncompatibleError.
+	kindConsumer = "consumer"
+	// kindBucket names a KV bucket in an IncompatibleError.
+	kindBucket = "bucket"
 )
 
 // ErrIncompatible matches every *IncompatibleError with errors.Is, for a
@@ -27,7 +27,7 @@ var ErrIncompatible = errors.New("topology: incompatible existing resource")
 // read one. Resolving it is an operator's decision: migrate or delete the
 // resource (losing its messages or its consumer position), or adjust Options.
 type IncompatibleError struct {
-	// Kind is KindStream, KindConsumer or KindBucket.
+	// Kind is "stream", "consumer" or "bucket".
 	Kind string
 	// Name is the stream, consumer or bucket name.
 	Name string

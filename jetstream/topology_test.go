@@ -435,7 +435,7 @@ func TestApplyRefusesIncompatibleExistingResources(t *testing.T) {
 				c.Retention = jetstream.WorkQueuePolicy
 				createStream(t, b, c)
 			},
-			want: topology.IncompatibleError{Kind: topology.KindStream, Name: topology.StreamOutcomes, Field: "retention", Have: "workqueue", Want: "limits"},
+			want: topology.IncompatibleError{Kind: "stream", Name: topology.StreamOutcomes, Field: "retention", Have: "workqueue", Want: "limits"},
 		},
 		{
 			name: "stream in memory",
@@ -444,7 +444,7 @@ func TestApplyRefusesIncompatibleExistingResources(t *testing.T) {
 				c.Storage = jetstream.MemoryStorage
 				createStream(t, b, c)
 			},
-			want: topology.IncompatibleError{Kind: topology.KindStream, Name: topology.StreamDLQ, Field: "storage", Have: "memory", Want: "file"},
+			want: topology.IncompatibleError{Kind: "stream", Name: topology.StreamDLQ, Field: "storage", Have: "memory", Want: "file"},
 		},
 		{
 			name: "stream with a subject the topology would drop",
@@ -453,7 +453,7 @@ func TestApplyRefusesIncompatibleExistingResources(t *testing.T) {
 				c.Subjects = append(c.Subjects, "legacy.health.>")
 				createStream(t, b, c)
 			},
-			want: topology.IncompatibleError{Kind: topology.KindStream, Name: topology.StreamHealth, Field: "subjects",
+			want: topology.IncompatibleError{Kind: "stream", Name: topology.StreamHealth, Field: "subjects",
 				Have: "failbus.health.>,legacy.health.>", Want: "failbus.health.>"},
 		},
 		{
@@ -463,7 +463,7 @@ func TestApplyRefusesIncompatibleExistingResources(t *testing.T) {
 				c.AllowMsgSchedules, c.AllowRollup = true, true
 				createStream(t, b, c)
 			},
-			want: topology.IncompatibleError{Kind: topology.KindStream, Name: topology.StreamControl, Field: "allow_msg_schedules", Have: "true", Want: "false"},
+			want: topology.IncompatibleError{Kind: "stream", Name: topology.StreamControl, Field: "allow_msg_schedules", Have: "true", Want: "false"},
 		},
 		{
 			name: "consumer with another ack policy",
@@ -475,7 +475,7 @@ func TestApplyRefusesIncompatibleExistingResources(t *testing.T) {
 					t.Fatal(err)
 				}
 			},
-			want: topology.IncompatibleError{Kind: topology.KindConsumer, Name: topology.ConsumerNotifier, Field: "ack_policy", Have: "none", Want: "explicit"},
+			want: topology.IncompatibleError{Kind: "consumer", Name: topology.ConsumerNotifier, Field: "ack_policy", Have: "none", Want: "explicit"},
 		},
 		{
 			name: "bucket in memory",
@@ -484,7 +484,7 @@ func TestApplyRefusesIncompatibleExistingResources(t *testing.T) {
 					t.Fatal(err)
 				}
 			},
-			want: topology.IncompatibleError{Kind: topology.KindBucket, Name: topology.BucketRefusals, Field: "storage", Have: "memory", Want: "file"},
+			want: topology.IncompatibleError{Kind: "bucket", Name: topology.BucketRefusals, Field: "storage", Have: "memory", Want: "file"},
 		},
 	}
 	for _, tt := range tests {

@@ -155,13 +155,13 @@ func Encode(m Message) ([]byte, nats.Header, error) {
 	return data, h, nil
 }
 
-// SchemaOf reads the schema of a message on subject: the subject's type
+// schemaOf reads the schema of a message on subject: the subject's type
 // when the message has no Failbus-Schema header (CONTRACT.md: a subject
 // carries one type, so a foreign client may omit the header), else the
 // header's, which must then be the subject's type. On a subject without a
 // type of its own (or subject "", when the caller does not know it) the
 // header is required.
-func SchemaOf(subject string, h nats.Header) (string, int, error) {
+func schemaOf(subject string, h nats.Header) (string, int, error) {
 	v := ""
 	if h != nil {
 		v = h.Get(HeaderSchema)
@@ -198,7 +198,7 @@ func SchemaOf(subject string, h nats.Header) (string, int, error) {
 var ErrSchemaMismatch = errors.New("type does not belong on its subject")
 
 // Decode reads a message from the bus: the subject picks the type (its
-// Failbus-Schema header, when present, must agree; see SchemaOf), the
+// Failbus-Schema header, when present, must agree; see schemaOf), the
 // payload is msgpack, and the result is validated. Every error names what
 // is wrong, and the field when it is one field. The payload must lie
 // within the default Limits (a *LimitError otherwise).
@@ -208,7 +208,7 @@ func Decode(subject string, h nats.Header, data []byte) (Message, error) {
 
 // DecodeLimits is Decode within lim.
 func DecodeLimits(subject string, h nats.Header, data []byte, lim Limits) (Message, error) {
-	name, _, err := SchemaOf(subject, h)
+	name, _, err := schemaOf(subject, h)
 	if err != nil {
 		return nil, err
 	}
