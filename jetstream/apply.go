@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/failbus/failbus/internal/durable"
 	"github.com/failbus/failbus/pkg/events"
 )
 
@@ -116,9 +117,9 @@ func Apply(ctx context.Context, js jetstream.JetStream, opts Options) error {
 			return fmt.Errorf("topology: create or update bucket %s: %w", want.Bucket, replicasError(js, r.replicas, err))
 		}
 	}
-	for _, c := range retired {
-		if err := js.DeleteConsumer(ctx, c.stream, c.name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-			return fmt.Errorf("topology: delete retired consumer %s on %s: %w", c.name, c.stream, err)
+	for _, c := range durable.Retired {
+		if err := js.DeleteConsumer(ctx, c.Stream, c.Name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return fmt.Errorf("topology: delete retired consumer %s on %s: %w", c.Name, c.Stream, err)
 		}
 	}
 	return nil
@@ -258,12 +259,12 @@ func covered(subject string, subjects []string) bool {
 }
 
 // keepRecreatedStart returns want with the start position of have when have
-// is a durable a consumer runner recreated (MetaRecreated) at a stream
+// is a durable a consumer runner recreated (durable.MetaRecreated) at a stream
 // sequence, where the topology says "deliver all": the server cannot move a
 // consumer's start, and moving it back would hand the whole stream to the
 // service again.
 func keepRecreatedStart(have, want jetstream.ConsumerConfig) jetstream.ConsumerConfig {
-	if have.Metadata[MetaRecreated] == "" || have.DeliverPolicy != jetstream.DeliverByStartSequencePolicy ||
+	if have.Metadata[durable.MetaRecreated] == "" || have.DeliverPolicy != jetstream.DeliverByStartSequencePolicy ||
 		want.DeliverPolicy != jetstream.DeliverAllPolicy {
 		return want
 	}
@@ -272,7 +273,7 @@ func keepRecreatedStart(have, want jetstream.ConsumerConfig) jetstream.ConsumerC
 	for k, v := range want.Metadata {
 		meta[k] = v
 	}
-	meta[MetaRecreated] = have.Metadata[MetaRecreated]
+	meta[durable.MetaRecreated] = have.Metadata[durable.MetaRecreated]
 	want.Metadata = meta
 	return want
 }

@@ -85,33 +85,6 @@ const (
 	ConsumerRecoveryTasks = "recovery-tasks"
 )
 
-// Retired consumers: durables of earlier versions that Apply deletes where
-// it finds them, so nothing keeps counting messages nobody reads (a lag
-// alarm on them would never clear).
-const (
-	// RetiredRecoveryDecisions read StreamDecisions for the recovery
-	// service's probe targets, which it now reads from the outcomes and
-	// decisions when a probe is due.
-	RetiredRecoveryDecisions = "recovery-decisions"
-)
-
-// retired are the retired consumers and their streams.
-var retired = []struct{ stream, name string }{
-	{StreamDecisions, RetiredRecoveryDecisions},
-}
-
-// Retired reports whether name on stream is a durable an earlier version
-// created and this one retired: nothing reads it, and Apply deletes it
-// (`failbus lag` says so rather than counting it late forever).
-func Retired(stream, name string) bool {
-	for _, c := range retired {
-		if c.stream == stream && c.name == name {
-			return true
-		}
-	}
-	return false
-}
-
 // KV bucket names. The backing streams are named KV_<bucket> by JetStream.
 const (
 	// BucketRefusals holds refusal state per (segment, provider).
@@ -145,10 +118,3 @@ const (
 	// each agent's task bytes per day.
 	BucketLimits = "FAILBUS_LIMITS"
 )
-
-// MetaRecreated is the metadata key of a durable consumer that a consumer
-// runner recreated after finding it deleted; its value says when, by which
-// service and at which stream sequence it starts. Such a consumer starts at
-// that sequence instead of at the start of its stream, and Apply keeps that
-// start instead of reporting the consumer incompatible.
-const MetaRecreated = "failbus_recreated"

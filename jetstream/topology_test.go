@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/failbus/failbus/internal/durable"
 	"github.com/failbus/failbus/internal/embedded"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
@@ -398,7 +399,7 @@ func TestApplyDeletesRetiredConsumers(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.apply(t, topology.Options{})
-	for _, name := range []string{topology.RetiredRecoveryDecisions, "someone-elses"} {
+	for _, name := range []string{durable.RetiredRecoveryDecisions, "someone-elses"} {
 		if _, err := b.js.CreateConsumer(b.ctx, topology.StreamDecisions, jetstream.ConsumerConfig{
 			Durable: name, AckPolicy: jetstream.AckExplicitPolicy, FilterSubject: "failbus.decision.>",
 		}); err != nil {
@@ -406,14 +407,19 @@ func TestApplyDeletesRetiredConsumers(t *testing.T) {
 		}
 	}
 	b.apply(t, topology.Options{})
-	if _, err := b.js.Consumer(b.ctx, topology.StreamDecisions, topology.RetiredRecoveryDecisions); !errors.Is(err, jetstream.ErrConsumerNotFound) {
-		t.Errorf("retired consumer %s after Apply: %v, want not found", topology.RetiredRecoveryDecisions, err)
+	if _, err := b.js.Consumer(b.ctx, topology.StreamDecisions, durable.RetiredRecoveryDecisions); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		t.Errorf("retired consumer %s after Apply: %v, want not found", durable.RetiredRecoveryDecisions, err)
 	}
 	if _, err := b.js.Consumer(b.ctx, topology.StreamDecisions, "someone-elses"); err != nil {
 		t.Errorf("Apply deleted a consumer it does not own: %v", err)
 	}
-	if _, _, ok := topology.Consumer(topology.RetiredRecoveryDecisions); ok {
-		t.Errorf("retired consumer %s is still in the topology", topology.RetiredRecoveryDecisions)
+	if _, _, ok := topology.Consumer(durable.RetiredRecoveryDecisions); ok {
+		t.Errorf("retired consumer %s is still in the topology", durable.RetiredRecoveryDecisions)
+	}
+	for _, c := range durable.Retired {
+		if !slices.ContainsFunc(topology.Streams(), func(s jetstream.StreamConfig) bool { return s.Name == c.Stream }) {
+			t.Errorf("retired consumer %s names stream %s, which is not the topology's", c.Name, c.Stream)
+		}
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 
 	"github.com/failbus/failbus/internal/auth"
 	"github.com/failbus/failbus/internal/connect"
+	"github.com/failbus/failbus/internal/durable"
 	"github.com/failbus/failbus/internal/embedded"
 	"github.com/failbus/failbus/internal/streamread"
 	"github.com/failbus/failbus/internal/watch"
@@ -752,7 +753,7 @@ func TestRoles(t *testing.T) {
 				publish(events.HealthSubject("openai")), publish(events.DecisionSubject("a1")),
 				publish(events.RetryDueSubject("a1")), publish(events.TaskSubject("openai", "a1")),
 				kvGet(topology.BucketNotifyDedupe), kvPut(topology.BucketRefusals),
-				fetchAck(sCls, topology.ConsumerScheduler), fetchAck(sDec, topology.RetiredRecoveryDecisions),
+				fetchAck(sCls, topology.ConsumerScheduler), fetchAck(sDec, durable.RetiredRecoveryDecisions),
 			}, servicesMayNot...))
 	})
 

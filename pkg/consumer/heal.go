@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	topology "github.com/failbus/failbus/jetstream"
+	"github.com/failbus/failbus/internal/durable"
 )
 
 // snapshotEvery is how often the runner reads its consumer's info (one
@@ -83,7 +83,7 @@ func (p *position) startSeq() uint64 {
 // metaRecreated is the metadata key a recreated durable carries: when and
 // why the runner recreated it. topology.Apply keeps such a consumer's start
 // position instead of calling it incompatible.
-const metaRecreated = topology.MetaRecreated
+const metaRecreated = durable.MetaRecreated
 
 // consumerGone reports whether a pull error means the durable (or its
 // stream) may no longer exist: later pulls find no responder. The

@@ -24,7 +24,7 @@ import (
 
 	"github.com/failbus/failbus/internal/cli"
 	"github.com/failbus/failbus/internal/connect"
-	topology "github.com/failbus/failbus/jetstream"
+	"github.com/failbus/failbus/internal/durable"
 	"github.com/failbus/failbus/pkg/events"
 )
 
@@ -178,7 +178,7 @@ func lagOf(ctx context.Context, s jetstream.Stream, ci *jetstream.ConsumerInfo, 
 		Waiting:     ci.NumWaiting,
 		AckFloorSeq: ci.AckFloor.Stream,
 		Paused:      ci.Paused,
-		Retired:     topology.Retired(ci.Stream, ci.Name),
+		Retired:     durable.IsRetired(ci.Stream, ci.Name),
 	}
 	if ci.AckFloor.Last != nil {
 		l.LastAckAt = events.At(*ci.AckFloor.Last)

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/failbus/failbus/internal/bustest"
+	"github.com/failbus/failbus/internal/durable"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
 )
@@ -253,7 +254,7 @@ func TestLagMarksARetiredConsumer(t *testing.T) {
 	t.Parallel()
 	b := bustest.Start(t, time.Minute)
 	if _, err := b.JS.CreateConsumer(b.Ctx, topology.StreamDecisions, jetstream.ConsumerConfig{
-		Durable: topology.RetiredRecoveryDecisions, AckPolicy: jetstream.AckExplicitPolicy, FilterSubject: "failbus.decision.>",
+		Durable: durable.RetiredRecoveryDecisions, AckPolicy: jetstream.AckExplicitPolicy, FilterSubject: "failbus.decision.>",
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -262,7 +263,7 @@ func TestLagMarksARetiredConsumer(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, l := range lags {
-		if want := l.Durable == topology.RetiredRecoveryDecisions; l.Retired != want {
+		if want := l.Durable == durable.RetiredRecoveryDecisions; l.Retired != want {
 			t.Errorf("%s/%s: retired %v, want %v", l.Stream, l.Durable, l.Retired, want)
 		}
 	}
@@ -270,7 +271,7 @@ func TestLagMarksARetiredConsumer(t *testing.T) {
 	if err := Table(&out, lags); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(out.String(), topology.RetiredRecoveryDecisions+" (retired: failbus apply deletes it)") {
+	if !strings.Contains(out.String(), durable.RetiredRecoveryDecisions+" (retired: failbus apply deletes it)") {
 		t.Errorf("the table does not say the consumer is retired:\n%s", out.String())
 	}
 }
