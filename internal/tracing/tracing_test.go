@@ -7,7 +7,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/failbus/failbus/pkg/tracing"
+	"github.com/failbus/failbus/internal/tracing"
 )
 
 // The W3C recommendation's example, as the TypeScript client's helper

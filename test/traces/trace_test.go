@@ -1,8 +1,8 @@
-// Package tracing_test checks that one LLM call is one trace across the
+// Package traces_test checks that one LLM call is one trace across the
 // whole bus: the agent's Call, the classifier, the scheduler, the due
 // retry and the next attempt. Its own package, because it installs a
 // global TracerProvider that no other test may share.
-package tracing_test
+package traces_test
 
 import (
 	"context"
@@ -19,8 +19,8 @@ import (
 
 	"github.com/failbus/failbus/internal/devbus"
 	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/internal/tracing"
 	"github.com/failbus/failbus/pkg/agent"
-	"github.com/failbus/failbus/pkg/tracing"
 )
 
 // TestRateLimitedCallRetriedIsOneTrace: a Call whose first attempt gets a
