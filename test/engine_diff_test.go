@@ -5,7 +5,7 @@ package test
 // in-process bus `failbus dev` runs (internal/devbus, every service built
 // through its binary's spec). The classifications, decisions, health
 // records and notifications sent must be identical, record for record: the
-// services and simulate run one engine (pkg/engine).
+// services and simulate run one engine (internal/engine).
 
 import (
 	"bufio"

@@ -12,7 +12,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/failbus/failbus/internal/cli"
-	"github.com/failbus/failbus/pkg/engine"
+	"github.com/failbus/failbus/internal/engine"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy"
 	pclassify "github.com/failbus/failbus/pkg/policy/classify"

@@ -7,7 +7,7 @@ import (
 	"io"
 
 	"github.com/failbus/failbus/internal/cli"
-	"github.com/failbus/failbus/pkg/engine/sim"
+	"github.com/failbus/failbus/internal/engine/sim"
 	"github.com/failbus/failbus/pkg/policy"
 )
 

@@ -7,12 +7,12 @@ import (
 )
 
 // `failbus simulate` runs issue 10's eight-hour story (the file the engine's
-// test checks in full, pkg/engine/sim/testdata/recovery-8h.jsonl): the
+// test checks in full, internal/engine/sim/testdata/recovery-8h.jsonl): the
 // checklist's records, kills, re-runs, write checks and the release come
 // out as dispatch, control and recovery records at their virtual times.
 func TestSimulateRecoveryStory(t *testing.T) {
 	t.Parallel()
-	input, err := os.ReadFile("../../../pkg/engine/sim/testdata/recovery-8h.jsonl")
+	input, err := os.ReadFile("../../../internal/engine/sim/testdata/recovery-8h.jsonl")
 	if err != nil {
 		t.Fatal(err)
 	}

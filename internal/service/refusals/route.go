@@ -9,7 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/micro"
 
-	"github.com/failbus/failbus/pkg/engine"
+	"github.com/failbus/failbus/internal/engine"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy/refusal"
 )

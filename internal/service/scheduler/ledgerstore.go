@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 
+	"github.com/failbus/failbus/internal/engine"
 	"github.com/failbus/failbus/internal/scopestore"
-	"github.com/failbus/failbus/pkg/engine"
 	"github.com/failbus/failbus/pkg/policy/retry"
 )
 

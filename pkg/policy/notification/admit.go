@@ -20,7 +20,7 @@ package notification
 // (claim the key, then take a budget slot): AdmitKey is rules 1 and the
 // "held already today" half of 2, AdmitBudget the budget and the digest.
 // Admit applies both in order; the notifier (pkg/notify) and the engine
-// that simulate runs (pkg/engine) both decide with them, so they cannot
+// that simulate runs (internal/engine) both decide with them, so they cannot
 // disagree.
 
 import (

@@ -15,7 +15,7 @@
 // it and never moves the clock. config.go holds the policy section; the
 // state machine is in state.go, the shared-bus additions (probe claims,
 // applied refusals) in claim.go, the words in notice.go and the route rule
-// in route.go. The engine (pkg/engine: Refuse, Route, Boundary) runs them
+// in route.go. The engine (internal/engine: Refuse, Route, Boundary) runs them
 // on a store: in memory for simulate, the KV bucket on the bus, whose
 // codec is next to the service that writes it (internal/service/refusals).
 package refusal

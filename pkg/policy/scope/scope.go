@@ -84,7 +84,7 @@
 //	provider-errors:<provider>:<degraded since, epoch ms>
 //
 // ProviderState is the stored value, with msgpack and JSON keys: the engine
-// (pkg/engine) keeps one per provider in its Providers store — one KV key
+// (internal/engine) keeps one per provider in its Providers store — one KV key
 // per provider, updated with compare-and-set, shared by every scheduler
 // replica (FAILBUS_SCOPE), or memory in simulate — and Observe is
 // idempotent per outcome, so redelivery and replicas never count twice.

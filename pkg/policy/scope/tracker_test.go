@@ -7,7 +7,7 @@ import (
 )
 
 // tracker holds the fault-scope state of every provider in memory for the
-// tests, as the engine's stores do (pkg/engine: Observe and its failover).
+// tests, as the engine's stores do (internal/engine: Observe and its failover).
 type tracker struct {
 	cfg       Config
 	providers map[string]*ProviderState

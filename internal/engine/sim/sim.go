@@ -1,5 +1,5 @@
 // Package sim is `failbus simulate` (CONTRACT.md "failbus simulate"): the
-// decision engine (pkg/engine) — classification, fault scope, the retry
+// decision engine (internal/engine) — classification, fault scope, the retry
 // chain, refusal tiers, notification admission, health — over input
 // records on a virtual clock, with its state in memory (engine.Memory). It
 // runs the very stages the services run; only the stores and the clock
@@ -40,7 +40,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/failbus/failbus/pkg/engine"
+	"github.com/failbus/failbus/internal/engine"
 	"github.com/failbus/failbus/pkg/policy"
 	"github.com/failbus/failbus/pkg/policy/recovery/simulate"
 	"github.com/failbus/failbus/pkg/policy/retry"

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/failbus/failbus/pkg/engine"
+	"github.com/failbus/failbus/internal/engine"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/notify"
 	"github.com/failbus/failbus/pkg/policy"

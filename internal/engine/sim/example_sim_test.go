@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/failbus/failbus/pkg/engine/sim"
+	"github.com/failbus/failbus/internal/engine/sim"
 )
 
 // The simulate engine, driven line by line as `failbus simulate` drives it.

@@ -9,7 +9,7 @@
 //     admits with the same rules, notification.Admit; recovery runs the
 //     core of pkg/policy/recovery, which is the Recover stage here, on its
 //     own bus stores);
-//   - `failbus simulate` (pkg/engine/sim) is the same Engine with in-memory
+//   - `failbus simulate` (internal/engine/sim) is the same Engine with in-memory
 //     stores (Memory) and a virtual clock, chaining the stages with Step;
 //   - shadow replays (issue #13) run Step twice over history, once per
 //     policy, each on its own Memory.

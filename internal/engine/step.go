@@ -17,7 +17,7 @@ import (
 // (time passes, whatever fell due comes due).
 //
 // To add an input type: add its field here, a case to Step that calls its
-// stage, and its JSON form to the simulate records (pkg/engine/sim), as
+// stage, and its JSON form to the simulate records (internal/engine/sim), as
 // recovery's heartbeats, cron specs and runs, writes and tasks did.
 type Input struct {
 	Outcome  *events.Outcome

@@ -158,7 +158,7 @@ func TestRecoveryStoryFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	if string(got) != want {
-		t.Fatalf("%s is stale: go test ./pkg/engine/sim -run TestRecoveryStoryFile -update-story", storyFile)
+		t.Fatalf("%s is stale: go test ./internal/engine/sim -run TestRecoveryStoryFile -update-story", storyFile)
 	}
 }
 
