@@ -30,13 +30,13 @@ import (
 	"github.com/failbus/failbus/internal/cli/simulate"
 	"github.com/failbus/failbus/internal/devbus"
 	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/internal/policy/notification"
 	recoverysvc "github.com/failbus/failbus/internal/service/recovery"
 	"github.com/failbus/failbus/internal/servicemain"
 	"github.com/failbus/failbus/internal/services"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy"
-	"github.com/failbus/failbus/pkg/policy/notification"
 )
 
 // diffScenario is the scenario: outcomes on several providers (an outage of

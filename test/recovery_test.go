@@ -40,6 +40,7 @@ import (
 	"github.com/failbus/failbus/internal/connect"
 	"github.com/failbus/failbus/internal/devbus"
 	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/internal/policy/recovery"
 	"github.com/failbus/failbus/internal/service/classifier"
 	svc "github.com/failbus/failbus/internal/service/recovery"
 	"github.com/failbus/failbus/internal/service/scheduler"
@@ -50,7 +51,6 @@ import (
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy"
-	"github.com/failbus/failbus/pkg/policy/recovery"
 )
 
 const (

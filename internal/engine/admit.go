@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/failbus/failbus/internal/policy/notification"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy/notification"
 )
 
 // Names the digest mentions: where held requests and their audit records

@@ -6,9 +6,9 @@ import (
 	"time"
 
 	"github.com/failbus/failbus/internal/engine"
+	"github.com/failbus/failbus/internal/policy/refusal"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy"
-	"github.com/failbus/failbus/pkg/policy/refusal"
 )
 
 // refusalT0 is the virtual clock's origin in the refusal tests.

@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/failbus/failbus/internal/policy/retry"
+	"github.com/failbus/failbus/internal/policy/scope"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy/retry"
-	"github.com/failbus/failbus/pkg/policy/scope"
 )
 
 // MaxConflicts bounds the compare-and-set rounds of one stage: losing this

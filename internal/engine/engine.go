@@ -7,7 +7,7 @@
 //     their effects on JetStream (classifier: Classify; scheduler: Observe,
 //     Settle, Decide; refusal tiers: Refuse, Boundary, Route; the notifier
 //     admits with the same rules, notification.Admit; recovery runs the
-//     core of pkg/policy/recovery, which is the Recover stage here, on its
+//     core of internal/policy/recovery, which is the Recover stage here, on its
 //     own bus stores);
 //   - `failbus simulate` (internal/engine/sim) is the same Engine with in-memory
 //     stores (Memory) and a virtual clock, chaining the stages with Step;
@@ -39,11 +39,11 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/failbus/failbus/internal/policy/classify"
+	"github.com/failbus/failbus/internal/policy/recovery"
+	"github.com/failbus/failbus/internal/policy/recovery/simulate"
+	"github.com/failbus/failbus/internal/policy/retry"
 	"github.com/failbus/failbus/pkg/policy"
-	"github.com/failbus/failbus/pkg/policy/classify"
-	"github.com/failbus/failbus/pkg/policy/recovery"
-	"github.com/failbus/failbus/pkg/policy/recovery/simulate"
-	"github.com/failbus/failbus/pkg/policy/retry"
 )
 
 // Config configures an Engine.

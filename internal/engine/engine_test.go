@@ -9,13 +9,13 @@ import (
 	"time"
 
 	"github.com/failbus/failbus/internal/engine"
+	"github.com/failbus/failbus/internal/policy/notification"
+	"github.com/failbus/failbus/internal/policy/refusal"
+	"github.com/failbus/failbus/internal/policy/retry"
+	"github.com/failbus/failbus/internal/policy/scope"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/notify"
 	"github.com/failbus/failbus/pkg/policy"
-	"github.com/failbus/failbus/pkg/policy/notification"
-	"github.com/failbus/failbus/pkg/policy/refusal"
-	"github.com/failbus/failbus/pkg/policy/retry"
-	"github.com/failbus/failbus/pkg/policy/scope"
 )
 
 func scopeVerdict() scope.Verdict { return scope.Verdict{} }

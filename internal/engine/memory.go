@@ -9,10 +9,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/failbus/failbus/pkg/policy/notification"
-	"github.com/failbus/failbus/pkg/policy/recovery/memstore"
-	"github.com/failbus/failbus/pkg/policy/refusal"
-	"github.com/failbus/failbus/pkg/policy/retry"
+	"github.com/failbus/failbus/internal/policy/notification"
+	"github.com/failbus/failbus/internal/policy/recovery/memstore"
+	"github.com/failbus/failbus/internal/policy/refusal"
+	"github.com/failbus/failbus/internal/policy/retry"
 )
 
 // Memory implements every store in memory: what `failbus simulate`, shadow

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/failbus/failbus/pkg/policy/refusal"
+	"github.com/failbus/failbus/internal/policy/refusal"
 )
 
 // scanRefusals is memRefusals as it was before its indexes: every read

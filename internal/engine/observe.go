@@ -6,8 +6,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/failbus/failbus/internal/policy/scope"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy/scope"
 )
 
 // Observed is what the fault-scope stage says about one classification.

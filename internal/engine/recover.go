@@ -5,13 +5,13 @@ import (
 	"errors"
 	"time"
 
+	"github.com/failbus/failbus/internal/policy/recovery"
+	"github.com/failbus/failbus/internal/policy/recovery/simulate"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy/recovery"
-	"github.com/failbus/failbus/pkg/policy/recovery/simulate"
 )
 
 // The recovery stage (seed 002's checklist, issue #10): the core of
-// pkg/policy/recovery on the engine's Recovery store. Its inputs are the
+// internal/policy/recovery on the engine's Recovery store. Its inputs are the
 // agents' heartbeats, cron specs and runs, writes and tasks, and what the
 // other stages produced (outcomes, provider health, decisions); its outputs are
 // dispatches, control commands, step records and one notification per

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/failbus/failbus/internal/policy/refusal"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy/refusal"
 )
 
 // Seed 000 on the virtual clock: the refusal tiers run by the engine's

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/failbus/failbus/internal/policy/refusal"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy/refusal"
 )
 
 // refusalWords runs one segment's whole refusal life on cfg and collects

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/failbus/failbus/internal/policy/refusal"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy/refusal"
 )
 
 // Refused is what the refusal stage decided for one content refusal.

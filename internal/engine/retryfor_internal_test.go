@@ -5,8 +5,8 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/failbus/failbus/internal/policy/retry"
 	"github.com/failbus/failbus/pkg/policy"
-	"github.com/failbus/failbus/pkg/policy/retry"
 )
 
 // The retry policy the stages use per provider is the policy's own

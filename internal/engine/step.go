@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/failbus/failbus/internal/policy/notification"
+	"github.com/failbus/failbus/internal/policy/recovery/simulate"
+	"github.com/failbus/failbus/internal/policy/refusal"
+	"github.com/failbus/failbus/internal/policy/retry"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy/notification"
-	"github.com/failbus/failbus/pkg/policy/recovery/simulate"
-	"github.com/failbus/failbus/pkg/policy/refusal"
-	"github.com/failbus/failbus/pkg/policy/retry"
 )
 
 // Input is one record for Step. Exactly one field is set; none is a tick

@@ -5,12 +5,12 @@ import (
 	"errors"
 	"time"
 
+	"github.com/failbus/failbus/internal/policy/notification"
+	"github.com/failbus/failbus/internal/policy/recovery"
+	"github.com/failbus/failbus/internal/policy/refusal"
+	"github.com/failbus/failbus/internal/policy/retry"
+	"github.com/failbus/failbus/internal/policy/scope"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy/notification"
-	"github.com/failbus/failbus/pkg/policy/recovery"
-	"github.com/failbus/failbus/pkg/policy/refusal"
-	"github.com/failbus/failbus/pkg/policy/retry"
-	"github.com/failbus/failbus/pkg/policy/scope"
 )
 
 // ErrConflict is what a store returns when a compare-and-set write lost to
@@ -38,7 +38,7 @@ type Stores struct {
 	Refusals   Refusals
 	Admissions Admissions
 	Timers     Timers
-	// Recovery is the recovery stage's state (pkg/policy/recovery.Store):
+	// Recovery is the recovery stage's state (internal/policy/recovery.Store):
 	// provider episodes and held-task ranges, heartbeats, crons, writes,
 	// tasks, the command ledger. Nil disables the stage.
 	Recovery recovery.Store

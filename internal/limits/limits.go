@@ -1,5 +1,5 @@
 // Package limits keeps each agent within its share of the bus's shared
-// state, as the policy's `limits:` section bounds it (pkg/policy/limits):
+// state, as the policy's `limits:` section bounds it (internal/policy/limits):
 // the providers an agent names (Providers, on KV bucket FAILBUS_LIMITS),
 // the keys an agent holds in a service's own bucket (Keys: subagents in
 // FAILBUS_HEARTBEATS, crons in FAILBUS_CRONS), and the tasks and bytes an
@@ -25,10 +25,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/failbus/failbus/internal/kvkey"
+	"github.com/failbus/failbus/internal/policy/limits"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy/limits"
 )
 
 // CountFor is how long a count read from the store is trusted: an agent at

@@ -16,6 +16,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/failbus/failbus/internal/policy/limits"
+	recoverypolicy "github.com/failbus/failbus/internal/policy/recovery"
 	"github.com/failbus/failbus/internal/service/classifier"
 	"github.com/failbus/failbus/internal/service/notifier"
 	"github.com/failbus/failbus/internal/service/recovery"
@@ -24,8 +26,6 @@ import (
 	"github.com/failbus/failbus/internal/servicemain"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/notify"
-	"github.com/failbus/failbus/pkg/policy/limits"
-	recoverypolicy "github.com/failbus/failbus/pkg/policy/recovery"
 )
 
 // All is every service, in start order.

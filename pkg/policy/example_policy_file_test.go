@@ -12,14 +12,14 @@ import (
 
 	"github.com/failbus/failbus/internal/engine"
 	"github.com/failbus/failbus/internal/engine/sim"
+	"github.com/failbus/failbus/internal/policy/classify"
+	"github.com/failbus/failbus/internal/policy/notification"
+	"github.com/failbus/failbus/internal/policy/recovery"
+	"github.com/failbus/failbus/internal/policy/refusal"
+	"github.com/failbus/failbus/internal/policy/retry"
+	"github.com/failbus/failbus/internal/policy/scope"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy"
-	"github.com/failbus/failbus/pkg/policy/classify"
-	"github.com/failbus/failbus/pkg/policy/notification"
-	"github.com/failbus/failbus/pkg/policy/recovery"
-	"github.com/failbus/failbus/pkg/policy/refusal"
-	"github.com/failbus/failbus/pkg/policy/retry"
-	"github.com/failbus/failbus/pkg/policy/scope"
 )
 
 // The example policy file and its reference are documentation that must not

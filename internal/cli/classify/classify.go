@@ -13,9 +13,9 @@ import (
 
 	"github.com/failbus/failbus/internal/cli"
 	"github.com/failbus/failbus/internal/engine"
+	pclassify "github.com/failbus/failbus/internal/policy/classify"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy"
-	pclassify "github.com/failbus/failbus/pkg/policy/classify"
 )
 
 // Command is `failbus classify`.

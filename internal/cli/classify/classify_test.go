@@ -11,7 +11,7 @@ import (
 	"testing"
 )
 
-const classifyCorpus = "../../../pkg/policy/classify/testdata/corpus.jsonl"
+const classifyCorpus = "../../../internal/policy/classify/testdata/corpus.jsonl"
 
 // TestClassifyCorpus is issue 3's acceptance check: `failbus classify` on
 // the corpus puts every row in its expected class, with a rule id and

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	pclassify "github.com/failbus/failbus/pkg/policy/classify"
+	pclassify "github.com/failbus/failbus/internal/policy/classify"
 )
 
 // runEval is `failbus classify --eval FILE [FILE...]`: the rules of the

@@ -78,7 +78,7 @@ func TestClassifyEval(t *testing.T) {
 // provider's code tables out).
 func TestClassifyEvalCorpus(t *testing.T) {
 	t.Parallel()
-	files, err := filepath.Glob("../../../pkg/policy/classify/testdata/*.jsonl")
+	files, err := filepath.Glob("../../../internal/policy/classify/testdata/*.jsonl")
 	if err != nil || len(files) < 2 {
 		t.Fatalf("corpus files %v: %v", files, err)
 	}

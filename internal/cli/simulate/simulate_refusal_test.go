@@ -20,7 +20,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/failbus/failbus/pkg/policy/refusal"
+	"github.com/failbus/failbus/internal/policy/refusal"
 )
 
 var simRefusalT0 = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)

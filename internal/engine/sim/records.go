@@ -10,9 +10,9 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/failbus/failbus/internal/policy/recovery"
+	"github.com/failbus/failbus/internal/policy/recovery/simulate"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy/recovery"
-	"github.com/failbus/failbus/pkg/policy/recovery/simulate"
 )
 
 // Input record types (CONTRACT.md). A line without a type is an outcome, so

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/failbus/failbus/internal/policy/notification"
 	"github.com/failbus/failbus/pkg/policy"
-	"github.com/failbus/failbus/pkg/policy/notification"
 )
 
 func TestSimNotificationBudget(t *testing.T) {

@@ -41,9 +41,9 @@ import (
 	"time"
 
 	"github.com/failbus/failbus/internal/engine"
+	"github.com/failbus/failbus/internal/policy/recovery/simulate"
+	"github.com/failbus/failbus/internal/policy/retry"
 	"github.com/failbus/failbus/pkg/policy"
-	"github.com/failbus/failbus/pkg/policy/recovery/simulate"
-	"github.com/failbus/failbus/pkg/policy/retry"
 )
 
 // Config configures a Sim.

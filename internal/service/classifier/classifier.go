@@ -25,12 +25,12 @@ import (
 
 	"github.com/failbus/failbus/internal/engine"
 	ilimits "github.com/failbus/failbus/internal/limits"
+	"github.com/failbus/failbus/internal/policy/classify"
+	"github.com/failbus/failbus/internal/policy/limits"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy"
-	"github.com/failbus/failbus/pkg/policy/classify"
-	"github.com/failbus/failbus/pkg/policy/limits"
 )
 
 // Name is the service name: the metrics label, the dead-letter subject
@@ -201,7 +201,7 @@ func newHandler(classifyFn ClassifyFunc, g *gate, reg prometheus.Registerer) (co
 }
 
 // gate keeps each agent within its share of the providers
-// (pkg/policy/limits); nil admits everything.
+// (internal/policy/limits); nil admits everything.
 type gate struct {
 	providers *ilimits.Providers
 	notify    *ilimits.Notifier

@@ -12,9 +12,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/failbus/failbus/internal/policy/recovery"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
-	"github.com/failbus/failbus/pkg/policy/recovery"
 )
 
 // lagWait is how long the driver waits before asking again whether the

@@ -13,8 +13,8 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/failbus/failbus/internal/policy/recovery"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy/recovery"
 )
 
 // The built-in HTTP probe makes the configured request (method, headers,

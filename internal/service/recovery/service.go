@@ -1,5 +1,5 @@
 // Package recovery is the recovery service (seed 002, CONTRACT.md §
-// "Recovery"): the pure core of pkg/policy/recovery on the bus. Its
+// "Recovery"): the pure core of internal/policy/recovery on the bus. Its
 // consumers feed the core, a driver advances it:
 //
 //   - `recovery` reads FAILBUS_HEALTH: outages and recoveries open and close
@@ -18,7 +18,7 @@
 //     replica driving a provider; the others take over when it lapses.
 //
 // Every message it sends carries a deterministic Nats-Msg-Id and a ledger
-// entry (see pkg/policy/recovery): replicas, redeliveries and SIGKILL at any
+// entry (see internal/policy/recovery): replicas, redeliveries and SIGKILL at any
 // point repeat nothing and skip nothing. Input it cannot use goes to
 // failbus.dlq.<consumer name> with the reason.
 package recovery
@@ -39,11 +39,11 @@ import (
 	"github.com/rs/zerolog"
 
 	ilimits "github.com/failbus/failbus/internal/limits"
+	"github.com/failbus/failbus/internal/policy/limits"
+	"github.com/failbus/failbus/internal/policy/recovery"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy/limits"
-	"github.com/failbus/failbus/pkg/policy/recovery"
 )
 
 // Names of the service and its runners: each labels metrics and logs and

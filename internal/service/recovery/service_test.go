@@ -16,11 +16,11 @@ import (
 
 	"github.com/failbus/failbus/internal/bustest"
 	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/internal/policy/recovery"
 	svc "github.com/failbus/failbus/internal/service/recovery"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy/recovery"
 )
 
 type bundle struct {

@@ -16,11 +16,11 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	ilimits "github.com/failbus/failbus/internal/limits"
+	"github.com/failbus/failbus/internal/policy/limits"
+	"github.com/failbus/failbus/internal/policy/recovery"
+	"github.com/failbus/failbus/internal/policy/recovery/checklist"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy/limits"
-	"github.com/failbus/failbus/pkg/policy/recovery"
-	"github.com/failbus/failbus/pkg/policy/recovery/checklist"
 )
 
 // Store is recovery.Store on the bus: provider records, the command ledger

@@ -9,9 +9,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/failbus/failbus/internal/policy/recovery"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy/recovery"
 )
 
 // The probe targets (recovery.Usage) are read back, when a probe is due,
