@@ -27,7 +27,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/failbus/failbus/internal/cli/publish"
-	"github.com/failbus/failbus/internal/cli/simulate"
+	"github.com/failbus/failbus/internal/cli/simulatecmd"
 	"github.com/failbus/failbus/internal/devbus"
 	"github.com/failbus/failbus/internal/embedded"
 	"github.com/failbus/failbus/internal/policy/notification"
@@ -280,7 +280,7 @@ func policyBus(t *testing.T, name, polFile string, specs ...servicemain.Spec) *d
 func simulateRecords(t *testing.T, polFile, input string) map[string][]string {
 	t.Helper()
 	var simOut, simErr bytes.Buffer
-	if code := simulate.Command.Run([]string{"--policy", polFile}, strings.NewReader(input), &simOut, &simErr); code != 0 {
+	if code := simulatecmd.Command.Run([]string{"--policy", polFile}, strings.NewReader(input), &simOut, &simErr); code != 0 {
 		t.Fatalf("failbus simulate exited %d: %s", code, simErr.String())
 	}
 	sim := map[string][]string{}

@@ -31,7 +31,7 @@ import (
 	"github.com/failbus/failbus/internal/auth"
 	"github.com/failbus/failbus/internal/cli"
 	"github.com/failbus/failbus/internal/cli/apply"
-	authcmd "github.com/failbus/failbus/internal/cli/auth"
+	authcmd "github.com/failbus/failbus/internal/cli/authcmd"
 	"github.com/failbus/failbus/internal/cli/clitest"
 	"github.com/failbus/failbus/internal/connect"
 	"github.com/failbus/failbus/internal/servicemain"

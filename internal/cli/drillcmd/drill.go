@@ -2,7 +2,7 @@
 // timeline, once on the official Go SDKs' own retries and once with their
 // retries off under agent.Call on the bus, and one table of what each did
 // to the provider (internal/drill; docs/DRILL.md).
-package drill
+package drillcmd
 
 import (
 	"bufio"

@@ -1,4 +1,4 @@
-package simulate
+package simulatecmd
 
 // Seed 000's "4 sends however long the clock runs", through the command: a
 // test agent drives `failbus simulate` line by line over pipes, as an agent

@@ -1,7 +1,7 @@
 // Package status is `failbus status`: the live status page
 // (internal/status) against any bus, with the consumers' lag on /metrics
 // for Prometheus; or, with --json, one snapshot of it printed.
-package status
+package statuscmd
 
 import (
 	"context"

@@ -4,7 +4,7 @@
 // against outages, rate-limit storms, capped keys and refusals without a
 // real provider. It is a provider, not part of the bus: it needs no
 // server and publishes nothing.
-package chaos
+package chaoscmd
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package drill
+package drillcmd
 
 import (
 	"encoding/json"

@@ -1,7 +1,7 @@
 // Package auth is `failbus auth init`: the NATS users of failbus, one nkey
 // per role with only that role's permissions (internal/auth), written as a
 // nats-server configuration fragment and one seed file per role.
-package auth
+package authcmd
 
 import (
 	"fmt"
