@@ -24,7 +24,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/failbus/failbus/internal/engine"
-	ilimits "github.com/failbus/failbus/internal/limits"
+	"github.com/failbus/failbus/internal/limitstore"
 	"github.com/failbus/failbus/internal/policy/classify"
 	"github.com/failbus/failbus/internal/policy/limits"
 	topology "github.com/failbus/failbus/jetstream"
@@ -121,7 +121,7 @@ func New(js jetstream.JetStream, opts Config) (*Service, error) {
 	if pol == nil {
 		pol = policy.Default()
 	}
-	g := &gate{providers: ilimits.NewProviders(js, pol.Limits.WithDefaults(), nil), notify: ilimits.NewNotifier(js, Name, nil)}
+	g := &gate{providers: limitstore.NewProviders(js, pol.Limits.WithDefaults(), nil), notify: limitstore.NewNotifier(js, Name, nil)}
 	h, err := newHandler(fn, g, cfg.Registerer)
 	if err != nil {
 		return nil, err
@@ -203,8 +203,8 @@ func newHandler(classifyFn ClassifyFunc, g *gate, reg prometheus.Registerer) (co
 // gate keeps each agent within its share of the providers
 // (internal/policy/limits); nil admits everything.
 type gate struct {
-	providers *ilimits.Providers
-	notify    *ilimits.Notifier
+	providers *limitstore.Providers
+	notify    *limitstore.Notifier
 }
 
 func (g *gate) admit(ctx context.Context, agent, provider string) error {

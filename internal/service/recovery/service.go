@@ -38,7 +38,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
-	ilimits "github.com/failbus/failbus/internal/limits"
+	"github.com/failbus/failbus/internal/limitstore"
 	"github.com/failbus/failbus/internal/policy/limits"
 	"github.com/failbus/failbus/internal/policy/recovery"
 	topology "github.com/failbus/failbus/jetstream"
@@ -123,9 +123,9 @@ type Service struct {
 
 	// providers, taskLimits and notify keep each agent within its share
 	// (policy limits); the store keeps subagents and crons within theirs.
-	providers  *ilimits.Providers
-	taskLimits *ilimits.Tasks
-	notify     *ilimits.Notifier
+	providers  *limitstore.Providers
+	taskLimits *limitstore.Tasks
+	notify     *limitstore.Notifier
 
 	wake chan struct{}
 
@@ -175,9 +175,9 @@ func New(ctx context.Context, js jetstream.JetStream, opts Options) (*Service, e
 	st.limit(lim)
 	s := &Service{
 		js: js, store: st, opts: opts, m: m,
-		providers:  ilimits.NewProviders(js, lim, nil),
-		taskLimits: ilimits.NewTasks(js, lim, 0),
-		notify:     ilimits.NewNotifier(js, Name, nil),
+		providers:  limitstore.NewProviders(js, lim, nil),
+		taskLimits: limitstore.NewTasks(js, lim, 0),
+		notify:     limitstore.NewNotifier(js, Name, nil),
 		log:        rc.Logger.With().Str("service", Name).Logger(),
 		wake:       make(chan struct{}, 1),
 		due:        map[string]time.Time{},

@@ -15,7 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/vmihailenco/msgpack/v5"
 
-	ilimits "github.com/failbus/failbus/internal/limits"
+	"github.com/failbus/failbus/internal/limitstore"
 	"github.com/failbus/failbus/internal/policy/limits"
 	"github.com/failbus/failbus/internal/policy/recovery"
 	"github.com/failbus/failbus/internal/policy/recovery/checklist"
@@ -51,19 +51,19 @@ type Store struct {
 
 	// subagents and crons keep each agent's new heartbeat and cron keys
 	// within the policy's limits (nil: unbounded, as OpenStore leaves it).
-	subagents *ilimits.Keys
-	cronKeys  *ilimits.Keys
+	subagents *limitstore.Keys
+	cronKeys  *limitstore.Keys
 }
 
 // limit bounds the subagents and crons each agent (and all agents) may
 // have keys for.
 func (s *Store) limit(cfg limits.Config) {
-	s.subagents = ilimits.NewKeys(s.js, s.heartbeats, ilimits.KeysConfig{
+	s.subagents = limitstore.NewKeys(s.js, s.heartbeats, limitstore.KeysConfig{
 		Kind: "subagent", PerAgent: cfg.SubagentsPerAgent, Total: cfg.Subagents,
 		LimitAgent: limits.SubagentsPerAgent, Limit: limits.Subagents,
 		Prefix: func(agent string) string { return hbPrefix + part(agent) + "." }, Token: part,
 	})
-	s.cronKeys = ilimits.NewKeys(s.js, s.crons, ilimits.KeysConfig{
+	s.cronKeys = limitstore.NewKeys(s.js, s.crons, limitstore.KeysConfig{
 		Kind: "cron", PerAgent: cfg.CronsPerAgent, Total: cfg.Crons,
 		LimitAgent: limits.CronsPerAgent, Limit: limits.Crons,
 		Prefix: func(agent string) string { return cronPrefix + part(agent) + "." }, Token: part,

@@ -1,4 +1,4 @@
-// Package limits keeps each agent within its share of the bus's shared
+// Package limitstore keeps each agent within its share of the bus's shared
 // state, as the policy's `limits:` section bounds it (internal/policy/limits):
 // the providers an agent names (Providers, on KV bucket FAILBUS_LIMITS),
 // the keys an agent holds in a service's own bucket (Keys: subagents in
@@ -13,7 +13,7 @@
 // memory for CountFor, so a flood of new names from one agent costs no
 // store read per record. The stores stay the truth: every replica reads
 // the same keys, and a name counts from its key's creation until its TTL.
-package limits
+package limitstore
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package limits
+package limitstore
 
 import "github.com/vmihailenco/msgpack/v5"
 
