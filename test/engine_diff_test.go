@@ -31,7 +31,7 @@ import (
 	"github.com/failbus/failbus/internal/devbus"
 	"github.com/failbus/failbus/internal/embedded"
 	"github.com/failbus/failbus/internal/policy/notification"
-	recoverysvc "github.com/failbus/failbus/internal/service/recovery"
+	recoverysvc "github.com/failbus/failbus/internal/service/recoverer"
 	"github.com/failbus/failbus/internal/servicemain"
 	"github.com/failbus/failbus/internal/services"
 	topology "github.com/failbus/failbus/jetstream"

@@ -30,7 +30,7 @@ import (
 	"github.com/failbus/failbus/internal/embedded"
 	"github.com/failbus/failbus/internal/policy/limits"
 	"github.com/failbus/failbus/internal/policy/recovery"
-	svc "github.com/failbus/failbus/internal/service/recovery"
+	svc "github.com/failbus/failbus/internal/service/recoverer"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy"

@@ -42,7 +42,7 @@ import (
 	"github.com/failbus/failbus/internal/embedded"
 	"github.com/failbus/failbus/internal/policy/recovery"
 	"github.com/failbus/failbus/internal/service/classifier"
-	svc "github.com/failbus/failbus/internal/service/recovery"
+	svc "github.com/failbus/failbus/internal/service/recoverer"
 	"github.com/failbus/failbus/internal/service/scheduler"
 	"github.com/failbus/failbus/internal/servicemain"
 	"github.com/failbus/failbus/internal/services"

@@ -20,7 +20,7 @@ import (
 // checklist steps, releases at the drain rate) happens at its own time.
 //
 // The recovery service runs the same core on its own bus stores
-// (internal/service/recovery); the engine runs it for simulate and shadow.
+// (internal/service/recoverer); the engine runs it for simulate and shadow.
 
 // recoveryCore is the policy's recovery core, nil without a Recovery store.
 func (e *Engine) recoveryCore() *recovery.Core { return e.cur.Load().rec }

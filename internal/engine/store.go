@@ -26,7 +26,7 @@ var ErrConflict = errors.New("engine: state changed concurrently")
 // stream), the refusal tiers the Refusals (KV, FAILBUS_REFUSALS); the
 // notifier runs the same admission rules (notification.Admit) inside its
 // own delivery protocol; the recovery service implements Recovery on KV
-// and streams (internal/service/recovery). A nil store disables the stages
+// and streams (internal/service/recoverer). A nil store disables the stages
 // that need it.
 //
 // Adding state for a new stage: add its interface here, a field to Stores,

@@ -20,7 +20,7 @@ import (
 	recoverypolicy "github.com/failbus/failbus/internal/policy/recovery"
 	"github.com/failbus/failbus/internal/service/classifier"
 	"github.com/failbus/failbus/internal/service/notifier"
-	"github.com/failbus/failbus/internal/service/recovery"
+	"github.com/failbus/failbus/internal/service/recoverer"
 	"github.com/failbus/failbus/internal/service/refusals"
 	"github.com/failbus/failbus/internal/service/scheduler"
 	"github.com/failbus/failbus/internal/servicemain"
@@ -168,8 +168,8 @@ func Recovery() servicemain.Spec {
 		lease = servicemain.EnvDuration("FAILBUS_RECOVERY_LEASE", recoverypolicy.DefaultLeaseTTL)
 	)
 	return servicemain.Spec{
-		Name:           recovery.Name,
-		DefaultOpsAddr: recovery.DefaultOpsAddr,
+		Name:           recoverer.Name,
+		DefaultOpsAddr: recoverer.DefaultOpsAddr,
 		Flags: func(fs *flag.FlagSet) {
 			fs.StringVar(&owner, "replica", owner, "replica name in the provider records' lease (env FAILBUS_RECOVERY_REPLICA; default a new unique id)")
 			fs.DurationVar(&lease, "lease", lease, "how long a replica keeps driving a provider after its last step; another takes over after it (env FAILBUS_RECOVERY_LEASE)")
@@ -181,7 +181,7 @@ func Recovery() servicemain.Spec {
 			return nil
 		},
 		Build: func(ctx context.Context, env servicemain.Env) (servicemain.Service, error) {
-			return recovery.New(ctx, env.JS, recovery.Options{
+			return recoverer.New(ctx, env.JS, recoverer.Options{
 				Policy:   recoveryPolicy(env),
 				Limits:   limitsPolicy(env),
 				Owner:    owner,

@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/failbus/failbus/internal/embedded"
-	"github.com/failbus/failbus/internal/service/recovery"
+	"github.com/failbus/failbus/internal/service/recoverer"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/agent"
 	"github.com/failbus/failbus/pkg/events"
@@ -38,7 +38,7 @@ func Example_tasksHeldDuringAnOutage() {
 		log.Fatal(err)
 	}
 	// The recovery service (`failbus dev` runs it).
-	svc, err := recovery.New(ctx, js, recovery.Options{})
+	svc, err := recoverer.New(ctx, js, recoverer.Options{})
 	if err != nil {
 		log.Fatal(err)
 	}

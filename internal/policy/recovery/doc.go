@@ -3,7 +3,7 @@
 // task queue, the outage probes and the seven steps that run once a
 // provider's health says recovered. "This checklist looks simple, but if it
 // is not defined in advance a step gets missed" — so it is defined here,
-// once, and runs the same in the recovery service (internal/service/recovery,
+// once, and runs the same in the recovery service (internal/service/recoverer,
 // on KV buckets and streams) and in `failbus simulate` (memstore, virtual
 // clock).
 //

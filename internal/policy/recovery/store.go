@@ -15,7 +15,7 @@ var ErrConflict = errors.New("recovery: record changed concurrently")
 
 // Store is everything the checklist reads and writes. Each role is a small
 // interface; memstore.Store implements all of them in memory for
-// `failbus simulate` and tests, internal/service/recovery on KV buckets and
+// `failbus simulate` and tests, internal/service/recoverer on KV buckets and
 // streams.
 // Implementations must be safe for concurrent use when the Core is.
 type Store interface {

@@ -1,4 +1,4 @@
-package recovery_test
+package recoverer_test
 
 import (
 	"context"
@@ -17,7 +17,7 @@ import (
 	"github.com/failbus/failbus/internal/bustest"
 	"github.com/failbus/failbus/internal/embedded"
 	"github.com/failbus/failbus/internal/policy/recovery"
-	svc "github.com/failbus/failbus/internal/service/recovery"
+	svc "github.com/failbus/failbus/internal/service/recoverer"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"

@@ -1,4 +1,4 @@
-package recovery_test
+package recoverer_test
 
 import (
 	"context"

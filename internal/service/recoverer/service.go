@@ -1,4 +1,4 @@
-// Package recovery is the recovery service (seed 002, CONTRACT.md §
+// Package recoverer is the recovery service (seed 002, CONTRACT.md §
 // "Recovery"): the pure core of internal/policy/recovery on the bus. Its
 // consumers feed the core, a driver advances it:
 //
@@ -21,7 +21,7 @@
 // entry (see internal/policy/recovery): replicas, redeliveries and SIGKILL at any
 // point repeat nothing and skip nothing. Input it cannot use goes to
 // failbus.dlq.<consumer name> with the reason.
-package recovery
+package recoverer
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package recovery
+package recoverer
 
 import (
 	"context"
