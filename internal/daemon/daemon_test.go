@@ -1,4 +1,4 @@
-package servicemain_test
+package daemon_test
 
 import (
 	"bytes"
@@ -19,8 +19,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/failbus/failbus/internal/connect"
+	"github.com/failbus/failbus/internal/daemon"
 	"github.com/failbus/failbus/internal/embedded"
-	"github.com/failbus/failbus/internal/servicemain"
 )
 
 // idle is a service that runs until its context ends.
@@ -34,9 +34,9 @@ func (idle) Healthy() error                { return nil }
 // reached, and onBuild (when not nil) is called then.
 func run(ctx context.Context, onBuild func(), args ...string) (code int, stderr string, built bool) {
 	var buf lockedBuffer
-	spec := servicemain.Spec{
+	spec := daemon.Spec{
 		Name: "probe", DefaultOpsAddr: "127.0.0.1:0",
-		Build: func(context.Context, servicemain.Env) (servicemain.Service, error) {
+		Build: func(context.Context, daemon.Env) (daemon.Service, error) {
 			built = true
 			if onBuild != nil {
 				onBuild()
@@ -44,7 +44,7 @@ func run(ctx context.Context, onBuild func(), args ...string) (code int, stderr 
 			return idle{}, nil
 		},
 	}
-	code = servicemain.Run(ctx, spec, append(args, "--ops-addr", "127.0.0.1:0"), &buf)
+	code = daemon.Run(ctx, spec, append(args, "--ops-addr", "127.0.0.1:0"), &buf)
 	return code, buf.String(), built
 }
 
@@ -145,9 +145,9 @@ func TestCheckHealth(t *testing.T) {
 	rctx, stop := context.WithCancel(ctx)
 	defer stop()
 	done := make(chan int, 1)
-	spec := servicemain.Spec{
+	spec := daemon.Spec{
 		Name: "probe", DefaultOpsAddr: "127.0.0.1:0",
-		Build: func(context.Context, servicemain.Env) (servicemain.Service, error) { return idle{}, nil },
+		Build: func(context.Context, daemon.Env) (daemon.Service, error) { return idle{}, nil },
 	}
 	// Find a free port for the service's ops address.
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -158,11 +158,11 @@ func TestCheckHealth(t *testing.T) {
 	_ = l.Close()
 	_, port, _ := net.SplitHostPort(addr)
 	go func() {
-		done <- servicemain.Run(rctx, spec, []string{"--server", url, "--nkey", seed, "--no-apply", "--ops-addr", addr}, &buf)
+		done <- daemon.Run(rctx, spec, []string{"--server", url, "--nkey", seed, "--no-apply", "--ops-addr", addr}, &buf)
 	}()
 	check := func() int {
 		var out bytes.Buffer
-		return servicemain.Run(ctx, spec, []string{"--check-health", "--ops-addr", "0.0.0.0:" + port}, &out)
+		return daemon.Run(ctx, spec, []string{"--check-health", "--ops-addr", "0.0.0.0:" + port}, &out)
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for check() != 0 {
@@ -191,7 +191,7 @@ func TestCheckHealth(t *testing.T) {
 	go func() { _ = unhealthy.Serve(l) }()
 	defer unhealthy.Close()
 	var out bytes.Buffer
-	if code := servicemain.Run(ctx, spec, []string{"--check-health", "--ops-addr", l.Addr().String()}, &out); code != 1 || !strings.Contains(out.String(), "/healthz") {
+	if code := daemon.Run(ctx, spec, []string{"--check-health", "--ops-addr", l.Addr().String()}, &out); code != 1 || !strings.Contains(out.String(), "/healthz") {
 		t.Errorf("check of a service answering 503: exit %d, %q", code, out.String())
 	}
 }
@@ -213,16 +213,16 @@ func TestRunBoundedStopsWaitingAtTheTimeout(t *testing.T) {
 	defer close(s.release)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	err := servicemain.RunBounded(ctx, s, 50*time.Millisecond, zerolog.Nop())
-	if !errors.Is(err, servicemain.ErrShutdownTimeout) || !strings.Contains(err.Error(), "stuck on a write") {
+	err := daemon.RunBounded(ctx, s, 50*time.Millisecond, zerolog.Nop())
+	if !errors.Is(err, daemon.ErrShutdownTimeout) || !strings.Contains(err.Error(), "stuck on a write") {
 		t.Errorf("a stuck drain: %v, want ErrShutdownTimeout with its health", err)
 	}
 	done := stuck{release: make(chan struct{})}
 	close(done.release)
-	if err := servicemain.RunBounded(ctx, done, time.Minute, zerolog.Nop()); err != nil {
+	if err := daemon.RunBounded(ctx, done, time.Minute, zerolog.Nop()); err != nil {
 		t.Errorf("a drain in time: %v", err)
 	}
-	if code := servicemain.Run(context.Background(), servicemain.Spec{Name: "x"}, []string{"--shutdown-timeout", "0s"}, io.Discard); code != 2 {
+	if code := daemon.Run(context.Background(), daemon.Spec{Name: "x"}, []string{"--shutdown-timeout", "0s"}, io.Discard); code != 2 {
 		t.Errorf("--shutdown-timeout 0s: exit %d, want 2", code)
 	}
 }

@@ -1,4 +1,4 @@
-package servicemain
+package daemon
 
 import (
 	"context"

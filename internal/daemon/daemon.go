@@ -1,10 +1,10 @@
-// Package servicemain is the start-up every failbus service binary shares:
+// Package daemon is the start-up every failbus service binary shares:
 // the common flags (each also read from an environment variable), logging,
 // the policy file, the NATS connection, applying the topology, the metrics
 // registry, /metrics and /healthz, and draining on SIGINT/SIGTERM. A
 // cmd/<service>/main.go registers its own flags and builds its service;
 // nothing else is repeated per binary.
-package servicemain
+package daemon
 
 import (
 	"context"

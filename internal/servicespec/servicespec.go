@@ -1,6 +1,6 @@
-// Package services is the registry of failbus's services: the one Spec of
+// Package servicespec is the registry of failbus's services: the one Spec of
 // each (its flags with their defaults, their checks, and its constructor),
-// shared by its binary (cmd/<service> runs it with servicemain.Run) and by
+// shared by its binary (cmd/<service> runs it with daemon.Run) and by
 // the in-process bus of `failbus dev`, `demo` and `bench` (internal/devbus
 // builds every spec of All with its defaults). A service is therefore built
 // the same way wherever it runs; a new service adds its function here and
@@ -8,7 +8,7 @@
 //
 // A Spec's flags are bound to variables that already hold their defaults
 // when the Spec is made, so Build works without parsing any flags.
-package services
+package servicespec
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/failbus/failbus/internal/daemon"
 	"github.com/failbus/failbus/internal/policy/limits"
 	recoverypolicy "github.com/failbus/failbus/internal/policy/recovery"
 	"github.com/failbus/failbus/internal/service/classifier"
@@ -23,21 +24,20 @@ import (
 	"github.com/failbus/failbus/internal/service/recoverer"
 	"github.com/failbus/failbus/internal/service/refusals"
 	"github.com/failbus/failbus/internal/service/scheduler"
-	"github.com/failbus/failbus/internal/servicemain"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/notify"
 )
 
 // All is every service, in start order.
-func All() []servicemain.Spec {
-	return []servicemain.Spec{Classifier(), Scheduler(), Notifier(), Recovery()}
+func All() []daemon.Spec {
+	return []daemon.Spec{Classifier(), Scheduler(), Notifier(), Recovery()}
 }
 
 // Classifier is the classifier service: outcomes in, one classification
 // each out.
-func Classifier() servicemain.Spec {
+func Classifier() daemon.Spec {
 	concurrency := classifier.DefaultConcurrency
-	return servicemain.Spec{
+	return daemon.Spec{
 		Name:           classifier.Name,
 		DefaultOpsAddr: classifier.DefaultOpsAddr,
 		Flags: func(fs *flag.FlagSet) {
@@ -49,7 +49,7 @@ func Classifier() servicemain.Spec {
 			}
 			return nil
 		},
-		Build: func(_ context.Context, env servicemain.Env) (servicemain.Service, error) {
+		Build: func(_ context.Context, env daemon.Env) (daemon.Service, error) {
 			return classifier.New(env.JS, classifier.Config{
 				Policy: env.Policy,
 				Runner: consumer.Config{Concurrency: concurrency, Logger: env.Log, Registerer: env.Registry, StoreCheckEvery: consumer.DefaultStoreCheckEvery},
@@ -60,7 +60,7 @@ func Classifier() servicemain.Spec {
 
 // Scheduler is the scheduler service, with the refusal tiers beside it
 // unless --refusals=false.
-func Scheduler() servicemain.Spec {
+func Scheduler() daemon.Spec {
 	var (
 		concurrency = scheduler.DefaultConcurrency
 		policyKV    = true
@@ -68,7 +68,7 @@ func Scheduler() servicemain.Spec {
 		policyPoll  = scheduler.DefaultPolicyPollInterval
 		maxProvs    = scheduler.DefaultMaxProviders
 	)
-	return servicemain.Spec{
+	return daemon.Spec{
 		Name:           scheduler.Name,
 		DefaultOpsAddr: scheduler.DefaultOpsAddr,
 		Flags: func(fs *flag.FlagSet) {
@@ -90,7 +90,7 @@ func Scheduler() servicemain.Spec {
 			}
 			return nil
 		},
-		Build: func(_ context.Context, env servicemain.Env) (servicemain.Service, error) {
+		Build: func(_ context.Context, env daemon.Env) (daemon.Service, error) {
 			s, err := scheduler.New(env.JS, scheduler.Config{
 				Policy:             env.Policy,
 				PolicyFile:         env.PolicyFile,
@@ -116,20 +116,20 @@ func Scheduler() servicemain.Spec {
 			if err != nil {
 				return nil, err
 			}
-			return servicemain.Group{s, r}, nil
+			return daemon.Group{s, r}, nil
 		},
 	}
 }
 
 // Notifier is the notifier service: notification requests in, each dedupe
 // key delivered once to the policy's sinks.
-func Notifier() servicemain.Spec {
+func Notifier() daemon.Spec {
 	var (
 		concurrency    = notifier.DefaultConcurrency
-		dedupeLifetime = servicemain.EnvDuration("FAILBUS_NOTIFY_DEDUPE_LIFETIME", notify.DefaultDedupeLifetime)
-		replica        = servicemain.EnvString("FAILBUS_NOTIFIER_REPLICA", "")
+		dedupeLifetime = daemon.EnvDuration("FAILBUS_NOTIFY_DEDUPE_LIFETIME", notify.DefaultDedupeLifetime)
+		replica        = daemon.EnvString("FAILBUS_NOTIFIER_REPLICA", "")
 	)
-	return servicemain.Spec{
+	return daemon.Spec{
 		Name:           notifier.Name,
 		DefaultOpsAddr: notifier.DefaultOpsAddr,
 		Flags: func(fs *flag.FlagSet) {
@@ -146,7 +146,7 @@ func Notifier() servicemain.Spec {
 			}
 			return nil
 		},
-		Build: func(ctx context.Context, env servicemain.Env) (servicemain.Service, error) {
+		Build: func(ctx context.Context, env daemon.Env) (daemon.Service, error) {
 			return notifier.New(env.JS, notifier.Config{
 				Notify:          env.Policy.Notify,
 				DedupeLifetime:  dedupeLifetime,
@@ -162,12 +162,12 @@ func Notifier() servicemain.Spec {
 
 // Recovery is the recovery service: the post-outage checklist, the held
 // task queue and the outage probes.
-func Recovery() servicemain.Spec {
+func Recovery() daemon.Spec {
 	var (
-		owner = servicemain.EnvString("FAILBUS_RECOVERY_REPLICA", "")
-		lease = servicemain.EnvDuration("FAILBUS_RECOVERY_LEASE", recoverypolicy.DefaultLeaseTTL)
+		owner = daemon.EnvString("FAILBUS_RECOVERY_REPLICA", "")
+		lease = daemon.EnvDuration("FAILBUS_RECOVERY_LEASE", recoverypolicy.DefaultLeaseTTL)
 	)
-	return servicemain.Spec{
+	return daemon.Spec{
 		Name:           recoverer.Name,
 		DefaultOpsAddr: recoverer.DefaultOpsAddr,
 		Flags: func(fs *flag.FlagSet) {
@@ -180,7 +180,7 @@ func Recovery() servicemain.Spec {
 			}
 			return nil
 		},
-		Build: func(ctx context.Context, env servicemain.Env) (servicemain.Service, error) {
+		Build: func(ctx context.Context, env daemon.Env) (daemon.Service, error) {
 			return recoverer.New(ctx, env.JS, recoverer.Options{
 				Policy:   recoveryPolicy(env),
 				Limits:   limitsPolicy(env),
@@ -193,7 +193,7 @@ func Recovery() servicemain.Spec {
 }
 
 // limitsPolicy is the policy's `limits:` section.
-func limitsPolicy(env servicemain.Env) limits.Config {
+func limitsPolicy(env daemon.Env) limits.Config {
 	if env.Policy == nil {
 		return limits.DefaultConfig()
 	}
@@ -201,7 +201,7 @@ func limitsPolicy(env servicemain.Env) limits.Config {
 }
 
 // recoveryPolicy is the policy's `recovery:` section.
-func recoveryPolicy(env servicemain.Env) recoverypolicy.Config {
+func recoveryPolicy(env daemon.Env) recoverypolicy.Config {
 	if env.Policy == nil {
 		return recoverypolicy.DefaultConfig()
 	}
