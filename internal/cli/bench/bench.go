@@ -105,7 +105,7 @@ const benchPolicy = "retry:\n  max_delay: 1h\n  episode_idle: 1h\n"
 
 // benchDefaultCorpus is the classification corpus, relative to the module
 // root.
-var benchDefaultCorpus = filepath.Join("pkg", "policy", "classify", "testdata", "corpus.jsonl")
+var benchDefaultCorpus = filepath.Join("internal", "policy", "classify", "testdata", "corpus.jsonl")
 
 // benchModule is the module path that marks the module root.
 const benchModule = "github.com/failbus/failbus"

@@ -242,7 +242,7 @@ func TestShadowSpeedFromTheBus(t *testing.T) {
 // eight-hour story of issue 10) replays without an error, and the
 // summary counts what it replayed.
 func TestShadowReplaysRecoveryRecords(t *testing.T) {
-	path := filepath.Join("..", "..", "..", "pkg", "engine", "sim", "testdata", "recovery-8h.jsonl")
+	path := filepath.Join("..", "..", "..", "internal", "engine", "sim", "testdata", "recovery-8h.jsonl")
 	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
