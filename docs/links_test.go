@@ -46,8 +46,8 @@ func documents(t *testing.T) []string {
 
 // Every link in README.md and docs/ leads somewhere that exists (file, and
 // heading when it names one), and README names no Markdown file the
-// repository does not have (it once sent readers to a DESIGN.md that was
-// not there).
+// repository does not have (it once sent readers to a design file that
+// was not there).
 func TestDocumentLinks(t *testing.T) {
 	for _, doc := range documents(t) {
 		data, err := os.ReadFile(doc)

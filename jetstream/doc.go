@@ -1,5 +1,5 @@
 // Package topology is failbus's JetStream topology as data: every stream,
-// durable consumer and KV bucket of DESIGN.md §3, one JSON file each, and
+// durable consumer and KV bucket of failbus, one JSON file each, and
 // Apply, which makes a server match them.
 //
 // The directory is called jetstream/ because the design card names it so:

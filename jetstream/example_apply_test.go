@@ -5,29 +5,19 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/failbustest"
 	topology "github.com/failbus/failbus/jetstream"
 )
 
 // A service applies the topology at start-up (it is idempotent) and binds
 // to its durable consumer by name, never by spelling it.
 func ExampleApply() {
-	srv, err := embedded.Start(embedded.Options{})
+	bus, err := failbustest.New() // its services applied the topology already
 	if err != nil {
 		panic(err)
 	}
-	defer srv.Shutdown()
-	nc, err := srv.Connect()
-	if err != nil {
-		panic(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		panic(err)
-	}
+	defer bus.Close()
+	js := bus.JetStream()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 

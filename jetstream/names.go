@@ -1,6 +1,6 @@
 package topology
 
-// Stream names. They are a contract (DESIGN.md §3): operators tail and replay
+// Stream names. They are a contract: operators tail and replay
 // them by name, and the files under streams/ carry the same names.
 const (
 	// StreamOutcomes holds failbus.outcome.<provider>.<agent> and

@@ -17,7 +17,7 @@ const day = 24 * time.Hour
 // zero Options are the same; a test keeps the two from drifting apart.
 const (
 	// DefaultReplicas is one copy of every stream and bucket: right for a
-	// single server and `failbus dev`. Use 3 on a cluster (DESIGN.md §5).
+	// single server and `failbus dev`. Use 3 on a cluster (docs/DEPLOY.md).
 	DefaultReplicas = 1
 
 	// DefaultStorage keeps streams and buckets on disk, so they survive a

@@ -1,6 +1,6 @@
 package test
 
-// Acceptance of issue 17's cardinality rule: agents name providers, and
+// Acceptance of the cardinality rule: agents name providers, and
 // 20,000 provider names must not become 20,000 metric series or state that
 // is never released. Every service of `failbus dev` runs; the series of
 // every provider-labelled metric stay within the configured cap, the
@@ -114,7 +114,7 @@ func TestTwentyThousandProviderNames(t *testing.T) {
 		t.Errorf("%v series evicted, want at least %v", evicted, want)
 	}
 	// The fault scope is not in the scheduler's memory but in FAILBUS_SCOPE
-	// (issue 9): one small record per provider, expiring with the bucket's
+	// (the fault scope's bucket): one small record per provider, expiring with the bucket's
 	// TTL, far from the bucket's max_bytes.
 	kv, err := b.JS.KeyValue(ctx, topology.BucketScope)
 	if err != nil {

@@ -1,7 +1,7 @@
 package test
 
-// Acceptance of the classifier service on a real embedded nats-server
-// (issue 2): every outcome classified exactly once, republished outcomes
+// Acceptance of the classifier service on a real embedded nats-server:
+// every outcome classified exactly once, republished outcomes
 // acknowledged as duplicates, exactly once across a crash in mid-batch, and
 // junk dead-lettered while consumption goes on. "Exactly once" is counted on
 // the FAILBUS_CLASSIFIED stream itself, not by handler calls.

@@ -1,6 +1,6 @@
 package test
 
-// The differential test of issue 9: one scenario, run through `failbus
+// The engine's differential test: one scenario, run through `failbus
 // simulate` and, with the same timestamps, published line by line to the
 // in-process bus `failbus dev` runs (internal/devbus, every service built
 // through its binary's spec). The classifications, decisions, health

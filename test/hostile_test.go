@@ -1,6 +1,6 @@
 package test
 
-// Acceptance of issue 17 (hostile input) on a real embedded nats-server: no
+// Acceptance of the hostile-input bounds on a real embedded nats-server: no
 // message takes the classifier down, each hostile payload is a dead letter
 // naming the limit it broke or a sane classification, good outcomes keep
 // being classified in between, the process's peak RSS stays under a stated

@@ -1,6 +1,6 @@
 package test
 
-// Acceptance of the notifier (issue 6) on a real embedded nats-server, with
+// Acceptance of the notifier on a real embedded nats-server, with
 // real HTTP receivers (httptest) and an in-process SMTP server:
 //
 //   - 10,000 requests, 2,000 of them repeating earlier dedupe keys, handled

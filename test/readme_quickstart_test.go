@@ -18,7 +18,7 @@ import (
 // quickStartPublish finds the README's quick-start publish commands.
 var quickStartPublish = regexp.MustCompile(`(?m)^echo '(\{.*\})' \| go run \./cmd/failbus publish`)
 
-// Issue 15: the README's quick start, run as written against failbus dev
+// The README's quick start, run as written against failbus dev
 // (each publish command run to completion, then the next, as a person
 // types them), gives each of its failures its own retry episode: retry 1
 // each, distinct retry ids — not retries 1, 2, … of one lifetime budget.

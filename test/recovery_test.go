@@ -1,6 +1,6 @@
 package test
 
-// The recovery story of issue 10 on a real bus, compressed: subagents beat
+// The eight-hour outage story on a real bus, compressed: subagents beat
 // every 200 ms, the fault scope recovers after 3 successes over 1 s. An
 // agent reports network failures until the scheduler's fault scope declares
 // an outage; then every agent holds (wait_provider) and only answers the

@@ -1,7 +1,6 @@
 package test
 
-// Acceptance of the refusal tiers on a real embedded nats-server (issue 5,
-// second bullet): the whole pipeline — agents (pkg/agent) report outcomes,
+// Acceptance of the refusal tiers on a real embedded nats-server: the whole pipeline — agents (pkg/agent) report outcomes,
 // the classifier classifies, two replicas of the refusal service keep the
 // state in KV and answer route — with re-probe delays of a few hundred
 // milliseconds and two agents racing on one segment. The counts of the

@@ -1,6 +1,6 @@
 package test
 
-// Acceptance of the durable scheduler on a real nats-server (issue 4):
+// Acceptance of the durable scheduler on a real nats-server:
 //
 //   - 10,000 retries with delays spread over 1–20 s come due exactly once,
 //     none early; the lateness (when JetStream stored the due message minus

@@ -1,6 +1,6 @@
 package test
 
-// The fault scope's differential test (issue 9, network failures spread in
+// The fault scope's differential test (network failures spread in
 // time): scenarios of network failures a few seconds, a minute and a
 // quarter of an hour apart, of several agents and sessions of one
 // provider interleaved with another provider, run through `failbus

@@ -1,6 +1,6 @@
 package test
 
-// Acceptance of issue 17's secret rule on the whole bus (every service of
+// Acceptance of the secret rule on the whole bus (every service of
 // `failbus dev`, a webhook and a log sink): a credential placed anywhere in
 // an outcome appears in clear nowhere but in FAILBUS_OUTCOMES and in the
 // original bytes a dead letter keeps — not in any other stream or bucket,

@@ -1,5 +1,5 @@
-// Command recovery is the recovery service (DESIGN.md §4 "Recovery",
-// CONTRACT.md § "Recovery"): it reads provider health (FAILBUS_HEALTH),
+// Command recovery is the recovery service (docs/CONTRACT.md §
+// "Recovery"): it reads provider health (FAILBUS_HEALTH),
 // subagent heartbeats (FAILBUS_LIVENESS), cron specs and runs and memory
 // writes (FAILBUS_REPORTS), decisions (FAILBUS_DECISIONS) and tasks
 // (FAILBUS_TASKS). Tasks of a provider in an outage are held in

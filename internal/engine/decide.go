@@ -21,7 +21,7 @@ type Decided struct {
 	retry.Verdict
 }
 
-// Decide is the retry stage (seed 003, retry.Decide): the decision for
+// Decide is the retry stage (retry.Decide): the decision for
 // failure c, given the fault scope's verdict, against its budget's ledger.
 // A retry's record is appended to the Ledger BEFORE Decide returns (persist
 // before waiting), with compare-and-set on the budget, so racing deliveries

@@ -11,7 +11,7 @@
 //     own bus stores);
 //   - `failbus simulate` (internal/engine/sim) is the same Engine with in-memory
 //     stores (Memory) and a virtual clock, chaining the stages with Step;
-//   - shadow replays (issue #13) run Step twice over history, once per
+//   - shadow replays run Step twice over history, once per
 //     policy, each on its own Memory.
 //
 // The stages are pure functions of the input, `now` and the state behind
@@ -29,7 +29,7 @@
 //     implementation in Memory, the bus implementation in its service.
 //   - A new output: a field in Effects, filled by the stage that makes it;
 //     simulate writes it as a record, the service publishes it.
-//   - Throughput (issue #11): Providers.Update folds a batch of one
+//   - Throughput: Providers.Update folds a batch of one
 //     provider's classifications in one compare-and-set (ObserveBatch), so
 //     a runner can keep one lane per provider.
 package engine

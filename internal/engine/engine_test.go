@@ -267,7 +267,7 @@ func TestAdmitFollowsTheNotifiersRules(t *testing.T) {
 	}
 }
 
-// Issue 15, through Step (what simulate and the services run): eleven
+// Retry episodes, through Step (what simulate and the services run): eleven
 // 503s of an agent without turn and step, each call going through on its
 // retry, are eleven retry episodes — each gets retry 1, none give_up; a
 // redelivered success ends nothing twice.

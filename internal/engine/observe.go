@@ -13,7 +13,7 @@ import (
 // Observed is what the fault-scope stage says about one classification.
 type Observed struct {
 	// Observation is the verdict (for a failure), the health changes and
-	// the notification requests the classification caused (seed 002).
+	// the notification requests the classification caused.
 	scope.Observation
 	// Publish is every record to publish now, with its message id: the
 	// Observation's health records and notification requests, preceded by
@@ -42,7 +42,7 @@ func EffectID(provider string, seq uint64, i int) string {
 	return "scope:" + provider + ":" + strconv.FormatUint(seq, 10) + ":" + strconv.Itoa(i)
 }
 
-// Observe is the fault-scope stage (seed 002): it folds one classification
+// Observe is the fault-scope stage: it folds one classification
 // at now into its provider's state in Providers and returns the verdict,
 // the health changes and the notification requests. For an outage it picks
 // a failover provider from scope.failover that is not itself down. It is

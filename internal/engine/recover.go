@@ -10,7 +10,7 @@ import (
 	"github.com/failbus/failbus/pkg/events"
 )
 
-// The recovery stage (seed 002's checklist, issue #10): the core of
+// The recovery stage (the post-outage checklist): the core of
 // internal/policy/recovery on the engine's Recovery store. Its inputs are the
 // agents' heartbeats, cron specs and runs, writes and tasks, and what the
 // other stages produced (outcomes, provider health, decisions); its outputs are

@@ -10,7 +10,7 @@ import (
 	"github.com/failbus/failbus/pkg/events"
 )
 
-// Seed 000 on the virtual clock: the refusal tiers run by the engine's
+// On the virtual clock: the refusal tiers run by the engine's
 // stages (Route, Refuse, Boundary) on in-memory stores, as simulate runs
 // them and as the refusal service runs them on KV.
 
@@ -97,7 +97,7 @@ func (s *refusalSim) boundaryAt(now time.Time, reason string) {
 	s.book.OnBoundary(events.Boundary{At: events.At(now), Agent: s.agents[0], Session: s.session, Segment: s.segment, Reason: reason})
 }
 
-// expectedSends is the seed's schedule measured from the latest refusal, for
+// expectedSends is the default re-probe schedule measured from the latest refusal, for
 // turns at refusalT0 + k·every: each probe is the first turn at or after the
 // previous send plus the next delay.
 func expectedSends(cfg refusal.Config, first time.Time, every time.Duration) []time.Time {
@@ -110,13 +110,13 @@ func expectedSends(cfg refusal.Config, first time.Time, every time.Duration) []t
 	return out
 }
 
-// TestRefusalSeedIntegration is seed 000's own integration test on the
-// virtual clock: turns every few minutes; the refusing provider receives the
+// TestRefusalTiersOnTheVirtualClock: the refusal tiers' integration
+// story on the virtual clock: turns every few minutes; the refusing provider receives the
 // segment at the first refusal and at +15m, +1h, +6h measured from the latest
 // refusal; another 100 hours of turns send it nothing; exactly two
 // notifications (reprobes 0 and 3); a tool-surface change lets it try once
 // more.
-func TestRefusalSeedIntegration(t *testing.T) {
+func TestRefusalTiersOnTheVirtualClock(t *testing.T) {
 	for _, tt := range []struct {
 		name   string
 		every  time.Duration

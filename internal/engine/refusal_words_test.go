@@ -166,7 +166,7 @@ func TestRefusalWordsNoReprobes(t *testing.T) {
 }
 
 // TestRouteNeverMovesTheClock: asking again and again changes no state, so a
-// busy thread cannot keep renewing its own cooldown (seed 000 §3 ①).
+// busy thread cannot keep renewing its own cooldown.
 func TestRouteNeverMovesTheClock(t *testing.T) {
 	cfg := refusal.DefaultConfig()
 	b := newBook(t, cfg)

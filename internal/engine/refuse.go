@@ -14,7 +14,7 @@ type Refused struct {
 	// Decision is rerender or skip_provider, worded by refusal.Notice.
 	Decision events.Decision
 	// Notification is set at the first refusal (normal) and when the
-	// provider freezes (critical) only (seed 000 §6).
+	// provider freezes (critical) only.
 	Notification *events.Notification
 	// Event is the refusal-state change.
 	Event refusal.Event
@@ -23,7 +23,7 @@ type Refused struct {
 	Replayed bool
 }
 
-// Refuse is the refusal stage (seed 000): it applies one content_refusal
+// Refuse is the refusal stage: it applies one content_refusal
 // classification at now to the (segment, provider) record in Refusals and
 // returns the decision for the agent and the notification to request. A
 // refusal already applied to the record (its outcome id is remembered) is
@@ -80,7 +80,7 @@ func (e *Engine) Refuse(ctx context.Context, c events.Classification, now time.T
 	return out, nil
 }
 
-// Boundary is the segment-boundary stage (seed 000): bd names a new
+// Boundary is the segment-boundary stage: bd names a new
 // context segment, so the refused bytes left the request and every earlier
 // segment of bd.Session loses its refusal state, whichever agent reported
 // it. Later segments and other sessions are kept: a boundary delivered late

@@ -88,7 +88,7 @@ type Providers interface {
 	Update(ctx context.Context, provider string, fn func(*ProviderRecord) (bool, error)) error
 }
 
-// Ledger is the retry ledger (seed 003 "persist before waiting"): the
+// Ledger is the retry ledger (persist before waiting): the
 // records of each retry budget, the latest of which is the budget's count.
 type Ledger interface {
 	// Latest returns the budget's latest record and its revision; nil and

@@ -105,8 +105,8 @@ func Scheduler() daemon.Spec {
 			if !tier {
 				return s, nil
 			}
-			// Refusal tiers live beside the scheduler (DESIGN.md: "in
-			// scheduler or its own consumer"): same policy file, read
+			// Refusal tiers live beside the scheduler (they may run in
+			// the scheduler or on their own consumers): same policy file, read
 			// once at start (they do not follow reloads), own consumers
 			// and the route micro service.
 			r, err := refusals.New(env.JS, refusals.Config{

@@ -176,7 +176,7 @@ func BoundaryMsgID(b events.Boundary) string {
 // Started tells the scheduler that the agent started the retry retryID
 // (after it came due), so the ledger shows the wait really ended. The
 // budget was already spent when the retry was recorded, before the wait
-// (seed 003: persist before wait), so a crash never refunds it.
+// (persist, then wait), so a crash never refunds it.
 func (a *Agent) Started(ctx context.Context, retryID string) error {
 	return a.retryMark(ctx, events.RetryStartedSubject(a.name), SchemaRetryStarted, retryID)
 }

@@ -6,47 +6,27 @@ import (
 	"log"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/failbus/failbus/internal/embedded"
-	"github.com/failbus/failbus/internal/service/recoverer"
-	topology "github.com/failbus/failbus/jetstream"
+	"github.com/failbus/failbus/failbustest"
 	"github.com/failbus/failbus/pkg/agent"
 	"github.com/failbus/failbus/pkg/events"
 )
 
 // An agent submits tasks through the bus: while their provider is up they
 // come straight back as dispatches; while it is down they wait in
-// FAILBUS_TASKS and come back, in order, after it recovered. Here a
-// stand-in publishes the health records the scheduler would.
+// FAILBUS_TASKS and come back, in order, after it recovered. Here the test
+// bus takes the provider down and brings it back the way real calls do:
+// network failures until the scheduler declares the outage, successes
+// until it declares the recovery.
 func Example_tasksHeldDuringAnOutage() {
-	srv, err := embedded.Start(embedded.Options{}) // or nats.Connect(url) to `failbus dev`
+	bus, err := failbustest.New()
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer srv.Shutdown()
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer nc.Close()
+	defer bus.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	js, _ := jetstream.New(nc)
-	if err := topology.Apply(ctx, js, topology.Options{}); err != nil { // `failbus dev` does this
-		log.Fatal(err)
-	}
-	// The recovery service (`failbus dev` runs it).
-	svc, err := recoverer.New(ctx, js, recoverer.Options{})
-	if err != nil {
-		log.Fatal(err)
-	}
-	sctx, stop := context.WithCancel(ctx)
-	defer stop()
-	go func() { _ = svc.Run(sctx) }()
 
-	ag, err := agent.New(nc, "coordinator")
+	ag, err := agent.New(bus.Conn(), "coordinator")
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -69,23 +49,21 @@ func Example_tasksHeldDuringAnOutage() {
 			log.Fatal(err)
 		}
 	}
-	health := func(state string) { // stand-in for the scheduler's fault scope
-		data, h, _ := events.Encode(&events.Health{At: events.At(time.Now()), Provider: "openai", State: state})
-		if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: events.HealthSubject("openai"), Header: h, Data: data}); err != nil {
-			log.Fatal(err)
-		}
-	}
 
 	submit("report-1")
 	d := <-dispatches
 	fmt.Println("dispatched", d.TaskID, "attempt", d.Attempt)
 
-	health(events.HealthOutage) // stored: from now on openai's tasks wait
+	if err := bus.TakeDown(ctx, "openai"); err != nil { // from now on openai's tasks wait
+		log.Fatal(err)
+	}
 	submit("report-2")
 	submit("report-3")
 	fmt.Println("openai down: report-2 and report-3 held")
 
-	health(events.HealthRecovered)
+	if err := bus.BringUp(ctx, "openai"); err != nil {
+		log.Fatal(err)
+	}
 	for range 2 {
 		d := <-dispatches
 		fmt.Println("released", d.TaskID, "attempt", d.Attempt)

@@ -6,37 +6,25 @@ import (
 	"log"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/failbus/failbus/internal/embedded"
-	topology "github.com/failbus/failbus/jetstream"
+	"github.com/failbus/failbus/failbustest"
 	"github.com/failbus/failbus/pkg/agent"
 	"github.com/failbus/failbus/pkg/events"
 )
 
 // An agent reports the outcome of each LLM call and acts on the decisions
-// the bus sends back. Here a stand-in publishes the decision the scheduler
-// service would.
+// the bus sends back. The bus here is a whole one in the process
+// (failbustest: server, topology and every service); against a deployed
+// bus or `failbus dev`, connect with nats.Connect(url) instead.
 func Example() {
-	srv, err := embedded.Start(embedded.Options{}) // or nats.Connect(url) to a real bus
+	bus, err := failbustest.New()
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer srv.Shutdown()
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer nc.Close()
+	defer bus.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	js, _ := jetstream.New(nc)
-	if err := topology.Apply(ctx, js, topology.Options{}); err != nil { // `failbus dev` does this
-		log.Fatal(err)
-	}
 
-	ag, err := agent.New(nc, "support-bot-1")
+	ag, err := agent.New(bus.Conn(), "support-bot-1")
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -57,11 +45,8 @@ func Example() {
 		log.Fatal(err)
 	}
 
-	// Stand-in for the scheduler service.
-	data, hdr, _ := events.Encode(&events.Decision{OutcomeID: o.ID, Agent: o.Agent, Action: events.ActionRetry, DelayMS: 2000})
-	_, _ = js.PublishMsg(ctx, &nats.Msg{Subject: events.DecisionSubject(o.Agent), Header: hdr, Data: data})
-
+	// The classifier filed it as a rate limit, the scheduler decided.
 	d := <-decisions
-	fmt.Printf("%s: %s after %dms\n", d.OutcomeID, d.Action, d.DelayMS)
-	// Output: call-42: retry after 2000ms
+	fmt.Printf("%s: %s (%s) after %dms\n", d.OutcomeID, d.Action, d.Class, d.DelayMS)
+	// Output: call-42: retry (rate_limit) after 2000ms
 }

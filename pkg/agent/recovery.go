@@ -1,7 +1,7 @@
 package agent
 
-// What an agent reports so the bus can run seed 002's post-outage checklist
-// (CONTRACT.md § "Recovery"), and what it gets back: its subagents'
+// What an agent reports so the bus can run the post-outage checklist
+// (docs/CONTRACT.md § "Recovery"), and what it gets back: its subagents'
 // heartbeats, its crons' schedules and runs, its memory writes, the tasks it
 // submits (held during an outage), and the dispatches and control commands
 // recovery sends.

@@ -14,7 +14,7 @@ import (
 // ErrRouteUnavailable is returned (wrapped) by Route when no refusal route
 // service answers on events.RefusalRouteSubject. What to do then is the
 // agent's choice; sending a segment that may be frozen for a provider is the
-// risk seed 000 is about, so the conservative answer is the last route
+// risk the refusal tiers exist to bound, so the conservative answer is the last route
 // answer, or the provider least likely to refuse.
 var ErrRouteUnavailable = errors.New("agent: refusal route service not reachable")
 

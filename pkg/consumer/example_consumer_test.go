@@ -6,11 +6,11 @@ import (
 	"sort"
 	"sync"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/failbustest"
 	topology "github.com/failbus/failbus/jetstream"
+	"github.com/failbus/failbus/pkg/agent"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
 )
@@ -21,7 +21,7 @@ import (
 // everything else — acks, retries, dead letters for junk, metrics, drain —
 // from the runner.
 func Example_costTracker() {
-	js, shutdown := exampleBus() // an embedded server with the failbus topology
+	js, shutdown := exampleBus() // a bus with three outcomes on it
 	defer shutdown()
 	ctx, stop := context.WithCancel(context.Background())
 
@@ -67,24 +67,15 @@ func Example_costTracker() {
 	// openai: 700 tokens
 }
 
-// exampleBus starts an embedded server, applies the topology and publishes
-// three outcomes, the way agents would.
+// exampleBus starts a whole bus in the process (failbustest) and reports
+// three outcomes on it, the way agents do.
 func exampleBus() (jetstream.JetStream, func()) {
-	ctx := context.Background()
-	srv, err := embedded.Start(embedded.Options{})
+	bus, err := failbustest.New()
 	if err != nil {
 		panic(err)
 	}
-	nc, err := srv.Connect()
+	ag, err := agent.New(bus.Conn(), "agent-1")
 	if err != nil {
-		panic(err)
-	}
-	shutdown := func() { nc.Close(); srv.Shutdown() }
-	js, err := jetstream.New(nc)
-	if err != nil {
-		panic(err)
-	}
-	if err := topology.Apply(ctx, js, topology.Options{}); err != nil {
 		panic(err)
 	}
 	for i, o := range []events.Outcome{
@@ -92,15 +83,10 @@ func exampleBus() (jetstream.JetStream, func()) {
 		{Provider: "anthropic", RequestTokens: 1000},
 		{Provider: "anthropic", RequestTokens: 500},
 	} {
-		o.ID, o.Agent = fmt.Sprintf("call-%d", i), "agent-1"
-		data, hdr, err := events.Encode(&o)
-		if err != nil {
-			panic(err)
-		}
-		hdr.Set(nats.MsgIdHdr, o.ID)
-		if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: events.OutcomeSubject(o.Provider, o.Agent), Header: hdr, Data: data}); err != nil {
+		o.ID, o.OK, o.Status = fmt.Sprintf("call-%d", i), true, 200
+		if err := ag.Report(context.Background(), &o); err != nil {
 			panic(err)
 		}
 	}
-	return js, shutdown
+	return bus.JetStream(), func() { _ = bus.Close() }
 }

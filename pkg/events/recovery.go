@@ -1,6 +1,7 @@
 package events
 
-// Recovery wire types (CONTRACT.md § "Recovery", seed 002's checklist): what
+// Recovery wire types (docs/CONTRACT.md § "Recovery", the post-outage
+// checklist): what
 // agents report so the bus can find the work an outage interrupted —
 // subagent heartbeats, cron schedules and runs, memory writes, queued tasks —
 // and what the recovery service sends back: dispatched tasks, control
@@ -20,7 +21,7 @@ const (
 const DefaultHeartbeatIntervalMS = 10000
 
 // Heartbeat says one subagent is alive (running) or has ended (done,
-// failed). Seed 002: after an outage a subagent's status may still say
+// failed). After an outage a subagent's status may still say
 // running long after it died; only a heartbeat that keeps coming proves it
 // lives.
 type Heartbeat struct {
@@ -73,8 +74,8 @@ const (
 )
 
 // CronSpec declares a cron and its schedule, so recovery can tell which
-// scheduled times fell inside an outage (seed 002: "every cron silently
-// failed").
+// scheduled times fell inside an outage (in one, every cron failed
+// silently).
 type CronSpec struct {
 	At    Time   `msgpack:"at" json:"at"`
 	Agent string `msgpack:"agent" json:"agent"`
@@ -122,7 +123,7 @@ type CronRun struct {
 }
 
 // Write reports one memory write (a file, a KV entry, …) and whether it
-// reached its store. Seed 002: the coordinator's memory writes depend on the
+// reached its store. A coordinator's memory writes depend on the
 // same provider and are lost silently in an outage.
 type Write struct {
 	At    Time   `msgpack:"at" json:"at"`

@@ -1,6 +1,6 @@
 package events
 
-// The route exchange of the refusal tiers (CONTRACT.md `route`, seed 000):
+// The route exchange of the refusal tiers (docs/CONTRACT.md `route`):
 // an agent asks, before a call, which of its providers may receive the
 // context segment now. The request and its answer travel as JSON on
 // RefusalRouteSubject and as `route` records in `failbus simulate`; they are

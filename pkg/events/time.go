@@ -16,8 +16,8 @@ import (
 )
 
 // Time is a timestamp that decodes from every shape agents write: RFC 3339
-// strings, integer epoch milliseconds, and msgpack timestamps. Seed 000 shows
-// why: a guard that understood only one shape silently flipped behaviour on
+// strings, integer epoch milliseconds, and msgpack timestamps. A refusal guard
+// once showed why: a guard that understood only one shape silently flipped behaviour on
 // the other. It encodes as a msgpack timestamp on the bus and as RFC 3339
 // with milliseconds in JSON. The zero Time means "absent".
 type Time struct{ time.Time }

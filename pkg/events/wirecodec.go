@@ -15,8 +15,8 @@ import (
 // encode and decode through field tables instead of msgpack's reflection:
 // reflection was most of their codec cost (boxing each field to test
 // omitempty, a reflect.Value per field), and each outcome is encoded and
-// decoded several times on its way through the services (issue 11,
-// `failbus bench --cpuprofile-failbus`).
+// decoded several times on its way through the services (`failbus bench
+// --cpuprofile-failbus`).
 //
 // A table writes the bytes msgpack's reflection writes for the same
 // struct tags (same keys in field order, same omitempty, same integer

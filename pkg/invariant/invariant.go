@@ -1,12 +1,12 @@
 // Package invariant checks the grammar of an LLM provider's event stream:
-// seed 003's validateStream, wrapped around every provider stream before any
-// consumer sees an event, so an adapter that translates a provider's stream
+// seven rules (a harness's validateStream), wrapped around every provider
+// stream before any consumer sees an event, so an adapter that translates a provider's stream
 // wrongly fails at once, naming the rule, instead of a token meter or a UI
 // quietly getting it wrong later. A violation is reported as an Outcome that
 // the classifier files as `invariant` (rule stream.invariant), which is not
 // retryable by default: the model's stream, not the clock, is at fault.
 //
-// The seven rules, in the words of the seed, with their ids:
+// The seven rules, with their ids:
 //
 //  1. usage_at_most_once — usage is reported at most once.
 //  2. usage_before_finish — usage comes before finish.
@@ -54,7 +54,7 @@ const (
 	RuleFinishExactlyOnce  = "finish_exactly_once"
 )
 
-// Rules lists the rule ids in the seed's order.
+// Rules lists the rule ids in the order above.
 var Rules = []string{
 	RuleUsageAtMostOnce, RuleUsageBeforeFinish, RuleNothingAfterFinish, RuleBlockPaired,
 	RuleDeltaInOpenBlock, RuleBlockEndType, RuleFinishExactlyOnce,
@@ -85,7 +85,7 @@ type Event struct {
 }
 
 // UpstreamCode is the upstream_code a violation's outcome carries: the code
-// seed 003's validateStream throws, a hint the classifier accepts only with
+// a stream validator throws, a hint the classifier accepts only with
 // the transport error's evidence.
 const UpstreamCode = "INVARIANT"
 

@@ -1,7 +1,7 @@
 // Package notify delivers failbus notification requests to humans: each
 // dedupe key once, through sinks (webhook, Slack, ntfy, SMTP, PagerDuty,
 // log), within a daily budget for non-critical ones, with every decision
-// recorded (DESIGN.md §4 "Notifications", seeds 000 and 002).
+// recorded.
 //
 // People stop reading a channel that repeats itself and get hurt by one that
 // goes quiet, so the package is built around two promises: one notification

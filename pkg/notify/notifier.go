@@ -279,7 +279,7 @@ func (n *Notifier) limits() notification.Limits {
 }
 
 // redacted is the copy of a request that leaves the process: secrets
-// masked in every human-readable field (DESIGN.md §4), At set.
+// masked in every human-readable field, At set.
 func (n *Notifier) redacted(in events.Notification, now time.Time) events.Notification {
 	out := notification.Redacted(in)
 	if out.At.IsZero() {

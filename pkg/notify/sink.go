@@ -85,7 +85,8 @@ type SinkError struct {
 	// Permanent is true when the receiver rejected the request itself (bad
 	// URL, invalid payload, unknown recipient, revoked key): the cause
 	// changes with a configuration change, not with time, so the request
-	// is dead-lettered at once instead of retried (DESIGN.md §1).
+	// is dead-lettered at once instead of retried (a cause that changes
+	// with an event is not waited out on the clock).
 	Permanent bool
 	// RetryAfter is the receiver's own hint (Retry-After); 0 when none.
 	RetryAfter time.Duration

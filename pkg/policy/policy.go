@@ -45,19 +45,19 @@ import (
 // Default() or Parse. A Policy is read-only once built; services swap the
 // whole value on reload.
 type Policy struct {
-	// Retry is the retry decision chain's configuration (seed 003).
+	// Retry is the retry decision chain's configuration.
 	Retry RetryConfig `yaml:"retry" json:"retry"`
 	// Classify configures the classifier (rules, provider limits).
 	Classify ClassifyConfig `yaml:"classify" json:"classify"`
-	// Refusal configures the refusal tiers (seed 000).
+	// Refusal configures the refusal tiers.
 	Refusal RefusalConfig `yaml:"refusal" json:"refusal"`
 	// Notify configures the notification budget and sinks.
 	Notify NotifyConfig `yaml:"notify" json:"notify"`
 	// Scope holds the fault-scope thresholds: outage detection, recovery,
-	// profile and model correlation (seed 002).
+	// profile and model correlation.
 	Scope ScopeConfig `yaml:"scope" json:"scope"`
 	// Recovery configures the post-outage checklist, the held task queue
-	// and the outage probes (seed 002).
+	// and the outage probes.
 	Recovery RecoveryConfig `yaml:"recovery" json:"recovery"`
 	// Limits bounds the shared state one agent, and all agents together,
 	// may hold: providers, subagents, crons, tasks and their bytes.
@@ -65,8 +65,9 @@ type Policy struct {
 }
 
 // Default returns the policy every absent key falls back to: CONTRACT.md's
-// retry defaults, the seed's refusal schedule, a notification budget of 20
-// per UTC day with no sinks, and the documented fault-scope thresholds.
+// retry defaults, the refusal tiers' re-probe schedule (15m, 1h, 6h), a
+// notification budget of 20 per UTC day with no sinks, and the documented
+// fault-scope thresholds.
 func Default() *Policy {
 	return &Policy{
 		Retry:    retry.Default(),
@@ -197,5 +198,5 @@ func cfgPrefix(section string, err error) error {
 
 // RetryFor resolves the retry policy of one provider: the global section
 // with that provider's override on top. It returns nil when the resolved mode
-// is off (the seed's "no policy": pass on).
+// is off ("no policy": pass on).
 func (p *Policy) RetryFor(provider string) *RetryPolicy { return p.Retry.For(provider) }

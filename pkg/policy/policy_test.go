@@ -71,7 +71,7 @@ func TestParseContractExample(t *testing.T) {
 	}
 	for _, c := range []string{events.ClassTransport, events.ClassTimeout, events.ClassRateLimit, events.ClassOverloaded, events.ClassServerError, events.ClassEmptyResponse} {
 		if !gw.IsRetryable(c) {
-			t.Errorf("my-gateway: default %s dropped by adding a class (seed 001)", c)
+			t.Errorf("my-gateway: default %s dropped by adding a class", c)
 		}
 	}
 	if gw.MaxRetries != 10 || gw.InitialDelay != time.Second || gw.MaxDelay != time.Minute || gw.JitterRatio != 0.2 || gw.Mode != retry.ModeNormal {

@@ -1,7 +1,7 @@
 // Package redact masks credentials in text before it leaves the process:
-// classification evidence, logs, notifications (DESIGN.md §4
-// "Notifications": secrets found in error bodies are redacted before a
-// notification or a log line leaves the process).
+// classification evidence, logs, notifications (secrets found in error
+// bodies are redacted before a notification or a log line leaves the
+// process).
 package redact
 
 import (

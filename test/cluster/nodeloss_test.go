@@ -13,7 +13,7 @@ import (
 )
 
 // outcomesEnv overrides how many outcomes the node-loss test sends (30,000
-// by default, as issue 12 asks).
+// by default).
 const outcomesEnv = "FAILBUS_CLUSTER_OUTCOMES"
 
 func outcomes(t *testing.T, def int) int {

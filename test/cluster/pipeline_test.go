@@ -546,7 +546,7 @@ func (p *pipeline) check(w workload, c counts) report {
 			r.due += min(c.due[d.RetryID], 1)
 		}
 	}
-	// Refusal notifications (seed 000, DESIGN.md "Refusal tiers"): one at
+	// Refusal notifications (the refusal tiers): one at
 	// the first refusal of a segment and one at freezing, which needs three
 	// failed re-probes hours apart and never comes in this run — so one
 	// per refused segment, whatever its number of refusals.

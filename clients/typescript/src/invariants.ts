@@ -1,4 +1,4 @@
-// Seed 003's validateStream: seven grammar rules wrapped around a
+// validateStream: seven grammar rules wrapped around a
 // provider's event stream, before any consumer sees an event. The same rules
 // and fixtures (testdata/invariants) as Go's pkg/invariant.
 //
@@ -39,7 +39,7 @@ export type StreamEvent =
   | { type: "usage" }
   | { type: "finish" };
 
-/** The upstream_code a violation's outcome carries (seed 003 throws INVARIANT). */
+/** The upstream_code a violation's outcome carries (INVARIANT, the code a stream validator throws). */
 export const INVARIANT_CODE = "INVARIANT";
 
 /** InvariantError is the first broken rule of a stream. */

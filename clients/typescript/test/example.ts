@@ -63,3 +63,21 @@ export async function readmeCallExample(nc: import("@nats-io/nats-core").NatsCon
     return undefined;
   }
 }
+
+// The repository README's TypeScript agent, compiled the same way.
+export async function readmeFrontPageExample(messages: import("openai").OpenAI.Chat.ChatCompletionMessageParam[]): Promise<void> {
+  const nc = await connect({ servers: "nats://127.0.0.1:4222" }); // `failbus dev`, or your bus
+  const agent = new Agent(nc, "support-bot");
+  const client = new OpenAI({ maxRetries: 0 }); // the bus decides retries
+  try {
+    const { value } = await call(agent, { provider: "openai", model: "gpt-4o", session: "sess-42", segment: 1, turn: 7, step: 1 },
+      async (at) => {
+        const c = await client.chat.completions.create({ model: at.model!, messages }, { signal: at.signal });
+        return c.choices[0]?.message.content ?? "";
+      });
+    console.log(value);
+  } catch (err) {
+    if (err instanceof DecisionError) console.error(`failbus decided ${err.action}: ${err.decision.reason}`);
+    else throw err;
+  }
+}

@@ -61,7 +61,7 @@ func TestBench(t *testing.T) {
 				"WITH 100 RETRIES PENDING (failbus) AND 100 RAW @at SCHEDULES", "process RSS", "Go heap",
 				"the failbus step's live objects by who allocated them (heap profile)", "nats-server ", "scheduler ", "runner ",
 				"LATENESS WITH THEM PENDING (20 each)",
-				"GOALS (issue 11)", "ingest ≥ 0.60× raw/3", "every service caught up ≥ 0.30× raw/3",
+				"GOALS", "ingest ≥ 0.60× raw/3", "every service caught up ≥ 0.30× raw/3",
 				"not measured (--rates without 5000)", "fewer than 100000",
 			} {
 				if !strings.Contains(out, want) {

@@ -5,7 +5,7 @@ import (
 	"io"
 )
 
-// Issue 11's goals, as ratios and margins so they hold on any machine;
+// The bus's performance goals, as ratios and margins so they hold on any machine;
 // the bench says of each whether this run met it, so the acceptance is
 // one command.
 const (
@@ -82,7 +82,7 @@ func benchGoals(rep *benchReport) []benchGoal {
 // printGoals writes the goals table.
 func printGoals(w io.Writer, goals []benchGoal) {
 	t := benchTable{align: "lll"}
-	t.add("GOALS (issue 11)", "", "this run")
+	t.add("GOALS", "", "this run")
 	for _, g := range goals {
 		verdict := "not met"
 		switch {

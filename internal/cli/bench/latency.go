@@ -1,7 +1,7 @@
 package bench
 
 // Decision latency at fixed rates, and retry lateness and memory with many
-// retries pending: the figures of issue 11 beside their raw JetStream
+// retries pending: the figures the goals name beside their raw JetStream
 // counterparts, measured in the same run on the same server.
 
 import (

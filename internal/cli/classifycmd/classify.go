@@ -35,7 +35,7 @@ var Command = cli.Command{Name: "classify", Summary: "classify Outcome JSON Line
 // leave-one-provider-out (each provider's rows classified without its own
 // code tables). See runEval.
 //
-// With --explain (issue 16) it prints, instead, a table of the outcomes
+// With --explain it prints, instead, a table of the outcomes
 // the rules explain only weakly — unknown, or decided by the status code, an
 // upstream_code hint or an unrecognised transport error alone — grouped by
 // what the provider said (classify.Signature), largest group first: the

@@ -13,7 +13,7 @@ import (
 
 const classifyCorpus = "../../../internal/policy/classify/testdata/corpus.jsonl"
 
-// TestClassifyCorpus is issue 3's acceptance check: `failbus classify` on
+// TestClassifyCorpus is the classifier's acceptance check: `failbus classify` on
 // the corpus puts every row in its expected class, with a rule id and
 // evidence.
 func TestClassifyCorpus(t *testing.T) {

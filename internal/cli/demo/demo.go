@@ -74,7 +74,7 @@ var demoScenarios = []demoScenario{
 		},
 	},
 	{
-		title: "A gateway's empty 400 that a library called CONTEXT_WINDOW_EXCEEDED (seed 001)",
+		title: "A gateway's empty 400 that a library called CONTEXT_WINDOW_EXCEEDED: evidence overrules the claim",
 		about: "The request is 41k tokens of a 256k window: the overflow claim is fabricated. Harder evidence overrules\n" +
 			"it, so the call stays retryable instead of ending the agent's run.",
 		run: func(ctx context.Context, d *demo) error {

@@ -20,13 +20,13 @@ import (
 	"github.com/failbus/failbus/pkg/policy"
 )
 
-// recoveryScenario is seed 002's checklist in `failbus demo` (issue 10): a
+// recoveryScenario is the post-outage checklist in `failbus demo`: a
 // provider outage with a running subagent that dies, one that is slow but
 // alive, one that finishes, crons that miss their times, a memory write
 // that fails and tasks submitted meanwhile; agents hold and only answer
 // probes; after the recovery the checklist runs, printed line by line.
 var recoveryScenario = demoScenario{
-	title: "A provider outage, and the checklist after it (seed 002)",
+	title: "A provider outage, and the checklist after it",
 	about: "During an outage crons silently fail, subagents die while their status still says running, memory writes\n" +
 		"are lost and new work has nowhere to go. Tasks wait in the stream; holding agents are asked for probes, so\n" +
 		"the outage can end; then the checklist runs, every step recorded before the next.",

@@ -26,7 +26,7 @@ import (
 	"github.com/failbus/failbus/pkg/policy"
 )
 
-// demoRefusalPolicy is the seed's schedule compressed 1:18000 (15m → 50ms,
+// demoRefusalPolicy is the default re-probe schedule compressed 1:18000 (15m → 50ms,
 // 1h → 200ms, 6h → 1.2s), so one segment's whole refusal life takes about
 // three seconds.
 func demoRefusalPolicy() *policy.Policy {
@@ -36,15 +36,14 @@ func demoRefusalPolicy() *policy.Policy {
 	return p
 }
 
-// refusalScenario is the refusal tiers in `failbus demo` (seed 000, issue 5
-// deliverable 6): one segment's whole refusal life — the first refusal,
+// refusalScenario is the refusal tiers in `failbus demo`: one segment's whole refusal life — the first refusal,
 // three re-probes measured from the latest refusal, the freeze, the two
 // notifications, turns that keep skipping, and a boundary that lets the
 // provider try again. It runs on a bus of its own whose policy compresses
 // the schedule (demoRefusalPolicy), so it does not depend on the demo bus's
 // policy.
 var refusalScenario = demoScenario{
-	title: "A provider refuses a segment's history (seed 000)",
+	title: "A provider refuses a segment's history: bounded re-probes, then frozen",
 	about: "Waiting does not change a refusal of bytes that stay in every request: bounded re-probes after the latest\n" +
 		"refusal, then frozen until a boundary. Two notifications, not one and not one per turn.",
 	run: func(ctx context.Context, d *demo) error { return runRefusalScenario(ctx, d.printf) },
@@ -59,7 +58,7 @@ const (
 
 // runRefusalScenario starts a bus with demoRefusalPolicy, then drives one agent
 // through the segment's life, printing with printf. It fails when the bus
-// decides anything but the seed's rule.
+// decides anything but the refusal tiers' rule.
 func runRefusalScenario(ctx context.Context, printf func(string, ...any)) (err error) {
 	pol := demoRefusalPolicy()
 	cfg := pol.Refusal

@@ -35,14 +35,13 @@ func demoRetryPolicy() *policy.Policy {
 	return p
 }
 
-// retryScenario is retries and fault scope in `failbus demo` (seed 003,
-// 002; issue 4 deliverable 6): a 429 retried exactly when the provider
+// retryScenario is retries and fault scope in `failbus demo`: a 429 retried exactly when the provider
 // said, a 503 backing off until its budget is spent, and a provider outage
 // that holds agents (wait_provider) until sustained successes recover it.
 // It runs on a bus of its own with demoRetryPolicy, so it does not depend
 // on the demo bus's policy.
 var retryScenario = demoScenario{
-	title: "Retries on the clock, and an outage that no retry can fix (seeds 003, 002)",
+	title: "Retries on the clock, and an outage that no retry can fix",
 	about: "Causes that change with time are retried on the clock: as the provider said, else with backoff, within a\n" +
 		"budget written down before each wait. A provider whose every credential fails at the network layer is\n" +
 		"down: agents hold instead of burning retries or switching models, until it has recovered for a while.",

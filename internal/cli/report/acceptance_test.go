@@ -130,7 +130,7 @@ func TestReportOfADayOnARealBus(t *testing.T) {
 			}
 		}
 		report(h, 20*time.Minute, events.Outcome{Provider: "my-gateway", OK: true, Status: 200})
-		if h%6 == 0 { // seed 001: an empty 400 the gateway labels an overflow, far below the window
+		if h%6 == 0 { // a gateway's empty 400 a library labels an overflow, far below the window
 			report(h, 40*time.Minute, events.Outcome{Provider: "my-gateway", Status: 400, UpstreamCode: "CONTEXT_WINDOW_EXCEEDED", RequestTokens: 41000, ContextWindow: 256000, Turn: h})
 			overruled++
 		}
@@ -284,7 +284,7 @@ func TestReportOfADayOnARealBus(t *testing.T) {
 	if r.Totals.RecoveryRecords != recStored || len(r.Recoveries) != 1 || r.Recoveries[0].Provider != "anthropic" {
 		t.Errorf("recoveries %+v (%d records), %d stored: want the one run after anthropic's outage", r.Recoveries, r.Totals.RecoveryRecords, recStored)
 	}
-	// Seed 001, refusals: as the rules say.
+	// Overruled overflow claims, refusals: as the rules say.
 	if len(r.Overruled) != 1 || r.Overruled[0].Count != overruled || r.Overruled[0].Claimed != events.ClassContextOverflow || r.Overruled[0].Provider != "my-gateway" {
 		t.Errorf("overruled %+v: want the %d gateway 400s whose overflow claim the token counts rejected", r.Overruled, overruled)
 	}

@@ -346,7 +346,7 @@ code { font-size: 12px; background: #eef1f4; padding: 0 3px; border-radius: 3px;
 {{else}}<div class="empty">Nothing in this period: no retry was scheduled, came due or was given up.</div>{{end}}
 
 <h2 id="overruled">Overruled classifications</h2>
-<p class="sub">Where a heuristic or an upstream library's code claimed a class and harder evidence rejected it (seed 001: an empty 400 from a gateway is not a context overflow when the request is far below the window).</p>
+<p class="sub">Where a heuristic or an upstream library's code claimed a class and harder evidence rejected it (an empty 400 from a gateway is not a context overflow when the request is far below the window).</p>
 {{if .R.Overruled}}
 <table><tr><th>provider</th><th>claimed</th><th>decided</th><th>rule</th><th class="n">times</th><th>evidence (first)</th><th>outcomes</th></tr>
 {{range $i, $o := .R.Overruled}}<tr><td>{{$o.Provider}}</td><td><span class="sw" style="background:{{color $o.Claimed}}"></span>{{$o.Claimed}}</td><td><span class="sw" style="background:{{color $o.Class}}"></span>{{$o.Class}}</td><td><code>{{$o.Rule}}</code></td><td class="n" data-k='{{k "overruled" $i "count"}}'>{{num $o.Count}}</td><td class="wrap">{{join $o.Evidence "; "}}</td><td class="wrap">{{join $o.Examples ", "}}</td></tr>{{end}}

@@ -239,7 +239,7 @@ func TestShadowSpeedFromTheBus(t *testing.T) {
 
 // TestShadowReplaysRecoveryRecords: simulate-format history with the
 // recovery records agents report (heartbeats, crons, writes, tasks: the
-// eight-hour story of issue 10) replays without an error, and the
+// eight-hour outage story) replays without an error, and the
 // summary counts what it replayed.
 func TestShadowReplaysRecoveryRecords(t *testing.T) {
 	path := filepath.Join("..", "..", "..", "internal", "engine", "sim", "testdata", "recovery-8h.jsonl")

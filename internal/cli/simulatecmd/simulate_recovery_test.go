@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// `failbus simulate` runs issue 10's eight-hour story (the file the engine's
+// `failbus simulate` runs the eight-hour outage story (the file the engine's
 // test checks in full, internal/engine/sim/testdata/recovery-8h.jsonl): the
 // checklist's records, kills, re-runs, write checks and the release come
 // out as dispatch, control and recovery records at their virtual times.

@@ -1,6 +1,6 @@
 package simulatecmd
 
-// Seed 000's "4 sends however long the clock runs", through the command: a
+// The refusal tiers' "4 sends however long the clock runs", through the command: a
 // test agent drives `failbus simulate` line by line over pipes, as an agent
 // program would. Each turn it asks `route`, sends to the first allowed
 // provider, and reports the refusing provider's answer as a content_refusal

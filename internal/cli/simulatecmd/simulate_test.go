@@ -180,7 +180,7 @@ func TestSimulateFlushesPerLine(t *testing.T) {
 	}
 }
 
-// Issue 15 through failbus simulate: twelve 503s of an agent without turn
+// Retry episodes through failbus simulate: twelve 503s of an agent without turn
 // and step, spread over two days, were retries 1-10 and then "retry budget
 // exhausted". Each now begins its own retry episode (the idle gap), and a
 // 503 after a success of the same model does too.
@@ -221,7 +221,7 @@ func TestSimulateRetryEpisodesWithoutTurnAndStep(t *testing.T) {
 	}
 }
 
-// Issue 15 through failbus simulate: two 429s at 10:00 on two profiles make
+// A rate limit's end through failbus simulate: two 429s at 10:00 on two profiles make
 // openai rate-limited on every profile (health degraded); a day later a 503
 // on a never-seen profile is no longer told to wait for that cooldown, and
 // the health record says the rate limit is over.

@@ -11,7 +11,7 @@ import (
 // BenchmarkSimulate steps simulate over a mix of outcomes — successes,
 // rate limits with hints, server errors, network failures, refusals —
 // from 200 agents on 8 providers, one second apart: what a shadow replay
-// of history costs per outcome (issue #13 wants 100k outcomes in seconds).
+// of history costs per outcome (100k outcomes should take seconds).
 func BenchmarkSimulate(b *testing.B) {
 	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	mk := func(i int) *events.Outcome {

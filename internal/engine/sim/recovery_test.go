@@ -13,7 +13,7 @@ import (
 	"time"
 )
 
-// The virtual-clock story of issue 10 as `failbus simulate` input: a
+// The eight-hour outage story as `failbus simulate` input: a
 // provider down 8 hours (three network failures open the outage, three
 // successes over two minutes end it), 20 subagents (5 that die, 2 slow
 // but beating, 4 done, 3 failed, 6 on another provider), crons in every
@@ -162,8 +162,8 @@ func TestRecoveryStoryFile(t *testing.T) {
 	}
 }
 
-// CheckRecoveryStory checks the outputs of the story: what issue 10's
-// acceptance lists, exactly. It is shared with `failbus simulate`'s test.
+// CheckRecoveryStory checks the outputs of the story: every kill,
+// re-run, write check and release it must give, exactly. It is shared with `failbus simulate`'s test.
 func checkRecoveryStory(t *testing.T, out []map[string]any) {
 	t.Helper()
 	str := func(r map[string]any, k string) string { s, _ := r[k].(string); return s }

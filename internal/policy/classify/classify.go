@@ -1,7 +1,7 @@
 // Package classify turns an outcome into a classification: the class, its
 // scope and contract retryability, the rule that decided, short redacted
 // evidence, what the evidence overruled, and the provider's retry hints
-// (CONTRACT.md "Classification", seeds 001 and 002).
+// (docs/CONTRACT.md "Classification").
 package classify
 
 import (
@@ -15,7 +15,7 @@ import (
 	"github.com/failbus/failbus/pkg/redact"
 )
 
-// Classification (seeds 001 and 002): every decision downstream is only as
+// Classification: every decision downstream is only as
 // good as the class it starts from. A classifier can lose information
 // (status and code flattened into a sentence) or, worse, fabricate it (a
 // Cerebras-only rule labels a generic gateway's empty 400 a context
@@ -31,7 +31,7 @@ import (
 //
 // Rules are tried in this order; the first that matches decides. What the
 // provider states — a stop reason, an error code, its message — comes
-// before what the status code alone suggests (issue 16):
+// before what the status code alone suggests:
 //
 //  0. User rules from Config.Rules, in file order.
 //  1. stop_reason: refusals (stop.refusal), a window that filled up while

@@ -120,7 +120,7 @@ func checkShape(t *testing.T, o *events.Outcome, c events.Classification) {
 }
 
 // TestCorpusCoverage keeps the corpus honest: every contract class and every
-// provider and transport family issue 3 names is represented.
+// provider and transport family the classifier must know is represented.
 func TestCorpusCoverage(t *testing.T) {
 	t.Parallel()
 	rows := loadCorpus(t)

@@ -12,7 +12,7 @@ const (
 	// request is known to use less than 90% of the model's context window.
 	// Token counts are estimates on both sides (tokenizers differ, tool
 	// schemas and images count), so a request close to the window may
-	// really overflow; one at 16% of it (seed 001: 41k of 256k) does not.
+	// really overflow; one at 16% of it (41k of 256k) does not.
 	DefaultOverflowEvidenceRatio = 0.9
 	// DefaultQuotaAfter: a rate limit whose provider hint asks to wait longer
 	// than an hour is reported as quota_exhausted — it will not clear soon

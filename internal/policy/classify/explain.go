@@ -11,7 +11,7 @@ import (
 	"github.com/failbus/failbus/pkg/redact"
 )
 
-// Explaining (issue 16): which outcomes the rules do not really explain,
+// Explaining: which outcomes the rules do not really explain,
 // grouped by what the provider said, so an operator sees which rule to add
 // next. An outcome is weakly explained when nothing matched (`unknown`), or
 // when the decision rests on the status code alone, on another library's

@@ -10,7 +10,7 @@ import (
 	"github.com/failbus/failbus/pkg/events"
 )
 
-// Retry hints (issue 3, seed 003): what the provider itself said about when
+// Retry hints: what the provider itself said about when
 // to try again. The scheduler takes such a delay as is when it is within its
 // max delay, so the hint must be the provider's number, not a guess.
 //

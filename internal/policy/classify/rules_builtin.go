@@ -141,7 +141,7 @@ var builtinRules = []builtin{
 
 	// ── 4. Provider-scoped heuristics. ──
 	// Cerebras reports an overflow as an empty 400/413; a generic gateway's
-	// empty 400 means nothing of the kind (seed 001).
+	// empty 400 means nothing of the kind.
 	{Rule: Rule{ID: "cerebras.empty_400_overflow", Class: cOverflow, Status: rl("400", "413"), EmptyBody: ptrTrue()},
 		emptyOverflow: true, heuristic: true, note: "provider reports overflow as an empty 400/413"},
 

@@ -15,8 +15,10 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// TestSeed001 is the acceptance case of issue 3, both ways.
-func TestSeed001(t *testing.T) {
+// TestGatewayEmpty400IsNoOverflow: a gateway's empty 400 with an upstream
+// CONTEXT_WINDOW_EXCEEDED far below the window is no overflow, and a
+// provider whose empty 400 does mean overflow keeps its rule.
+func TestGatewayEmpty400IsNoOverflow(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name          string
@@ -354,7 +356,7 @@ func TestEvidenceRedactsAcrossTheCut(t *testing.T) {
 }
 
 // TestNoBodyPlaceholder: the SDK text for a response without a body is an
-// empty body (seed 001: "400 status code (no body)").
+// empty body ("400 status code (no body)").
 func TestNoBodyPlaceholder(t *testing.T) {
 	t.Parallel()
 	tests := []struct {

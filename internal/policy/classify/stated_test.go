@@ -7,7 +7,7 @@ import (
 	"github.com/failbus/failbus/pkg/events"
 )
 
-// Issue 16: the body's stated reason outranks the status code.
+// The body's stated reason outranks the status code.
 
 // TestOutputBudgetCounts: the output budget counts against the window as
 // the provider counts it, so vLLM's "33000 tokens requested (1000 in the
@@ -33,11 +33,11 @@ func TestOutputBudgetCounts(t *testing.T) {
 		t.Fatalf("input alone at 3%%: class %q overruled %q, want the claim overruled", c.Class, c.Overruled)
 	}
 
-	// Seed 001 holds with a budget too: 41k + 8k of 256k is no overflow.
+	// A gateway's empty 400 is no overflow with a budget too: 41k + 8k of 256k is no overflow.
 	seed := events.Outcome{ID: "s", Agent: "a", Provider: "my-gateway", Status: 400, UpstreamCode: "CONTEXT_WINDOW_EXCEEDED",
 		RequestTokens: 41000, MaxOutputTokens: 8192, ContextWindow: 256000}
 	if c := Classify(&seed); c.Class != events.ClassServerError || c.Overruled != events.ClassContextOverflow {
-		t.Fatalf("seed 001 with a budget: class %q overruled %q", c.Class, c.Overruled)
+		t.Fatalf("empty 400 with a budget: class %q overruled %q", c.Class, c.Overruled)
 	}
 }
 

@@ -12,7 +12,7 @@ import (
 	"github.com/failbus/failbus/pkg/events"
 )
 
-// The wild corpus (issue 16): real error responses from the providers,
+// The wild corpus: real error responses from the providers,
 // gateways, agents and client libraries the first corpus covers thinly,
 // each with its source. A row may name other acceptable classes, with the
 // reason, where the body honestly supports more than one reading.
@@ -69,7 +69,7 @@ func loadWild(tb testing.TB) []wildRow {
 	return rows
 }
 
-// wildFamilies are the families issue 16 names; a row may belong to none.
+// wildFamilies are the families the wild corpus covers; a row may belong to none.
 var wildFamilies = []string{
 	"200_stop_overflow",   // finish/stop reason says the window was exceeded
 	"200_empty",           // a success whose body has no content
@@ -130,7 +130,7 @@ func TestWildCorpus(t *testing.T) {
 	}
 }
 
-// TestWildCoverage: each family issue 16 names has rows from at least two
+// TestWildCoverage: each family of wildFamilies has rows from at least two
 // providers, and every provider and library it lists has rows.
 func TestWildCoverage(t *testing.T) {
 	t.Parallel()

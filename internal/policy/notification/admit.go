@@ -1,6 +1,6 @@
 package notification
 
-// Admission (DESIGN.md §4 "Notifications", seeds 000 and 002): which
+// Admission: which
 // notification requests reach a human. People stop reading a channel that
 // repeats itself and get hurt by one that goes quiet, so:
 //
@@ -228,8 +228,8 @@ func DigestText(limit int, day string, held int, stream, heldAudit string) (titl
 	return title, text
 }
 
-// Redacted is n as it may leave the process (DESIGN.md §4: secrets in
-// error bodies are redacted before a notification leaves): its dedupe key,
+// Redacted is n as it may leave the process (secrets in error bodies
+// are redacted before a notification leaves): its dedupe key,
 // title, text and label values through redact.String. The notifier sends
 // this copy; simulate writes it.
 func Redacted(n events.Notification) events.Notification {

@@ -1,7 +1,6 @@
 package notification
 
-// The `notify:` policy section (CONTRACT.md "Policy file", DESIGN.md §4
-// "Notifications"): how many non-critical notifications a human gets per UTC
+// The `notify:` policy section (docs/CONTRACT.md "Policy file"): how many non-critical notifications a human gets per UTC
 // day, and where they go. Critical notifications always go out. The notifier
 // service extends SinkConfig with the fields its sink types need; this file
 // only fixes the contract's keys and their validation.
@@ -56,7 +55,7 @@ type SinkConfig struct {
 	// Severities filters what this sink receives; empty means all.
 	Severities []string `yaml:"severities" json:"severities,omitempty"`
 
-	// The fields below were added for the notifier's sink types (issue 6).
+	// The fields below configure the notifier's sink types.
 
 	// URLEnv names an environment variable holding the URL instead of URL
 	// (a Slack incoming-webhook URL is itself a credential). When both are

@@ -9,7 +9,7 @@ import (
 
 // CheckSubject checks a notification request against the subject it came
 // on, failbus.notify.<severity>: the subject's severity and the payload's
-// must be the same (issue 15). Neither may silently win: severity decides
+// must be the same. Neither may silently win: severity decides
 // whether the daily budget applies (critical bypasses it) and which sinks
 // take the request, and NATS grants publish permissions per subject, so a
 // payload saying critical on failbus.notify.info would bypass the budget

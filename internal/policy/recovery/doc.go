@@ -1,5 +1,5 @@
-// Package recovery is seed 002's post-outage checklist as a pure state
-// machine (CONTRACT.md § "Recovery", DESIGN.md §4 "Recovery"): the held
+// Package recovery is the post-outage checklist as a pure state machine
+// (docs/CONTRACT.md § "Recovery"): the held
 // task queue, the outage probes and the seven steps that run once a
 // provider's health says recovered. "This checklist looks simple, but if it
 // is not defined in advance a step gets missed" — so it is defined here,

@@ -13,7 +13,7 @@ import (
 	"github.com/failbus/failbus/pkg/events"
 )
 
-// The virtual-clock story of issue 10, built as input records so the same
+// The eight-hour outage story on the virtual clock, built as input records so the same
 // lines feed the core here, the engine and `failbus simulate`.
 
 // Story is one timed input.

@@ -1,6 +1,6 @@
 package refusal
 
-// Refusal state on a shared bus (seed 000 §5, DESIGN.md §4 "Refusal tiers").
+// Refusal state on a shared bus.
 //
 // State is enough for one agent on a virtual clock. On the bus several
 // agents may work on one segment, and the refusal service may run a message

@@ -1,5 +1,4 @@
-// Package refusal is the refusal tiers (seed 000, DESIGN.md §4 "Refusal
-// tiers"), as pure state and words.
+// Package refusal is the refusal tiers, as pure state and words.
 //
 // A content refusal is judged on the request's bytes, and inside a context
 // segment (`<session>#<segment>`) history only grows: the refused bytes are in
@@ -38,14 +37,14 @@ const (
 	DefaultStateTTL = 7 * 24 * time.Hour
 )
 
-// DefaultReprobeDelays returns the seed's schedule: 15m, 1h, 6h after the
+// DefaultReprobeDelays returns the default re-probe schedule: 15m, 1h, 6h after the
 // latest refusal. It is a function so no caller can mutate a shared slice.
 func DefaultReprobeDelays() []time.Duration {
 	return []time.Duration{15 * time.Minute, time.Hour, 6 * time.Hour}
 }
 
 // Config is the policy's `refusal:` section: the bounded re-probe
-// schedule for content refusals (seed 000). It is the single source of the
+// schedule for content refusals. It is the single source of the
 // numbers the state machine runs AND of the words the human and the model
 // read (Notice), so changing the policy changes both at once.
 type Config struct {
@@ -66,9 +65,9 @@ type Config struct {
 	StateTTL time.Duration `yaml:"state_ttl" json:"state_ttl"`
 }
 
-// DefaultConfig returns the seed's schedule (15m, 1h, 6h), two
+// DefaultConfig returns the default re-probe schedule (15m, 1h, 6h), two
 // re-renders per increment and a seven-day state backstop, so a policy
-// without a `refusal:` section behaves as the seed specifies.
+// without a `refusal:` section bounds re-probes to three.
 func DefaultConfig() Config {
 	return Config{
 		ReprobeDelays: DefaultReprobeDelays(),

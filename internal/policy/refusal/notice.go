@@ -25,7 +25,7 @@ const refusalBoundaryWords = "a boundary (compaction, fresh start, or a model, m
 
 // Text is every word failbus says about one refusal state, produced by
 // Notice from the same policy values the state machine runs, so the
-// human, the model and the code cannot disagree (seed 000 §3 ④, §6).
+// human, the model and the code cannot disagree.
 type Text struct {
 	// RuleID names the rule that decided (RuleRefusal*).
 	RuleID string
@@ -59,7 +59,7 @@ func Rule(cfg Config) string {
 }
 
 // DedupeKey is `provider-refusal:<segment>:<reprobes>:<sorted provider
-// ids>` (seed 000 §6): one key per state, so each state is reported once.
+// ids>`: one key per state, so each state is reported once.
 // providers are sorted and de-duplicated here.
 func DedupeKey(segment string, reprobes int, providers []string) string {
 	ids := slices.Compact(slices.Sorted(slices.Values(providers)))

@@ -9,7 +9,7 @@ import (
 // RouteProviders is the route rule over any state store: lookup returns the
 // provider's state in the segment (false when there is none, or it expired).
 // It only reads, so asking never moves the re-probe clock; a probe it allows
-// advances the state only if a real refusal comes back (seed 000 §5). The
+// advances the state only if a real refusal comes back. The
 // engine's Route stage answers with it.
 func RouteProviders(now time.Time, cfg Config, providers []string, lookup func(provider string) (State, bool)) events.RouteResult {
 	res := events.RouteResult{Allowed: []string{}, Skipped: []events.RouteSkip{}}
@@ -41,7 +41,7 @@ func RouteProviders(now time.Time, cfg Config, providers []string, lookup func(p
 	return res
 }
 
-// OutageSkip is the route answer for a provider in an outage (seed 002):
+// OutageSkip is the route answer for a provider in an outage:
 // nothing can reach it now, whatever the segment's refusal state, so it is
 // skipped without claiming a re-probe. Simulate and the bus route service
 // both answer with it, from the fault scope and from the provider's latest

@@ -9,7 +9,7 @@ import (
 )
 
 // State is one provider's refusal record in one context segment: the
-// count of real refusals and the time of the latest one (seed 000 §5). It is
+// count of real refusals and the time of the latest one. It is
 // the value stored per (segment, provider), in KV or in memory. All
 // transitions are pure methods that return a new value, so the bus service
 // can apply them under compare-and-set and the simulator in memory, with the
@@ -35,8 +35,8 @@ type State struct {
 	Rerenders int
 	// Legacy is set when a stored value lacked the refusal count or could
 	// not be read: nothing is known, so the state is frozen until a
-	// boundary (seed 000 §5: the most conservative reading that a boundary
-	// can still undo). It is never written as such: it is the absence of
+	// boundary (the most conservative reading that a boundary can still
+	// undo). It is never written as such: it is the absence of
 	// `refusals` in the stored value.
 	Legacy bool
 }
@@ -127,7 +127,7 @@ type Event struct {
 	Frozen bool
 	Legacy bool
 	// Notify is set only at the first refusal (reprobes 0, normal severity)
-	// and at the transition to frozen (critical): seed 000 §6.
+	// and at the transition to frozen (critical).
 	Notify bool
 }
 

@@ -170,7 +170,7 @@ func TestRefusalStateRefuse(t *testing.T) {
 		cfg   Config
 		steps []step
 	}{
-		{"the seed's life: three re-probes then frozen, notified at first and at freeze", DefaultConfig(), []step{
+		{"the default life: three re-probes then frozen, notified at first and at freeze", DefaultConfig(), []step{
 			{0, 1, 0, 0, 15 * time.Minute, false, true, events.SeverityNormal, skip},
 			{20 * time.Minute, 2, 1, 20 * time.Minute, 80 * time.Minute, false, false, events.SeverityNormal, skip},
 			{90 * time.Minute, 3, 2, 90 * time.Minute, 450 * time.Minute, false, false, events.SeverityNormal, skip},

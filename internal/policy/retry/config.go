@@ -3,8 +3,8 @@ package retry
 // The `retry:` section of the policy file (CONTRACT.md "Policy file").
 //
 // Retryable classes are a set that configuration only adds to or removes
-// from (seed 001: replacing the list dropped RATE_LIMIT and SERVER by
-// accident). The effective set of a provider is built in layers:
+// from (replacing the list is how one configuration dropped RATE_LIMIT
+// and SERVER by accident). The effective set of a provider is built in layers:
 //
 //	contract defaults  → + retry.retryable_add  − retry.retryable_remove
 //	                   → + retry.providers.<p>.retryable_add − retry.providers.<p>.retryable_remove
@@ -23,7 +23,8 @@ import (
 	"github.com/failbus/failbus/pkg/events"
 )
 
-// Retry modes (seed 003).
+// Retry modes: normal (retryable classes within the budget), always
+// (specific recoveries first, then retry any class) and off.
 const (
 	// ModeNormal retries only retryable classes, and a retryable class
 	// with budget left is retried before any more specific recovery is asked:
@@ -33,7 +34,7 @@ const (
 	// switch_model) win first and retries every class only as the fallback,
 	// still within the budget.
 	ModeAlways = "always"
-	// ModeOff is the seed's "no policy" case: failbus schedules no
+	// ModeOff is the "no policy" case: failbus schedules no
 	// retries for the provider and passes every failure on to the specific
 	// recovery, or give_up. An extension of CONTRACT.md's normal | always.
 	ModeOff = "off"
@@ -131,7 +132,7 @@ func Default() Config {
 
 // For resolves the retry policy of one provider: the global section with
 // that provider's override on top. It returns nil when the resolved mode is
-// off (the seed's "no policy": pass on).
+// off ("no policy": pass on).
 func (g Config) For(provider string) *Policy {
 	r := g.Resolve(provider)
 	if r.Mode == ModeOff {

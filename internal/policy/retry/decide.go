@@ -1,6 +1,6 @@
 package retry
 
-// The retry decision chain (seed 003 §1–3, DESIGN.md §4 "Retries"), as one
+// The retry decision chain (docs/ARCHITECTURE.md § "Retries"), as one
 // pure function: Decide. It maps a classified failure, the provider's
 // resolved Policy, the fault-scope verdict and the budget's latest
 // ledger record onto one CONTRACT.md Decision. First match wins:
@@ -10,7 +10,7 @@ package retry
 //     names a healthy alternative. No retry is scheduled, no budget spent,
 //     no model switching: the network path is shared by every model.
 //  2. 429 on this profile while another profile of the provider works
-//     (fault scope) → switch_profile. Seed 002 puts this before the clock:
+//     (fault scope) → switch_profile. This comes before the clock:
 //     another credential helps now, waiting only burns time.
 //  3. No policy (mode off) → pass on: the specific recovery (below), or
 //     give_up.
@@ -30,9 +30,9 @@ package retry
 //     min(initial·2^min(n−1,1024), max) × (1 − r + 2r·u), capped at max.
 //  10. retry, with the ledger record to persist BEFORE the wait starts.
 //
-// "Terminal" is the seed's next(): the failure is handed to the more
-// specific recoveries registered after the retry policy, and give_up when
-// none applies. The specific recoveries, in order:
+// "Terminal" passes the failure on: it is handed to the more specific
+// recoveries registered after the retry policy, and give_up when none
+// applies. The specific recoveries, in order:
 //
 //	context_overflow                               → compact
 //	auth, quota_exhausted + another profile works  → switch_profile
@@ -40,13 +40,13 @@ package retry
 //	                   + another model works       → switch_model
 //
 // So normal mode lets a retryable class with budget short-circuit them (a
-// user who adds context_overflow to the retryable set, as seed 001 did, gets
+// user who adds context_overflow to the retryable set, as one harness did, gets
 // retries first and compact only when the budget is gone), and always mode
 // asks them first and retries any class only as the fallback.
 //
-// Deviation from the seed, on purpose: the seed checks the budget in normal
-// mode only; failbus bounds always mode by max_retries too (DESIGN.md §4:
-// "budget exhausted → terminal"), so "always" means "every class, specific
+// Deviation from the harness this chain comes from, on purpose: it checks
+// the budget in normal mode only; failbus bounds always mode by max_retries
+// too ("budget exhausted → terminal"), so "always" means "every class, specific
 // recoveries first", never "forever".
 //
 // Content refusals never reach this chain: the refusal tiers decide them
@@ -61,8 +61,8 @@ import (
 	"github.com/failbus/failbus/pkg/events"
 )
 
-// Record is the ledger entry of one scheduled retry: seed 003's
-// llm/retry record. It is written before the wait starts, and the budget's
+// Record is the ledger entry of one scheduled retry: the retry record
+// of a durable retry state machine. It is written before the wait starts, and the budget's
 // count is read back from the latest record, so a crash neither refunds nor
 // overspends the budget.
 type Record struct {
@@ -159,7 +159,7 @@ func BudgetFor(c events.Classification, r *Policy) BudgetKey {
 	return BudgetKey{Agent: c.Agent, Session: c.Session, Turn: c.Turn, Step: c.Step, Provider: c.Provider, PolicyKey: r.Key()}
 }
 
-// Backoff is seed 003's local backoff for the n-th retry (1-based): the
+// Backoff is the local backoff for the n-th retry (1-based): the
 // exponential min(initial·2^min(n−1,1024), max), times the symmetric jitter
 // 1 − r + 2r·u (mean 1, so many concurrent retries neither drift early nor
 // late), capped at max again and rounded to whole milliseconds. u is

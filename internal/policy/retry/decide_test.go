@@ -162,7 +162,7 @@ func TestDecideRetryChain(t *testing.T) {
 		{name: "normal: auth alone: give_up", pol: normal, c: coreFailure("o", events.ClassAuth), action: events.ActionGiveUp, reason: "auth is not retryable"},
 		{name: "normal: unsupported_param with another model: switch_model", pol: normal, c: coreFailure("o", events.ClassUnsupportedParam), scope: scope.Verdict{SwitchModel: "gpt-mini"}, action: events.ActionSwitchModel, model: "gpt-mini"},
 		{name: "normal: tls is terminal", pol: normal, c: coreFailure("o", events.ClassTLS), action: events.ActionGiveUp},
-		{name: "normal, overflow made retryable (seed 001): retry short-circuits compact", pol: overflowRetryable, c: coreFailure("o", events.ClassContextOverflow), u: 0.5, action: events.ActionRetry, retry: 1, delay: time.Second},
+		{name: "normal, overflow made retryable: retry short-circuits compact", pol: overflowRetryable, c: coreFailure("o", events.ClassContextOverflow), u: 0.5, action: events.ActionRetry, retry: 1, delay: time.Second},
 		// 8. Budget.
 		{name: "budget left: retry n+1", pol: normal, c: coreFailure("o2", events.ClassServerError), prior: prior(normal, coreFailure("o", events.ClassServerError), 3, "o"), u: 0.5, action: events.ActionRetry, retry: 4, delay: 8 * time.Second},
 		{name: "budget exhausted: give_up", pol: normal, c: coreFailure("o11", events.ClassServerError), prior: prior(normal, coreFailure("o", events.ClassServerError), 10, "o10"), action: events.ActionGiveUp, reason: "retry budget exhausted: 10 of 10"},

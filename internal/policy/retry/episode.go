@@ -1,8 +1,8 @@
 package retry
 
-// Retry episodes of calls without a loop position (issue 15).
+// Retry episodes of calls without a loop position.
 //
-// Seed 003 counts a budget per (turn, step, provider, policy key): a retry
+// A budget is counted per (turn, step, provider, policy key): a retry
 // stays in its step, and a success or a non-retryable failure ends the
 // step, so the next call is a new step with a budget of its own. An
 // outcome without turn and step (both 0: the simplest clients, the README's

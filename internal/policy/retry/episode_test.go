@@ -48,7 +48,7 @@ func newEpisodeLedger(t *testing.T) *episodeLedger {
 	return &episodeLedger{t: t, p: coreMustPolicy(t, "retry: {}").RetryFor("openai"), ids: map[string]bool{}}
 }
 
-// Issue 15: eleven independent 503s of an agent without turn and step,
+// Retry episodes: eleven independent 503s of an agent without turn and step,
 // each call going through on its retry, are eleven retry episodes: each
 // gets retry 1 — not retries 1-10 and then "retry budget exhausted".
 func TestEpisodesWithoutTurnAndStepEndAtASuccess(t *testing.T) {

@@ -1,6 +1,6 @@
 package retry
 
-// Retry ids on the bus (seed 003 "先持久化后等待").
+// Retry ids on the bus (persist, then wait).
 //
 // BudgetKey.RetryID derives the id of the n-th retry of a budget as
 // "<budget token>-<n>". An agent that cancels or starts a retry sends only

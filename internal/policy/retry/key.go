@@ -1,6 +1,7 @@
 package retry
 
-// Policy keys and budget keys (seed 003 "policyKey：策略代际").
+// Policy keys and budget keys (a policy key is a generation of the
+// policy: change the policy and budgets count again).
 //
 // The seed compresses every behavioural field of a retry policy into a key —
 // [mode, maxRetries, sorted codes, initialDelayMs, maxDelayMs, jitterRatio]
@@ -20,8 +21,8 @@ package retry
 // providers with equal policies share a key; the budget key has the
 // provider anyway).
 //
-// A budget on the bus also needs the identity of the log the seed counted
-// in: there, one session's log; here, the agent and session. So a budget is
+// A budget on the bus also needs the identity of the log a single agent
+// would count in: there, one session's log; here, the agent and session. So a budget is
 // (agent, session, turn, step, provider, policy key).
 
 import (

@@ -52,7 +52,7 @@ func TestScopeProfilesAndRateLimits(t *testing.T) {
 			switchTo: "p2", health: "openai:degraded openai:healthy",
 		},
 		{
-			name: "two 429s, then hours later a 503 on a never-seen profile: the rate limit is over (issue 15)",
+			name: "two 429s, then hours later a 503 on a never-seen profile: the rate limit is over",
 			seq: []scopeObs{{0, "p1", "gpt", events.ClassRateLimit, 0, ""}, {scopeSec, "p2", "gpt", events.ClassRateLimit, 0, ""},
 				{26 * time.Hour, "p3", "gpt", events.ClassServerError, 0, ""}},
 			health: "openai:degraded openai:healthy",

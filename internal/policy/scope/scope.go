@@ -1,5 +1,4 @@
-// Package scope is the fault scope (seed 002, DESIGN.md §4
-// "Classification", correlation): before choosing how to recover, ask where the fault lives. It is a pure
+// Package scope is the fault scope (correlation across outcomes): before choosing how to recover, ask where the fault lives. It is a pure
 // state machine per provider over classified outcomes on the provider's own
 // clock: the latest own time (`at`) of its outcomes, each believed within
 // events.EventTime's bounds around the `now` the caller passes (a stored
@@ -29,8 +28,8 @@
 //     success, all such failures: rare by chance even for a provider
 //     failing most calls (a false outage holds every agent until the
 //     recovery streak), and out of reach of one agent retrying alone,
-//     whose retry chain decides. The provider itself is down (seed 002's provider level is
-//     about the provider failing, not only its sockets): an outage as
+//     whose retry chain decides. The provider itself is down (a provider-level fault is
+//     the provider failing, not only its sockets): an outage as
 //     above, with its reason naming the classes.
 //   - Degraded by errors: at least scope.error_ratio of the provider's
 //     latest calls (scope.error_sample of them, at least half within the
@@ -138,7 +137,7 @@ type Observation struct {
 }
 
 // ModelFault reports the model-scope classes that switching the model can
-// fix (seed 002: schema errors, unsupported parameters, unknown model): the
+// fix (schema errors, unsupported parameters, unknown model): the
 // classes a model-fault episode is made of, and the ones the retry chain
 // answers with switch_model.
 func ModelFault(class string) bool {

@@ -135,8 +135,8 @@ func isNetwork(c events.Classification) bool {
 
 // isProviderSide reports whether a classification is a failure on the
 // provider's side: the provider failing (overloaded, server_error: class
-// scope provider) or the network path to it failing. Seed 002's provider
-// level is the provider failing, not only its sockets.
+// scope provider) or the network path to it failing. A provider-level
+// fault is the provider failing, not only its sockets.
 func isProviderSide(c events.Classification) bool {
 	sc := c.Scope
 	if sc == "" {

@@ -136,7 +136,7 @@ func New(js jetstream.JetStream, opts Config) (*Service, error) {
 // newHandler returns the classifier's message handler, registering its
 // metrics with reg: failbus_classifier_classified_total{class} and
 // failbus_classifier_overrules_total{claimed,final}, the rate at which
-// evidence demotes a heuristic's or an upstream code's claim (DESIGN.md §4).
+// evidence demotes a heuristic's or an upstream code's claim (evidence beats heuristics).
 // Metrics count handler runs, so a redelivered outcome counts again.
 // classify nil selects classify.Classify (the default policy's rules, the
 // contract's retryability); whatever classifies, the outcome's identity and

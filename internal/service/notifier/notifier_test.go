@@ -272,7 +272,7 @@ func zerologTo(mu *sync.Mutex, b *strings.Builder) zerolog.Logger {
 	return zerolog.New(lockedWriter{mu: mu, b: b})
 }
 
-// Issue 15: a request on failbus.notify.critical whose payload says info
+// Severity on subject and payload: a request on failbus.notify.critical whose payload says info
 // was budgeted as info. A request whose subject and payload disagree on
 // severity is now a dead letter naming both, and nothing is sent; the
 // requests around it are delivered.

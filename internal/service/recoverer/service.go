@@ -1,4 +1,4 @@
-// Package recoverer is the recovery service (seed 002, CONTRACT.md §
+// Package recoverer is the recovery service (docs/CONTRACT.md §
 // "Recovery"): the pure core of internal/policy/recovery on the bus. Its
 // consumers feed the core, a driver advances it:
 //

@@ -27,8 +27,8 @@ func mustMsgpack(t *testing.T, v any) []byte {
 	return b
 }
 
-// TestRefusalStateDecodesEveryTimestampShape: seed 000 §3 ②, a guard that
-// understood one timestamp shape silently flipped behaviour on the other.
+// TestRefusalStateDecodesEveryTimestampShape: a guard that understood one
+// timestamp shape silently flipped behaviour on the other.
 func TestRefusalStateDecodesEveryTimestampShape(t *testing.T) {
 	at := time.Date(2025, 10, 7, 9, 15, 30, 123_000_000, time.UTC)
 	ms := at.UnixMilli()

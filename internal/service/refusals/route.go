@@ -38,7 +38,7 @@ func (s *Service) startMicro(ctx context.Context) (micro.Service, error) {
 	svc, err := micro.AddService(nc, micro.Config{
 		Name:        ServiceName,
 		Version:     ServiceVersion,
-		Description: "failbus refusal tiers: which providers may receive a context segment now (seed 000)",
+		Description: "failbus refusal tiers: which providers may receive a context segment now",
 		Metadata: map[string]string{
 			"rule":        refusal.Rule(s.cfg),
 			"probe_lease": s.lease.String(),

@@ -1,4 +1,4 @@
-// Package refusals is the refusal tiers on the bus (seed 000, issue 5): the
+// Package refusals is the refusal tiers on the bus: the
 // pure core of internal/policy/refusal (State, Notice, RouteProviders) with
 // durable state, consumers and a route service around it.
 //
@@ -85,8 +85,8 @@ const (
 	DefaultRouteTimeout = 5 * time.Second
 )
 
-// Config configure the refusal service. The zero value runs the seed's
-// policy (15m, 1h, 6h) with the defaults below.
+// Config configure the refusal service. The zero value runs the default
+// re-probe schedule (15m, 1h, 6h) with the defaults below.
 type Config struct {
 	// Policy is the policy's `refusal:` section. Defaults to
 	// refusal.DefaultConfig() when it has no delays, no re-render

@@ -23,8 +23,8 @@ import (
 // SchemaLedgerEntry is the Failbus-Schema name of a LedgerEntry.
 const SchemaLedgerEntry = "retry_ledger"
 
-// LedgerEntry is one message of a budget's ledger: the retry record seed 003
-// writes before the wait (retry.Record, with the same keys), and the
+// LedgerEntry is one message of a budget's ledger: the retry record written
+// before the wait (retry.Record, with the same keys), and the
 // agent's answer to it once it came: started or cancelled, whichever came
 // first. A mark is a new entry with the same record, so the last entry of a
 // budget always carries the budget's count.

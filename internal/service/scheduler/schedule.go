@@ -1,7 +1,7 @@
 package scheduler
 
 // Durable delayed messages with JetStream's own message scheduler
-// (DESIGN.md §3, measured with nats-server 2.15.2): one schedule per
+// (measured with nats-server 2.15.2; docs/ARCHITECTURE.md § 3): one schedule per
 // schedule subject, `Nats-Schedule: @at <time>` fires once at that time
 // (never before; the server checks on a 250 ms timer), the fired message is
 // stored on the target subject with `Nats-Scheduler: <schedule subject>`

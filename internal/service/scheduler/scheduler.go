@@ -1,4 +1,4 @@
-// Package scheduler is the durable retry scheduler (seed 003, issue 4): an
+// Package scheduler is the durable retry scheduler: an
 // adapter around two stages of the decision engine (internal/engine: Observe,
 // the fault scope; Decide, the retry chain — the very stages `failbus
 // simulate` chains) whose state it keeps where a crash cannot lose it, and
@@ -64,7 +64,7 @@
 // marked in the ledger; a cancel then purges the schedule subject, so no due
 // message arrives; a started after a cancel (or a cancel after a start) is
 // ignored. A cancelled retry still counts against its budget: its record was
-// written before the wait began (seed 003), so cancelling cannot refund it.
+// written before the wait began (persist, then wait), so cancelling cannot refund it.
 //
 // Policy: two layers. The base is the policy file Config.PolicyFile (the
 // --policy file), read at start and polled every PolicyPollInterval for

@@ -1165,7 +1165,7 @@ func TestPolicyFileUnusableAtStart(t *testing.T) {
 	}
 }
 
-// Issue 15 on the bus: an agent without turn and step fails, its call goes
+// Retry episodes on the bus: an agent without turn and step fails, its call goes
 // through, then fails again — two retry episodes, each retry 1, distinct
 // retry ids; the success is marked in the budget's ledger (ended_by), and
 // the second retry's lookup starts at its episode (episode_from).
@@ -1203,7 +1203,7 @@ func TestRetryEpisodesWithoutTurnAndStepOnTheLedger(t *testing.T) {
 	}
 }
 
-// Issue 15 on the bus: a rate limit on every profile ends (health healthy
+// A rate limit's end on the bus: a rate limit on every profile ends (health healthy
 // on failbus.health) when a later failure finds the profiles it counted
 // out of scope.window — not only at a success.
 func TestProviderRateLimitEndsOnTheHealthSubject(t *testing.T) {

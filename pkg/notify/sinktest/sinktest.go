@@ -1,5 +1,5 @@
 // Package sinktest is the conformance suite every notification sink passes
-// (STYLE.md, after Watermill's pubsub test suite): one set of behaviours —
+// (after Watermill's pubsub test suite): one set of behaviours —
 // delivery with every field intact, failures classified and carrying the
 // receiver's answer, contexts honoured, concurrent use, a stable
 // idempotency key where the sink claims one — checked against a real

@@ -204,8 +204,8 @@ func (v *View) Reset(o *events.Outcome) {
 // put where the response had no body: the Stainless SDKs (openai-node,
 // anthropic-sdk-typescript, …) raise `${status} status code (no body)`, and
 // `(no status code or body)` without a status; agents that publish the
-// SDK's error message as the body send exactly that (seed 001: "400 status
-// code (no body)"). It carries no more than an empty body does, so it is
+// SDK's error message as the body send exactly that ("400 status code (no
+// body)"). It carries no more than an empty body does, so it is
 // classified as one: otherwise a Cerebras overflow would look explained,
 // and a gateway's empty 400 would keep an upstream_code's overflow claim.
 func IsNoBodyPlaceholder(body string) bool {
