@@ -14,10 +14,10 @@ import (
 	"github.com/nats-io/nuid"
 	"github.com/rs/zerolog"
 
+	"github.com/failbus/failbus/internal/policy/notification"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy/notification"
 	"github.com/failbus/failbus/pkg/redact"
 )
 

@@ -21,10 +21,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/failbus/failbus/internal/bustest"
+	"github.com/failbus/failbus/internal/policy/retry"
 	"github.com/failbus/failbus/internal/service/scheduler"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/notify"
-	"github.com/failbus/failbus/pkg/policy/retry"
 )
 
 // seeder publishes records as the services would and keeps, beside, the
