@@ -11,6 +11,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/failbus/failbus/internal/streamread"
+	"github.com/failbus/failbus/internal/wire"
 	"sync"
 	"time"
 
@@ -19,11 +21,9 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/failbus/failbus/internal/engine"
 	"github.com/failbus/failbus/internal/kvkey"
-	"github.com/failbus/failbus/internal/streamread"
-	"github.com/failbus/failbus/internal/wire"
 	topology "github.com/failbus/failbus/jetstream"
-	"github.com/failbus/failbus/pkg/engine"
 )
 
 // Store is engine.Providers on FAILBUS_SCOPE. It is safe for concurrent

@@ -38,11 +38,11 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/failbus/failbus/internal/cli/lag"
+	"github.com/failbus/failbus/internal/policy/recovery"
 	"github.com/failbus/failbus/internal/streamread"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/notify"
-	"github.com/failbus/failbus/pkg/policy/recovery"
 )
 
 // Window is the span of the dead-letter and notification figures.

@@ -35,9 +35,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 
+	"github.com/failbus/failbus/internal/tracing"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/tracing"
 )
 
 // DurableInactiveThreshold is how long the server keeps an agent's durable

@@ -6,10 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/failbus/failbus/internal/policy/retry"
 	"github.com/failbus/failbus/internal/service/scheduler"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/notify"
-	"github.com/failbus/failbus/pkg/policy/retry"
 )
 
 func encode(t *testing.T, m events.Message) []byte {

@@ -16,11 +16,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/failbus/failbus/internal/policy/notification"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/notify"
-	"github.com/failbus/failbus/pkg/policy/notification"
 )
 
 // Name is the runner's service name: it names the dead-letter subject

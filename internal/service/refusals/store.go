@@ -10,9 +10,9 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/failbus/failbus/internal/policy/refusal"
 	"github.com/failbus/failbus/internal/streamread"
 	topology "github.com/failbus/failbus/jetstream"
-	"github.com/failbus/failbus/pkg/policy/refusal"
 )
 
 // ErrTooManyConflicts is returned (wrapped) when an update lost the
