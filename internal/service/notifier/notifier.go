@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/failbus/failbus/internal/prom"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
@@ -160,7 +161,7 @@ func New(js jetstream.JetStream, cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("notifier: %w", err)
 	}
-	decisions, err := consumer.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+	decisions, err := prom.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "failbus_notifier_decisions_total",
 		Help: "Notification requests by decision: sent, deduped, held_by_budget, failed (retried or dead-lettered), unrouted.",
 	}, []string{"decision"}))

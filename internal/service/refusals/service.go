@@ -47,6 +47,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/failbus/failbus/internal/prom"
 	"github.com/failbus/failbus/internal/scopestore"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
@@ -325,7 +326,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		if err != nil {
 			return c
 		}
-		got, e := consumer.Register(reg, c)
+		got, e := prom.Register(reg, c)
 		if e != nil {
 			err = e
 			return c
