@@ -45,6 +45,6 @@
 // involved) still loses that dead letter; the server then reports the
 // message only by its MAX_DELIVERIES advisory.
 //
-// ServeOps serves the Prometheus /metrics and /healthz endpoints every
-// failbus service exposes.
+// A runner's Gatherer and Healthy are what a service's /metrics and
+// /healthz endpoints serve.
 package consumer

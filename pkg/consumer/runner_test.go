@@ -22,6 +22,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/internal/ops"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
 )
@@ -586,7 +587,7 @@ func TestRunnerHealthAndOpsEndpoints(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(b.ctx)
 	defer cancel()
-	addr, err := consumer.ServeOps(ctx, "127.0.0.1:0", r.Gatherer(), r.Healthy, zerolog.Nop())
+	addr, err := ops.Serve(ctx, "127.0.0.1:0", r.Gatherer(), r.Healthy, zerolog.Nop())
 	if err != nil {
 		t.Fatal(err)
 	}

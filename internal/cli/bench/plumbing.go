@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/internal/ops"
 	"github.com/failbus/failbus/internal/service/classifier"
 	"github.com/failbus/failbus/internal/service/scheduler"
 	topology "github.com/failbus/failbus/jetstream"
@@ -104,7 +105,7 @@ func (r *benchRunner) plumbing(ctx context.Context, msgs []*nats.Msg) (elapsed t
 	finished := make(chan struct{}) // closed once every runner has returned
 	var (
 		conns   []*nats.Conn
-		runners []consumer.Runnable
+		runners []ops.Runnable
 		cons    []jetstream.Consumer
 		running bool // RunAll started: finished closes
 		runErr  error
@@ -170,7 +171,7 @@ func (r *benchRunner) plumbing(ctx context.Context, msgs []*nats.Msg) (elapsed t
 		runners = append(runners, run)
 	}
 	go func() {
-		runErr = consumer.RunAll(rctx, runners...)
+		runErr = ops.RunAll(rctx, runners...)
 		close(finished)
 	}()
 	running = true

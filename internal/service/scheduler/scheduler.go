@@ -116,6 +116,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/failbus/failbus/internal/ops"
 	"github.com/failbus/failbus/internal/prom"
 	"github.com/failbus/failbus/internal/scopestore"
 	topology "github.com/failbus/failbus/jetstream"
@@ -386,7 +387,7 @@ func New(js jetstream.JetStream, opts Config) (*Service, error) {
 func (s *Service) Policy() *policy.Policy { return s.active.Load().p }
 
 // Gatherer returns the registry of the service's metrics when it is a
-// prometheus.Gatherer (the default one is), for consumer.ServeOps.
+// prometheus.Gatherer (the default one is), for ops.Serve.
 func (s *Service) Gatherer() prometheus.Gatherer {
 	g, _ := s.reg.(prometheus.Gatherer)
 	return g
@@ -457,7 +458,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	s.state = nil
 	s.mu.Unlock()
 
-	err = consumer.RunAll(rctx, s.classified, s.control)
+	err = ops.RunAll(rctx, s.classified, s.control)
 	cancel() // ends the policy watches
 	return err
 }
