@@ -8,6 +8,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/failbus/failbus/internal/jspub"
 	"github.com/failbus/failbus/pkg/events"
 )
 
@@ -146,7 +147,7 @@ func (o *Outputs) Publish(subject string, v events.Message, key string) {
 		return
 	}
 	id := OutputMsgID(o.service, o.inputID, key)
-	msg, err := NewMsg(subject, v, id, o.trace)
+	msg, err := jspub.NewMsg(subject, v, id, o.trace)
 	if err != nil {
 		o.err = fmt.Errorf("output %s to %s: %w", key, subject, err)
 		return

@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/failbus/failbus/internal/jspub"
 	"github.com/failbus/failbus/pkg/events"
 )
 
@@ -131,7 +132,7 @@ func (r *Runner) checkStore(ctx context.Context, now bool) {
 		return
 	}
 	at := time.Now()
-	m, err := NewMsg(StoreCheckSubject(r.cfg.Service), &StoreCheck{At: events.At(at), Service: r.cfg.Service, Pad: make([]byte, storeCheckPad)},
+	m, err := jspub.NewMsg(StoreCheckSubject(r.cfg.Service), &StoreCheck{At: events.At(at), Service: r.cfg.Service, Pad: make([]byte, storeCheckPad)},
 		fmt.Sprintf("storecheck:%s:%d", r.cfg.Service, at.UnixNano()), nil)
 	if err != nil {
 		r.log.Error().Err(err).Msg("store check not built")

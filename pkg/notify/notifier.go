@@ -14,8 +14,8 @@ import (
 	"github.com/nats-io/nuid"
 	"github.com/rs/zerolog"
 
+	"github.com/failbus/failbus/internal/jspub"
 	topology "github.com/failbus/failbus/jetstream"
-	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy/notification"
 	"github.com/failbus/failbus/pkg/redact"
@@ -772,12 +772,12 @@ func (p *proc) audit(kind, sink string, attempt int, answer, reason string, opts
 	return n.publish(context.Background(), events.AuditSubject(n.cfg.Service, kind), a, id)
 }
 
-// publish stores m on subject with Nats-Msg-Id id (consumer.Publish) and
+// publish stores m on subject with Nats-Msg-Id id (jspub.Publish) and
 // waits for JetStream.
 func (n *Notifier) publish(ctx context.Context, subject string, m events.Message, id string) error {
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := consumer.Publish(pctx, n.js, subject, m, id, nil); err != nil {
+	if _, err := jspub.Publish(pctx, n.js, subject, m, id, nil); err != nil {
 		return fmt.Errorf("notify: %w", err)
 	}
 	return nil
