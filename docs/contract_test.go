@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/failbus/failbus/internal/msgid"
 	"github.com/failbus/failbus/internal/service/refusals"
 	"github.com/failbus/failbus/internal/service/scheduler"
 	topology "github.com/failbus/failbus/jetstream"
@@ -37,7 +38,7 @@ type family struct {
 	payload any
 	// msgID says how its Nats-Msg-Id is made ("" for a service's output,
 	// whose id the service derives from its input, e.g.
-	// consumer.OutputMsgID).
+	// msgid.Output).
 	msgID string
 	// writer says who publishes it.
 	writer string
@@ -69,7 +70,7 @@ func families() []family {
 		{"failbus.dispatch.<agent>", events.DispatchSubject("<agent>"), events.SchemaDispatch, events.Dispatch{}, "`recovery:dispatch:<task_id>:<attempt>`", "recovery"},
 		{"failbus.control.<agent>", events.ControlSubject("<agent>"), events.SchemaControl, events.Control{}, "`recovery:kill:<agent>:<subagent>:<last heartbeat, ms>`, `recovery:cron:<agent>:<cron>:<scheduled_at, ms>`, `recovery:write:<agent>:<key>:<failed_at, ms>`, `recovery:<recovery_id>:probe:<n>`", "recovery"},
 		{"failbus.recovery.<provider>", events.RecoverySubject("<provider>"), events.SchemaRecovery, events.Recovery{}, "`recovery:<recovery_id>:<step>`", "recovery"},
-		{"failbus.dlq.<service>", events.DLQSubject("<service>"), events.SchemaDeadLetter, events.DeadLetter{}, "`" + strings.Replace(consumer.DeadLetterMsgID("<service>", "<stream>", 0), ":0", ":<seq>", 1) + "`", "every service"},
+		{"failbus.dlq.<service>", events.DLQSubject("<service>"), events.SchemaDeadLetter, events.DeadLetter{}, "`" + strings.Replace(msgid.DeadLetter("<service>", "<stream>", 0), ":0", ":<seq>", 1) + "`", "every service"},
 		{"failbus.storecheck.<service>", consumer.StoreCheckSubject("<service>"), consumer.SchemaStoreCheck, consumer.StoreCheck{}, "`storecheck:<service>:<at, ns>`", "every service, while idle: a write of a page and a bit that shows it can store (/healthz); the latest per service is kept"},
 		{events.RefusalRouteSubject, events.RefusalRouteSubject, "", refusals.RouteRequest{}, "—", "agents ask, the refusal tiers answer (micro service `" + refusals.ServiceName + "`)"},
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/failbus/failbus/internal/msgid"
 	"github.com/failbus/failbus/pkg/events"
 )
 
@@ -101,7 +102,7 @@ func (r *Runner) deadLetter(ctx context.Context, m *Msg, reason string) (string,
 	if err != nil {
 		return r.nak(m, r.cfg.backoff(m.Delivered), ResultError, err.Error())
 	}
-	hdr.Set(events.HeaderMsgID, DeadLetterMsgID(r.cfg.Service, m.Stream, m.Seq))
+	hdr.Set(events.HeaderMsgID, msgid.DeadLetter(r.cfg.Service, m.Stream, m.Seq))
 	pctx, cancel := context.WithTimeout(ctx, settleTimeout)
 	defer cancel()
 	_, err = r.js.PublishMsg(pctx, &nats.Msg{Subject: events.DLQSubject(r.cfg.Service), Header: hdr, Data: data})
@@ -195,7 +196,7 @@ func Quarantine(ctx context.Context, js jetstream.JetStream, service string, m *
 	if err != nil {
 		return err
 	}
-	hdr.Set(events.HeaderMsgID, DeadLetterMsgID(service, m.Stream, m.Seq))
+	hdr.Set(events.HeaderMsgID, msgid.DeadLetter(service, m.Stream, m.Seq))
 	pctx, cancel := context.WithTimeout(ctx, settleTimeout)
 	defer cancel()
 	if _, err := js.PublishMsg(pctx, &nats.Msg{Subject: events.DLQSubject(service), Header: hdr, Data: data}); err != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/failbus/failbus/internal/msgid"
 	"github.com/failbus/failbus/pkg/events"
 )
 
@@ -385,7 +386,7 @@ func (r *Runner) deadLetterAsync(m *Msg, reason string, herr error, start time.T
 	if err != nil {
 		return nil, err
 	}
-	id := DeadLetterMsgID(r.cfg.Service, m.Stream, m.Seq)
+	id := msgid.DeadLetter(r.cfg.Service, m.Stream, m.Seq)
 	hdr.Set(events.HeaderMsgID, id)
 	subject := events.DLQSubject(r.cfg.Service)
 	f, err := r.js.PublishMsgAsync(&nats.Msg{Subject: subject, Header: hdr, Data: data}, stallWait)

@@ -4,7 +4,7 @@
 // cmd/classifier and inside `failbus dev`.
 //
 // Exactly once: each classification carries Nats-Msg-Id
-// "classifier:<outcome id>:0" (consumer.OutputMsgID), so an outcome that is
+// "classifier:<outcome id>:0" (msgid.Output), so an outcome that is
 // redelivered after a crash yields no second classification as long as the
 // redelivery falls inside FAILBUS_CLASSIFIED's duplicate window. Outcomes
 // that do not decode or validate go to failbus.dlq.classifier with the

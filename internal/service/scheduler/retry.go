@@ -123,7 +123,7 @@ func (s *Service) decide(ctx context.Context, m *consumer.Msg, out *consumer.Out
 	}
 	d := v.Decision
 	if v.Record == nil {
-		// Nats-Msg-Id consumer.OutputMsgID(Name, m.ID(), "decision").
+		// Nats-Msg-Id msgid.Output(Name, m.ID(), "decision").
 		out.Publish(events.DecisionSubject(d.Agent), &d, "decision")
 		// Counted once stored, and once: not for a decision whose store
 		// fails and is made again on the redelivery, nor for a redelivery
