@@ -13,9 +13,9 @@ import (
 	"github.com/failbus/failbus/internal/msgid"
 	"github.com/failbus/failbus/internal/service/refusals"
 	"github.com/failbus/failbus/internal/service/scheduler"
+	"github.com/failbus/failbus/internal/storecheck"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/agent"
-	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/notify"
 )
@@ -71,7 +71,7 @@ func families() []family {
 		{"failbus.control.<agent>", events.ControlSubject("<agent>"), events.SchemaControl, events.Control{}, "`recovery:kill:<agent>:<subagent>:<last heartbeat, ms>`, `recovery:cron:<agent>:<cron>:<scheduled_at, ms>`, `recovery:write:<agent>:<key>:<failed_at, ms>`, `recovery:<recovery_id>:probe:<n>`", "recovery"},
 		{"failbus.recovery.<provider>", events.RecoverySubject("<provider>"), events.SchemaRecovery, events.Recovery{}, "`recovery:<recovery_id>:<step>`", "recovery"},
 		{"failbus.dlq.<service>", events.DLQSubject("<service>"), events.SchemaDeadLetter, events.DeadLetter{}, "`" + strings.Replace(msgid.DeadLetter("<service>", "<stream>", 0), ":0", ":<seq>", 1) + "`", "every service"},
-		{"failbus.storecheck.<service>", consumer.StoreCheckSubject("<service>"), consumer.SchemaStoreCheck, consumer.StoreCheck{}, "`storecheck:<service>:<at, ns>`", "every service, while idle: a write of a page and a bit that shows it can store (/healthz); the latest per service is kept"},
+		{"failbus.storecheck.<service>", storecheck.Subject("<service>"), storecheck.Schema, storecheck.Record{}, "`storecheck:<service>:<at, ns>`", "every service, while idle: a write of a page and a bit that shows it can store (/healthz); the latest per service is kept"},
 		{events.RefusalRouteSubject, events.RefusalRouteSubject, "", refusals.RouteRequest{}, "—", "agents ask, the refusal tiers answer (micro service `" + refusals.ServiceName + "`)"},
 	}
 }

@@ -18,10 +18,10 @@ import (
 	"github.com/failbus/failbus/internal/auth"
 	"github.com/failbus/failbus/internal/connect"
 	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/internal/storecheck"
 	"github.com/failbus/failbus/internal/watch"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/agent"
-	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
 )
 
@@ -668,12 +668,12 @@ func TestRoles(t *testing.T) {
 				fetchAck(sOut, topology.ConsumerClassifier),
 				publish(events.ClassifiedSubject("openai", "rate_limit")),
 				publish(events.DLQSubject("classifier")),
-				publish(consumer.StoreCheckSubject("classifier")),
+				publish(storecheck.Subject("classifier")),
 			},
 			append([]op{
 				publish(events.HealthSubject("openai")), publish(events.DecisionSubject("a1")),
 				publish(events.DLQSubject("scheduler")), publish(events.NotifySubject("critical")),
-				publish(consumer.StoreCheckSubject("scheduler")),
+				publish(storecheck.Subject("scheduler")),
 				publish(events.OutcomeSubject("openai", "a1")),
 				fetchAck(sCls, topology.ConsumerScheduler),
 				read(sOut, "failbus.outcome.>"),

@@ -174,8 +174,8 @@ type Config struct {
 	DrainTimeout time.Duration
 
 	// StoreCheckEvery is how long a runner may see none of its writes go
-	// either way (it is idle) before it writes a StoreCheck to
-	// StoreCheckSubject(Service) to find out whether it can still store
+	// either way (it is idle) before it writes a store check record to
+	// failbus.storecheck.<service> to find out whether it can still store
 	// (store.go); Healthy fails while it cannot. The stream
 	// FAILBUS_STORECHECK of the failbus topology holds those subjects, and
 	// the failbus services set DefaultStoreCheckEvery (15s). 0, the
