@@ -100,7 +100,7 @@ func deadLetterRecord(service string, m *Msg, reason string, maxPayload int64) (
 func (r *Runner) deadLetter(ctx context.Context, m *Msg, reason string) (string, string) {
 	data, hdr, dl, err := deadLetterRecord(r.cfg.Service, m, reason, r.js.Conn().MaxPayload())
 	if err != nil {
-		return r.nak(m, r.cfg.backoff(m.Delivered), ResultError, err.Error())
+		return r.nak(m, r.cfg.backoff(m.Delivered), resultError, err.Error())
 	}
 	hdr.Set(events.HeaderMsgID, msgid.DeadLetter(r.cfg.Service, m.Stream, m.Seq))
 	pctx, cancel := context.WithTimeout(ctx, settleTimeout)
@@ -113,15 +113,15 @@ func (r *Runner) deadLetter(ctx context.Context, m *Msg, reason string) (string,
 		if errors.Is(err, nats.ErrMaxPayload) {
 			err = fmt.Errorf("%w (a %d-byte record; the server's max_payload is %d)", err, len(data), r.js.Conn().MaxPayload())
 		}
-		return r.nak(m, r.cfg.backoff(m.Delivered), ResultError, fmt.Sprintf("publish dead letter (%s): %v", dl.Reason, err))
+		return r.nak(m, r.cfg.backoff(m.Delivered), resultError, fmt.Sprintf("publish dead letter (%s): %v", dl.Reason, err))
 	}
 	if dl.Truncated {
 		r.m.deadLettersTruncated.WithLabelValues(r.cfg.Service).Inc()
 	}
 	if err := m.raw.DoubleAck(pctx); err != nil {
-		return ResultDeadLetter, dl.Reason + "; ack failed, dead letter deduplicated on redelivery: " + err.Error()
+		return resultDeadLetter, dl.Reason + "; ack failed, dead letter deduplicated on redelivery: " + err.Error()
 	}
-	return ResultDeadLetter, dl.Reason
+	return resultDeadLetter, dl.Reason
 }
 
 // headerSize is roughly what h takes on the wire ("Name: value\r\n" each).

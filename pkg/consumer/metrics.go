@@ -8,16 +8,16 @@ import (
 
 // Result label values of failbus_consumer_messages_total.
 const (
-	// ResultAck: outputs published, input acknowledged.
-	ResultAck = "ack"
-	// ResultRetry: the handler returned Retry, or the message was handed
+	// resultAck: outputs published, input acknowledged.
+	resultAck = "ack"
+	// resultRetry: the handler returned Retry, or the message was handed
 	// back during shutdown.
-	ResultRetry = "retry"
-	// ResultDeadLetter: the input went to the dead-letter subject.
-	ResultDeadLetter = "dead_letter"
-	// ResultError: the handler or an output publish failed; the input is
+	resultRetry = "retry"
+	// resultDeadLetter: the input went to the dead-letter subject.
+	resultDeadLetter = "dead_letter"
+	// resultError: the handler or an output publish failed; the input is
 	// redelivered after the backoff.
-	ResultError = "error"
+	resultError = "error"
 )
 
 type metrics struct {

@@ -365,7 +365,7 @@ func resolveMaxDeliver(want, consumerMax int) (int, error) {
 	case want == 0 && consumerMax == 1:
 		return 1, nil // no room for a spare; the warning says so
 	case want == 0:
-		return DefaultMaxDeliver, nil // the server never gives up: every later delivery is a spare
+		return defaultMaxDeliver, nil // the server never gives up: every later delivery is a spare
 	case consumerMax > 0 && want > consumerMax:
 		return 0, fmt.Errorf("%w: MaxDeliver %d exceeds the consumer's MaxDeliver %d: the server would drop messages before they are dead-lettered",
 			ErrInvalidConfig, want, consumerMax)

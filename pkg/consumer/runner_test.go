@@ -278,7 +278,7 @@ func TestRunnerAcksAfterPublishingOutputs(t *testing.T) {
 	if got := b.count(dlqStream); got != 0 {
 		t.Errorf("dead letters: %d, want 0", got)
 	}
-	if got := counterValue(t, r.Gatherer(), "failbus_consumer_messages_total", map[string]string{"result": consumer.ResultAck}); got != n+1 {
+	if got := counterValue(t, r.Gatherer(), "failbus_consumer_messages_total", map[string]string{"result": "ack"}); got != n+1 {
 		t.Errorf("failbus_consumer_messages_total{result=ack}: %v, want %d", got, n+1)
 	}
 }
