@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/failbus/failbus/internal/delivery"
 	"github.com/failbus/failbus/internal/msgid"
 	"github.com/failbus/failbus/internal/service/refusals"
 	"github.com/failbus/failbus/internal/service/scheduler"
@@ -17,7 +18,6 @@ import (
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/agent"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/notify"
 )
 
 var update = flag.Bool("update", false, "rewrite the generated tables of CONTRACT.md from the code")
@@ -60,7 +60,7 @@ func families() []family {
 		{"failbus.retry.started.<agent>", events.RetryStartedSubject("<agent>"), agent.SchemaRetryStarted, agent.RetryMark{}, "`retry_started:<retry_id>`", "agents"},
 		{"failbus.retry.cancel.<agent>", events.RetryCancelSubject("<agent>"), agent.SchemaRetryCancel, agent.RetryMark{}, "`retry_cancel:<retry_id>`", "agents"},
 		{"failbus.notify.<severity>", events.NotifySubject("<severity>"), events.SchemaNotification, events.Notification{}, "", "scheduler, refusal tiers, recovery, notifier (budget digest)"},
-		{"failbus.audit.notifier.<kind>", events.AuditSubject("notifier", "<kind>"), notify.SchemaAudit, notify.Audit{}, "", "notifier (kind: " + strings.Join([]string{notify.AuditSent, notify.AuditDeduped, notify.AuditHeld, notify.AuditFailed, notify.AuditUnrouted}, ", ") + ")"},
+		{"failbus.audit.notifier.<kind>", events.AuditSubject("notifier", "<kind>"), delivery.SchemaAudit, delivery.Audit{}, "", "notifier (kind: " + strings.Join([]string{delivery.AuditSent, delivery.AuditDeduped, delivery.AuditHeld, delivery.AuditFailed, delivery.AuditUnrouted}, ", ") + ")"},
 		{"failbus.audit.scheduler.policy", scheduler.PolicyAuditSubject(), scheduler.SchemaPolicyAudit, scheduler.PolicyAudit{}, "", "scheduler (policy reloads)"},
 		{"failbus.heartbeat.<agent>", events.HeartbeatSubject("<agent>"), events.SchemaHeartbeat, events.Heartbeat{}, "optional; `pkg/agent`: `hb:<agent>:<subagent>:<at, ns>:<status>`", "agents"},
 		{"failbus.cron.spec.<agent>", events.CronSpecSubject("<agent>"), events.SchemaCronSpec, events.CronSpec{}, "optional; `pkg/agent`: `cron-spec:<agent>:<cron>:<at, ns>`", "agents"},

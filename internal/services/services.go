@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/failbus/failbus/internal/delivery"
 	"github.com/failbus/failbus/internal/service/classifier"
 	"github.com/failbus/failbus/internal/service/notifier"
 	"github.com/failbus/failbus/internal/service/recovery"
@@ -23,7 +24,6 @@ import (
 	"github.com/failbus/failbus/internal/service/scheduler"
 	"github.com/failbus/failbus/internal/servicemain"
 	"github.com/failbus/failbus/pkg/consumer"
-	"github.com/failbus/failbus/pkg/notify"
 	"github.com/failbus/failbus/pkg/policy/limits"
 	recoverypolicy "github.com/failbus/failbus/pkg/policy/recovery"
 )
@@ -126,7 +126,7 @@ func Scheduler() servicemain.Spec {
 func Notifier() servicemain.Spec {
 	var (
 		concurrency    = notifier.DefaultConcurrency
-		dedupeLifetime = servicemain.EnvDuration("FAILBUS_NOTIFY_DEDUPE_LIFETIME", notify.DefaultDedupeLifetime)
+		dedupeLifetime = servicemain.EnvDuration("FAILBUS_NOTIFY_DEDUPE_LIFETIME", delivery.DefaultDedupeLifetime)
 		replica        = servicemain.EnvString("FAILBUS_NOTIFIER_REPLICA", "")
 	)
 	return servicemain.Spec{

@@ -38,9 +38,9 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/failbus/failbus/internal/cli/lag"
+	"github.com/failbus/failbus/internal/delivery"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/notify"
 	"github.com/failbus/failbus/pkg/policy/recovery"
 )
 
@@ -403,7 +403,7 @@ func (c *Collector) notifications(ctx context.Context, now time.Time, out *Notif
 	out.Requested = c.reqWin.totals(now)
 	delete(out.Requested, otherKey)
 	kinds := c.auditWin.totals(now)
-	out.Sent, out.Held, out.Deduped = kinds[notify.AuditSent], kinds[notify.AuditHeld], kinds[notify.AuditDeduped]
-	out.Failed, out.Unrouted = kinds[notify.AuditFailed], kinds[notify.AuditUnrouted]
+	out.Sent, out.Held, out.Deduped = kinds[delivery.AuditSent], kinds[delivery.AuditHeld], kinds[delivery.AuditDeduped]
+	out.Failed, out.Unrouted = kinds[delivery.AuditFailed], kinds[delivery.AuditUnrouted]
 	return errors.Join(errs...)
 }

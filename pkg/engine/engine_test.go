@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/failbus/failbus/internal/delivery"
 	"github.com/failbus/failbus/pkg/engine"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/notify"
 	"github.com/failbus/failbus/pkg/policy"
 	"github.com/failbus/failbus/pkg/policy/notification"
 	"github.com/failbus/failbus/pkg/policy/refusal"
@@ -260,7 +260,7 @@ func TestAdmitFollowsTheNotifiersRules(t *testing.T) {
 		}
 		if a.Digest != nil {
 			d := *a.Digest
-			if !notification.IsDigest(d) || !strings.Contains(d.Text, "failbus.audit."+notify.DefaultService+"."+notify.AuditHeld) {
+			if !notification.IsDigest(d) || !strings.Contains(d.Text, "failbus.audit."+delivery.DefaultService+"."+delivery.AuditHeld) {
 				t.Fatalf("digest %+v does not name the notifier's audit subject", d)
 			}
 		}

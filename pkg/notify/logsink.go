@@ -9,10 +9,6 @@ import (
 	"github.com/failbus/failbus/pkg/events"
 )
 
-// defaultLogSinkName is the name of the log sink the notifier uses when the
-// policy configures no sink, as in `failbus dev` and `failbus demo`.
-const defaultLogSinkName = "log"
-
 // Log writes each notification as one structured zerolog line: critical at
 // error level, normal at warn, info at info. It is the default sink for
 // development and demos, where the human reads the terminal. A log line

@@ -1,4 +1,4 @@
-package notify
+package delivery
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 	"github.com/failbus/failbus/internal/jspub"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
+	"github.com/failbus/failbus/pkg/notify"
 	"github.com/failbus/failbus/pkg/policy/notification"
 	"github.com/failbus/failbus/pkg/redact"
 )
@@ -556,7 +557,7 @@ func (p *proc) store(ctx context.Context) error {
 
 type failure struct {
 	route Route
-	err   *SinkError
+	err   *notify.SinkError
 	st    *SinkState
 }
 
@@ -588,7 +589,7 @@ func (p *proc) deliver(ctx context.Context) (Result, error) {
 			pendingSinks--
 			continue
 		}
-		var se *SinkError
+		var se *notify.SinkError
 		if !errors.As(err, &se) {
 			return Result{}, err // the bus, not the sink
 		}
@@ -620,7 +621,7 @@ func (p *proc) markSent() {
 func (p *proc) sendOne(ctx context.Context, r Route, st *SinkState, last bool) error {
 	n := p.n
 	name := r.Sink.Name()
-	idem := IsIdempotent(r.Sink)
+	idem := notify.IsIdempotent(r.Sink)
 	holding := false
 	release := func() {
 		if holding {
@@ -646,10 +647,10 @@ func (p *proc) sendOne(ctx context.Context, r Route, st *SinkState, last bool) e
 	}
 	st.Attempts++
 	sctx, cancel := context.WithTimeout(ctx, timeout)
-	err := r.Sink.Send(sctx, Delivery{Notification: p.note, IdempotencyKey: p.entry.Generation, Attempt: st.Attempts})
+	err := r.Sink.Send(sctx, notify.Delivery{Notification: p.note, IdempotencyKey: p.entry.Generation, Attempt: st.Attempts})
 	cancel()
 	if err != nil {
-		se := AsSinkError(name, err)
+		se := notify.AsSinkError(name, err)
 		st.LastAnswer = se.Answer
 		return se
 	}
@@ -715,7 +716,7 @@ func (p *proc) settleFailures(ctx context.Context, failures []failure) (Result, 
 
 // describe is a failure in words: status and answer, and whether it is
 // permanent.
-func describe(e *SinkError) string {
+func describe(e *notify.SinkError) string {
 	s := e.Answer
 	if e.Status != 0 {
 		s = strconv.Itoa(e.Status) + " " + s
