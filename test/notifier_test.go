@@ -267,7 +267,9 @@ func decodeWebhook(_ *http.Request, body []byte) (string, *notify.WebhookPayload
 var slackKey = regexp.MustCompile(`key (\S+)_$`)
 
 func decodeSlack(_ *http.Request, body []byte) (string, *notify.WebhookPayload, error) {
-	var m notify.SlackMessage
+	var m struct {
+		Text string `json:"text"`
+	}
 	if err := json.Unmarshal(body, &m); err != nil {
 		return "", nil, err
 	}

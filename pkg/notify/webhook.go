@@ -73,29 +73,31 @@ type WebhookConfig struct {
 	Client *http.Client
 }
 
-// Webhook POSTs each notification as JSON (WebhookPayload) to a URL.
-type Webhook struct{ cfg WebhookConfig }
+// webhookSink is the sink NewWebhook returns.
+type webhookSink struct{ cfg WebhookConfig }
 
 // NewWebhook checks cfg and returns the sink.
-func NewWebhook(cfg WebhookConfig) (*Webhook, error) {
+//
+// The webhook sink POSTs each notification as JSON (WebhookPayload) to a URL.
+func NewWebhook(cfg WebhookConfig) (Sink, error) {
 	if cfg.Name == "" {
 		return nil, fmt.Errorf("webhook sink: name is required")
 	}
 	if err := requireURL("webhook", cfg.Name, cfg.URL); err != nil {
 		return nil, err
 	}
-	return &Webhook{cfg: cfg}, nil
+	return &webhookSink{cfg: cfg}, nil
 }
 
 // Name implements Sink.
-func (w *Webhook) Name() string { return w.cfg.Name }
+func (w *webhookSink) Name() string { return w.cfg.Name }
 
 // Idempotent implements Idempotent: true when the receiver is configured
 // to deduplicate on Idempotency-Key.
-func (w *Webhook) Idempotent() bool { return w.cfg.Idempotent }
+func (w *webhookSink) Idempotent() bool { return w.cfg.Idempotent }
 
 // Send implements Sink.
-func (w *Webhook) Send(ctx context.Context, d Delivery) error {
+func (w *webhookSink) Send(ctx context.Context, d Delivery) error {
 	body, err := json.Marshal(newWebhookPayload(d.Notification))
 	if err != nil {
 		return &SinkError{Sink: w.cfg.Name, Answer: "encode payload: " + err.Error(), Permanent: true}
