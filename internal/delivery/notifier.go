@@ -621,7 +621,7 @@ func (p *proc) markSent() {
 func (p *proc) sendOne(ctx context.Context, r Route, st *SinkState, last bool) error {
 	n := p.n
 	name := r.Sink.Name()
-	idem := notify.IsIdempotent(r.Sink)
+	idem := idempotent(r.Sink)
 	holding := false
 	release := func() {
 		if holding {
@@ -782,4 +782,11 @@ func (n *Notifier) publish(ctx context.Context, subject string, m events.Message
 		return fmt.Errorf("notify: %w", err)
 	}
 	return nil
+}
+
+// idempotent reports whether s declares that its receiver deduplicates
+// (notify.Idempotent).
+func idempotent(s notify.Sink) bool {
+	i, ok := s.(notify.Idempotent)
+	return ok && i.Idempotent()
 }

@@ -46,12 +46,6 @@ type Idempotent interface {
 	Idempotent() bool
 }
 
-// IsIdempotent reports whether s declares that its receiver deduplicates.
-func IsIdempotent(s Sink) bool {
-	i, ok := s.(Idempotent)
-	return ok && i.Idempotent()
-}
-
 // Delivery is one notification on its way to one sink.
 type Delivery struct {
 	// Notification is the request, already redacted. At is set (the

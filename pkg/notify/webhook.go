@@ -23,8 +23,8 @@ const (
 	// that drops a request whose key it has seen gets each notification
 	// once, even when the notifier has to re-send after a crash.
 	HeaderIdempotencyKey = "Idempotency-Key"
-	// HeaderAttempt carries Delivery.Attempt, for the receiver's logs.
-	HeaderAttempt = "X-Failbus-Attempt"
+	// headerAttempt carries Delivery.Attempt, for the receiver's logs.
+	headerAttempt = "X-Failbus-Attempt"
 )
 
 // WebhookPayload is the JSON body the webhook sink POSTs (CONTRACT.md):
@@ -78,7 +78,9 @@ type webhookSink struct{ cfg WebhookConfig }
 
 // NewWebhook checks cfg and returns the sink.
 //
-// The webhook sink POSTs each notification as JSON (WebhookPayload) to a URL.
+// The webhook sink POSTs each notification as JSON (WebhookPayload) to a
+// URL, with HeaderSignature, HeaderIdempotencyKey and X-Failbus-Attempt
+// (the attempt number, for the receiver's logs).
 func NewWebhook(cfg WebhookConfig) (Sink, error) {
 	if cfg.Name == "" {
 		return nil, fmt.Errorf("webhook sink: name is required")
@@ -107,7 +109,7 @@ func (w *webhookSink) Send(ctx context.Context, d Delivery) error {
 	if d.IdempotencyKey != "" {
 		h.Set(HeaderIdempotencyKey, d.IdempotencyKey)
 	}
-	h.Set(HeaderAttempt, strconv.Itoa(d.Attempt))
+	h.Set(headerAttempt, strconv.Itoa(d.Attempt))
 	if len(w.cfg.Secret) > 0 {
 		h.Set(HeaderSignature, Sign(w.cfg.Secret, body))
 	}
