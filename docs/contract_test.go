@@ -12,11 +12,11 @@ import (
 
 	"github.com/failbus/failbus/internal/delivery"
 	"github.com/failbus/failbus/internal/msgid"
+	"github.com/failbus/failbus/internal/retrymark"
 	"github.com/failbus/failbus/internal/service/refusals"
 	"github.com/failbus/failbus/internal/service/scheduler"
 	"github.com/failbus/failbus/internal/storecheck"
 	topology "github.com/failbus/failbus/jetstream"
-	"github.com/failbus/failbus/pkg/agent"
 	"github.com/failbus/failbus/pkg/events"
 )
 
@@ -57,8 +57,8 @@ func families() []family {
 		{"failbus.retry.ledger.<budget>", events.RetryLedgerSubject("<budget>"), scheduler.SchemaLedgerEntry, scheduler.LedgerEntry{}, "", "scheduler (one subject per retry budget)"},
 		{"failbus.retry.sched.<agent>.<retry_id>", events.RetryScheduleSubject("<agent>", "<retry_id>"), events.SchemaRetryDue, events.RetryDue{}, "", "scheduler: a JetStream schedule (`Nats-Schedule: @at …`, `Nats-Schedule-Target: failbus.retry.due.<agent>`)"},
 		{"failbus.retry.due.<agent>", events.RetryDueSubject("<agent>"), events.SchemaRetryDue, events.RetryDue{}, "none", "JetStream's scheduler, at the due time"},
-		{"failbus.retry.started.<agent>", events.RetryStartedSubject("<agent>"), agent.SchemaRetryStarted, agent.RetryMark{}, "`retry_started:<retry_id>`", "agents"},
-		{"failbus.retry.cancel.<agent>", events.RetryCancelSubject("<agent>"), agent.SchemaRetryCancel, agent.RetryMark{}, "`retry_cancel:<retry_id>`", "agents"},
+		{"failbus.retry.started.<agent>", events.RetryStartedSubject("<agent>"), retrymark.SchemaStarted, retrymark.Mark{}, "`retry_started:<retry_id>`", "agents"},
+		{"failbus.retry.cancel.<agent>", events.RetryCancelSubject("<agent>"), retrymark.SchemaCancel, retrymark.Mark{}, "`retry_cancel:<retry_id>`", "agents"},
 		{"failbus.notify.<severity>", events.NotifySubject("<severity>"), events.SchemaNotification, events.Notification{}, "", "scheduler, refusal tiers, recovery, notifier (budget digest)"},
 		{"failbus.audit.notifier.<kind>", events.AuditSubject("notifier", "<kind>"), delivery.SchemaAudit, delivery.Audit{}, "", "notifier (kind: " + strings.Join([]string{delivery.AuditSent, delivery.AuditDeduped, delivery.AuditHeld, delivery.AuditFailed, delivery.AuditUnrouted}, ", ") + ")"},
 		{"failbus.audit.scheduler.policy", scheduler.PolicyAuditSubject(), scheduler.SchemaPolicyAudit, scheduler.PolicyAudit{}, "", "scheduler (policy reloads)"},

@@ -10,6 +10,6 @@ package wiretypes
 import (
 	// Each registers its records with events.Register.
 	_ "github.com/failbus/failbus/internal/delivery"
+	_ "github.com/failbus/failbus/internal/retrymark"
 	_ "github.com/failbus/failbus/internal/service/scheduler"
-	_ "github.com/failbus/failbus/pkg/agent"
 )

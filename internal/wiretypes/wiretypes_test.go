@@ -12,6 +12,7 @@ import (
 	"github.com/failbus/failbus/internal/delivery"
 	"github.com/failbus/failbus/internal/devbus"
 	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/internal/retrymark"
 	"github.com/failbus/failbus/internal/service/scheduler"
 	"github.com/failbus/failbus/internal/watch"
 	_ "github.com/failbus/failbus/internal/wiretypes"
@@ -107,7 +108,7 @@ func TestEveryRecordTheBusWritesDecodes(t *testing.T) {
 		events.SchemaOutcome: true, events.SchemaBoundary: true, events.SchemaClassification: true,
 		events.SchemaDecision: true, events.SchemaRetryDue: true, events.SchemaNotification: true,
 		events.SchemaDeadLetter: true, scheduler.SchemaLedgerEntry: true, scheduler.SchemaPolicyAudit: true,
-		delivery.SchemaAudit: true, agent.SchemaRetryStarted: true, agent.SchemaRetryCancel: true,
+		delivery.SchemaAudit: true, retrymark.SchemaStarted: true, retrymark.SchemaCancel: true,
 	}
 	var got map[string]int
 	clitest.WaitFor(t, "every kind of record stored", func() bool {

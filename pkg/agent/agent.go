@@ -35,6 +35,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 
+	"github.com/failbus/failbus/internal/retrymark"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/tracing"
@@ -178,7 +179,7 @@ func BoundaryMsgID(b events.Boundary) string {
 // budget was already spent when the retry was recorded, before the wait
 // (persist, then wait), so a crash never refunds it.
 func (a *Agent) Started(ctx context.Context, retryID string) error {
-	return a.retryMark(ctx, events.RetryStartedSubject(a.name), SchemaRetryStarted, retryID)
+	return a.retryMark(ctx, events.RetryStartedSubject(a.name), retrymark.SchemaStarted, retryID)
 }
 
 // Cancel tells the scheduler that the agent no longer wants the pending
@@ -187,29 +188,14 @@ func (a *Agent) Started(ctx context.Context, retryID string) error {
 // written. The retry stays counted in its budget: it was recorded before the
 // wait, and a refund would let a crash overspend it.
 func (a *Agent) Cancel(ctx context.Context, retryID string) error {
-	return a.retryMark(ctx, events.RetryCancelSubject(a.name), SchemaRetryCancel, retryID)
-}
-
-// Schema names of the records Started and Cancel write. The scheduler that
-// reads them belongs to a later issue; until pkg/events has types for them
-// they are written here, in the same codec shape (msgpack, schema header).
-const (
-	SchemaRetryStarted = "retry_started"
-	SchemaRetryCancel  = "retry_cancel"
-)
-
-// RetryMark is the payload of a started or cancel record.
-type RetryMark struct {
-	RetryID string      `msgpack:"retry_id" json:"retry_id"`
-	Agent   string      `msgpack:"agent" json:"agent"`
-	At      events.Time `msgpack:"at" json:"at"`
+	return a.retryMark(ctx, events.RetryCancelSubject(a.name), retrymark.SchemaCancel, retryID)
 }
 
 func (a *Agent) retryMark(ctx context.Context, subject, schema, retryID string) error {
 	if retryID == "" {
 		return fmt.Errorf("agent %s: %s: empty retry id", a.name, schema)
 	}
-	m := RetryMark{RetryID: retryID, Agent: a.name, At: events.At(a.opts.now())}
+	m := retrymark.Mark{RetryID: retryID, Agent: a.name, At: events.At(a.opts.now())}
 	data, err := marshalMark(m)
 	if err != nil {
 		return fmt.Errorf("agent %s: %s %s: %w", a.name, schema, retryID, err)

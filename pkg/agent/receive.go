@@ -10,6 +10,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/failbus/failbus/internal/requeue"
+	"github.com/failbus/failbus/internal/retrymark"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
 )
@@ -239,7 +240,7 @@ func each[T any](ctx context.Context, a *Agent, r *reader, decode func(jetstream
 // ackTimeout bounds the wait for the server to confirm an acknowledgement.
 const ackTimeout = 5 * time.Second
 
-func marshalMark(m RetryMark) ([]byte, error) {
+func marshalMark(m retrymark.Mark) ([]byte, error) {
 	b, err := msgpack.Marshal(m)
 	if err != nil {
 		return nil, fmt.Errorf("encode: %w", err)
