@@ -5,7 +5,7 @@ package test
 // in-process bus `failbus dev` runs (internal/devbus, every service built
 // through its binary's spec). The classifications, decisions, health
 // records and notifications sent must be identical, record for record: the
-// services and simulate run one engine (pkg/engine).
+// services and simulate run one engine (internal/engine).
 
 import (
 	"bufio"
@@ -27,16 +27,16 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/failbus/failbus/internal/cli/publish"
-	"github.com/failbus/failbus/internal/cli/simulate"
+	"github.com/failbus/failbus/internal/cli/simulatecmd"
+	"github.com/failbus/failbus/internal/daemon"
 	"github.com/failbus/failbus/internal/devbus"
 	"github.com/failbus/failbus/internal/embedded"
-	recoverysvc "github.com/failbus/failbus/internal/service/recovery"
-	"github.com/failbus/failbus/internal/servicemain"
-	"github.com/failbus/failbus/internal/services"
+	"github.com/failbus/failbus/internal/policy/notification"
+	recoverysvc "github.com/failbus/failbus/internal/service/recoverer"
+	"github.com/failbus/failbus/internal/servicespec"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy"
-	"github.com/failbus/failbus/pkg/policy/notification"
 )
 
 // diffScenario is the scenario: outcomes on several providers (an outage of
@@ -99,7 +99,7 @@ func TestEngineSimulateAndDevDecideTheSame(t *testing.T) {
 	// The same lines, published one at a time to a bus running the
 	// classifier, the scheduler with the refusal tiers, the notifier and
 	// recovery.
-	bus := policyBus(t, "failbus-differential", polFile, services.Classifier(), services.Scheduler(), services.Notifier(), services.Recovery())
+	bus := policyBus(t, "failbus-differential", polFile, servicespec.Classifier(), servicespec.Scheduler(), servicespec.Notifier(), servicespec.Recovery())
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	for _, line := range lines {
@@ -257,7 +257,7 @@ func waitSettled(ctx context.Context, t *testing.T, js jetstream.JetStream, cons
 // policyBus starts a bus running specs under the policy file polFile (as
 // `failbus dev --policy`), stopped when the test ends: the bus side of a
 // differential test against simulateRecords.
-func policyBus(t *testing.T, name, polFile string, specs ...servicemain.Spec) *devbus.Bus {
+func policyBus(t *testing.T, name, polFile string, specs ...daemon.Spec) *devbus.Bus {
 	t.Helper()
 	pol, err := policy.Load(polFile)
 	if err != nil {
@@ -280,7 +280,7 @@ func policyBus(t *testing.T, name, polFile string, specs ...servicemain.Spec) *d
 func simulateRecords(t *testing.T, polFile, input string) map[string][]string {
 	t.Helper()
 	var simOut, simErr bytes.Buffer
-	if code := simulate.Command.Run([]string{"--policy", polFile}, strings.NewReader(input), &simOut, &simErr); code != 0 {
+	if code := simulatecmd.Command.Run([]string{"--policy", polFile}, strings.NewReader(input), &simOut, &simErr); code != 0 {
 		t.Fatalf("failbus simulate exited %d: %s", code, simErr.String())
 	}
 	sim := map[string][]string{}

@@ -17,9 +17,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/failbus/failbus/internal/daemon"
 	"github.com/failbus/failbus/internal/embedded"
-	"github.com/failbus/failbus/internal/servicemain"
-	"github.com/failbus/failbus/internal/services"
+	"github.com/failbus/failbus/internal/servicespec"
 	"github.com/failbus/failbus/internal/testcluster"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
@@ -203,17 +203,17 @@ func TestServicesResumeOnceTheirServerCanStoreAgain(t *testing.T) {
 	defer stop()
 	type running struct {
 		name string
-		svc  servicemain.Service
+		svc  daemon.Service
 		done chan error
 	}
 	var svcs []running
-	for _, spec := range []servicemain.Spec{services.Classifier(), services.Scheduler()} {
-		svc, err := spec.Build(sctx, servicemain.Env{JS: connect(), Policy: policy.Default(), Log: zerolog.Nop(), Registry: prometheus.NewRegistry()})
+	for _, spec := range []daemon.Spec{servicespec.Classifier(), servicespec.Scheduler()} {
+		svc, err := spec.Build(sctx, daemon.Env{JS: connect(), Policy: policy.Default(), Log: zerolog.Nop(), Registry: prometheus.NewRegistry()})
 		if err != nil {
 			t.Fatal(err)
 		}
 		r := running{name: spec.Name, svc: svc, done: make(chan error, 1)}
-		go func() { r.done <- servicemain.RunBounded(sctx, svc, servicemain.DefaultShutdownTimeout, zerolog.Nop()) }()
+		go func() { r.done <- daemon.RunBounded(sctx, svc, daemon.DefaultShutdownTimeout, zerolog.Nop()) }()
 		svcs = append(svcs, r)
 	}
 	healthy := func() error {

@@ -28,12 +28,12 @@ import (
 	"github.com/failbus/failbus/internal/connect"
 	"github.com/failbus/failbus/internal/devbus"
 	"github.com/failbus/failbus/internal/embedded"
-	svc "github.com/failbus/failbus/internal/service/recovery"
+	"github.com/failbus/failbus/internal/policy/limits"
+	"github.com/failbus/failbus/internal/policy/recovery"
+	svc "github.com/failbus/failbus/internal/service/recoverer"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy"
-	"github.com/failbus/failbus/pkg/policy/limits"
-	"github.com/failbus/failbus/pkg/policy/recovery"
 )
 
 // isoBus is every service on an embedded server, with policy yaml (and

@@ -38,12 +38,12 @@ import (
 	"github.com/failbus/failbus/internal/bustest"
 	"github.com/failbus/failbus/internal/delivery"
 	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/internal/policy/notification"
 	"github.com/failbus/failbus/internal/service/notifier"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/notify"
 	"github.com/failbus/failbus/pkg/notify/sinktest"
-	"github.com/failbus/failbus/pkg/policy/notification"
 )
 
 // ntfBench is one embedded server with the topology applied.

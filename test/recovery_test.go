@@ -38,20 +38,20 @@ import (
 	"github.com/failbus/failbus/internal/auth"
 	"github.com/failbus/failbus/internal/bustest"
 	"github.com/failbus/failbus/internal/connect"
+	"github.com/failbus/failbus/internal/daemon"
 	"github.com/failbus/failbus/internal/devbus"
 	"github.com/failbus/failbus/internal/embedded"
 	"github.com/failbus/failbus/internal/ops"
+	"github.com/failbus/failbus/internal/policy/recovery"
 	"github.com/failbus/failbus/internal/service/classifier"
-	svc "github.com/failbus/failbus/internal/service/recovery"
+	svc "github.com/failbus/failbus/internal/service/recoverer"
 	"github.com/failbus/failbus/internal/service/scheduler"
-	"github.com/failbus/failbus/internal/servicemain"
-	"github.com/failbus/failbus/internal/services"
+	"github.com/failbus/failbus/internal/servicespec"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/agent"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy"
-	"github.com/failbus/failbus/pkg/policy/recovery"
 )
 
 const (
@@ -1051,7 +1051,7 @@ func (b *recBench) probeCount() int {
 const recServiceArgs = "FAILBUS_TEST_RECOVERY_SERVICE_ARGS" // flags, one per line
 
 // TestRecoveryServiceChild is not a test: it is cmd/recovery (the same
-// servicemain.Run of services.Recovery with the flags in its environment)
+// daemon.Run of servicespec.Recovery with the flags in its environment)
 // for TestRecoveryServiceUnderItsRoleKilled.
 func TestRecoveryServiceChild(t *testing.T) {
 	args := os.Getenv(recServiceArgs)
@@ -1060,7 +1060,7 @@ func TestRecoveryServiceChild(t *testing.T) {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	os.Exit(servicemain.Run(ctx, services.Recovery(), strings.Split(args, "\n"), os.Stderr))
+	os.Exit(daemon.Run(ctx, servicespec.Recovery(), strings.Split(args, "\n"), os.Stderr))
 }
 
 // The recovery service as operators deploy it (compose.yaml): its own
@@ -1088,8 +1088,8 @@ func TestRecoveryServiceUnderItsRoleKilled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var others []servicemain.Spec
-	for _, s := range services.All() {
+	var others []daemon.Spec
+	for _, s := range servicespec.All() {
 		if s.Name != svc.Name {
 			others = append(others, s)
 		}

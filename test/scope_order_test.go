@@ -24,7 +24,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/failbus/failbus/internal/services"
+	"github.com/failbus/failbus/internal/servicespec"
 	topology "github.com/failbus/failbus/jetstream"
 )
 
@@ -190,7 +190,7 @@ func orderRun(t *testing.T, lines []string, backlog bool) (sim, dev map[string][
 	input := strings.Join(lines, "\n") + "\n"
 	sim = simulateRecords(t, polFile, input)
 
-	bus := policyBus(t, "failbus-scope-order", polFile, services.Classifier(), services.Scheduler())
+	bus := policyBus(t, "failbus-scope-order", polFile, servicespec.Classifier(), servicespec.Scheduler())
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if backlog {

@@ -29,13 +29,13 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/failbus/failbus/internal/servicemain"
-	"github.com/failbus/failbus/internal/services"
+	"github.com/failbus/failbus/internal/daemon"
+	"github.com/failbus/failbus/internal/servicespec"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := servicemain.Run(ctx, services.Classifier(), os.Args[1:], os.Stderr)
+	code := daemon.Run(ctx, servicespec.Classifier(), os.Args[1:], os.Stderr)
 	stop()
 	os.Exit(code)
 }

@@ -19,22 +19,22 @@ import (
 
 	"github.com/failbus/failbus/internal/cli"
 	"github.com/failbus/failbus/internal/cli/apply"
-	"github.com/failbus/failbus/internal/cli/auth"
+	"github.com/failbus/failbus/internal/cli/authcmd"
 	"github.com/failbus/failbus/internal/cli/bench"
-	"github.com/failbus/failbus/internal/cli/chaos"
-	"github.com/failbus/failbus/internal/cli/classify"
+	"github.com/failbus/failbus/internal/cli/chaoscmd"
+	"github.com/failbus/failbus/internal/cli/classifycmd"
 	"github.com/failbus/failbus/internal/cli/decode"
 	"github.com/failbus/failbus/internal/cli/demo"
 	"github.com/failbus/failbus/internal/cli/dev"
 	"github.com/failbus/failbus/internal/cli/dlq"
-	"github.com/failbus/failbus/internal/cli/drill"
+	"github.com/failbus/failbus/internal/cli/drillcmd"
 	"github.com/failbus/failbus/internal/cli/health"
 	"github.com/failbus/failbus/internal/cli/lag"
 	"github.com/failbus/failbus/internal/cli/publish"
 	"github.com/failbus/failbus/internal/cli/report"
 	"github.com/failbus/failbus/internal/cli/shadow"
-	"github.com/failbus/failbus/internal/cli/simulate"
-	clistatus "github.com/failbus/failbus/internal/cli/status"
+	"github.com/failbus/failbus/internal/cli/simulatecmd"
+	"github.com/failbus/failbus/internal/cli/statuscmd"
 	"github.com/failbus/failbus/internal/cli/tail"
 	"github.com/failbus/failbus/internal/cli/version"
 )
@@ -43,22 +43,22 @@ import (
 var commands = []cli.Command{
 	dev.Command,
 	demo.Command,
-	auth.Command,
+	authcmd.Command,
 	apply.Command,
 	publish.Command,
 	tail.Command,
 	health.Command,
 	lag.Command,
-	clistatus.Command,
+	statuscmd.Command,
 	dlq.Command,
 	decode.Command,
 	report.Command,
 	shadow.Command,
-	classify.Command,
-	simulate.Command,
+	classifycmd.Command,
+	simulatecmd.Command,
 	bench.Command,
-	chaos.Command,
-	drill.Command,
+	chaoscmd.Command,
+	drillcmd.Command,
 	version.Command,
 }
 

@@ -34,8 +34,8 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/failbus/failbus/internal/servicemain"
-	"github.com/failbus/failbus/internal/services"
+	"github.com/failbus/failbus/internal/daemon"
+	"github.com/failbus/failbus/internal/servicespec"
 )
 
 func main() {
@@ -48,5 +48,5 @@ func main() {
 // run is the whole command; it returns the exit code (2: unusable flags or
 // policy).
 func run(ctx context.Context, args []string, stderr io.Writer) int {
-	return servicemain.Run(ctx, services.Notifier(), args, stderr)
+	return daemon.Run(ctx, servicespec.Notifier(), args, stderr)
 }

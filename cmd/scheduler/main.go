@@ -45,16 +45,16 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/failbus/failbus/internal/servicemain"
-	"github.com/failbus/failbus/internal/services"
+	"github.com/failbus/failbus/internal/daemon"
+	"github.com/failbus/failbus/internal/servicespec"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := servicemain.Run(ctx, spec(), os.Args[1:], os.Stderr)
+	code := daemon.Run(ctx, spec(), os.Args[1:], os.Stderr)
 	stop()
 	os.Exit(code)
 }
 
 // spec is the scheduler's spec in the registry that failbus dev shares.
-func spec() servicemain.Spec { return services.Scheduler() }
+func spec() daemon.Spec { return servicespec.Scheduler() }

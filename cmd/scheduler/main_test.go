@@ -12,9 +12,9 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/failbus/failbus/internal/daemon"
 	"github.com/failbus/failbus/internal/embedded"
 	"github.com/failbus/failbus/internal/service/scheduler"
-	"github.com/failbus/failbus/internal/servicemain"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy"
@@ -32,7 +32,7 @@ func TestUnusableFlagsExitTwo(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			if code := servicemain.Run(t.Context(), spec(), tc.args, io.Discard); code != 2 {
+			if code := daemon.Run(t.Context(), spec(), tc.args, io.Discard); code != 2 {
 				t.Errorf("exit %d, want 2", code)
 			}
 		})
@@ -77,7 +77,7 @@ func TestPolicyFileIsFollowed(t *testing.T) {
 	logs := &logBuffer{}
 	done := make(chan int, 1)
 	go func() {
-		done <- servicemain.Run(rctx, spec(), []string{
+		done <- daemon.Run(rctx, spec(), []string{
 			"--nats-url", srv.ClientURL(), "--policy", path, "--policy-poll", "10ms",
 			"--ops-addr", "127.0.0.1:0", "--policy-kv=false", "--refusals=false",
 		}, logs)

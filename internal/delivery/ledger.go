@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/failbus/failbus/pkg/policy/notification"
+	"github.com/failbus/failbus/internal/policy/notification"
 )
 
 // Ledger states of a dedupe key (one entry per key in the dedupe bucket).

@@ -12,9 +12,9 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/failbus/failbus/internal/policy/notification"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/notify"
-	"github.com/failbus/failbus/pkg/policy/notification"
 )
 
 // Defaults of a Route's retry policy and send timeout. A sink that keeps

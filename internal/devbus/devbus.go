@@ -1,6 +1,6 @@
 // Package devbus is failbus in one process: an embedded nats-server with
 // the topology applied and every service of the registry
-// (internal/services) built through the same Spec its own binary uses. It
+// (internal/servicespec) built through the same Spec its own binary uses. It
 // is what `failbus dev` runs, and the throwaway bus of `failbus demo` and
 // `failbus bench`.
 package devbus
@@ -20,10 +20,10 @@ import (
 
 	"github.com/failbus/failbus/internal/auth"
 	"github.com/failbus/failbus/internal/connect"
+	"github.com/failbus/failbus/internal/daemon"
 	"github.com/failbus/failbus/internal/embedded"
 	"github.com/failbus/failbus/internal/ops"
-	"github.com/failbus/failbus/internal/servicemain"
-	"github.com/failbus/failbus/internal/services"
+	"github.com/failbus/failbus/internal/servicespec"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/policy"
 )
@@ -48,8 +48,8 @@ type Options struct {
 	// registry; pass one to serve /metrics before the bus starts.
 	Registry *prometheus.Registry
 	// Specs are the services to run, in start order. Defaults to
-	// services.All() with every flag at its default.
-	Specs []servicemain.Spec
+	// servicespec.All() with every flag at its default.
+	Specs []daemon.Spec
 	// Nodes, above 1, runs that many servers instead of one, routed to
 	// each other as a cluster on loopback (`failbus dev --nodes 3`): store
 	// folders <Server.Dir>/n1…, client ports Server.Port, Server.Port+1, …
@@ -104,7 +104,7 @@ func Start(o Options) (_ *Bus, err error) {
 	}
 	specs := o.Specs
 	if specs == nil {
-		specs = services.All()
+		specs = servicespec.All()
 	}
 	reg := o.Registry
 	if reg == nil {
@@ -164,12 +164,12 @@ func Start(o Options) (_ *Bus, err error) {
 	}
 	actx, cancel := context.WithTimeout(context.Background(), StartTimeout)
 	defer cancel()
-	if err := topology.Apply(actx, b.JS, servicemain.TopologyOptions(pol, replicas, o.AckWait)); err != nil {
+	if err := topology.Apply(actx, b.JS, daemon.TopologyOptions(pol, replicas, o.AckWait)); err != nil {
 		return nil, fmt.Errorf("apply topology: %w", err)
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	b.cancel = stop
-	env := servicemain.Env{Policy: pol, PolicyFile: o.PolicyFile, Log: o.Log, Registry: reg}
+	env := daemon.Env{Policy: pol, PolicyFile: o.PolicyFile, Log: o.Log, Registry: reg}
 	for _, spec := range specs {
 		var err error
 		labelled(spec.Name, func() { err = b.startService(ctx, spec, env, o) })
@@ -307,7 +307,7 @@ func labelled(name string, fn func()) {
 
 // startService connects spec's service, builds it and runs it until the
 // bus stops.
-func (b *Bus) startService(ctx context.Context, spec servicemain.Spec, env servicemain.Env, o Options) error {
+func (b *Bus) startService(ctx context.Context, spec daemon.Spec, env daemon.Env, o Options) error {
 	// Its own connection, as each service has in production (under
 	// Auth, as its role's user): one connection shared by every
 	// service is one socket, one server-side read loop and one

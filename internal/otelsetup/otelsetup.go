@@ -2,7 +2,7 @@
 // standard OpenTelemetry environment asks for it: with
 // OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) set,
 // spans are exported over OTLP/HTTP (protobuf) with a batching processor;
-// otherwise nothing is installed and pkg/tracing records nothing. The
+// otherwise nothing is installed and internal/tracing records nothing. The
 // exporter reads the rest of the OTEL_EXPORTER_OTLP_* variables itself
 // (headers, TLS, timeout, compression); OTEL_SERVICE_NAME and
 // OTEL_RESOURCE_ATTRIBUTES name the process, OTEL_TRACES_SAMPLER samples.

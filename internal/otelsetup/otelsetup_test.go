@@ -11,7 +11,7 @@ import (
 	"go.opentelemetry.io/otel"
 
 	"github.com/failbus/failbus/internal/otelsetup"
-	"github.com/failbus/failbus/pkg/tracing"
+	"github.com/failbus/failbus/internal/tracing"
 )
 
 // Without OTEL_EXPORTER_OTLP_ENDPOINT nothing is installed; with it, spans

@@ -19,9 +19,9 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/failbus/failbus/internal/engine"
 	"github.com/failbus/failbus/internal/kvkey"
 	topology "github.com/failbus/failbus/jetstream"
-	"github.com/failbus/failbus/pkg/engine"
 	"github.com/failbus/failbus/pkg/events"
 )
 

@@ -14,11 +14,11 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/failbus/failbus/internal/bustest"
+	"github.com/failbus/failbus/internal/engine"
+	"github.com/failbus/failbus/internal/policy/scope"
 	"github.com/failbus/failbus/internal/scopestore"
 	topology "github.com/failbus/failbus/jetstream"
-	"github.com/failbus/failbus/pkg/engine"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy/scope"
 )
 
 // bump is an update that counts in the record's Seq, so a lost update

@@ -39,9 +39,9 @@ import (
 
 	"github.com/failbus/failbus/internal/cli/lag"
 	"github.com/failbus/failbus/internal/delivery"
+	"github.com/failbus/failbus/internal/policy/recovery"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy/recovery"
 )
 
 // Window is the span of the dead-letter and notification figures.

@@ -36,9 +36,9 @@ import (
 	"github.com/nats-io/nuid"
 
 	"github.com/failbus/failbus/internal/retrymark"
+	"github.com/failbus/failbus/internal/tracing"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/tracing"
 )
 
 // DurableInactiveThreshold is how long the server keeps an agent's durable

@@ -12,10 +12,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/failbus/failbus/internal/daemon"
 	"github.com/failbus/failbus/internal/devbus"
 	"github.com/failbus/failbus/internal/embedded"
-	"github.com/failbus/failbus/internal/servicemain"
-	"github.com/failbus/failbus/internal/services"
+	"github.com/failbus/failbus/internal/servicespec"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/agent"
 	"github.com/failbus/failbus/pkg/events"
@@ -38,7 +38,7 @@ recovery:
 `
 
 // callBus is every service on an embedded server (specs nil: all).
-func callBus(t *testing.T, specs ...servicemain.Spec) *devbus.Bus {
+func callBus(t *testing.T, specs ...daemon.Spec) *devbus.Bus {
 	t.Helper()
 	pol, err := policy.Parse([]byte(callPolicy))
 	if err != nil {
@@ -104,7 +104,7 @@ func storedCount(t *testing.T, b *devbus.Bus, stream, subject string) int {
 
 // Without a scheduler a failure gets no decision: Call says so in time.
 func TestCallWithoutASchedulerSaysSo(t *testing.T) {
-	b := callBus(t, services.Classifier())
+	b := callBus(t, servicespec.Classifier())
 	a := callAgent(t, b, "alone")
 	_, _, err := agent.Call(callCtx(t), a, agent.Request{Provider: "openai", DecisionTimeout: 500 * time.Millisecond},
 		func(ctx context.Context, at *agent.Attempt) (string, error) {

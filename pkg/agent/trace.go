@@ -9,11 +9,11 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/failbus/failbus/internal/tracing"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/tracing"
 )
 
-// One Call is one trace (pkg/tracing): a GenAI span "chat <model>" for the
+// One Call is one trace (internal/tracing): a GenAI span "chat <model>" for the
 // logical call, a child "chat <model>" span (kind client) per attempt, a
 // "send" span for each outcome the call reports, which carries the trace
 // to the bus in its headers; the services' "process" spans follow from

@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 
-	"github.com/failbus/failbus/pkg/tracing"
+	"github.com/failbus/failbus/internal/tracing"
 )
 
 // traceContext is the middleware every runner puts just inside Recover: it
-// continues the W3C trace context an input carries (pkg/tracing) into the
+// continues the W3C trace context an input carries (internal/tracing) into the
 // handler's context and onto every output, so one LLM call's records form
 // one trace.
 //

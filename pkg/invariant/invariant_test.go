@@ -10,9 +10,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/failbus/failbus/internal/policy/classify"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/invariant"
-	"github.com/failbus/failbus/pkg/policy/classify"
 )
 
 // fixtureDir holds the stream fixtures this package and the TypeScript

@@ -1,11 +1,12 @@
-// Package policy is the policy file: the sections of failbus's pure
-// decision core collected into one Policy, read, checked and defaulted in
-// one place. Each section's rules live in a package of their own —
-// classification (policy/classify), the retry chain (policy/retry), fault
-// scope (policy/scope), refusal tiers (policy/refusal), notification rules
-// (policy/notification) — and none of them does I/O, starts goroutines or
-// reads a clock, so the services and `failbus simulate` run exactly the
-// same rules. Load is the one function here that touches the file system.
+// Package policy is the policy file and the public face of failbus's pure
+// decision core: one Policy of sections (retry, classify, refusal, notify,
+// scope, recovery, limits) read, checked and defaulted in one place, and
+// the pure functions a tool or another service calls without a bus
+// (Classify, Policy.Classifier, Policy.RetryFor). The rules that read each
+// section live behind it in internal/policy/<section>; none of them does
+// I/O, starts goroutines or reads a clock, so the services and `failbus
+// simulate` run exactly the same rules. Load is the one function here that
+// touches the file system.
 package policy
 
 // The policy file (CONTRACT.md "Policy file").
@@ -17,8 +18,8 @@ package policy
 // error that names its full path and line, and an unknown class name in a
 // retryable list is an error that names the list and the class.
 //
-// Retryable classes layer (retry.Config); RetryFor(provider) resolves the
-// layers into one retry.Policy, which is what the decision chain and the
+// Retryable classes layer (RetryConfig); RetryFor(provider) resolves the
+// layers into one RetryPolicy, which is what the decision chain and the
 // policy key use.
 
 import (
@@ -32,13 +33,12 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/failbus/failbus/pkg/policy/classify"
-	"github.com/failbus/failbus/pkg/policy/limits"
-	"github.com/failbus/failbus/pkg/policy/notification"
-	"github.com/failbus/failbus/pkg/policy/recovery"
-	"github.com/failbus/failbus/pkg/policy/refusal"
-	"github.com/failbus/failbus/pkg/policy/retry"
-	"github.com/failbus/failbus/pkg/policy/scope"
+	"github.com/failbus/failbus/internal/policy/limits"
+	"github.com/failbus/failbus/internal/policy/notification"
+	"github.com/failbus/failbus/internal/policy/recovery"
+	"github.com/failbus/failbus/internal/policy/refusal"
+	"github.com/failbus/failbus/internal/policy/retry"
+	"github.com/failbus/failbus/internal/policy/scope"
 )
 
 // Policy is the whole policy file. The zero value is not useful: start from
@@ -46,22 +46,22 @@ import (
 // whole value on reload.
 type Policy struct {
 	// Retry is the retry decision chain's configuration.
-	Retry retry.Config `yaml:"retry" json:"retry"`
+	Retry RetryConfig `yaml:"retry" json:"retry"`
 	// Classify configures the classifier (rules, provider limits).
-	Classify classify.Config `yaml:"classify" json:"classify"`
+	Classify ClassifyConfig `yaml:"classify" json:"classify"`
 	// Refusal configures the refusal tiers.
-	Refusal refusal.Config `yaml:"refusal" json:"refusal"`
+	Refusal RefusalConfig `yaml:"refusal" json:"refusal"`
 	// Notify configures the notification budget and sinks.
-	Notify notification.Config `yaml:"notify" json:"notify"`
+	Notify NotifyConfig `yaml:"notify" json:"notify"`
 	// Scope holds the fault-scope thresholds: outage detection, recovery,
 	// profile and model correlation.
-	Scope scope.Config `yaml:"scope" json:"scope"`
+	Scope ScopeConfig `yaml:"scope" json:"scope"`
 	// Recovery configures the post-outage checklist, the held task queue
 	// and the outage probes.
-	Recovery recovery.Config `yaml:"recovery" json:"recovery"`
+	Recovery RecoveryConfig `yaml:"recovery" json:"recovery"`
 	// Limits bounds the shared state one agent, and all agents together,
 	// may hold: providers, subagents, crons, tasks and their bytes.
-	Limits limits.Config `yaml:"limits" json:"limits"`
+	Limits LimitsConfig `yaml:"limits" json:"limits"`
 }
 
 // Default returns the policy every absent key falls back to: CONTRACT.md's
@@ -199,4 +199,4 @@ func cfgPrefix(section string, err error) error {
 // RetryFor resolves the retry policy of one provider: the global section
 // with that provider's override on top. It returns nil when the resolved mode
 // is off ("no policy": pass on).
-func (p *Policy) RetryFor(provider string) *retry.Policy { return p.Retry.For(provider) }
+func (p *Policy) RetryFor(provider string) *RetryPolicy { return p.Retry.For(provider) }

@@ -10,16 +10,16 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/failbus/failbus/pkg/engine"
-	"github.com/failbus/failbus/pkg/engine/sim"
+	"github.com/failbus/failbus/internal/engine"
+	"github.com/failbus/failbus/internal/engine/sim"
+	"github.com/failbus/failbus/internal/policy/classify"
+	"github.com/failbus/failbus/internal/policy/notification"
+	"github.com/failbus/failbus/internal/policy/recovery"
+	"github.com/failbus/failbus/internal/policy/refusal"
+	"github.com/failbus/failbus/internal/policy/retry"
+	"github.com/failbus/failbus/internal/policy/scope"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy"
-	"github.com/failbus/failbus/pkg/policy/classify"
-	"github.com/failbus/failbus/pkg/policy/notification"
-	"github.com/failbus/failbus/pkg/policy/recovery"
-	"github.com/failbus/failbus/pkg/policy/refusal"
-	"github.com/failbus/failbus/pkg/policy/retry"
-	"github.com/failbus/failbus/pkg/policy/scope"
 )
 
 // The example policy file and its reference are documentation that must not

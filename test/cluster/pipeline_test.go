@@ -27,9 +27,9 @@ import (
 
 	"github.com/failbus/failbus/internal/auth"
 	"github.com/failbus/failbus/internal/connect"
+	"github.com/failbus/failbus/internal/daemon"
 	"github.com/failbus/failbus/internal/embedded"
-	"github.com/failbus/failbus/internal/servicemain"
-	"github.com/failbus/failbus/internal/services"
+	"github.com/failbus/failbus/internal/servicespec"
 	"github.com/failbus/failbus/internal/testcluster"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/agent"
@@ -94,12 +94,12 @@ func startPipeline(t *testing.T, timeout time.Duration) *pipeline {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := topology.Apply(ctx, p.js, servicemain.TopologyOptions(pol, replicas, 0)); err != nil {
+	if err := topology.Apply(ctx, p.js, daemon.TopologyOptions(pol, replicas, 0)); err != nil {
 		t.Fatalf("the admin applies the topology at R%d: %v", replicas, err)
 	}
 	sctx, stop := context.WithCancel(ctx)
 	p.stop = stop
-	for _, spec := range services.All() {
+	for _, spec := range servicespec.All() {
 		// Each publish waits for a quorum of three: more in flight keeps
 		// the classifier up with the agents (a deployment sets the same).
 		if spec.Flags != nil && spec.Name == "classifier" {
@@ -115,7 +115,7 @@ func startPipeline(t *testing.T, timeout time.Duration) *pipeline {
 		if err != nil {
 			t.Fatal(err)
 		}
-		svc, err := spec.Build(sctx, servicemain.Env{JS: js, Policy: pol, Log: zerolog.Nop(), Registry: prometheus.NewRegistry()})
+		svc, err := spec.Build(sctx, daemon.Env{JS: js, Policy: pol, Log: zerolog.Nop(), Registry: prometheus.NewRegistry()})
 		if err != nil {
 			t.Fatalf("%s: %v", spec.Name, nc.Explain(err))
 		}

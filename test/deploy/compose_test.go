@@ -31,11 +31,11 @@ import (
 	"github.com/failbus/failbus/internal/auth"
 	"github.com/failbus/failbus/internal/cli"
 	"github.com/failbus/failbus/internal/cli/apply"
-	authcmd "github.com/failbus/failbus/internal/cli/auth"
+	authcmd "github.com/failbus/failbus/internal/cli/authcmd"
 	"github.com/failbus/failbus/internal/cli/clitest"
 	"github.com/failbus/failbus/internal/connect"
-	"github.com/failbus/failbus/internal/servicemain"
-	"github.com/failbus/failbus/internal/services"
+	"github.com/failbus/failbus/internal/daemon"
+	"github.com/failbus/failbus/internal/servicespec"
 	"github.com/failbus/failbus/internal/testpki"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/agent"
@@ -154,7 +154,7 @@ func TestComposeSaysWhatTheCodeNeeds(t *testing.T) {
 	for _, r := range auth.Roles() {
 		roles[r.Name] = true
 	}
-	for _, spec := range services.All() {
+	for _, spec := range servicespec.All() {
 		s, ok := c.Services[spec.Name]
 		if !ok {
 			t.Errorf("service %s is not in compose.yaml", spec.Name)
@@ -353,7 +353,7 @@ func TestComposeRunsAsWritten(t *testing.T) {
 	defer stop()
 	var wg sync.WaitGroup
 	exits := make(chan string, 8)
-	for _, spec := range services.All() {
+	for _, spec := range servicespec.All() {
 		ops := map[string]string{}
 		args := r.replace(c.Services[spec.Name].Command, ops)
 		hc := c.Services[spec.Name].Healthcheck.Test
@@ -363,7 +363,7 @@ func TestComposeRunsAsWritten(t *testing.T) {
 		check := r.replace(hc[2:], ops)
 		logs := &clitest.SyncBuffer{}
 		wg.Go(func() {
-			if code := servicemain.Run(sctx, spec, args, logs); code != 0 || sctx.Err() == nil {
+			if code := daemon.Run(sctx, spec, args, logs); code != 0 || sctx.Err() == nil {
 				exits <- fmt.Sprintf("%s exited %d:\n%s", spec.Name, code, logs.String())
 			}
 		})
@@ -372,7 +372,7 @@ func TestComposeRunsAsWritten(t *testing.T) {
 			// The health check is another process: a spec of its own
 			// (a spec's flags are bound to its variables).
 			var hc bytes.Buffer
-			if servicemain.Run(ctx, specNamed(t, spec.Name), check, &hc) == 0 {
+			if daemon.Run(ctx, specNamed(t, spec.Name), check, &hc) == 0 {
 				break
 			}
 			select {
@@ -540,12 +540,12 @@ func routeHandshake(addr string, pki testpki.PKI, cert bool) error {
 }
 
 // specNamed returns a new spec of the service called name.
-func specNamed(t *testing.T, name string) servicemain.Spec {
-	for _, s := range services.All() {
+func specNamed(t *testing.T, name string) daemon.Spec {
+	for _, s := range servicespec.All() {
 		if s.Name == name {
 			return s
 		}
 	}
 	t.Fatalf("no service %s", name)
-	return servicemain.Spec{}
+	return daemon.Spec{}
 }

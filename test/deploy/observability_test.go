@@ -23,10 +23,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/failbus/failbus/internal/daemon"
 	"github.com/failbus/failbus/internal/devbus"
 	"github.com/failbus/failbus/internal/embedded"
-	"github.com/failbus/failbus/internal/servicemain"
-	"github.com/failbus/failbus/internal/services"
+	"github.com/failbus/failbus/internal/servicespec"
 	"github.com/failbus/failbus/internal/status"
 )
 
@@ -283,10 +283,10 @@ func TestEveryMetricARuleOrDashboardNamesIsExported(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
 	rec := &recorder{Registerer: reg, names: map[string]bool{}}
-	specs := services.All()
+	specs := servicespec.All()
 	for i := range specs {
 		build := specs[i].Build
-		specs[i].Build = func(ctx context.Context, env servicemain.Env) (servicemain.Service, error) {
+		specs[i].Build = func(ctx context.Context, env daemon.Env) (daemon.Service, error) {
 			env.Registry = rec
 			return build(ctx, env)
 		}
@@ -385,7 +385,7 @@ func TestPrometheusScrapesWhatComposeRuns(t *testing.T) {
 	}
 	c := readCompose(t)
 	want := map[string]string{} // host:port -> compose service
-	for _, spec := range services.All() {
+	for _, spec := range servicespec.All() {
 		ops, ok := flagValue(c.Services[spec.Name].Command, "--ops-addr")
 		if !ok {
 			t.Errorf("%s has no --ops-addr in compose.yaml", spec.Name)

@@ -1,5 +1,5 @@
 // The trace context helper: W3C traceparent read and written as the Go
-// side (pkg/tracing, OpenTelemetry's propagator) does.
+// side (internal/tracing, OpenTelemetry's propagator) does.
 
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";

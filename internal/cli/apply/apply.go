@@ -13,7 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/failbus/failbus/internal/cli"
-	"github.com/failbus/failbus/internal/servicemain"
+	"github.com/failbus/failbus/internal/daemon"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/policy"
 )
@@ -68,7 +68,7 @@ func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 	}
 	defer nc.Close()
 	actx, stop := nc.FailFast(ctx)
-	err = topology.Apply(actx, js, servicemain.TopologyOptions(pol, *replicas, *ackWait))
+	err = topology.Apply(actx, js, daemon.TopologyOptions(pol, *replicas, *ackWait))
 	stop()
 	if err != nil {
 		err = nc.Explain(err)

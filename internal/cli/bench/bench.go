@@ -37,13 +37,13 @@ import (
 	"github.com/failbus/failbus/internal/cli"
 	"github.com/failbus/failbus/internal/devbus"
 	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/internal/policy/classify"
 	"github.com/failbus/failbus/internal/service/classifier"
 	"github.com/failbus/failbus/internal/service/scheduler"
 	"github.com/failbus/failbus/internal/watch"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy"
-	"github.com/failbus/failbus/pkg/policy/classify"
 )
 
 // Defaults of `failbus bench`: together a few minutes on a 2-core machine.
@@ -105,7 +105,7 @@ const benchPolicy = "retry:\n  max_delay: 1h\n  episode_idle: 1h\n"
 
 // benchDefaultCorpus is the classification corpus, relative to the module
 // root.
-var benchDefaultCorpus = filepath.Join("pkg", "policy", "classify", "testdata", "corpus.jsonl")
+var benchDefaultCorpus = filepath.Join("internal", "policy", "classify", "testdata", "corpus.jsonl")
 
 // benchModule is the module path that marks the module root.
 const benchModule = "github.com/failbus/failbus"

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/failbus/failbus/internal/policy/classify"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy/classify"
 )
 
 // benchTiny are sizes that run the whole bench in a few seconds: the test
@@ -38,7 +38,7 @@ func TestBench(t *testing.T) {
 			for _, want := range []string{
 				"failbus bench: one embedded nats-server",
 				"machine: ", "GOMAXPROCS", "go1.",
-				"corpus:  pkg/policy/classify/testdata/corpus.jsonl",
+				"corpus:  internal/policy/classify/testdata/corpus.jsonl",
 				"200 outcomes per round, 2 rounds (median",
 				"THROUGHPUT", "median", "min", "max", "baseline", "× baseline", "× raw relay",
 				"raw JetStream publish", "msgs/s",

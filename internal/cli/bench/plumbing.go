@@ -12,13 +12,13 @@ import (
 	"github.com/failbus/failbus/internal/embedded"
 	"github.com/failbus/failbus/internal/jspub"
 	"github.com/failbus/failbus/internal/ops"
+	"github.com/failbus/failbus/internal/policy/classify"
+	"github.com/failbus/failbus/internal/policy/retry"
 	"github.com/failbus/failbus/internal/service/classifier"
 	"github.com/failbus/failbus/internal/service/scheduler"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy/classify"
-	"github.com/failbus/failbus/pkg/policy/retry"
 )
 
 // The plumbing: the bus's shape, on failbus's own consumer runner, with the

@@ -7,9 +7,9 @@ import (
 	"time"
 
 	"github.com/failbus/failbus/internal/delivery"
+	"github.com/failbus/failbus/internal/policy/retry"
 	"github.com/failbus/failbus/internal/service/scheduler"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy/retry"
 )
 
 func encode(t *testing.T, m events.Message) []byte {

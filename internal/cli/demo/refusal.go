@@ -16,6 +16,7 @@ import (
 	"github.com/failbus/failbus/internal/delivery"
 	"github.com/failbus/failbus/internal/devbus"
 	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/internal/policy/refusal"
 	"github.com/failbus/failbus/internal/service/notifier"
 	"github.com/failbus/failbus/internal/service/refusals"
 	"github.com/failbus/failbus/internal/watch"
@@ -23,7 +24,6 @@ import (
 	"github.com/failbus/failbus/pkg/agent"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy"
-	"github.com/failbus/failbus/pkg/policy/refusal"
 )
 
 // demoRefusalPolicy is the default re-probe schedule compressed 1:18000 (15m → 50ms,

@@ -23,10 +23,10 @@ import (
 	"github.com/failbus/failbus/internal/auth"
 	"github.com/failbus/failbus/internal/cli"
 	"github.com/failbus/failbus/internal/connect"
+	"github.com/failbus/failbus/internal/daemon"
 	"github.com/failbus/failbus/internal/devbus"
 	"github.com/failbus/failbus/internal/embedded"
 	"github.com/failbus/failbus/internal/ops"
-	"github.com/failbus/failbus/internal/servicemain"
 	"github.com/failbus/failbus/internal/status"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/policy"
@@ -121,7 +121,7 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.Var(&maxStore, "max-store", "JetStream store limit (the topology reserves 6.5GiB of it)")
 	maxPayload := sizeFlag{n: int64(embedded.DefaultMaxPayload)}
 	fs.Var(&maxPayload, "max-payload", "largest message the server accepts (at most 64MiB)")
-	shutdownTimeout := fs.Duration("shutdown-timeout", servicemain.DefaultShutdownTimeout, "after SIGINT/SIGTERM, exit 1 if the drain has not ended by then (what was in flight is redelivered at the next start)")
+	shutdownTimeout := fs.Duration("shutdown-timeout", daemon.DefaultShutdownTimeout, "after SIGINT/SIGTERM, exit 1 if the drain has not ended by then (what was in flight is redelivered at the next start)")
 	if rest, code, done := cli.Parse(fs, args); done {
 		return code
 	} else if len(rest) > 0 {
@@ -206,7 +206,7 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		opsURL = "http://" + bound
 	}
 
-	stopTracing, err := servicemain.StartTracing(ctx, "dev", log)
+	stopTracing, err := daemon.StartTracing(ctx, "dev", log)
 	if err != nil {
 		fmt.Fprintf(stderr, "failbus dev: %v\n", err)
 		return 1

@@ -24,11 +24,11 @@ import (
 
 	"github.com/failbus/failbus/internal/bustest"
 	"github.com/failbus/failbus/internal/cli/clitest"
+	"github.com/failbus/failbus/internal/daemon"
 	"github.com/failbus/failbus/internal/devbus"
 	"github.com/failbus/failbus/internal/embedded"
 	"github.com/failbus/failbus/internal/requeue"
-	"github.com/failbus/failbus/internal/servicemain"
-	"github.com/failbus/failbus/internal/services"
+	"github.com/failbus/failbus/internal/servicespec"
 	"github.com/failbus/failbus/internal/watch"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
@@ -118,7 +118,7 @@ notify:
 	}
 	bus, err := devbus.Start(devbus.Options{
 		Server: embedded.Options{Dir: t.TempDir()}, Policy: pol,
-		Specs: []servicemain.Spec{services.Notifier()},
+		Specs: []daemon.Spec{servicespec.Notifier()},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -464,7 +464,7 @@ func TestDLQUsage(t *testing.T) {
 // its stream.
 func TestRequeueOfAnInputTooBigToKeepWhole(t *testing.T) {
 	t.Parallel()
-	bus, err := devbus.Start(devbus.Options{Server: embedded.Options{Dir: t.TempDir()}, Specs: []servicemain.Spec{services.Classifier()}})
+	bus, err := devbus.Start(devbus.Options{Server: embedded.Options{Dir: t.TempDir()}, Specs: []daemon.Spec{servicespec.Classifier()}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,9 +22,9 @@ import (
 
 	"github.com/failbus/failbus/internal/bustest"
 	"github.com/failbus/failbus/internal/delivery"
+	"github.com/failbus/failbus/internal/policy/retry"
 	"github.com/failbus/failbus/internal/service/scheduler"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy/retry"
 )
 
 // seeder publishes records as the services would and keeps, beside, the
@@ -685,8 +685,13 @@ func TestReportReadsNoStreamThroughSeveralFilters(t *testing.T) {
 		}
 		filters[stream][req.NextFor] = true
 	}
+	// A channel subscription: the connection's reader puts each copy in
+	// the channel before it reads the flush's answer, so after Flush every
+	// request the report made is in seen (an asynchronous handler may
+	// not have run yet).
+	seen := make(chan *nats.Msg, 1<<16)
 	for _, subj := range []string{"$JS.API.DIRECT.GET.*", "$JS.API.CONSUMER.CREATE.>"} {
-		if _, err := b.NC.Subscribe(subj, spy); err != nil {
+		if _, err := b.NC.ChanSubscribe(subj, seen); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -698,6 +703,9 @@ func TestReportReadsNoStreamThroughSeveralFilters(t *testing.T) {
 	}
 	if err := b.NC.Flush(); err != nil {
 		t.Fatal(err)
+	}
+	for len(seen) > 0 {
+		spy(<-seen)
 	}
 	mu.Lock()
 	defer mu.Unlock()

@@ -20,10 +20,10 @@ import (
 	"github.com/failbus/failbus/internal/cli/report"
 	"github.com/failbus/failbus/internal/cli/shadow"
 	"github.com/failbus/failbus/internal/cli/tail"
+	"github.com/failbus/failbus/internal/daemon"
 	"github.com/failbus/failbus/internal/devbus"
 	"github.com/failbus/failbus/internal/embedded"
-	"github.com/failbus/failbus/internal/servicemain"
-	"github.com/failbus/failbus/internal/services"
+	"github.com/failbus/failbus/internal/servicespec"
 	"github.com/failbus/failbus/pkg/events"
 )
 
@@ -39,7 +39,7 @@ func TestOperatorCommandsUnderTheirRoles(t *testing.T) {
 		t.Fatal(err)
 	}
 	bus, err := devbus.Start(devbus.Options{Server: embedded.Options{Dir: t.TempDir()}, Auth: set,
-		Specs: []servicemain.Spec{services.Classifier()}})
+		Specs: []daemon.Spec{servicespec.Classifier()}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +115,7 @@ func TestOperatorCommandsDeniedFailFast(t *testing.T) {
 		t.Fatal(err)
 	}
 	bus, err := devbus.Start(devbus.Options{Server: embedded.Options{Dir: t.TempDir()}, Auth: set,
-		Specs: []servicemain.Spec{services.Classifier()}})
+		Specs: []daemon.Spec{servicespec.Classifier()}})
 	if err != nil {
 		t.Fatal(err)
 	}

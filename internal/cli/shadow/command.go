@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/failbus/failbus/internal/cli"
-	"github.com/failbus/failbus/pkg/engine/sim"
+	"github.com/failbus/failbus/internal/engine/sim"
 	"github.com/failbus/failbus/pkg/policy"
 )
 

@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/failbus/failbus/internal/cli/shadow"
-	"github.com/failbus/failbus/pkg/engine/sim"
+	"github.com/failbus/failbus/internal/engine/sim"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy"
 )

@@ -24,7 +24,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/failbus/failbus/pkg/engine/sim"
+	"github.com/failbus/failbus/internal/engine/sim"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy"
 )

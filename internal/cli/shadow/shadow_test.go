@@ -14,7 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/failbus/failbus/internal/bustest"
-	"github.com/failbus/failbus/pkg/engine/sim"
+	"github.com/failbus/failbus/internal/engine/sim"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy"
 )
@@ -242,7 +242,7 @@ func TestShadowSpeedFromTheBus(t *testing.T) {
 // eight-hour outage story) replays without an error, and the
 // summary counts what it replayed.
 func TestShadowReplaysRecoveryRecords(t *testing.T) {
-	path := filepath.Join("..", "..", "..", "pkg", "engine", "sim", "testdata", "recovery-8h.jsonl")
+	path := filepath.Join("..", "..", "..", "internal", "engine", "sim", "testdata", "recovery-8h.jsonl")
 	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)

@@ -23,15 +23,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
-	ilimits "github.com/failbus/failbus/internal/limits"
+	"github.com/failbus/failbus/internal/engine"
+	"github.com/failbus/failbus/internal/limitstore"
+	"github.com/failbus/failbus/internal/policy/classify"
+	"github.com/failbus/failbus/internal/policy/limits"
 	"github.com/failbus/failbus/internal/prom"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
-	"github.com/failbus/failbus/pkg/engine"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/policy"
-	"github.com/failbus/failbus/pkg/policy/classify"
-	"github.com/failbus/failbus/pkg/policy/limits"
 )
 
 // Name is the service name: the metrics label, the dead-letter subject
@@ -122,7 +122,7 @@ func New(js jetstream.JetStream, opts Config) (*Service, error) {
 	if pol == nil {
 		pol = policy.Default()
 	}
-	g := &gate{providers: ilimits.NewProviders(js, pol.Limits.WithDefaults(), nil), notify: ilimits.NewNotifier(js, Name, nil)}
+	g := &gate{providers: limitstore.NewProviders(js, pol.Limits.WithDefaults(), nil), notify: limitstore.NewNotifier(js, Name, nil)}
 	h, err := newHandler(fn, g, cfg.Registerer)
 	if err != nil {
 		return nil, err
@@ -202,10 +202,10 @@ func newHandler(classifyFn ClassifyFunc, g *gate, reg prometheus.Registerer) (co
 }
 
 // gate keeps each agent within its share of the providers
-// (pkg/policy/limits); nil admits everything.
+// (internal/policy/limits); nil admits everything.
 type gate struct {
-	providers *ilimits.Providers
-	notify    *ilimits.Notifier
+	providers *limitstore.Providers
+	notify    *limitstore.Notifier
 }
 
 func (g *gate) admit(ctx context.Context, agent, provider string) error {

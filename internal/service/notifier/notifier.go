@@ -17,11 +17,11 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/failbus/failbus/internal/delivery"
+	"github.com/failbus/failbus/internal/policy/notification"
 	"github.com/failbus/failbus/internal/prom"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy/notification"
 )
 
 // Name is the runner's service name: it names the dead-letter subject

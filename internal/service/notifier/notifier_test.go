@@ -18,11 +18,11 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/internal/policy/notification"
 	"github.com/failbus/failbus/internal/service/notifier"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/notify"
-	"github.com/failbus/failbus/pkg/policy/notification"
 )
 
 // hook is a webhook receiver counting deliveries per dedupe key; while

@@ -13,8 +13,8 @@ import (
 
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/failbus/failbus/internal/policy/refusal"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy/refusal"
 )
 
 // stateWire is the stored form of refusal.State, in msgpack (KV) and JSON

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/failbus/failbus/pkg/policy/refusal"
+	"github.com/failbus/failbus/internal/policy/refusal"
 )
 
 // engineStore is engine.Refusals on the refusal bucket: the engine's

@@ -18,14 +18,14 @@ import (
 
 	"github.com/failbus/failbus/internal/bustest"
 	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/internal/engine"
+	"github.com/failbus/failbus/internal/policy/refusal"
 	"github.com/failbus/failbus/internal/scopestore"
 	"github.com/failbus/failbus/internal/service/refusals"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/agent"
 	"github.com/failbus/failbus/pkg/consumer"
-	"github.com/failbus/failbus/pkg/engine"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy/refusal"
 )
 
 // t0 is the virtual time refusals are dated with; route clocks are set

@@ -9,9 +9,9 @@ import (
 
 	"github.com/nats-io/nats.go/micro"
 
-	"github.com/failbus/failbus/pkg/engine"
+	"github.com/failbus/failbus/internal/engine"
+	"github.com/failbus/failbus/internal/policy/refusal"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy/refusal"
 )
 
 // RouteRequest is the JSON body of a route request on

@@ -1,5 +1,5 @@
 // Package refusals is the refusal tiers on the bus: the
-// pure core of pkg/policy/refusal (State, Notice, RouteProviders) with
+// pure core of internal/policy/refusal (State, Notice, RouteProviders) with
 // durable state, consumers and a route service around it.
 //
 //   - Content refusals in: the topology's `refusals` consumer on
@@ -47,14 +47,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/failbus/failbus/internal/engine"
 	"github.com/failbus/failbus/internal/ops"
+	"github.com/failbus/failbus/internal/policy/refusal"
 	"github.com/failbus/failbus/internal/prom"
 	"github.com/failbus/failbus/internal/scopestore"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
-	"github.com/failbus/failbus/pkg/engine"
 	"github.com/failbus/failbus/pkg/policy"
-	"github.com/failbus/failbus/pkg/policy/refusal"
 )
 
 // Names of the service. Name labels metrics and logs, names the

@@ -10,8 +10,8 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/failbus/failbus/internal/policy/refusal"
 	topology "github.com/failbus/failbus/jetstream"
-	"github.com/failbus/failbus/pkg/policy/refusal"
 )
 
 // ErrTooManyConflicts is returned (wrapped) when an update lost the

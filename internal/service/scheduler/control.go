@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/failbus/failbus/internal/policy/retry"
 	"github.com/failbus/failbus/internal/retrymark"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy/retry"
 )
 
 // Control kinds, as the metrics label them.

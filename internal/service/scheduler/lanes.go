@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/failbus/failbus/pkg/engine"
+	"github.com/failbus/failbus/internal/engine"
 	"github.com/failbus/failbus/pkg/events"
 )
 

@@ -15,9 +15,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/failbus/failbus/internal/jspub"
+	"github.com/failbus/failbus/internal/policy/retry"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/policy/retry"
 )
 
 // SchemaLedgerEntry is the Failbus-Schema name of a LedgerEntry.

@@ -3,7 +3,7 @@ package scheduler
 import (
 	"testing"
 
-	"github.com/failbus/failbus/pkg/policy/retry"
+	"github.com/failbus/failbus/internal/policy/retry"
 )
 
 func entryAt(outcome string, seq uint64) *ledgerRead {

@@ -4,9 +4,9 @@ import (
 	"context"
 	"errors"
 
+	"github.com/failbus/failbus/internal/engine"
+	"github.com/failbus/failbus/internal/policy/retry"
 	"github.com/failbus/failbus/internal/scopestore"
-	"github.com/failbus/failbus/pkg/engine"
-	"github.com/failbus/failbus/pkg/policy/retry"
 )
 
 // ledgerStore is engine.Ledger on the scheduler's ledger subjects in

@@ -7,11 +7,11 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/failbus/failbus/internal/engine"
 	"github.com/failbus/failbus/internal/jspub"
+	"github.com/failbus/failbus/internal/tracing"
 	"github.com/failbus/failbus/pkg/consumer"
-	"github.com/failbus/failbus/pkg/engine"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/tracing"
 )
 
 // handleClassified is the handler of the `scheduler` consumer: the

@@ -18,9 +18,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/failbus/failbus/internal/jspub"
+	"github.com/failbus/failbus/internal/tracing"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/tracing"
 )
 
 // Message-scheduling headers (nats-server 2.12+). nats.go's WithScheduleAt

@@ -1,5 +1,5 @@
 // Package scheduler is the durable retry scheduler: an
-// adapter around two stages of the decision engine (pkg/engine: Observe,
+// adapter around two stages of the decision engine (internal/engine: Observe,
 // the fault scope; Decide, the retry chain — the very stages `failbus
 // simulate` chains) whose state it keeps where a crash cannot lose it, and
 // whose effects it performs on JetStream.
@@ -116,12 +116,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/failbus/failbus/internal/engine"
 	"github.com/failbus/failbus/internal/ops"
 	"github.com/failbus/failbus/internal/prom"
 	"github.com/failbus/failbus/internal/scopestore"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
-	"github.com/failbus/failbus/pkg/engine"
 	"github.com/failbus/failbus/pkg/policy"
 )
 
