@@ -17,11 +17,11 @@ import (
 
 	"github.com/failbus/failbus/internal/auth"
 	"github.com/failbus/failbus/internal/connect"
+	"github.com/failbus/failbus/internal/durable"
 	"github.com/failbus/failbus/internal/embedded"
 	"github.com/failbus/failbus/internal/storecheck"
 	"github.com/failbus/failbus/internal/watch"
 	topology "github.com/failbus/failbus/jetstream"
-	"github.com/failbus/failbus/pkg/agent"
 	"github.com/failbus/failbus/pkg/events"
 )
 
@@ -149,7 +149,7 @@ func setup(t *testing.T) *bus {
 	}
 	// Agent a3's durable consumer, as pkg/agent names it, with a decision.
 	if _, err := js.CreateConsumer(ctx, topology.StreamDecisions, jetstream.ConsumerConfig{
-		Durable: agent.DurableName("a3", "decisions"), FilterSubject: events.DecisionSubject("a3"), AckPolicy: jetstream.AckExplicitPolicy,
+		Durable: durable.Name("a3", "decisions"), FilterSubject: events.DecisionSubject("a3"), AckPolicy: jetstream.AckExplicitPolicy,
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -795,8 +795,8 @@ func TestRoles(t *testing.T) {
 			read(sDec, events.DecisionSubject("a2")), read(sRet, events.RetryDueSubject("a2")),
 			read(sDec, "failbus.decision.*"),
 			// Its neighbour's durable consumer, by name.
-			fetchAck(sDec, agent.DurableName("a3", "decisions")),
-			durableFor(sDec, agent.DurableName("a3", "decisions"), events.DecisionSubject("a1")),
+			fetchAck(sDec, durable.Name("a3", "decisions")),
+			durableFor(sDec, durable.Name("a3", "decisions"), events.DecisionSubject("a1")),
 		))
 	})
 
@@ -815,7 +815,7 @@ func TestRoles(t *testing.T) {
 		// An agent's durable: not fetched from (stalling the agent for its
 		// ack wait), retargeted, deleted; no consumer of its own either,
 		// ordered ones and a bucket's watch included.
-		a3 := agent.DurableName("a3", "decisions")
+		a3 := durable.Name("a3", "decisions")
 		mayNot = append(mayNot, purge(sOut, events.OutcomeSubject("openai", "a1")), createStream("EVIL", "evil.>"),
 			deleteStream(sCtl), b.readInboxOf(auth.RoleAgent),
 			fetchOnly(sDec, a3), durableFor(sDec, a3, "failbus.dispatch.>"), durableFor(sDec, a3, events.DecisionSubject("a3")),

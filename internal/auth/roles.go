@@ -103,7 +103,7 @@ type Role struct {
 	// ($JS.API.STREAM.NAMES).
 	FindStreams bool
 	// NotAgents names other agents whose durable consumers
-	// (pkg/agent.DurableName) the role may not read, look up or delete:
+	// (durable.Name) the role may not read, look up or delete:
 	// an agent-<name> user's neighbours in the same auth init.
 	NotAgents []string
 	// ReadAll lets the role read everything and change nothing (operator).

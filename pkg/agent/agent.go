@@ -35,18 +35,19 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 
+	"github.com/failbus/failbus/internal/msgid"
 	"github.com/failbus/failbus/internal/retrymark"
 	"github.com/failbus/failbus/internal/tracing"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
 )
 
-// DurableInactiveThreshold is how long the server keeps an agent's durable
+// durableInactiveThreshold is how long the server keeps an agent's durable
 // consumers (WithDurable) after the agent last read from them: as long as
 // the decision and retry streams keep their messages (7 days), so an agent
 // that comes back within that time misses nothing, and an agent that never
 // comes back leaves nothing behind for ever.
-const DurableInactiveThreshold = topology.DefaultMaxAgeDecisions
+const durableInactiveThreshold = topology.DefaultMaxAgeDecisions
 
 // durableAckWait is how long the server waits for the hand-off of one
 // message to the agent's code before redelivering it (durable mode only).
@@ -161,17 +162,10 @@ func (a *Agent) Boundary(ctx context.Context, b events.Boundary) error {
 	if b.At.IsZero() {
 		b.At = events.At(a.opts.now())
 	}
-	if err := a.publish(ctx, events.SegmentSubject(b.Agent), &b, BoundaryMsgID(b)); err != nil {
+	if err := a.publish(ctx, events.SegmentSubject(b.Agent), &b, msgid.Boundary(b)); err != nil {
 		return fmt.Errorf("agent %s: report boundary %s: %w", a.name, events.SegmentKey(b.Session, b.Segment), err)
 	}
 	return nil
-}
-
-// BoundaryMsgID is the Nats-Msg-Id of a boundary,
-// "boundary:<agent>:<session>#<segment>": one segment starts once, however
-// often (or by whom: agent, `failbus publish`) it is reported.
-func BoundaryMsgID(b events.Boundary) string {
-	return "boundary:" + b.Agent + ":" + events.SegmentKey(b.Session, b.Segment)
 }
 
 // Started tells the scheduler that the agent started the retry retryID
