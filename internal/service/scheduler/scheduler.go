@@ -60,7 +60,7 @@
 //
 // Agents' started and cancel records in (the `scheduler-control` consumer on
 // failbus.retry.started.> and failbus.retry.cancel.>, payload
-// agent.RetryMark): the first of the two for the budget's latest retry is
+// retrymark.Mark): the first of the two for the budget's latest retry is
 // marked in the ledger; a cancel then purges the schedule subject, so no due
 // message arrives; a started after a cancel (or a cancel after a start) is
 // ignored. A cancelled retry still counts against its budget: its record was
