@@ -22,7 +22,7 @@ var update = flag.Bool("update", false, "rewrite exported.txt from the code")
 // pkg/ and jetstream/ (types, funcs, methods, consts, vars; not the fields
 // of exported structs nor the methods of exported interfaces). Raising it
 // is a decision to review, not a side effect of a change.
-const maxExported = 623
+const maxExported = 499
 
 // publicDirs are the public package trees.
 var publicDirs = []string{"pkg", "jetstream"}

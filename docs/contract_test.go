@@ -10,13 +10,14 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/failbus/failbus/internal/delivery"
+	"github.com/failbus/failbus/internal/msgid"
+	"github.com/failbus/failbus/internal/retrymark"
 	"github.com/failbus/failbus/internal/service/refusals"
 	"github.com/failbus/failbus/internal/service/scheduler"
+	"github.com/failbus/failbus/internal/storecheck"
 	topology "github.com/failbus/failbus/jetstream"
-	"github.com/failbus/failbus/pkg/agent"
-	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/notify"
 )
 
 var update = flag.Bool("update", false, "rewrite the generated tables of CONTRACT.md from the code")
@@ -37,7 +38,7 @@ type family struct {
 	payload any
 	// msgID says how its Nats-Msg-Id is made ("" for a service's output,
 	// whose id the service derives from its input, e.g.
-	// consumer.OutputMsgID).
+	// msgid.Output).
 	msgID string
 	// writer says who publishes it.
 	writer string
@@ -56,10 +57,10 @@ func families() []family {
 		{"failbus.retry.ledger.<budget>", events.RetryLedgerSubject("<budget>"), scheduler.SchemaLedgerEntry, scheduler.LedgerEntry{}, "", "scheduler (one subject per retry budget)"},
 		{"failbus.retry.sched.<agent>.<retry_id>", events.RetryScheduleSubject("<agent>", "<retry_id>"), events.SchemaRetryDue, events.RetryDue{}, "", "scheduler: a JetStream schedule (`Nats-Schedule: @at …`, `Nats-Schedule-Target: failbus.retry.due.<agent>`)"},
 		{"failbus.retry.due.<agent>", events.RetryDueSubject("<agent>"), events.SchemaRetryDue, events.RetryDue{}, "none", "JetStream's scheduler, at the due time"},
-		{"failbus.retry.started.<agent>", events.RetryStartedSubject("<agent>"), agent.SchemaRetryStarted, agent.RetryMark{}, "`retry_started:<retry_id>`", "agents"},
-		{"failbus.retry.cancel.<agent>", events.RetryCancelSubject("<agent>"), agent.SchemaRetryCancel, agent.RetryMark{}, "`retry_cancel:<retry_id>`", "agents"},
+		{"failbus.retry.started.<agent>", events.RetryStartedSubject("<agent>"), retrymark.SchemaStarted, retrymark.Mark{}, "`retry_started:<retry_id>`", "agents"},
+		{"failbus.retry.cancel.<agent>", events.RetryCancelSubject("<agent>"), retrymark.SchemaCancel, retrymark.Mark{}, "`retry_cancel:<retry_id>`", "agents"},
 		{"failbus.notify.<severity>", events.NotifySubject("<severity>"), events.SchemaNotification, events.Notification{}, "", "scheduler, refusal tiers, recovery, notifier (budget digest)"},
-		{"failbus.audit.notifier.<kind>", events.AuditSubject("notifier", "<kind>"), notify.SchemaAudit, notify.Audit{}, "", "notifier (kind: " + strings.Join([]string{notify.AuditSent, notify.AuditDeduped, notify.AuditHeld, notify.AuditFailed, notify.AuditUnrouted}, ", ") + ")"},
+		{"failbus.audit.notifier.<kind>", events.AuditSubject("notifier", "<kind>"), delivery.SchemaAudit, delivery.Audit{}, "", "notifier (kind: " + strings.Join([]string{delivery.AuditSent, delivery.AuditDeduped, delivery.AuditHeld, delivery.AuditFailed, delivery.AuditUnrouted}, ", ") + ")"},
 		{"failbus.audit.scheduler.policy", scheduler.PolicyAuditSubject(), scheduler.SchemaPolicyAudit, scheduler.PolicyAudit{}, "", "scheduler (policy reloads)"},
 		{"failbus.heartbeat.<agent>", events.HeartbeatSubject("<agent>"), events.SchemaHeartbeat, events.Heartbeat{}, "optional; `pkg/agent`: `hb:<agent>:<subagent>:<at, ns>:<status>`", "agents"},
 		{"failbus.cron.spec.<agent>", events.CronSpecSubject("<agent>"), events.SchemaCronSpec, events.CronSpec{}, "optional; `pkg/agent`: `cron-spec:<agent>:<cron>:<at, ns>`", "agents"},
@@ -69,8 +70,8 @@ func families() []family {
 		{"failbus.dispatch.<agent>", events.DispatchSubject("<agent>"), events.SchemaDispatch, events.Dispatch{}, "`recovery:dispatch:<task_id>:<attempt>`", "recovery"},
 		{"failbus.control.<agent>", events.ControlSubject("<agent>"), events.SchemaControl, events.Control{}, "`recovery:kill:<agent>:<subagent>:<last heartbeat, ms>`, `recovery:cron:<agent>:<cron>:<scheduled_at, ms>`, `recovery:write:<agent>:<key>:<failed_at, ms>`, `recovery:<recovery_id>:probe:<n>`", "recovery"},
 		{"failbus.recovery.<provider>", events.RecoverySubject("<provider>"), events.SchemaRecovery, events.Recovery{}, "`recovery:<recovery_id>:<step>`", "recovery"},
-		{"failbus.dlq.<service>", events.DLQSubject("<service>"), events.SchemaDeadLetter, events.DeadLetter{}, "`" + strings.Replace(consumer.DeadLetterMsgID("<service>", "<stream>", 0), ":0", ":<seq>", 1) + "`", "every service"},
-		{"failbus.storecheck.<service>", consumer.StoreCheckSubject("<service>"), consumer.SchemaStoreCheck, consumer.StoreCheck{}, "`storecheck:<service>:<at, ns>`", "every service, while idle: a write of a page and a bit that shows it can store (/healthz); the latest per service is kept"},
+		{"failbus.dlq.<service>", events.DLQSubject("<service>"), events.SchemaDeadLetter, events.DeadLetter{}, "`" + strings.Replace(msgid.DeadLetter("<service>", "<stream>", 0), ":0", ":<seq>", 1) + "`", "every service"},
+		{"failbus.storecheck.<service>", storecheck.Subject("<service>"), storecheck.Schema, storecheck.Record{}, "`storecheck:<service>:<at, ns>`", "every service, while idle: a write of a page and a bit that shows it can store (/healthz); the latest per service is kept"},
 		{events.RefusalRouteSubject, events.RefusalRouteSubject, "", refusals.RouteRequest{}, "—", "agents ask, the refusal tiers answer (micro service `" + refusals.ServiceName + "`)"},
 	}
 }

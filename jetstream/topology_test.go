@@ -18,8 +18,8 @@ import (
 
 	"github.com/failbus/failbus/internal/durable"
 	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/internal/storecheck"
 	topology "github.com/failbus/failbus/jetstream"
-	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
 )
 
@@ -191,7 +191,7 @@ func TestFilesCarryTheDocumentedDefaults(t *testing.T) {
 		topology.StreamDispatch:   {topology.DefaultMaxAgeDispatch, []string{events.DispatchPrefix + ".>"}},
 		topology.StreamRecoveries: {topology.DefaultMaxAgeRecoveries, []string{events.RecoveryPrefix + ".>"}},
 		topology.StreamAudit:      {topology.DefaultMaxAgeAudit, []string{events.AuditPrefix + ".>"}},
-		topology.StreamStoreCheck: {topology.DefaultMaxAgeStoreCheck, []string{consumer.StoreCheckPrefix + ".>"}},
+		topology.StreamStoreCheck: {topology.DefaultMaxAgeStoreCheck, []string{storecheck.Prefix + ".>"}},
 	}
 	maxBytes := map[string]int64{
 		topology.StreamOutcomes: topology.DefaultMaxBytesOutcomes, topology.StreamClassified: topology.DefaultMaxBytesClassified,

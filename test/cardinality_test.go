@@ -18,10 +18,10 @@ import (
 
 	"github.com/failbus/failbus/internal/devbus"
 	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/internal/msgid"
 	"github.com/failbus/failbus/internal/service/classifier"
 	"github.com/failbus/failbus/internal/service/scheduler"
 	topology "github.com/failbus/failbus/jetstream"
-	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
 )
 
@@ -72,7 +72,7 @@ func TestTwentyThousandProviderNames(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		hdr.Set(nats.MsgIdHdr, consumer.OutputMsgID(classifier.Name, id, "0"))
+		hdr.Set(nats.MsgIdHdr, msgid.Output(classifier.Name, id, "0"))
 		if err := nc.PublishMsg(&nats.Msg{Subject: events.ClassifiedSubject(c.Provider, c.Class), Header: hdr, Data: data}); err != nil {
 			t.Fatal(err)
 		}

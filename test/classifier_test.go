@@ -24,6 +24,7 @@ import (
 
 	"github.com/failbus/failbus/internal/bustest"
 	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/internal/msgid"
 	"github.com/failbus/failbus/internal/service/classifier"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
@@ -241,7 +242,7 @@ func (b *clsBench) classified() map[string]int {
 		if want := events.ClassifiedSubject(c.Provider, c.Class); m.Subject() != want {
 			b.t.Errorf("%s: subject %s, want %s", c.OutcomeID, m.Subject(), want)
 		}
-		if got, want := m.Headers().Get(nats.MsgIdHdr), consumer.OutputMsgID(classifier.Name, c.OutcomeID, "0"); got != want {
+		if got, want := m.Headers().Get(nats.MsgIdHdr), msgid.Output(classifier.Name, c.OutcomeID, "0"); got != want {
 			b.t.Errorf("%s: Nats-Msg-Id %q, want %q", c.OutcomeID, got, want)
 		}
 		ids[c.OutcomeID]++

@@ -311,10 +311,10 @@ func TestHostilePayloads(t *testing.T) {
 	// never reached the runner (see above) is not a loop: the runner
 	// settles its redelivery once, and the count of those is logged.
 	settled := map[string]float64{}
-	for _, res := range []string{consumer.ResultAck, consumer.ResultDeadLetter, consumer.ResultRetry, consumer.ResultError} {
+	for _, res := range []string{"ack", "dead_letter", "retry", "error"} {
 		settled[res] = counterValue(t, reg, "failbus_consumer_messages_total", map[string]string{"service": classifier.Name, "result": res})
 	}
-	if n := len(good) + len(cases); settled[consumer.ResultAck]+settled[consumer.ResultDeadLetter] != float64(n) || settled[consumer.ResultRetry]+settled[consumer.ResultError] != 0 {
+	if n := len(good) + len(cases); settled["ack"]+settled["dead_letter"] != float64(n) || settled["retry"]+settled["error"] != 0 {
 		t.Errorf("inputs settled %v, want each of the %d once, by an ack or a dead letter", settled, n)
 	}
 	if got := counterValue(t, reg, "failbus_consumer_redeliveries_total", map[string]string{"service": classifier.Name}); got != 0 {

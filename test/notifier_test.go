@@ -36,6 +36,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/failbus/failbus/internal/bustest"
+	"github.com/failbus/failbus/internal/delivery"
 	"github.com/failbus/failbus/internal/embedded"
 	"github.com/failbus/failbus/internal/policy/notification"
 	"github.com/failbus/failbus/internal/service/notifier"
@@ -266,7 +267,9 @@ func decodeWebhook(_ *http.Request, body []byte) (string, *notify.WebhookPayload
 var slackKey = regexp.MustCompile(`key (\S+)_$`)
 
 func decodeSlack(_ *http.Request, body []byte) (string, *notify.WebhookPayload, error) {
-	var m notify.SlackMessage
+	var m struct {
+		Text string `json:"text"`
+	}
 	if err := json.Unmarshal(body, &m); err != nil {
 		return "", nil, err
 	}
@@ -520,15 +523,15 @@ func TestNotifierTenThousandRequestsExactlyOnceWithReplicasKilled(t *testing.T) 
 	}
 	ak := b.auditKinds()
 	t.Logf("audit records: %v", ak)
-	if ak[notify.AuditDeduped] < repeats {
-		t.Errorf("%d deduped audit records, want at least %d", ak[notify.AuditDeduped], repeats)
+	if ak[delivery.AuditDeduped] < repeats {
+		t.Errorf("%d deduped audit records, want at least %d", ak[delivery.AuditDeduped], repeats)
 	}
 	// One "sent" record per key and sink, whoever sent it and however many
 	// deliveries it took: a record a killed replica never wrote is
 	// repeated by the request that takes its claim over, and repeats are
 	// stored once.
-	if want := 2 * len(keys); ak[notify.AuditSent] != want {
-		t.Errorf("%d sent audit records, want exactly %d (one per key and sink)", ak[notify.AuditSent], want)
+	if want := 2 * len(keys); ak[delivery.AuditSent] != want {
+		t.Errorf("%d sent audit records, want exactly %d (one per key and sink)", ak[delivery.AuditSent], want)
 	}
 }
 
@@ -578,7 +581,7 @@ func TestNotifierDailyBudgetFiftySurvivesRestart(t *testing.T) {
 		defer hook.mu.Unlock()
 		for _, p := range hook.payloads {
 			switch {
-			case strings.HasPrefix(p.DedupeKey, notify.DigestKeyPrefix):
+			case strings.HasPrefix(p.DedupeKey, delivery.DigestKeyPrefix):
 				digests++
 			case p.Severity == events.SeverityCritical:
 				critical++
@@ -608,7 +611,7 @@ func TestNotifierDailyBudgetFiftySurvivesRestart(t *testing.T) {
 	hook.mu.Lock()
 	var digest *notify.WebhookPayload
 	for _, p := range hook.payloads {
-		if strings.HasPrefix(p.DedupeKey, notify.DigestKeyPrefix) {
+		if strings.HasPrefix(p.DedupeKey, delivery.DigestKeyPrefix) {
 			digest = p
 		}
 	}
@@ -625,8 +628,8 @@ func TestNotifierDailyBudgetFiftySurvivesRestart(t *testing.T) {
 		t.Errorf("digest says %d held back, want between 1 and 450", held)
 	}
 	ak := b.auditKinds()
-	if ak[notify.AuditHeld] != 450 {
-		t.Errorf("%d held_by_budget audit records, want 450", ak[notify.AuditHeld])
+	if ak[delivery.AuditHeld] != 450 {
+		t.Errorf("%d held_by_budget audit records, want 450", ak[delivery.AuditHeld])
 	}
 	// Held-back requests stay on the stream: 505 requests and the digest.
 	if n := b.streamMsgs(topology.StreamNotify); n != 506 {
@@ -636,11 +639,11 @@ func TestNotifierDailyBudgetFiftySurvivesRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := kv.Get(b.ctx, notify.BudgetKey("2026-05-04"))
+	e, err := kv.Get(b.ctx, delivery.BudgetKey("2026-05-04"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rec notify.BudgetRecord
+	var rec delivery.BudgetRecord
 	if err := json.Unmarshal(e.Value(), &rec); err != nil {
 		t.Fatal(err)
 	}
@@ -707,7 +710,7 @@ func TestNotifierSinkDownThenRecoveredDeliversEachOnce(t *testing.T) {
 	if dl := b.deadLetters(); len(dl) != 0 {
 		t.Errorf("%d dead letters, first: %s", len(dl), dl[0].Reason)
 	}
-	if ak := b.auditKinds(); ak[notify.AuditFailed] < 3*inFlight || ak[notify.AuditSent] != n {
+	if ak := b.auditKinds(); ak[delivery.AuditFailed] < 3*inFlight || ak[delivery.AuditSent] != n {
 		t.Errorf("audit records %v: want at least %d failed and exactly %d sent", ak, 3*inFlight, n)
 	}
 }

@@ -41,6 +41,7 @@ import (
 	"github.com/failbus/failbus/internal/daemon"
 	"github.com/failbus/failbus/internal/devbus"
 	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/internal/ops"
 	"github.com/failbus/failbus/internal/policy/recovery"
 	"github.com/failbus/failbus/internal/service/classifier"
 	svc "github.com/failbus/failbus/internal/service/recoverer"
@@ -110,13 +111,13 @@ func (b *recBench) startPipeline(scopeYAML string) {
 	if err != nil {
 		b.t.Fatal(err)
 	}
-	for _, r := range []consumer.Runnable{cls, sch} {
+	for _, r := range []ops.Runnable{cls, sch} {
 		b.run(r)
 	}
 }
 
 // run runs r until the test ends.
-func (b *recBench) run(r consumer.Runnable) {
+func (b *recBench) run(r ops.Runnable) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()

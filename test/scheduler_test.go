@@ -34,6 +34,7 @@ import (
 
 	"github.com/failbus/failbus/internal/bustest"
 	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/internal/msgid"
 	"github.com/failbus/failbus/internal/policy/retry"
 	"github.com/failbus/failbus/internal/service/scheduler"
 	topology "github.com/failbus/failbus/jetstream"
@@ -121,7 +122,7 @@ func (b *schBench) publish(cs []*events.Classification) {
 			if err != nil {
 				b.t.Fatal(err)
 			}
-			hdr.Set(nats.MsgIdHdr, consumer.OutputMsgID("classifier", c.OutcomeID, "0"))
+			hdr.Set(nats.MsgIdHdr, msgid.Output("classifier", c.OutcomeID, "0"))
 			if futures[i], err = b.js.PublishMsgAsync(&nats.Msg{Subject: events.ClassifiedSubject(c.Provider, c.Class), Header: hdr, Data: data}); err != nil {
 				b.t.Fatalf("publish %s: %v", c.OutcomeID, err)
 			}

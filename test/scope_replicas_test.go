@@ -18,6 +18,7 @@ import (
 	"github.com/failbus/failbus/internal/bustest"
 	"github.com/failbus/failbus/internal/embedded"
 	"github.com/failbus/failbus/internal/engine/sim"
+	"github.com/failbus/failbus/internal/jspub"
 	"github.com/failbus/failbus/internal/scopestore"
 	"github.com/failbus/failbus/internal/service/classifier"
 	"github.com/failbus/failbus/internal/service/scheduler"
@@ -76,7 +77,7 @@ func (b *replicaBench) run(s interface{ Run(context.Context) error }, err error)
 
 func (b *replicaBench) publish(o *events.Outcome) {
 	b.t.Helper()
-	if _, err := consumer.Publish(b.Ctx, b.JS, events.OutcomeSubject(o.Provider, o.Agent), o, o.ID, nil); err != nil {
+	if _, err := jspub.Publish(b.Ctx, b.JS, events.OutcomeSubject(o.Provider, o.Agent), o, o.ID, nil); err != nil {
 		b.t.Fatal(err)
 	}
 }

@@ -19,11 +19,10 @@ import (
 	"github.com/failbus/failbus/internal/connect"
 	"github.com/failbus/failbus/internal/durable"
 	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/internal/storecheck"
 	"github.com/failbus/failbus/internal/streamread"
 	"github.com/failbus/failbus/internal/watch"
 	topology "github.com/failbus/failbus/jetstream"
-	"github.com/failbus/failbus/pkg/agent"
-	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
 )
 
@@ -151,7 +150,7 @@ func setup(t *testing.T) *bus {
 	}
 	// Agent a3's durable consumer, as pkg/agent names it, with a decision.
 	if _, err := js.CreateConsumer(ctx, topology.StreamDecisions, jetstream.ConsumerConfig{
-		Durable: agent.DurableName("a3", "decisions"), FilterSubject: events.DecisionSubject("a3"), AckPolicy: jetstream.AckExplicitPolicy,
+		Durable: durable.Name("a3", "decisions"), FilterSubject: events.DecisionSubject("a3"), AckPolicy: jetstream.AckExplicitPolicy,
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -670,12 +669,12 @@ func TestRoles(t *testing.T) {
 				fetchAck(sOut, topology.ConsumerClassifier),
 				publish(events.ClassifiedSubject("openai", "rate_limit")),
 				publish(events.DLQSubject("classifier")),
-				publish(consumer.StoreCheckSubject("classifier")),
+				publish(storecheck.Subject("classifier")),
 			},
 			append([]op{
 				publish(events.HealthSubject("openai")), publish(events.DecisionSubject("a1")),
 				publish(events.DLQSubject("scheduler")), publish(events.NotifySubject("critical")),
-				publish(consumer.StoreCheckSubject("scheduler")),
+				publish(storecheck.Subject("scheduler")),
 				publish(events.OutcomeSubject("openai", "a1")),
 				fetchAck(sCls, topology.ConsumerScheduler),
 				read(sOut, "failbus.outcome.>"),
@@ -797,8 +796,8 @@ func TestRoles(t *testing.T) {
 			read(sDec, events.DecisionSubject("a2")), read(sRet, events.RetryDueSubject("a2")),
 			read(sDec, "failbus.decision.*"),
 			// Its neighbour's durable consumer, by name.
-			fetchAck(sDec, agent.DurableName("a3", "decisions")),
-			durableFor(sDec, agent.DurableName("a3", "decisions"), events.DecisionSubject("a1")),
+			fetchAck(sDec, durable.Name("a3", "decisions")),
+			durableFor(sDec, durable.Name("a3", "decisions"), events.DecisionSubject("a1")),
 		))
 	})
 
@@ -817,7 +816,7 @@ func TestRoles(t *testing.T) {
 		// An agent's durable: not fetched from (stalling the agent for its
 		// ack wait), retargeted, deleted; no consumer of its own either,
 		// ordered ones and a bucket's watch included.
-		a3 := agent.DurableName("a3", "decisions")
+		a3 := durable.Name("a3", "decisions")
 		mayNot = append(mayNot, purge(sOut, events.OutcomeSubject("openai", "a1")), createStream("EVIL", "evil.>"),
 			deleteStream(sCtl), b.readInboxOf(auth.RoleAgent),
 			fetchOnly(sDec, a3), durableFor(sDec, a3, "failbus.dispatch.>"), durableFor(sDec, a3, events.DecisionSubject("a3")),

@@ -7,8 +7,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/failbus/failbus/internal/connect"
+	"github.com/failbus/failbus/internal/durable"
 	topology "github.com/failbus/failbus/jetstream"
-	"github.com/failbus/failbus/pkg/agent"
 	"github.com/failbus/failbus/pkg/events"
 )
 
@@ -147,7 +147,7 @@ func (r Role) Permissions(pub string) (Permissions, error) {
 	perms := p.done(owned)
 	for _, other := range r.NotAgents {
 		for _, k := range agentConsumers {
-			name := agent.DurableName(other, k.kind)
+			name := durable.Name(other, k.kind)
 			perms.PublishDeny = append(perms.PublishDeny,
 				api+"CONSUMER.CREATE."+k.stream+"."+name, api+"CONSUMER.CREATE."+k.stream+"."+name+".>",
 				api+"CONSUMER.INFO."+k.stream+"."+name, api+"CONSUMER.MSG.NEXT."+k.stream+"."+name,

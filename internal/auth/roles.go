@@ -43,8 +43,8 @@ package auth
 import (
 	"fmt"
 
+	"github.com/failbus/failbus/internal/storecheck"
 	topology "github.com/failbus/failbus/jetstream"
-	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
 )
 
@@ -103,7 +103,7 @@ type Role struct {
 	// ($JS.API.STREAM.NAMES).
 	FindStreams bool
 	// NotAgents names other agents whose durable consumers
-	// (pkg/agent.DurableName) the role may not read, look up or delete:
+	// (durable.Name) the role may not read, look up or delete:
 	// an agent-<name> user's neighbours in the same auth init.
 	NotAgents []string
 	// ReadAll lets the role read everything and change nothing (operator).
@@ -113,12 +113,12 @@ type Role struct {
 }
 
 // dlq is the dead-letter subject of each service name, and its store
-// check's (consumer.StoreCheckSubject): what every runner of a service
+// check's (storecheck.Subject): what every runner of a service
 // writes besides its outputs.
 func dlq(services ...string) []string {
 	out := make([]string, 0, 2*len(services))
 	for _, s := range services {
-		out = append(out, events.DLQSubject(s), consumer.StoreCheckSubject(s))
+		out = append(out, events.DLQSubject(s), storecheck.Subject(s))
 	}
 	return out
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/failbus/failbus/internal/connect"
+	"github.com/failbus/failbus/internal/ops"
 	"github.com/failbus/failbus/internal/status"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
@@ -244,7 +245,7 @@ func serve(ctx context.Context, spec Spec, c common, pol *policy.Policy, log zer
 	// not read list why (`failbus status` with the operator's
 	// credentials shows everything).
 	page := status.NewServer(ctx, status.NewCollector(js, nil), 0, "")
-	if _, err := consumer.ServeOps(ctx, c.opsAddr, reg, svc.Healthy, log, page.Routes()...); err != nil {
+	if _, err := ops.Serve(ctx, c.opsAddr, reg, svc.Healthy, log, page.Routes()...); err != nil {
 		return err
 	}
 	return nc.Explain(RunBounded(ctx, svc, c.shutdownTimeout, log))
@@ -305,11 +306,11 @@ type Group []Service
 
 // Run implements Service.
 func (g Group) Run(ctx context.Context) error {
-	parts := make([]consumer.Runnable, len(g))
+	parts := make([]ops.Runnable, len(g))
 	for i, s := range g {
 		parts[i] = s
 	}
-	return consumer.RunAll(ctx, parts...)
+	return ops.RunAll(ctx, parts...)
 }
 
 // Healthy implements Service.
@@ -318,7 +319,7 @@ func (g Group) Healthy() error {
 	for i, s := range g {
 		checks[i] = s.Healthy
 	}
-	return consumer.AllHealthy(checks...)()
+	return ops.AllHealthy(checks...)()
 }
 
 // EnvString reads an environment variable with a default; flags use it so every

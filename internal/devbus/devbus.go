@@ -22,9 +22,9 @@ import (
 	"github.com/failbus/failbus/internal/connect"
 	"github.com/failbus/failbus/internal/daemon"
 	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/internal/ops"
 	"github.com/failbus/failbus/internal/servicespec"
 	topology "github.com/failbus/failbus/jetstream"
-	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/policy"
 )
 
@@ -401,7 +401,7 @@ func (b *Bus) waitHealthy(limit time.Duration) error {
 // Healthy is the /healthz check: the embedded server can store
 // (serverHealthy) and every service is healthy.
 func (b *Bus) Healthy() error {
-	return errors.Join(b.serverHealthy(), consumer.AllHealthy(b.health...)())
+	return errors.Join(b.serverHealthy(), ops.AllHealthy(b.health...)())
 }
 
 // Stop drains every service (each finishes its in-flight messages, unless

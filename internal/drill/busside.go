@@ -10,9 +10,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/failbus/failbus/internal/delivery"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/notify"
 	"github.com/failbus/failbus/pkg/policy"
 )
 
@@ -85,12 +85,12 @@ func countBus(ctx context.Context, nc *nats.Conn, start time.Time) (*busFigures,
 	if err := each(ctx, js, topology.StreamNotify, events.NotifyPrefix+".>", start, func(jetstream.Msg) { bf.NotifyRequests++ }); err != nil {
 		return nil, err
 	}
-	audit := events.AuditPrefix + "." + notify.DefaultService + "."
+	audit := events.AuditPrefix + "." + delivery.DefaultService + "."
 	err = each(ctx, js, topology.StreamAudit, audit+">", start, func(m jetstream.Msg) {
 		switch strings.TrimPrefix(m.Subject(), audit) {
-		case notify.AuditSent:
+		case delivery.AuditSent:
 			bf.NotifySent++
-		case notify.AuditHeld:
+		case delivery.AuditHeld:
 			bf.NotifyHeld++
 		}
 	})

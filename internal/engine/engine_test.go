@@ -8,13 +8,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/failbus/failbus/internal/delivery"
 	"github.com/failbus/failbus/internal/engine"
 	"github.com/failbus/failbus/internal/policy/notification"
 	"github.com/failbus/failbus/internal/policy/refusal"
 	"github.com/failbus/failbus/internal/policy/retry"
 	"github.com/failbus/failbus/internal/policy/scope"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/notify"
 	"github.com/failbus/failbus/pkg/policy"
 )
 
@@ -260,7 +260,7 @@ func TestAdmitFollowsTheNotifiersRules(t *testing.T) {
 		}
 		if a.Digest != nil {
 			d := *a.Digest
-			if !notification.IsDigest(d) || !strings.Contains(d.Text, "failbus.audit."+notify.DefaultService+"."+notify.AuditHeld) {
+			if !notification.IsDigest(d) || !strings.Contains(d.Text, "failbus.audit."+delivery.DefaultService+"."+delivery.AuditHeld) {
 				t.Fatalf("digest %+v does not name the notifier's audit subject", d)
 			}
 		}

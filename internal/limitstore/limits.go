@@ -24,11 +24,11 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/failbus/failbus/internal/jspub"
 	"github.com/failbus/failbus/internal/kvkey"
 	"github.com/failbus/failbus/internal/policy/limits"
 	"github.com/failbus/failbus/internal/streamread"
 	topology "github.com/failbus/failbus/jetstream"
-	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
 )
 
@@ -506,7 +506,7 @@ func (n *Notifier) Tell(ctx context.Context, e *limits.Exceeded) error {
 			e.Agent, e.Held, e.Limit, e.Max, e.Kind, e.Kind, e.Name),
 		Labels: map[string]string{"agent": e.Agent, "limit": e.Limit, "service": n.service},
 	}
-	if _, err := consumer.Publish(ctx, n.js, events.NotifySubject(events.SeverityNormal), msg, key, nil); err != nil {
+	if _, err := jspub.Publish(ctx, n.js, events.NotifySubject(events.SeverityNormal), msg, key, nil); err != nil {
 		n.mu.Lock()
 		delete(n.told, key)
 		n.mu.Unlock()

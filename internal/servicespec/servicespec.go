@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/failbus/failbus/internal/daemon"
+	"github.com/failbus/failbus/internal/delivery"
 	"github.com/failbus/failbus/internal/policy/limits"
 	recoverypolicy "github.com/failbus/failbus/internal/policy/recovery"
 	"github.com/failbus/failbus/internal/service/classifier"
@@ -25,7 +26,6 @@ import (
 	"github.com/failbus/failbus/internal/service/refusals"
 	"github.com/failbus/failbus/internal/service/scheduler"
 	"github.com/failbus/failbus/pkg/consumer"
-	"github.com/failbus/failbus/pkg/notify"
 )
 
 // All is every service, in start order.
@@ -126,7 +126,7 @@ func Scheduler() daemon.Spec {
 func Notifier() daemon.Spec {
 	var (
 		concurrency    = notifier.DefaultConcurrency
-		dedupeLifetime = daemon.EnvDuration("FAILBUS_NOTIFY_DEDUPE_LIFETIME", notify.DefaultDedupeLifetime)
+		dedupeLifetime = daemon.EnvDuration("FAILBUS_NOTIFY_DEDUPE_LIFETIME", delivery.DefaultDedupeLifetime)
 		replica        = daemon.EnvString("FAILBUS_NOTIFIER_REPLICA", "")
 	)
 	return daemon.Spec{

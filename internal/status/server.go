@@ -11,7 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/failbus/failbus/pkg/consumer"
+	"github.com/failbus/failbus/internal/ops"
 )
 
 // DefaultInterval is how often the page is refreshed.
@@ -59,9 +59,9 @@ func NewServer(ctx context.Context, c *Collector, interval time.Duration, notRea
 // SetCollector sets (or replaces) where snapshots are read.
 func (s *Server) SetCollector(c *Collector) { s.collector.Store(c) }
 
-// Routes are the page's endpoints, for consumer.ServeOps.
-func (s *Server) Routes() []consumer.OpsEndpoint {
-	return []consumer.OpsEndpoint{
+// Routes are the page's endpoints, for ops.Serve.
+func (s *Server) Routes() []ops.Endpoint {
+	return []ops.Endpoint{
 		{Pattern: "GET " + Path, Handler: http.HandlerFunc(s.servePage)},
 		{Pattern: "GET " + Path + "/{$}", Handler: http.HandlerFunc(s.servePage)},
 		{Pattern: "GET " + Path + ".json", Handler: http.HandlerFunc(s.serveJSON)},

@@ -38,11 +38,11 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/failbus/failbus/internal/cli/lag"
+	"github.com/failbus/failbus/internal/delivery"
 	"github.com/failbus/failbus/internal/policy/recovery"
 	"github.com/failbus/failbus/internal/streamread"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/notify"
 )
 
 // Window is the span of the dead-letter and notification figures.
@@ -404,7 +404,7 @@ func (c *Collector) notifications(ctx context.Context, now time.Time, out *Notif
 	out.Requested = c.reqWin.totals(now)
 	delete(out.Requested, otherKey)
 	kinds := c.auditWin.totals(now)
-	out.Sent, out.Held, out.Deduped = kinds[notify.AuditSent], kinds[notify.AuditHeld], kinds[notify.AuditDeduped]
-	out.Failed, out.Unrouted = kinds[notify.AuditFailed], kinds[notify.AuditUnrouted]
+	out.Sent, out.Held, out.Deduped = kinds[delivery.AuditSent], kinds[delivery.AuditHeld], kinds[delivery.AuditDeduped]
+	out.Failed, out.Unrouted = kinds[delivery.AuditFailed], kinds[delivery.AuditUnrouted]
 	return errors.Join(errs...)
 }

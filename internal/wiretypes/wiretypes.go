@@ -9,7 +9,7 @@ package wiretypes
 
 import (
 	// Each registers its records with events.Register.
+	_ "github.com/failbus/failbus/internal/delivery"
+	_ "github.com/failbus/failbus/internal/retrymark"
 	_ "github.com/failbus/failbus/internal/service/scheduler"
-	_ "github.com/failbus/failbus/pkg/agent"
-	_ "github.com/failbus/failbus/pkg/notify"
 )

@@ -9,15 +9,16 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/failbus/failbus/internal/cli/clitest"
+	"github.com/failbus/failbus/internal/delivery"
 	"github.com/failbus/failbus/internal/devbus"
 	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/internal/retrymark"
 	"github.com/failbus/failbus/internal/service/scheduler"
 	"github.com/failbus/failbus/internal/watch"
 	_ "github.com/failbus/failbus/internal/wiretypes"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/agent"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/notify"
 )
 
 // TestEveryRecordTheBusWritesDecodes runs every service on a real bus,
@@ -107,7 +108,7 @@ func TestEveryRecordTheBusWritesDecodes(t *testing.T) {
 		events.SchemaOutcome: true, events.SchemaBoundary: true, events.SchemaClassification: true,
 		events.SchemaDecision: true, events.SchemaRetryDue: true, events.SchemaNotification: true,
 		events.SchemaDeadLetter: true, scheduler.SchemaLedgerEntry: true, scheduler.SchemaPolicyAudit: true,
-		notify.SchemaAudit: true, agent.SchemaRetryStarted: true, agent.SchemaRetryCancel: true,
+		delivery.SchemaAudit: true, retrymark.SchemaStarted: true, retrymark.SchemaCancel: true,
 	}
 	var got map[string]int
 	clitest.WaitFor(t, "every kind of record stored", func() bool {

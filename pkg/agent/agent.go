@@ -35,17 +35,19 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 
+	"github.com/failbus/failbus/internal/msgid"
+	"github.com/failbus/failbus/internal/retrymark"
 	"github.com/failbus/failbus/internal/tracing"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
 )
 
-// DurableInactiveThreshold is how long the server keeps an agent's durable
+// durableInactiveThreshold is how long the server keeps an agent's durable
 // consumers (WithDurable) after the agent last read from them: as long as
 // the decision and retry streams keep their messages (7 days), so an agent
 // that comes back within that time misses nothing, and an agent that never
 // comes back leaves nothing behind for ever.
-const DurableInactiveThreshold = topology.DefaultMaxAgeDecisions
+const durableInactiveThreshold = topology.DefaultMaxAgeDecisions
 
 // durableAckWait is how long the server waits for the hand-off of one
 // message to the agent's code before redelivering it (durable mode only).
@@ -160,17 +162,10 @@ func (a *Agent) Boundary(ctx context.Context, b events.Boundary) error {
 	if b.At.IsZero() {
 		b.At = events.At(a.opts.now())
 	}
-	if err := a.publish(ctx, events.SegmentSubject(b.Agent), &b, BoundaryMsgID(b)); err != nil {
+	if err := a.publish(ctx, events.SegmentSubject(b.Agent), &b, msgid.Boundary(b)); err != nil {
 		return fmt.Errorf("agent %s: report boundary %s: %w", a.name, events.SegmentKey(b.Session, b.Segment), err)
 	}
 	return nil
-}
-
-// BoundaryMsgID is the Nats-Msg-Id of a boundary,
-// "boundary:<agent>:<session>#<segment>": one segment starts once, however
-// often (or by whom: agent, `failbus publish`) it is reported.
-func BoundaryMsgID(b events.Boundary) string {
-	return "boundary:" + b.Agent + ":" + events.SegmentKey(b.Session, b.Segment)
 }
 
 // Started tells the scheduler that the agent started the retry retryID
@@ -178,7 +173,7 @@ func BoundaryMsgID(b events.Boundary) string {
 // budget was already spent when the retry was recorded, before the wait
 // (persist, then wait), so a crash never refunds it.
 func (a *Agent) Started(ctx context.Context, retryID string) error {
-	return a.retryMark(ctx, events.RetryStartedSubject(a.name), SchemaRetryStarted, retryID)
+	return a.retryMark(ctx, events.RetryStartedSubject(a.name), retrymark.SchemaStarted, retryID)
 }
 
 // Cancel tells the scheduler that the agent no longer wants the pending
@@ -187,29 +182,14 @@ func (a *Agent) Started(ctx context.Context, retryID string) error {
 // written. The retry stays counted in its budget: it was recorded before the
 // wait, and a refund would let a crash overspend it.
 func (a *Agent) Cancel(ctx context.Context, retryID string) error {
-	return a.retryMark(ctx, events.RetryCancelSubject(a.name), SchemaRetryCancel, retryID)
-}
-
-// Schema names of the records Started and Cancel write. The scheduler that
-// reads them belongs to a later issue; until pkg/events has types for them
-// they are written here, in the same codec shape (msgpack, schema header).
-const (
-	SchemaRetryStarted = "retry_started"
-	SchemaRetryCancel  = "retry_cancel"
-)
-
-// RetryMark is the payload of a started or cancel record.
-type RetryMark struct {
-	RetryID string      `msgpack:"retry_id" json:"retry_id"`
-	Agent   string      `msgpack:"agent" json:"agent"`
-	At      events.Time `msgpack:"at" json:"at"`
+	return a.retryMark(ctx, events.RetryCancelSubject(a.name), retrymark.SchemaCancel, retryID)
 }
 
 func (a *Agent) retryMark(ctx context.Context, subject, schema, retryID string) error {
 	if retryID == "" {
 		return fmt.Errorf("agent %s: %s: empty retry id", a.name, schema)
 	}
-	m := RetryMark{RetryID: retryID, Agent: a.name, At: events.At(a.opts.now())}
+	m := retrymark.Mark{RetryID: retryID, Agent: a.name, At: events.At(a.opts.now())}
 	data, err := marshalMark(m)
 	if err != nil {
 		return fmt.Errorf("agent %s: %s %s: %w", a.name, schema, retryID, err)

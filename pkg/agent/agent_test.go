@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/failbus/failbus/internal/bustest"
+	"github.com/failbus/failbus/internal/durable"
 	"github.com/failbus/failbus/internal/embedded"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/agent"
@@ -313,7 +314,7 @@ func TestAgentDurableResumesAfterRestart(t *testing.T) {
 			t.Fatalf("restarted agent got %s, want %s", d.OutcomeID, want)
 		}
 	}
-	info, err := b.js.Consumer(b.ctx, topology.StreamDecisions, agent.DurableName("bot", "decisions"))
+	info, err := b.js.Consumer(b.ctx, topology.StreamDecisions, durable.Name("bot", "decisions"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,22 +17,22 @@ import (
 
 // Defaults of a Request.
 const (
-	// DefaultStallAfter ends an attempt that produced nothing (no answer,
+	// defaultStallAfter ends an attempt that produced nothing (no answer,
 	// no streamed chunk) for this long, and reports it as a timeout: a hung
 	// stream becomes a decided, retried failure instead of a session
 	// frozen for an hour.
-	DefaultStallAfter = 2 * time.Minute
-	// DefaultDecisionTimeout bounds the wait for the bus's decision on a
+	defaultStallAfter = 2 * time.Minute
+	// defaultDecisionTimeout bounds the wait for the bus's decision on a
 	// failed attempt; past it Call returns ErrNoDecision.
-	DefaultDecisionTimeout = 30 * time.Second
-	// DefaultResumeWindow spreads the Calls released by a provider's
+	defaultDecisionTimeout = 30 * time.Second
+	// defaultResumeWindow spreads the Calls released by a provider's
 	// recovery: each waits a random time up to it before calling again,
 	// so a provider that just came back is not hit by every held call in
 	// the same second.
-	DefaultResumeWindow = 10 * time.Second
-	// DefaultMaxAttempts bounds the attempts of one Call (the bus's retry
+	defaultResumeWindow = 10 * time.Second
+	// defaultMaxAttempts bounds the attempts of one Call (the bus's retry
 	// budget bounds retries; this bounds switches too).
-	DefaultMaxAttempts = 32
+	defaultMaxAttempts = 32
 )
 
 // ErrNoDecision: a failed attempt got no decision from the bus within
@@ -97,15 +97,15 @@ type Request struct {
 	OnRestart func(Restart)
 
 	// StallAfter ends an attempt silent for this long (no return, no
-	// chunk) and reports it as a timeout. Defaults to DefaultStallAfter.
+	// chunk) and reports it as a timeout. Defaults to 2 minutes.
 	StallAfter time.Duration
 	// DecisionTimeout bounds the wait for a decision. Defaults to
-	// DefaultDecisionTimeout.
+	// 30 seconds.
 	DecisionTimeout time.Duration
 	// ResumeWindow spreads the resumption after a wait_provider. Defaults
-	// to DefaultResumeWindow; negative resumes at once.
+	// to 10 seconds; negative resumes at once.
 	ResumeWindow time.Duration
-	// MaxAttempts bounds the attempts. Defaults to DefaultMaxAttempts.
+	// MaxAttempts bounds the attempts. Defaults to 32.
 	MaxAttempts int
 }
 
@@ -313,16 +313,16 @@ func Call[T any](ctx context.Context, a *Agent, req Request, fn func(context.Con
 
 func (r *Request) defaults() {
 	if r.StallAfter <= 0 {
-		r.StallAfter = DefaultStallAfter
+		r.StallAfter = defaultStallAfter
 	}
 	if r.DecisionTimeout <= 0 {
-		r.DecisionTimeout = DefaultDecisionTimeout
+		r.DecisionTimeout = defaultDecisionTimeout
 	}
 	if r.ResumeWindow == 0 {
-		r.ResumeWindow = DefaultResumeWindow
+		r.ResumeWindow = defaultResumeWindow
 	}
 	if r.MaxAttempts <= 0 {
-		r.MaxAttempts = DefaultMaxAttempts
+		r.MaxAttempts = defaultMaxAttempts
 	}
 }
 

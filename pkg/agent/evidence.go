@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/failbus/failbus/internal/httpheader"
 	"github.com/failbus/failbus/pkg/events"
 )
 
@@ -79,22 +80,7 @@ func HTTPErrorFrom(resp *http.Response) error {
 	}
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxBody))
 	_ = resp.Body.Close()
-	return &HTTPError{Status: resp.StatusCode, Body: string(body), Headers: HeaderMap(resp.Header)}
-}
-
-// HeaderMap is h with lower-case names, one value each, as an Outcome
-// keeps them.
-func HeaderMap(h http.Header) map[string]string {
-	if len(h) == 0 {
-		return nil
-	}
-	out := make(map[string]string, len(h))
-	for k, v := range h {
-		if len(v) > 0 {
-			out[strings.ToLower(k)] = v[0]
-		}
-	}
-	return out
+	return &HTTPError{Status: resp.StatusCode, Body: string(body), Headers: httpheader.Map(resp.Header)}
 }
 
 // describe is the Evidence of err: a Describer's, an Evidencer's, or the

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/failbus/failbus/internal/durable"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/agent"
 	"github.com/failbus/failbus/pkg/events"
@@ -18,7 +19,7 @@ func TestAgentHandleDecisionsAcknowledgesOnceActedOn(t *testing.T) {
 	b := setup(t)
 	ackState := func(name string) (pending int, floor, delivered uint64) {
 		t.Helper()
-		c, err := b.js.Consumer(b.ctx, topology.StreamDecisions, agent.DurableName(name, "decisions"))
+		c, err := b.js.Consumer(b.ctx, topology.StreamDecisions, durable.Name(name, "decisions"))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -9,7 +9,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/failbus/failbus/internal/durable"
 	"github.com/failbus/failbus/internal/requeue"
+	"github.com/failbus/failbus/internal/retrymark"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
 )
@@ -58,13 +60,6 @@ func (a *Agent) DueRetries(ctx context.Context) (<-chan events.RetryDue, error) 
 		return *r, nil
 	})
 	return out, nil
-}
-
-// DurableName is the name of the durable consumer WithDurable keeps for an
-// agent and kind ("decisions" or "retries"); operators look it up with
-// `nats consumer info`.
-func DurableName(agent, kind string) string {
-	return "agent-" + events.Token(agent) + "-" + kind
 }
 
 // reader is what pump needs of a consumer: the next message and a way to
@@ -130,7 +125,7 @@ func (a *Agent) open(ctx context.Context, stream, subject, kind string) (*reader
 		}
 		return &reader{msgs: it, ordered: c, stream: stream, kind: kind}, nil
 	}
-	name := DurableName(a.name, kind)
+	name := durable.Name(a.name, kind)
 	c, err := a.js.Consumer(ctx, stream, name)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
 		c, err = a.js.CreateConsumer(ctx, stream, jetstream.ConsumerConfig{
@@ -142,7 +137,7 @@ func (a *Agent) open(ctx context.Context, stream, subject, kind string) (*reader
 			AckPolicy:         jetstream.AckExplicitPolicy,
 			AckWait:           durableAckWait,
 			MaxAckPending:     1,
-			InactiveThreshold: DurableInactiveThreshold,
+			InactiveThreshold: durableInactiveThreshold,
 		})
 		if errors.Is(err, jetstream.ErrConsumerExists) {
 			c, err = a.js.Consumer(ctx, stream, name)
@@ -239,7 +234,7 @@ func each[T any](ctx context.Context, a *Agent, r *reader, decode func(jetstream
 // ackTimeout bounds the wait for the server to confirm an acknowledgement.
 const ackTimeout = 5 * time.Second
 
-func marshalMark(m RetryMark) ([]byte, error) {
+func marshalMark(m retrymark.Mark) ([]byte, error) {
 	b, err := msgpack.Marshal(m)
 	if err != nil {
 		return nil, fmt.Errorf("encode: %w", err)

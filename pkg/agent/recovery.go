@@ -19,8 +19,8 @@ import (
 	"github.com/failbus/failbus/pkg/events"
 )
 
-// DefaultHeartbeatInterval is how often a Subagent says it is running.
-const DefaultHeartbeatInterval = events.DefaultHeartbeatIntervalMS * time.Millisecond
+// defaultHeartbeatInterval is how often a Subagent says it is running.
+const defaultHeartbeatInterval = events.DefaultHeartbeatIntervalMS * time.Millisecond
 
 // Heartbeat publishes one heartbeat of a subagent; Agent and At are filled
 // when empty. Most callers use StartSubagent, which sends them on time.
@@ -49,7 +49,7 @@ type SubagentConfig struct {
 	// provider belongs to every provider's checklist.
 	Provider, Model, Session string
 	// Interval is how often it says it is running. Defaults to
-	// DefaultHeartbeatInterval (10s). Recovery kills a subagent whose last
+	// 10 seconds. Recovery kills a subagent whose last
 	// heartbeat is older than 3 intervals (recovery.stale_after) after an
 	// outage, so pick what the subagent can keep.
 	Interval time.Duration
@@ -87,7 +87,7 @@ func (a *Agent) StartSubagent(ctx context.Context, cfg SubagentConfig) (*Subagen
 		return nil, fmt.Errorf("agent %s: subagent without a name", a.name)
 	}
 	if cfg.Interval <= 0 {
-		cfg.Interval = DefaultHeartbeatInterval
+		cfg.Interval = defaultHeartbeatInterval
 	}
 	sctx, cancel := context.WithCancelCause(ctx)
 	s := &Subagent{a: a, cfg: cfg, ctx: sctx, cancel: cancel, stop: make(chan struct{}), done: make(chan struct{}), checkpoint: cfg.Checkpoint}

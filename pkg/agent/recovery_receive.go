@@ -32,26 +32,6 @@ func (a *Agent) Dispatches(ctx context.Context) (<-chan events.Dispatch, error) 
 	return out, nil
 }
 
-// Controls returns the commands recovery sends this agent
-// (failbus.control.<agent> on FAILBUS_CONTROL): kill, run_cron,
-// check_write, probe. Delivery is as for Decisions. Most agents use
-// HandleControls instead.
-func (a *Agent) Controls(ctx context.Context) (<-chan events.Control, error) {
-	it, err := a.open(ctx, topology.StreamControl, events.ControlSubject(a.name), "control")
-	if err != nil {
-		return nil, err
-	}
-	out := make(chan events.Control)
-	go pump(ctx, a, it, out, func(m jetstream.Msg) (events.Control, error) {
-		c, err := events.DecodeAs[*events.Control](m.Subject(), m.Headers(), m.Data())
-		if err != nil {
-			return events.Control{}, err
-		}
-		return *c, nil
-	})
-	return out, nil
-}
-
 // ControlHandlers are what an agent does with each recovery command. A nil
 // handler leaves the default: Kill stops the heartbeats of a subagent
 // started with StartSubagent and cancels its Context (cause ErrKilled), or

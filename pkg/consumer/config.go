@@ -15,23 +15,23 @@ import (
 
 // Defaults of Config, exported so callers and docs can name them.
 const (
-	// DefaultConcurrency handles one message at a time, which keeps stream
+	// defaultConcurrency handles one message at a time, which keeps stream
 	// order (see Config.Concurrency).
-	DefaultConcurrency = 1
-	// DefaultMaxDeliver is the last delivery on which the handler runs when
+	defaultConcurrency = 1
+	// defaultMaxDeliver is the last delivery on which the handler runs when
 	// the consumer itself has no limit (MaxDeliver -1); with a limit, the
 	// runner stops one short of it (see Config.MaxDeliver).
-	DefaultMaxDeliver = 10
+	defaultMaxDeliver = 10
 	// DefaultFetchWait is how long one pull request waits for messages. A
 	// shutdown waits at most this long for the outstanding pull to end.
 	DefaultFetchWait = 2 * time.Second
-	// DefaultMaxInFlight is how many inputs a runner holds at most between
+	// defaultMaxInFlight is how many inputs a runner holds at most between
 	// fetching and settling them (handlers running, outputs being stored,
 	// acks), unless the consumer's MaxAckPending is lower.
-	DefaultMaxInFlight = 256
-	// DefaultFetchBatch is how many messages one pull asks for at least
+	defaultMaxInFlight = 256
+	// defaultFetchBatch is how many messages one pull asks for at least
 	// (see Config.FetchBatch).
-	DefaultFetchBatch = 64
+	defaultFetchBatch = 64
 	// DefaultDrainTimeout is how long in-flight handlers may keep running
 	// after Run's context is cancelled before their own context is.
 	DefaultDrainTimeout = 30 * time.Second
@@ -95,7 +95,7 @@ type Config struct {
 	Limits events.Limits
 
 	// Concurrency is how many handlers run at the same time (workers).
-	// Defaults to DefaultConcurrency (1), which handles messages in stream
+	// Defaults to 1, which handles messages in stream
 	// order, apart from redeliveries. Above 1 without Key there is no order
 	// between messages; with Key, messages with equal keys are handled one
 	// at a time, in delivery order. A worker does not wait for its outputs
@@ -121,13 +121,13 @@ type Config struct {
 	// acknowledges it once every one is stored, without holding up its
 	// worker, so this is the pipeline's window. It is further bounded by
 	// the consumer's MaxAckPending, which is the backpressure. Defaults to
-	// DefaultMaxInFlight (256).
+	// 256.
 	MaxInFlight int
 
 	// MaxDeliver is the last delivery on which the handler runs: a message
 	// whose handler still fails then (an error or Retry) is dead-lettered
 	// instead of redelivered. Defaults to one less than the consumer's own
-	// MaxDeliver (9 for the topology's 10), or DefaultMaxDeliver when the
+	// MaxDeliver (9 for the topology's 10), or 10 when the
 	// consumer has no limit. The delivery left over is a spare: the server
 	// stops delivering after its MaxDeliver, so when the process dies during
 	// the handler's last delivery, the spare redelivery (after AckWait) is
@@ -147,8 +147,8 @@ type Config struct {
 
 	// FetchBatch is how many messages one pull request asks for at most;
 	// a pull never asks for more than the window (MaxInFlight) has room
-	// for. Defaults to the larger of Concurrency and DefaultFetchBatch
-	// (64), capped at MaxInFlight. Fetched messages wait for a free handler
+	// for. Defaults to the larger of Concurrency and 64,
+	// capped at MaxInFlight. Fetched messages wait for a free handler
 	// while their AckWait runs; the runner keeps them alive with a progress
 	// signal for at most ten AckWaits, so keep MaxInFlight × handler time /
 	// Concurrency well below that.
@@ -174,8 +174,8 @@ type Config struct {
 	DrainTimeout time.Duration
 
 	// StoreCheckEvery is how long a runner may see none of its writes go
-	// either way (it is idle) before it writes a StoreCheck to
-	// StoreCheckSubject(Service) to find out whether it can still store
+	// either way (it is idle) before it writes a store check record to
+	// failbus.storecheck.<service> to find out whether it can still store
 	// (store.go); Healthy fails while it cannot. The stream
 	// FAILBUS_STORECHECK of the failbus topology holds those subjects, and
 	// the failbus services set DefaultStoreCheckEvery (15s). 0, the
@@ -222,9 +222,9 @@ func (c Config) resolve() (Config, error) {
 	}
 	switch {
 	case c.Concurrency < 0:
-		return bad("Concurrency %d: must be positive (0 selects %d)", c.Concurrency, DefaultConcurrency)
+		return bad("Concurrency %d: must be positive (0 selects %d)", c.Concurrency, defaultConcurrency)
 	case c.Concurrency == 0:
-		c.Concurrency = DefaultConcurrency
+		c.Concurrency = defaultConcurrency
 	}
 	if c.MaxDeliver < 0 {
 		return bad("MaxDeliver %d: must be positive (0 selects the consumer's)", c.MaxDeliver)
@@ -243,15 +243,15 @@ func (c Config) resolve() (Config, error) {
 	c.Backoff = append([]time.Duration(nil), c.Backoff...)
 	switch {
 	case c.MaxInFlight < 0:
-		return bad("MaxInFlight %d: must be positive (0 selects %d)", c.MaxInFlight, DefaultMaxInFlight)
+		return bad("MaxInFlight %d: must be positive (0 selects %d)", c.MaxInFlight, defaultMaxInFlight)
 	case c.MaxInFlight == 0:
-		c.MaxInFlight = DefaultMaxInFlight
+		c.MaxInFlight = defaultMaxInFlight
 	}
 	switch {
 	case c.FetchBatch < 0:
-		return bad("FetchBatch %d: must be positive (0 selects max(Concurrency, %d))", c.FetchBatch, DefaultFetchBatch)
+		return bad("FetchBatch %d: must be positive (0 selects max(Concurrency, %d))", c.FetchBatch, defaultFetchBatch)
 	case c.FetchBatch == 0:
-		c.FetchBatch = min(max(c.Concurrency, DefaultFetchBatch), c.MaxInFlight)
+		c.FetchBatch = min(max(c.Concurrency, defaultFetchBatch), c.MaxInFlight)
 	}
 	if c.StoreCheckEvery < 0 {
 		return bad("StoreCheckEvery %v: must not be negative (0: never)", c.StoreCheckEvery)

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/failbus/failbus/internal/msgid"
 	"github.com/failbus/failbus/pkg/events"
 )
 
@@ -99,9 +100,9 @@ func deadLetterRecord(service string, m *Msg, reason string, maxPayload int64) (
 func (r *Runner) deadLetter(ctx context.Context, m *Msg, reason string) (string, string) {
 	data, hdr, dl, err := deadLetterRecord(r.cfg.Service, m, reason, r.js.Conn().MaxPayload())
 	if err != nil {
-		return r.nak(m, r.cfg.backoff(m.Delivered), ResultError, err.Error())
+		return r.nak(m, r.cfg.backoff(m.Delivered), resultError, err.Error())
 	}
-	hdr.Set(events.HeaderMsgID, DeadLetterMsgID(r.cfg.Service, m.Stream, m.Seq))
+	hdr.Set(events.HeaderMsgID, msgid.DeadLetter(r.cfg.Service, m.Stream, m.Seq))
 	pctx, cancel := context.WithTimeout(ctx, settleTimeout)
 	defer cancel()
 	_, err = r.js.PublishMsg(pctx, &nats.Msg{Subject: events.DLQSubject(r.cfg.Service), Header: hdr, Data: data})
@@ -112,15 +113,15 @@ func (r *Runner) deadLetter(ctx context.Context, m *Msg, reason string) (string,
 		if errors.Is(err, nats.ErrMaxPayload) {
 			err = fmt.Errorf("%w (a %d-byte record; the server's max_payload is %d)", err, len(data), r.js.Conn().MaxPayload())
 		}
-		return r.nak(m, r.cfg.backoff(m.Delivered), ResultError, fmt.Sprintf("publish dead letter (%s): %v", dl.Reason, err))
+		return r.nak(m, r.cfg.backoff(m.Delivered), resultError, fmt.Sprintf("publish dead letter (%s): %v", dl.Reason, err))
 	}
 	if dl.Truncated {
 		r.m.deadLettersTruncated.WithLabelValues(r.cfg.Service).Inc()
 	}
 	if err := m.raw.DoubleAck(pctx); err != nil {
-		return ResultDeadLetter, dl.Reason + "; ack failed, dead letter deduplicated on redelivery: " + err.Error()
+		return resultDeadLetter, dl.Reason + "; ack failed, dead letter deduplicated on redelivery: " + err.Error()
 	}
-	return ResultDeadLetter, dl.Reason
+	return resultDeadLetter, dl.Reason
 }
 
 // headerSize is roughly what h takes on the wire ("Name: value\r\n" each).
@@ -195,7 +196,7 @@ func Quarantine(ctx context.Context, js jetstream.JetStream, service string, m *
 	if err != nil {
 		return err
 	}
-	hdr.Set(events.HeaderMsgID, DeadLetterMsgID(service, m.Stream, m.Seq))
+	hdr.Set(events.HeaderMsgID, msgid.DeadLetter(service, m.Stream, m.Seq))
 	pctx, cancel := context.WithTimeout(ctx, settleTimeout)
 	defer cancel()
 	if _, err := js.PublishMsg(pctx, &nats.Msg{Subject: events.DLQSubject(service), Header: hdr, Data: data}); err != nil {

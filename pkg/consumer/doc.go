@@ -14,7 +14,7 @@
 //     worker waits for a round trip of the runner's own.
 //   - It acknowledges an input only after every output the handler asked for
 //     (Outputs.Publish) is stored by JetStream. Each output carries
-//     Nats-Msg-Id "<service>:<input id>:<key>" (OutputMsgID), so an input that
+//     Nats-Msg-Id "<service>:<input id>:<key>", so an input that
 //     is redelivered after a crash re-publishes the same ids and the streams
 //     drop the copies: outputs are exactly once as long as the redelivery
 //     falls inside the output stream's duplicate window.
@@ -45,6 +45,6 @@
 // involved) still loses that dead letter; the server then reports the
 // message only by its MAX_DELIVERIES advisory.
 //
-// ServeOps serves the Prometheus /metrics and /healthz endpoints every
-// failbus service exposes.
+// A runner's Gatherer and Healthy are what a service's /metrics and
+// /healthz endpoints serve.
 package consumer

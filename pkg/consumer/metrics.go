@@ -1,24 +1,23 @@
 package consumer
 
 import (
-	"errors"
-	"fmt"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/failbus/failbus/internal/prom"
 )
 
 // Result label values of failbus_consumer_messages_total.
 const (
-	// ResultAck: outputs published, input acknowledged.
-	ResultAck = "ack"
-	// ResultRetry: the handler returned Retry, or the message was handed
+	// resultAck: outputs published, input acknowledged.
+	resultAck = "ack"
+	// resultRetry: the handler returned Retry, or the message was handed
 	// back during shutdown.
-	ResultRetry = "retry"
-	// ResultDeadLetter: the input went to the dead-letter subject.
-	ResultDeadLetter = "dead_letter"
-	// ResultError: the handler or an output publish failed; the input is
+	resultRetry = "retry"
+	// resultDeadLetter: the input went to the dead-letter subject.
+	resultDeadLetter = "dead_letter"
+	// resultError: the handler or an output publish failed; the input is
 	// redelivered after the backoff.
-	ResultError = "error"
+	resultError = "error"
 )
 
 type metrics struct {
@@ -80,52 +79,35 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"service"}),
 	}
 	var err error
-	if m.storeFailures, err = Register(reg, m.storeFailures); err != nil {
+	if m.storeFailures, err = prom.Register(reg, m.storeFailures); err != nil {
 		return nil, err
 	}
-	if m.deadLettersTruncated, err = Register(reg, m.deadLettersTruncated); err != nil {
+	if m.deadLettersTruncated, err = prom.Register(reg, m.deadLettersTruncated); err != nil {
 		return nil, err
 	}
-	if m.recreated, err = Register(reg, m.recreated); err != nil {
+	if m.recreated, err = prom.Register(reg, m.recreated); err != nil {
 		return nil, err
 	}
-	if m.keptAlive, err = Register(reg, m.keptAlive); err != nil {
+	if m.keptAlive, err = prom.Register(reg, m.keptAlive); err != nil {
 		return nil, err
 	}
-	if m.messages, err = Register(reg, m.messages); err != nil {
+	if m.messages, err = prom.Register(reg, m.messages); err != nil {
 		return nil, err
 	}
-	if m.duration, err = Register(reg, m.duration); err != nil {
+	if m.duration, err = prom.Register(reg, m.duration); err != nil {
 		return nil, err
 	}
-	if m.outputs, err = Register(reg, m.outputs); err != nil {
+	if m.outputs, err = prom.Register(reg, m.outputs); err != nil {
 		return nil, err
 	}
-	if m.redeliveries, err = Register(reg, m.redeliveries); err != nil {
+	if m.redeliveries, err = prom.Register(reg, m.redeliveries); err != nil {
 		return nil, err
 	}
-	if m.inFlight, err = Register(reg, m.inFlight); err != nil {
+	if m.inFlight, err = prom.Register(reg, m.inFlight); err != nil {
 		return nil, err
 	}
-	if m.fetchErrors, err = Register(reg, m.fetchErrors); err != nil {
+	if m.fetchErrors, err = prom.Register(reg, m.fetchErrors); err != nil {
 		return nil, err
 	}
 	return m, nil
-}
-
-// Register registers c with reg, or returns the equal collector already
-// there, so services that share a registry (failbus dev runs them all in one
-// process) can each create their own metrics without a conflict.
-func Register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing, nil
-			}
-		}
-		var zero C
-		return zero, fmt.Errorf("register metrics: %w", err)
-	}
-	return c, nil
 }

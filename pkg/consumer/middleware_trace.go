@@ -36,7 +36,7 @@ func traceContext(group string) Middleware {
 			defer func() {
 				if p := recover(); p != nil {
 					// Recover, outside, turns it into a dead letter.
-					span.SetAttributes(tracing.AttrResult.String(ResultDeadLetter))
+					span.SetAttributes(tracing.AttrResult.String(resultDeadLetter))
 					tracing.End(span, errors.New("panic"), "panic")
 					panic(p)
 				}
@@ -48,17 +48,17 @@ func traceContext(group string) Middleware {
 			)
 			switch {
 			case err == nil:
-				span.SetAttributes(tracing.AttrResult.String(ResultAck))
+				span.SetAttributes(tracing.AttrResult.String(resultAck))
 				tracing.End(span, nil, "")
 			case errors.As(err, &re):
 				// Asked for later: not a failure of this handling.
-				span.SetAttributes(tracing.AttrResult.String(ResultRetry))
+				span.SetAttributes(tracing.AttrResult.String(resultRetry))
 				tracing.End(span, nil, "")
 			case errors.As(err, &dl):
-				span.SetAttributes(tracing.AttrResult.String(ResultDeadLetter))
-				tracing.End(span, err, ResultDeadLetter)
+				span.SetAttributes(tracing.AttrResult.String(resultDeadLetter))
+				tracing.End(span, err, resultDeadLetter)
 			default:
-				span.SetAttributes(tracing.AttrResult.String(ResultError))
+				span.SetAttributes(tracing.AttrResult.String(resultError))
 				tracing.End(span, err, "")
 			}
 			return err

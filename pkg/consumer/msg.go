@@ -8,6 +8,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/failbus/failbus/internal/jspub"
+	"github.com/failbus/failbus/internal/msgid"
 	"github.com/failbus/failbus/pkg/events"
 )
 
@@ -72,7 +74,7 @@ func (m *Msg) ID() string {
 	if id := m.Header.Get(events.HeaderMsgID); id != "" {
 		return id
 	}
-	return streamSeqID(m.Stream, m.Seq)
+	return msgid.StreamSeq(m.Stream, m.Seq)
 }
 
 // ValueAs is m's payload as a T: Msg.Value when it already holds one
@@ -128,7 +130,7 @@ type output struct {
 }
 
 // Publish adds v, encoded with events.Encode, to be published to subject
-// with Nats-Msg-Id OutputMsgID(service, input id, key). key names the output
+// with Nats-Msg-Id "<service>:<input id>:<key>". key names the output
 // among the input's outputs and must be unique among them; empty selects the
 // output's index ("0", "1", ...), which is stable as long as the handler
 // publishes in a deterministic order. A v that does not validate, or a
@@ -145,8 +147,8 @@ func (o *Outputs) Publish(subject string, v events.Message, key string) {
 		o.err = fmt.Errorf("output key %q used twice", key)
 		return
 	}
-	id := OutputMsgID(o.service, o.inputID, key)
-	msg, err := NewMsg(subject, v, id, o.trace)
+	id := msgid.Output(o.service, o.inputID, key)
+	msg, err := jspub.NewMsg(subject, v, id, o.trace)
 	if err != nil {
 		o.err = fmt.Errorf("output %s to %s: %w", key, subject, err)
 		return

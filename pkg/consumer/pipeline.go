@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/failbus/failbus/internal/msgid"
 	"github.com/failbus/failbus/pkg/events"
 )
 
@@ -385,7 +386,7 @@ func (r *Runner) deadLetterAsync(m *Msg, reason string, herr error, start time.T
 	if err != nil {
 		return nil, err
 	}
-	id := DeadLetterMsgID(r.cfg.Service, m.Stream, m.Seq)
+	id := msgid.DeadLetter(r.cfg.Service, m.Stream, m.Seq)
 	hdr.Set(events.HeaderMsgID, id)
 	subject := events.DLQSubject(r.cfg.Service)
 	f, err := r.js.PublishMsgAsync(&nats.Msg{Subject: subject, Header: hdr, Data: data}, stallWait)
@@ -433,21 +434,21 @@ func (r *Runner) settleDead(ctx context.Context, p *pending) (string, string) {
 	_, err := r.await(ctx, p)
 	r.stored(err)
 	if err != nil {
-		return r.nak(p.m, r.cfg.backoff(p.m.Delivered), ResultError, fmt.Sprintf("publish dead letter (%s): %v", p.dead.reason, err))
+		return r.nak(p.m, r.cfg.backoff(p.m.Delivered), resultError, fmt.Sprintf("publish dead letter (%s): %v", p.dead.reason, err))
 	}
 	if p.dead.truncated {
 		r.m.deadLettersTruncated.WithLabelValues(r.cfg.Service).Inc()
 	}
 	if err := p.m.raw.Ack(); err != nil {
-		return ResultDeadLetter, p.dead.reason + "; ack failed, dead letter deduplicated on redelivery: " + err.Error()
+		return resultDeadLetter, p.dead.reason + "; ack failed, dead letter deduplicated on redelivery: " + err.Error()
 	}
-	return ResultDeadLetter, p.dead.reason
+	return resultDeadLetter, p.dead.reason
 }
 
 // finish records a settled input and frees its slot.
 func (pl *pipeline) finish(m *Msg, result, reason string, herr error, start time.Time) {
 	r := pl.r
-	if result == ResultAck || result == ResultDeadLetter {
+	if result == resultAck || result == resultDeadLetter {
 		r.pos.settled(m.Seq)
 	}
 	elapsed := time.Since(start)
@@ -523,9 +524,9 @@ func (r *Runner) await(ctx context.Context, p *pending) (fresh bool, err error) 
 func (r *Runner) ack(m *Msg) (string, string) {
 	if err := m.raw.Ack(); err != nil {
 		// Redelivered later; its outputs are deduplicated then.
-		return ResultError, "ack failed: " + err.Error()
+		return resultError, "ack failed: " + err.Error()
 	}
-	return ResultAck, ""
+	return resultAck, ""
 }
 
 // onStored calls an Outputs.OnStored callback. It runs outside the

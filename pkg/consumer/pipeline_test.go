@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/internal/msgid"
 	"github.com/failbus/failbus/pkg/consumer"
 )
 
@@ -179,7 +180,7 @@ func TestPipelinedRunnerSIGKILLMidWindow(t *testing.T) {
 	var lost, doubled int
 	for i := range pipelineInputs {
 		for k := range pipelineOutputs {
-			id := consumer.OutputMsgID(service, fmt.Sprintf("in-%d", i), strconv.Itoa(k))
+			id := msgid.Output(service, fmt.Sprintf("in-%d", i), strconv.Itoa(k))
 			switch seen[id] {
 			case 0:
 				lost++

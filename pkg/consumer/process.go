@@ -82,10 +82,10 @@ func (r *Runner) settle(ctx, hctx context.Context, m *Msg, out *Outputs, herr er
 		if last {
 			return r.deadLetter(ctx, m, fmt.Sprintf("gave up after %d deliveries: %s", m.Delivered, re.Reason))
 		}
-		return r.nak(m, re.After, ResultRetry, re.Reason)
+		return r.nak(m, re.After, resultRetry, re.Reason)
 	case hctx.Err() != nil && errors.Is(herr, hctx.Err()):
 		// Cut off by the end of a drain: not the message's fault.
-		return r.nak(m, 0, ResultRetry, "shutdown: "+herr.Error())
+		return r.nak(m, 0, resultRetry, "shutdown: "+herr.Error())
 	default:
 		r.stored(herr) // the handler's own writes, if that is why it failed
 		return r.fail(ctx, m, herr, last)
@@ -97,12 +97,12 @@ func (r *Runner) fail(ctx context.Context, m *Msg, err error, last bool) (string
 	if last {
 		return r.deadLetter(ctx, m, fmt.Sprintf("failed %d deliveries, last error: %v", m.Delivered, err))
 	}
-	return r.nak(m, r.cfg.backoff(m.Delivered), ResultError, err.Error())
+	return r.nak(m, r.cfg.backoff(m.Delivered), resultError, err.Error())
 }
 
 func (r *Runner) nak(m *Msg, delay time.Duration, result, reason string) (string, string) {
 	if err := m.raw.NakWithDelay(delay); err != nil {
-		return ResultError, reason + "; nak failed (redelivered after AckWait): " + err.Error()
+		return resultError, reason + "; nak failed (redelivered after AckWait): " + err.Error()
 	}
 	return result, reason
 }
@@ -114,9 +114,9 @@ func (r *Runner) nak(m *Msg, delay time.Duration, result, reason string) (string
 func (r *Runner) logResult(m *Msg, result, reason string, herr error, elapsed time.Duration) {
 	var ev *zerolog.Event
 	switch result {
-	case ResultAck:
+	case resultAck:
 		ev = r.log.Debug()
-	case ResultRetry:
+	case resultRetry:
 		ev = r.log.Info()
 	default:
 		ev = r.log.Warn()

@@ -91,7 +91,7 @@ func New(js jetstream.JetStream, cfg Config, h Handler) (*Runner, error) {
 }
 
 // Gatherer returns the registry the runner's metrics are in when it is a
-// prometheus.Gatherer (the default registry New creates is), for ServeOps;
+// prometheus.Gatherer (the default registry New creates is), for a /metrics endpoint;
 // otherwise nil.
 func (r *Runner) Gatherer() prometheus.Gatherer {
 	g, _ := r.cfg.Registerer.(prometheus.Gatherer)
@@ -104,8 +104,8 @@ func (r *Runner) Service() string { return r.cfg.Service }
 // Healthy reports nil while Run is consuming, the connection is up, the
 // last pull worked (the durable is there, or was recreated) and the
 // latest message's writes were stored (store.go: ErrCannotStore);
-// otherwise an error saying what is wrong. It is the /healthz check of
-// ServeOps.
+// otherwise an error saying what is wrong. It is a service's /healthz
+// check.
 func (r *Runner) Healthy() error {
 	r.mu.Lock()
 	state, fetchErr := r.state, r.fetchErr
@@ -365,7 +365,7 @@ func resolveMaxDeliver(want, consumerMax int) (int, error) {
 	case want == 0 && consumerMax == 1:
 		return 1, nil // no room for a spare; the warning says so
 	case want == 0:
-		return DefaultMaxDeliver, nil // the server never gives up: every later delivery is a spare
+		return defaultMaxDeliver, nil // the server never gives up: every later delivery is a spare
 	case consumerMax > 0 && want > consumerMax:
 		return 0, fmt.Errorf("%w: MaxDeliver %d exceeds the consumer's MaxDeliver %d: the server would drop messages before they are dead-lettered",
 			ErrInvalidConfig, want, consumerMax)

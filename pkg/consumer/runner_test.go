@@ -22,6 +22,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/internal/msgid"
+	"github.com/failbus/failbus/internal/ops"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
 )
@@ -139,7 +141,7 @@ func (b *bench) storeOutput(id, key string) {
 	if err != nil {
 		b.t.Fatal(err)
 	}
-	hdr.Set(nats.MsgIdHdr, consumer.OutputMsgID(service, id, key))
+	hdr.Set(nats.MsgIdHdr, msgid.Output(service, id, key))
 	if _, err := b.js.PublishMsg(b.ctx, &nats.Msg{Subject: "test.out.x", Header: hdr, Data: data}); err != nil {
 		b.t.Fatal(err)
 	}
@@ -266,8 +268,8 @@ func TestRunnerAcksAfterPublishingOutputs(t *testing.T) {
 		}
 	}
 	for _, want := range []string{
-		consumer.OutputMsgID(service, "in-0", "a"), consumer.OutputMsgID(service, "in-0", "1"),
-		consumer.OutputMsgID(service, inStream+":11", "a"),
+		msgid.Output(service, "in-0", "a"), msgid.Output(service, "in-0", "1"),
+		msgid.Output(service, inStream+":11", "a"),
 	} {
 		if !ids[want] {
 			t.Errorf("no output with Nats-Msg-Id %q among %v", want, ids)
@@ -276,7 +278,7 @@ func TestRunnerAcksAfterPublishingOutputs(t *testing.T) {
 	if got := b.count(dlqStream); got != 0 {
 		t.Errorf("dead letters: %d, want 0", got)
 	}
-	if got := counterValue(t, r.Gatherer(), "failbus_consumer_messages_total", map[string]string{"result": consumer.ResultAck}); got != n+1 {
+	if got := counterValue(t, r.Gatherer(), "failbus_consumer_messages_total", map[string]string{"result": "ack"}); got != n+1 {
 		t.Errorf("failbus_consumer_messages_total{result=ack}: %v, want %d", got, n+1)
 	}
 }
@@ -469,7 +471,7 @@ func TestRunnerHandlerResults(t *testing.T) {
 			if got, want := raw.Subject(), events.DLQSubject(service); got != want {
 				t.Errorf("dead letter subject %q, want %q", got, want)
 			}
-			if got, want := raw.Headers().Get(nats.MsgIdHdr), consumer.DeadLetterMsgID(service, inStream, 1); got != want {
+			if got, want := raw.Headers().Get(nats.MsgIdHdr), msgid.DeadLetter(service, inStream, 1); got != want {
 				t.Errorf("dead letter Nats-Msg-Id %q, want %q", got, want)
 			}
 		})
@@ -562,7 +564,7 @@ func TestRunnerDrainsOnCancel(t *testing.T) {
 		t.Errorf("Healthy after Run: %v, want ErrStopped", r.Healthy())
 	}
 	msgs := b.read(outStream)
-	if len(msgs) != 1 || msgs[0].Headers().Get(nats.MsgIdHdr) != consumer.OutputMsgID(service, first, "0") {
+	if len(msgs) != 1 || msgs[0].Headers().Get(nats.MsgIdHdr) != msgid.Output(service, first, "0") {
 		t.Fatalf("after drain: %d outputs, want exactly the in-flight message's", len(msgs))
 	}
 
@@ -586,7 +588,7 @@ func TestRunnerHealthAndOpsEndpoints(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(b.ctx)
 	defer cancel()
-	addr, err := consumer.ServeOps(ctx, "127.0.0.1:0", r.Gatherer(), r.Healthy, zerolog.Nop())
+	addr, err := ops.Serve(ctx, "127.0.0.1:0", r.Gatherer(), r.Healthy, zerolog.Nop())
 	if err != nil {
 		t.Fatal(err)
 	}

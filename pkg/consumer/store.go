@@ -9,6 +9,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/failbus/failbus/internal/jspub"
+	"github.com/failbus/failbus/internal/storecheck"
 	"github.com/failbus/failbus/pkg/events"
 )
 
@@ -24,7 +26,7 @@ import (
 // the latest message it settled could not be stored. The next message
 // whose writes are stored (a redelivery of the same, once the server has
 // room) makes it healthy again. A runner that saw no write go either way
-// for Config.StoreCheckEvery (idle) writes a StoreCheck of its own
+// for Config.StoreCheckEvery (idle) writes a storecheck.Record of its own
 // instead: a page of the disk and a bit (a smaller write may still fit in
 // a page with bytes to spare, on a disk with none) to FAILBUS_STORECHECK,
 // which keeps one per service, and takes its acknowledgement within
@@ -76,16 +78,6 @@ type storeState struct {
 	seen  time.Time // when a write last went either way
 }
 
-// StoreCheckPrefix is the subject prefix of store checks:
-// failbus.storecheck.<service>, in FAILBUS_STORECHECK.
-const StoreCheckPrefix = events.Prefix + ".storecheck"
-
-// StoreCheckSubject is the subject of service's store checks.
-func StoreCheckSubject(service string) string { return StoreCheckPrefix + "." + events.Token(service) }
-
-// SchemaStoreCheck is the Failbus-Schema name of a StoreCheck.
-const SchemaStoreCheck = "store_check"
-
 // Defaults and bounds of the store check.
 const (
 	// DefaultStoreCheckEvery is the failbus services' Config.StoreCheckEvery.
@@ -97,30 +89,7 @@ const (
 	storeCheckPad = 4096 + 64
 )
 
-// StoreCheck is the record an idle runner writes to show it can store.
-type StoreCheck struct {
-	At      events.Time `msgpack:"at" json:"at"`
-	Service string      `msgpack:"service" json:"service"`
-	// Pad makes the write a page long.
-	Pad []byte `msgpack:"pad" json:"pad,omitempty"`
-}
-
-// SchemaName implements events.Message.
-func (*StoreCheck) SchemaName() string { return SchemaStoreCheck }
-
-// Validate implements events.Message: a check names its service.
-func (c *StoreCheck) Validate() error {
-	if c.Service == "" {
-		return &events.FieldError{Field: "service", Problem: "required"}
-	}
-	return nil
-}
-
-func init() {
-	events.Register(SchemaStoreCheck, StoreCheckPrefix+".>", func() events.Message { return &StoreCheck{} })
-}
-
-// checkStore writes a StoreCheck when no write went either way for
+// checkStore writes a storecheck.Record when no write went either way for
 // Config.StoreCheckEvery (or at once, with now), and records how it went.
 func (r *Runner) checkStore(ctx context.Context, now bool) {
 	every := r.cfg.StoreCheckEvery
@@ -131,7 +100,7 @@ func (r *Runner) checkStore(ctx context.Context, now bool) {
 		return
 	}
 	at := time.Now()
-	m, err := NewMsg(StoreCheckSubject(r.cfg.Service), &StoreCheck{At: events.At(at), Service: r.cfg.Service, Pad: make([]byte, storeCheckPad)},
+	m, err := jspub.NewMsg(storecheck.Subject(r.cfg.Service), &storecheck.Record{At: events.At(at), Service: r.cfg.Service, Pad: make([]byte, storeCheckPad)},
 		fmt.Sprintf("storecheck:%s:%d", r.cfg.Service, at.UnixNano()), nil)
 	if err != nil {
 		r.log.Error().Err(err).Msg("store check not built")

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/failbus/failbus/internal/storecheck"
 	"github.com/failbus/failbus/pkg/consumer"
 )
 
@@ -193,7 +194,7 @@ func TestStoreFailure(t *testing.T) {
 func TestAnIdleRunnerChecksItCanStore(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	check, err := b.js.CreateStream(b.ctx, jetstream.StreamConfig{Name: "TEST_CHECK", Subjects: []string{consumer.StoreCheckPrefix + ".>"}, MaxMsgsPerSubject: 1})
+	check, err := b.js.CreateStream(b.ctx, jetstream.StreamConfig{Name: "TEST_CHECK", Subjects: []string{storecheck.Prefix + ".>"}, MaxMsgsPerSubject: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,7 +212,7 @@ func TestAnIdleRunnerChecksItCanStore(t *testing.T) {
 	if err := r.Healthy(); err != nil {
 		t.Fatalf("healthy while its checks are stored: %v", err)
 	}
-	m, err := check.GetLastMsgForSubject(b.ctx, consumer.StoreCheckSubject(service))
+	m, err := check.GetLastMsgForSubject(b.ctx, storecheck.Subject(service))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,7 +255,7 @@ func TestADrainChecksTheStoreBeforeWaiting(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The store checks' stream takes nothing a page long: the check fails.
-	if _, err := b.js.CreateStream(b.ctx, jetstream.StreamConfig{Name: "TEST_CHECK", Subjects: []string{consumer.StoreCheckPrefix + ".>"}, MaxMsgSize: 1024}); err != nil {
+	if _, err := b.js.CreateStream(b.ctx, jetstream.StreamConfig{Name: "TEST_CHECK", Subjects: []string{storecheck.Prefix + ".>"}, MaxMsgSize: 1024}); err != nil {
 		t.Fatal(err)
 	}
 	cfg := config()

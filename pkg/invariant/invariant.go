@@ -42,22 +42,22 @@ import (
 	"github.com/failbus/failbus/pkg/events"
 )
 
-// Rule ids, named by Violation.Rule and in the outcome's transport error.
-// Public: never rename one.
+// Rule ids, named by Violation.Rule and in the outcome's transport error;
+// the package doc and Rules list them. Public as strings: never rename one.
 const (
-	RuleUsageAtMostOnce    = "usage_at_most_once"
-	RuleUsageBeforeFinish  = "usage_before_finish"
-	RuleNothingAfterFinish = "nothing_after_finish"
-	RuleBlockPaired        = "block_paired"
-	RuleDeltaInOpenBlock   = "delta_in_open_block"
-	RuleBlockEndType       = "block_end_type"
-	RuleFinishExactlyOnce  = "finish_exactly_once"
+	ruleUsageAtMostOnce    = "usage_at_most_once"
+	ruleUsageBeforeFinish  = "usage_before_finish"
+	ruleNothingAfterFinish = "nothing_after_finish"
+	ruleBlockPaired        = "block_paired"
+	ruleDeltaInOpenBlock   = "delta_in_open_block"
+	ruleBlockEndType       = "block_end_type"
+	ruleFinishExactlyOnce  = "finish_exactly_once"
 )
 
-// Rules lists the rule ids in the order above.
+// Rules lists the rule ids (Violation.Rule) in the order of the package doc.
 var Rules = []string{
-	RuleUsageAtMostOnce, RuleUsageBeforeFinish, RuleNothingAfterFinish, RuleBlockPaired,
-	RuleDeltaInOpenBlock, RuleBlockEndType, RuleFinishExactlyOnce,
+	ruleUsageAtMostOnce, ruleUsageBeforeFinish, ruleNothingAfterFinish, ruleBlockPaired,
+	ruleDeltaInOpenBlock, ruleBlockEndType, ruleFinishExactlyOnce,
 }
 
 // Grammar event types.
@@ -84,10 +84,10 @@ type Event struct {
 	Block string `json:"block,omitempty"`
 }
 
-// UpstreamCode is the upstream_code a violation's outcome carries: the code
+// upstreamCode is the upstream_code a violation's outcome carries: the code
 // a stream validator throws, a hint the classifier accepts only with
 // the transport error's evidence.
-const UpstreamCode = "INVARIANT"
+const upstreamCode = "INVARIANT"
 
 // Violation is the first broken rule of a stream.
 type Violation struct {
@@ -118,7 +118,7 @@ func (v *Violation) Outcome(base events.Outcome) events.Outcome {
 	o := base
 	o.OK = false
 	o.TransportError = v.Error()
-	o.UpstreamCode = UpstreamCode
+	o.UpstreamCode = upstreamCode
 	return o
 }
 
@@ -152,22 +152,22 @@ func (v *Validator) Check(e Event) error {
 	if v.finished {
 		switch e.Type {
 		case Usage:
-			return fail(RuleUsageBeforeFinish, "usage after finish")
+			return fail(ruleUsageBeforeFinish, "usage after finish")
 		case Finish:
-			return fail(RuleFinishExactlyOnce, "a second finish")
+			return fail(ruleFinishExactlyOnce, "a second finish")
 		default:
-			return fail(RuleNothingAfterFinish, "%s after finish", describe(e))
+			return fail(ruleNothingAfterFinish, "%s after finish", describe(e))
 		}
 	}
 	switch e.Type {
 	case Usage:
 		if v.usage {
-			return fail(RuleUsageAtMostOnce, "a second usage")
+			return fail(ruleUsageAtMostOnce, "a second usage")
 		}
 		v.usage = true
 	case BlockStart:
 		if t, ok := v.open[e.Index]; ok {
-			return fail(RuleBlockPaired, "block %d started again while open (%s)", e.Index, t)
+			return fail(ruleBlockPaired, "block %d started again while open (%s)", e.Index, t)
 		}
 		if v.open == nil {
 			v.open = map[int]string{}
@@ -175,20 +175,20 @@ func (v *Validator) Check(e Event) error {
 		v.open[e.Index] = e.Block
 	case Delta:
 		if _, ok := v.open[e.Index]; !ok {
-			return fail(RuleDeltaInOpenBlock, "delta into block %d, which is not open", e.Index)
+			return fail(ruleDeltaInOpenBlock, "delta into block %d, which is not open", e.Index)
 		}
 	case BlockEnd:
 		t, ok := v.open[e.Index]
 		if !ok {
-			return fail(RuleBlockPaired, "end of block %d, which is not open", e.Index)
+			return fail(ruleBlockPaired, "end of block %d, which is not open", e.Index)
 		}
 		if e.Block != "" && e.Block != t {
-			return fail(RuleBlockEndType, "block %d started as %s ends as %s", e.Index, t, e.Block)
+			return fail(ruleBlockEndType, "block %d started as %s ends as %s", e.Index, t, e.Block)
 		}
 		delete(v.open, e.Index)
 	case Finish:
 		if len(v.open) > 0 {
-			return fail(RuleBlockPaired, "finish while %s open", v.openBlocks())
+			return fail(ruleBlockPaired, "finish while %s open", v.openBlocks())
 		}
 		v.finished = true
 	}
@@ -201,14 +201,11 @@ func (v *Validator) End() error {
 		return v.err
 	}
 	if !v.finished {
-		v.err = &Violation{Rule: RuleFinishExactlyOnce, At: v.n, Detail: fmt.Sprintf("the stream ended after %d events without finish", v.n)}
+		v.err = &Violation{Rule: ruleFinishExactlyOnce, At: v.n, Detail: fmt.Sprintf("the stream ended after %d events without finish", v.n)}
 		return v.err
 	}
 	return nil
 }
-
-// Err is the first violation so far, or nil.
-func (v *Validator) Err() *Violation { return v.err }
 
 func (v *Validator) openBlocks() string {
 	idx := make([]int, 0, len(v.open))

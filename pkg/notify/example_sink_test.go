@@ -3,7 +3,6 @@ package notify_test
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/notify"
@@ -12,8 +11,7 @@ import (
 // pagerSink is a sink of your own: a Name, and a Send that delivers once
 // and answers with a *notify.SinkError when the receiver refuses. Declare
 // Idempotent only if the receiver drops repeats of IdempotencyKey. Run the
-// conformance suite against it with sinktest.Run and a Harness, then put
-// it in a notify.Route.
+// conformance suite against it with sinktest.Run and a Harness.
 type pagerSink struct{ name string }
 
 func (s pagerSink) Name() string { return s.name }
@@ -30,18 +28,13 @@ func (s pagerSink) Send(ctx context.Context, d notify.Delivery) error {
 	return nil
 }
 
-// Adding a sink: implement notify.Sink, route to it by severity or label,
-// and hand the routes to notify.New (or to the notifier service's Config).
+// Adding a sink: implement notify.Sink; the notifier hands it one
+// Delivery per attempt, with the same IdempotencyKey on every attempt of
+// one notification.
 func Example_addingASink() {
-	route := notify.Route{
-		Sink:       pagerSink{name: "pager"},
-		Severities: []string{events.SeverityCritical},
-		Retry:      notify.RetryPolicy{MaxAttempts: 5, Initial: time.Second, Max: 30 * time.Second},
-	}
+	var sink notify.Sink = pagerSink{name: "pager"}
 	n := events.Notification{DedupeKey: "provider-refusal:s#3:3:openai", Severity: events.SeverityCritical,
 		Title: "openai frozen for segment s#3"}
-	if route.Matches(&n) {
-		_ = route.Sink.Send(context.Background(), notify.Delivery{Notification: n, IdempotencyKey: "gen-1", Attempt: 1})
-	}
+	_ = sink.Send(context.Background(), notify.Delivery{Notification: n, IdempotencyKey: "gen-1", Attempt: 1})
 	// Output: PAGE provider-refusal:s#3:3:openai: openai frozen for segment s#3 (key gen-1, attempt 1)
 }

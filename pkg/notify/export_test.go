@@ -1,15 +1,5 @@
 package notify
 
 // Names the black-box tests use for identifiers the package keeps unexported.
-const DefaultLogSinkName = defaultLogSinkName
-const DefaultMaxAttempts = defaultMaxAttempts
-const DefaultMaxUnconfirmed = defaultMaxUnconfirmed
-const LedgerClaimed = ledgerClaimed
-
-type LedgerEntry = ledgerEntry
 type NtfyMessage = ntfyMessage
 type PagerDutyEvent = pagerDutyEvent
-
-var IsDigest = isDigest
-var LedgerKey = ledgerKey
-var UTCDay = utcDay

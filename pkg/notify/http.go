@@ -19,7 +19,7 @@ import (
 const userAgent = "failbus-notifier/1"
 
 // defaultHTTPClient has no overall timeout: every Send carries a context
-// deadline instead (Config.SendTimeout), which also covers reading the
+// deadline instead (the notifier's send timeout), which also covers reading the
 // answer.
 var defaultHTTPClient = &http.Client{}
 

@@ -9,32 +9,30 @@ import (
 	"github.com/failbus/failbus/pkg/events"
 )
 
-// defaultLogSinkName is the name of the log sink the notifier uses when the
-// policy configures no sink, as in `failbus dev` and `failbus demo`.
-const defaultLogSinkName = "log"
-
-// Log writes each notification as one structured zerolog line: critical at
-// error level, normal at warn, info at info. It is the default sink for
-// development and demos, where the human reads the terminal. A log line
-// cannot be recalled, so Log is not Idempotent; it never fails.
-type Log struct {
+// logSink is the sink NewLog returns.
+type logSink struct {
 	name string
 	log  zerolog.Logger
 }
 
 // NewLog returns a log sink called name writing to log.
-func NewLog(name string, log zerolog.Logger) (*Log, error) {
+//
+// The log sink writes each notification as one structured zerolog line: critical at
+// error level, normal at warn, info at info. It is the default sink for
+// development and demos, where the human reads the terminal. A log line
+// cannot be recalled, so the sink is not Idempotent; it never fails.
+func NewLog(name string, log zerolog.Logger) (Sink, error) {
 	if name == "" {
 		return nil, fmt.Errorf("log sink: name is required")
 	}
-	return &Log{name: name, log: log}, nil
+	return &logSink{name: name, log: log}, nil
 }
 
 // Name implements Sink.
-func (l *Log) Name() string { return l.name }
+func (l *logSink) Name() string { return l.name }
 
 // Send implements Sink.
-func (l *Log) Send(ctx context.Context, d Delivery) error {
+func (l *logSink) Send(ctx context.Context, d Delivery) error {
 	if err := ctx.Err(); err != nil {
 		return &SinkError{Sink: l.name, Answer: err.Error()}
 	}

@@ -30,16 +30,18 @@ type NtfyConfig struct {
 	Client *http.Client
 }
 
-// Ntfy publishes each notification to an ntfy topic, as JSON so titles and
-// texts in any script arrive intact. ntfy does not deduplicate, so Ntfy is
-// not Idempotent.
-type Ntfy struct {
+// ntfySink is the sink NewNtfy returns.
+type ntfySink struct {
 	cfg  NtfyConfig
 	base string // server root the JSON is POSTed to
 }
 
 // NewNtfy checks cfg and returns the sink.
-func NewNtfy(cfg NtfyConfig) (*Ntfy, error) {
+//
+// The ntfy sink publishes each notification to an ntfy topic, as JSON so titles and
+// texts in any script arrive intact. ntfy does not deduplicate, so the sink is
+// not Idempotent.
+func NewNtfy(cfg NtfyConfig) (Sink, error) {
 	if cfg.Name == "" {
 		return nil, fmt.Errorf("ntfy sink: name is required")
 	}
@@ -64,11 +66,11 @@ func NewNtfy(cfg NtfyConfig) (*Ntfy, error) {
 	}
 	u.Path = path + "/"
 	u.RawQuery = ""
-	return &Ntfy{cfg: cfg, base: u.String()}, nil
+	return &ntfySink{cfg: cfg, base: u.String()}, nil
 }
 
 // Name implements Sink.
-func (s *Ntfy) Name() string { return s.cfg.Name }
+func (s *ntfySink) Name() string { return s.cfg.Name }
 
 // ntfyMessage is the JSON publish body (https://docs.ntfy.sh/publish/#publish-as-json).
 type ntfyMessage struct {
@@ -92,7 +94,7 @@ func ntfyPriority(severity string) int {
 }
 
 // Send implements Sink.
-func (s *Ntfy) Send(ctx context.Context, d Delivery) error {
+func (s *ntfySink) Send(ctx context.Context, d Delivery) error {
 	n := d.Notification
 	msg := n.Text
 	if len(n.Labels) > 0 {

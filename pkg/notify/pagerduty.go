@@ -38,13 +38,15 @@ type PagerDutyConfig struct {
 	Client *http.Client
 }
 
-// PagerDuty triggers a PagerDuty event per notification. The dedupe key
-// becomes PagerDuty's dedup_key, so PagerDuty itself absorbs a repeated
-// trigger: the sink is Idempotent.
-type PagerDuty struct{ cfg PagerDutyConfig }
+// pagerDutySink is the sink NewPagerDuty returns.
+type pagerDutySink struct{ cfg PagerDutyConfig }
 
 // NewPagerDuty checks cfg and returns the sink.
-func NewPagerDuty(cfg PagerDutyConfig) (*PagerDuty, error) {
+//
+// The PagerDuty sink triggers a PagerDuty event per notification. The dedupe key
+// becomes PagerDuty's dedup_key, so PagerDuty itself absorbs a repeated
+// trigger: the sink is Idempotent.
+func NewPagerDuty(cfg PagerDutyConfig) (Sink, error) {
 	if cfg.Name == "" {
 		return nil, fmt.Errorf("pagerduty sink: name is required")
 	}
@@ -60,15 +62,15 @@ func NewPagerDuty(cfg PagerDutyConfig) (*PagerDuty, error) {
 	if cfg.Source == "" {
 		cfg.Source = "failbus"
 	}
-	return &PagerDuty{cfg: cfg}, nil
+	return &pagerDutySink{cfg: cfg}, nil
 }
 
 // Name implements Sink.
-func (p *PagerDuty) Name() string { return p.cfg.Name }
+func (p *pagerDutySink) Name() string { return p.cfg.Name }
 
 // Idempotent implements Idempotent: PagerDuty deduplicates triggers on
 // dedup_key.
-func (p *PagerDuty) Idempotent() bool { return true }
+func (p *pagerDutySink) Idempotent() bool { return true }
 
 // pagerDutyEvent is the Events API v2 body.
 type pagerDutyEvent struct {
@@ -112,7 +114,7 @@ func pagerDutyDedupKey(dedupeKey string) string {
 
 // Send implements Sink. PagerDuty answers 202; 400 (invalid event) is
 // permanent, 429 and 5xx temporary.
-func (p *PagerDuty) Send(ctx context.Context, d Delivery) error {
+func (p *pagerDutySink) Send(ctx context.Context, d Delivery) error {
 	n := d.Notification
 	summary := n.Title
 	if summary == "" {

@@ -11,7 +11,7 @@ import (
 )
 
 // Sink delivers notifications to one receiver (a webhook, Slack, ntfy, an
-// SMTP server, PagerDuty, the log). The Notifier decides whether and when to
+// SMTP server, PagerDuty, the log). The notifier decides whether and when to
 // call it; a Sink only sends.
 //
 // Contract:
@@ -20,11 +20,11 @@ import (
 //     permanent (retrying the same bytes cannot help) and carries the
 //     receiver's answer, which ends up in audit records and dead letters.
 //   - Send honours ctx: when it ends, Send returns promptly with an error.
-//     Whether the receiver saw the request is then unknown: the Notifier
+//     Whether the receiver saw the request is then unknown: the notifier
 //     retries with the same Delivery.IdempotencyKey, which an Idempotent
 //     receiver absorbs and any other may show twice.
 //   - Send is safe for concurrent use by several goroutines.
-//   - Send does not redact: the Notifier hands it an already redacted
+//   - Send does not redact: the notifier hands it an already redacted
 //     notification.
 type Sink interface {
 	// Name is the configured sink name. Ledger entries, audit records and
@@ -36,7 +36,7 @@ type Sink interface {
 
 // Idempotent is implemented by sinks whose receiver deduplicates on
 // Delivery.IdempotencyKey (or on a key derived from it or from the dedupe
-// key, like PagerDuty's dedup_key). The Notifier re-sends an unconfirmed
+// key, like PagerDuty's dedup_key). The notifier re-sends an unconfirmed
 // delivery to such a sink without risking a second notification; for other
 // sinks a crash between sending and recording the send can duplicate one
 // notification (see the package documentation).
@@ -44,12 +44,6 @@ type Idempotent interface {
 	// Idempotent reports whether a repeated Send with the same
 	// IdempotencyKey reaches the human at most once.
 	Idempotent() bool
-}
-
-// IsIdempotent reports whether s declares that its receiver deduplicates.
-func IsIdempotent(s Sink) bool {
-	i, ok := s.(Idempotent)
-	return ok && i.Idempotent()
 }
 
 // Delivery is one notification on its way to one sink.
@@ -72,7 +66,7 @@ type Delivery struct {
 const maxAnswer = 512
 
 // SinkError is a failed Send: what the receiver answered, and whether
-// retrying can help. Audit records and dead letters carry Answer.
+// retrying can help. The notifier's audit records and dead letters carry Answer.
 type SinkError struct {
 	// Sink is the sink's name.
 	Sink string

@@ -2,6 +2,7 @@ package notify_test
 
 import (
 	"bytes"
+	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
@@ -9,6 +10,7 @@ import (
 	"fmt"
 	"html"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"sort"
 	"strings"
@@ -103,7 +105,9 @@ var slackHarness = sinktest.Harness{
 	Start: func(t testing.TB) *sinktest.Endpoint {
 		return sinktest.NewHTTPEndpoint(t, sinktest.HTTPReceiver{
 			Decode: func(r *http.Request, body []byte) (sinktest.Received, error) {
-				var m notify.SlackMessage
+				var m struct {
+					Text string `json:"text"`
+				}
 				if err := json.Unmarshal(body, &m); err != nil {
 					return sinktest.Received{}, err
 				}
@@ -293,5 +297,36 @@ func TestSinkConformance(t *testing.T) {
 			t.Parallel()
 			sinktest.Run(t, h)
 		})
+	}
+}
+
+func TestNtfyPublishesJSONToTheServerRoot(t *testing.T) {
+	t.Parallel()
+	type got struct{ path, topic string }
+	seen := make(chan got, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var m notify.NtfyMessage
+		_ = json.NewDecoder(r.Body).Decode(&m)
+		seen <- got{r.URL.Path, m.Topic}
+	}))
+	t.Cleanup(srv.Close)
+	for _, tc := range []struct{ path, topic string }{
+		{"/failbus-ops", ""},
+		{"/failbus-ops", "failbus-ops"},
+		{"/", "failbus-ops"},
+	} {
+		s, err := notify.NewNtfy(notify.NtfyConfig{Name: "n", URL: srv.URL + tc.path, Topic: tc.topic})
+		if err != nil {
+			t.Fatalf("NewNtfy(%s, %q): %v", tc.path, tc.topic, err)
+		}
+		if err := s.Send(context.Background(), notify.Delivery{Notification: sinktest.Sample("x")}); err != nil {
+			t.Fatal(err)
+		}
+		if g := <-seen; g.path != "/" || g.topic != "failbus-ops" {
+			t.Errorf("url path %s, topic %q: posted to %s with topic %q; want / and failbus-ops", tc.path, tc.topic, g.path, g.topic)
+		}
+	}
+	if _, err := notify.NewNtfy(notify.NtfyConfig{Name: "n", URL: srv.URL + "/"}); err == nil {
+		t.Error("a URL without a topic and no topic: want an error")
 	}
 }

@@ -21,26 +21,28 @@ type SlackConfig struct {
 	Client *http.Client
 }
 
-// Slack posts each notification to a Slack incoming webhook. Slack does not
-// deduplicate, so Slack is not Idempotent.
-type Slack struct{ cfg SlackConfig }
+// slackSink is the sink NewSlack returns.
+type slackSink struct{ cfg SlackConfig }
 
 // NewSlack checks cfg and returns the sink.
-func NewSlack(cfg SlackConfig) (*Slack, error) {
+//
+// The Slack sink posts each notification to a Slack incoming webhook. Slack does not
+// deduplicate, so the sink is not Idempotent.
+func NewSlack(cfg SlackConfig) (Sink, error) {
 	if cfg.Name == "" {
 		return nil, fmt.Errorf("slack sink: name is required")
 	}
 	if err := requireURL("slack", cfg.Name, cfg.URL); err != nil {
 		return nil, err
 	}
-	return &Slack{cfg: cfg}, nil
+	return &slackSink{cfg: cfg}, nil
 }
 
 // Name implements Sink.
-func (s *Slack) Name() string { return s.cfg.Name }
+func (s *slackSink) Name() string { return s.cfg.Name }
 
-// SlackMessage is the body posted to the incoming webhook.
-type SlackMessage struct {
+// slackMessage is the body posted to the incoming webhook.
+type slackMessage struct {
 	Text string `json:"text"`
 }
 
@@ -88,8 +90,8 @@ func labelString(labels map[string]string) string {
 // Send implements Sink. Slack answers 200 "ok"; anything else carries an
 // error word (invalid_payload, no_service, channel_is_archived) that becomes
 // the SinkError's answer.
-func (s *Slack) Send(ctx context.Context, d Delivery) error {
-	body, err := json.Marshal(SlackMessage{Text: slackText(d)})
+func (s *slackSink) Send(ctx context.Context, d Delivery) error {
+	body, err := json.Marshal(slackMessage{Text: slackText(d)})
 	if err != nil {
 		return &SinkError{Sink: s.cfg.Name, Answer: "encode payload: " + err.Error(), Permanent: true}
 	}

@@ -21,12 +21,12 @@ import (
 
 // STARTTLS policies of SMTPConfig.StartTLS.
 const (
-	// StartTLSAuto upgrades the connection when the server offers STARTTLS.
-	StartTLSAuto = "auto"
-	// StartTLSRequire refuses to send over a server that does not offer it.
-	StartTLSRequire = "require"
-	// StartTLSNever never upgrades (a local relay on loopback).
-	StartTLSNever = "never"
+	// startTLSAuto upgrades the connection when the server offers STARTTLS.
+	startTLSAuto = "auto"
+	// startTLSRequire refuses to send over a server that does not offer it.
+	startTLSRequire = "require"
+	// startTLSNever never upgrades (a local relay on loopback).
+	startTLSNever = "never"
 )
 
 // SMTPConfig configures an e-mail sink.
@@ -43,8 +43,9 @@ type SMTPConfig struct {
 	// Go's net/smtp sends them only over TLS or to localhost. Password
 	// comes from the environment variable the policy names.
 	Username, Password string
-	// StartTLS is StartTLSAuto, StartTLSRequire or StartTLSNever. Defaults
-	// to StartTLSAuto.
+	// StartTLS is "auto" (upgrade when the server offers STARTTLS),
+	// "require" (refuse a server that does not) or "never" (a local relay
+	// on loopback). Defaults to "auto".
 	StartTLS string
 	// TLSConfig is used for STARTTLS. Defaults to one verifying the
 	// server's certificate against Addr's host.
@@ -53,16 +54,18 @@ type SMTPConfig struct {
 	HeloName string
 }
 
-// SMTP sends each notification as a plain-text e-mail. The Message-ID is
-// derived from the idempotency key, which lets some mail clients fold a
-// repeat, but SMTP servers do not deduplicate, so SMTP is not Idempotent.
-type SMTP struct {
+// smtpSink is the sink NewSMTP returns.
+type smtpSink struct {
 	cfg  SMTPConfig
 	host string
 }
 
 // NewSMTP checks cfg and returns the sink.
-func NewSMTP(cfg SMTPConfig) (*SMTP, error) {
+//
+// The SMTP sink sends each notification as a plain-text e-mail. The Message-ID is
+// derived from the idempotency key, which lets some mail clients fold a
+// repeat, but SMTP servers do not deduplicate, so the sink is not Idempotent.
+func NewSMTP(cfg SMTPConfig) (Sink, error) {
 	if cfg.Name == "" {
 		return nil, fmt.Errorf("smtp sink: name is required")
 	}
@@ -83,23 +86,23 @@ func NewSMTP(cfg SMTPConfig) (*SMTP, error) {
 	}
 	switch cfg.StartTLS {
 	case "":
-		cfg.StartTLS = StartTLSAuto
-	case StartTLSAuto, StartTLSRequire, StartTLSNever:
+		cfg.StartTLS = startTLSAuto
+	case startTLSAuto, startTLSRequire, startTLSNever:
 	default:
 		return nil, fmt.Errorf("smtp sink %q: starttls %q is not auto, require or never", cfg.Name, cfg.StartTLS)
 	}
 	if cfg.HeloName == "" {
 		cfg.HeloName = "localhost"
 	}
-	return &SMTP{cfg: cfg, host: host}, nil
+	return &smtpSink{cfg: cfg, host: host}, nil
 }
 
 // Name implements Sink.
-func (s *SMTP) Name() string { return s.cfg.Name }
+func (s *smtpSink) Name() string { return s.cfg.Name }
 
 // Send implements Sink. SMTP reply codes 4xx are temporary and 5xx
 // permanent; a connection failure is temporary.
-func (s *SMTP) Send(ctx context.Context, d Delivery) error {
+func (s *smtpSink) Send(ctx context.Context, d Delivery) error {
 	msg, err := s.Message(d, time.Now())
 	if err != nil {
 		return &SinkError{Sink: s.cfg.Name, Answer: err.Error(), Permanent: true}
@@ -110,7 +113,7 @@ func (s *SMTP) Send(ctx context.Context, d Delivery) error {
 	return nil
 }
 
-func (s *SMTP) send(ctx context.Context, msg []byte) error {
+func (s *smtpSink) send(ctx context.Context, msg []byte) error {
 	var dialer net.Dialer
 	conn, err := dialer.DialContext(ctx, "tcp", s.cfg.Addr)
 	if err != nil {
@@ -133,7 +136,7 @@ func (s *SMTP) send(ctx context.Context, msg []byte) error {
 	if err := c.Hello(s.cfg.HeloName); err != nil {
 		return err
 	}
-	if s.cfg.StartTLS != StartTLSNever {
+	if s.cfg.StartTLS != startTLSNever {
 		if ok, _ := c.Extension("STARTTLS"); ok {
 			tc := s.cfg.TLSConfig
 			if tc == nil {
@@ -142,7 +145,7 @@ func (s *SMTP) send(ctx context.Context, msg []byte) error {
 			if err := c.StartTLS(tc); err != nil {
 				return err
 			}
-		} else if s.cfg.StartTLS == StartTLSRequire {
+		} else if s.cfg.StartTLS == startTLSRequire {
 			return errSMTPNoTLS
 		}
 	}
@@ -180,7 +183,7 @@ var errSMTPNoTLS = errors.New("server does not offer STARTTLS and starttls is re
 
 // sinkError classifies an SMTP failure: a reply code of 5xx is permanent,
 // 4xx and connection problems temporary.
-func (s *SMTP) sinkError(ctx context.Context, err error) *SinkError {
+func (s *smtpSink) sinkError(ctx context.Context, err error) *SinkError {
 	var te *textproto.Error
 	if errors.As(err, &te) {
 		return &SinkError{
@@ -209,7 +212,7 @@ func addrOnly(s string) string {
 // Message-ID from the idempotency key, X-Failbus-Dedupe-Key,
 // X-Failbus-Severity) and a quoted-printable UTF-8 body with the text and
 // labels. Lines end in CRLF; the SMTP client does the dot-stuffing.
-func (s *SMTP) Message(d Delivery, now time.Time) ([]byte, error) {
+func (s *smtpSink) Message(d Delivery, now time.Time) ([]byte, error) {
 	n := d.Notification
 	var b bytes.Buffer
 	hdr := func(k, v string) { b.WriteString(k + ": " + v + "\r\n") }

@@ -23,8 +23,8 @@ const (
 	// that drops a request whose key it has seen gets each notification
 	// once, even when the notifier has to re-send after a crash.
 	HeaderIdempotencyKey = "Idempotency-Key"
-	// HeaderAttempt carries Delivery.Attempt, for the receiver's logs.
-	HeaderAttempt = "X-Failbus-Attempt"
+	// headerAttempt carries Delivery.Attempt, for the receiver's logs.
+	headerAttempt = "X-Failbus-Attempt"
 )
 
 // WebhookPayload is the JSON body the webhook sink POSTs (CONTRACT.md):
@@ -73,29 +73,33 @@ type WebhookConfig struct {
 	Client *http.Client
 }
 
-// Webhook POSTs each notification as JSON (WebhookPayload) to a URL.
-type Webhook struct{ cfg WebhookConfig }
+// webhookSink is the sink NewWebhook returns.
+type webhookSink struct{ cfg WebhookConfig }
 
 // NewWebhook checks cfg and returns the sink.
-func NewWebhook(cfg WebhookConfig) (*Webhook, error) {
+//
+// The webhook sink POSTs each notification as JSON (WebhookPayload) to a
+// URL, with HeaderSignature, HeaderIdempotencyKey and X-Failbus-Attempt
+// (the attempt number, for the receiver's logs).
+func NewWebhook(cfg WebhookConfig) (Sink, error) {
 	if cfg.Name == "" {
 		return nil, fmt.Errorf("webhook sink: name is required")
 	}
 	if err := requireURL("webhook", cfg.Name, cfg.URL); err != nil {
 		return nil, err
 	}
-	return &Webhook{cfg: cfg}, nil
+	return &webhookSink{cfg: cfg}, nil
 }
 
 // Name implements Sink.
-func (w *Webhook) Name() string { return w.cfg.Name }
+func (w *webhookSink) Name() string { return w.cfg.Name }
 
 // Idempotent implements Idempotent: true when the receiver is configured
 // to deduplicate on Idempotency-Key.
-func (w *Webhook) Idempotent() bool { return w.cfg.Idempotent }
+func (w *webhookSink) Idempotent() bool { return w.cfg.Idempotent }
 
 // Send implements Sink.
-func (w *Webhook) Send(ctx context.Context, d Delivery) error {
+func (w *webhookSink) Send(ctx context.Context, d Delivery) error {
 	body, err := json.Marshal(newWebhookPayload(d.Notification))
 	if err != nil {
 		return &SinkError{Sink: w.cfg.Name, Answer: "encode payload: " + err.Error(), Permanent: true}
@@ -105,7 +109,7 @@ func (w *Webhook) Send(ctx context.Context, d Delivery) error {
 	if d.IdempotencyKey != "" {
 		h.Set(HeaderIdempotencyKey, d.IdempotencyKey)
 	}
-	h.Set(HeaderAttempt, strconv.Itoa(d.Attempt))
+	h.Set(headerAttempt, strconv.Itoa(d.Attempt))
 	if len(w.cfg.Secret) > 0 {
 		h.Set(HeaderSignature, Sign(w.cfg.Secret, body))
 	}

@@ -10,6 +10,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/internal/jspub"
+	"github.com/failbus/failbus/internal/ops"
 	"github.com/failbus/failbus/internal/policy/classify"
 	"github.com/failbus/failbus/internal/policy/retry"
 	"github.com/failbus/failbus/internal/service/classifier"
@@ -104,7 +106,7 @@ func (r *benchRunner) plumbing(ctx context.Context, msgs []*nats.Msg) (elapsed t
 	finished := make(chan struct{}) // closed once every runner has returned
 	var (
 		conns   []*nats.Conn
-		runners []consumer.Runnable
+		runners []ops.Runnable
 		cons    []jetstream.Consumer
 		running bool // RunAll started: finished closes
 		runErr  error
@@ -170,7 +172,7 @@ func (r *benchRunner) plumbing(ctx context.Context, msgs []*nats.Msg) (elapsed t
 		runners = append(runners, run)
 	}
 	go func() {
-		runErr = consumer.RunAll(rctx, runners...)
+		runErr = ops.RunAll(rctx, runners...)
 		close(finished)
 	}()
 	running = true
@@ -215,17 +217,17 @@ func (r *benchRunner) plumbing(ctx context.Context, msgs []*nats.Msg) (elapsed t
 func plumbRetry(ctx context.Context, js jetstream.JetStream, id string, d *events.Decision, subject string) error {
 	d.Action, d.RetryID = events.ActionRetry, "plumb-"+id
 	due := events.RetryDue{RetryID: d.RetryID, Agent: d.Agent, OutcomeID: d.OutcomeID, DueAt: events.At(time.Now().Add(benchPlumbScheduleAhead))}
-	if _, err := consumer.Publish(ctx, js, benchSchedPrefix+".plumb.ledger."+events.Token(id), &due, "bench-plumb:"+id+":ledger", nil,
+	if _, err := jspub.Publish(ctx, js, benchSchedPrefix+".plumb.ledger."+events.Token(id), &due, "bench-plumb:"+id+":ledger", nil,
 		jetstream.WithExpectLastSequencePerSubject(0)); err != nil {
 		return err
 	}
 	hdr := nats.Header{}
 	scheduler.SetSchedule(hdr, due.DueAt.Time, benchSchedPrefix+".plumb.due."+events.Token(d.Agent))
-	sched, err := consumer.NewMsg(benchSchedPrefix+".plumb.schedule."+events.Token(id), &due, "bench-plumb:"+id+":schedule", hdr)
+	sched, err := jspub.NewMsg(benchSchedPrefix+".plumb.schedule."+events.Token(id), &due, "bench-plumb:"+id+":schedule", hdr)
 	if err != nil {
 		return err
 	}
-	dec, err := consumer.NewMsg(subject, d, "bench-plumb:"+id+":decision", nil)
+	dec, err := jspub.NewMsg(subject, d, "bench-plumb:"+id+":decision", nil)
 	if err != nil {
 		return err
 	}
@@ -238,7 +240,7 @@ func plumbRetry(ctx context.Context, js jetstream.JetStream, id string, d *event
 		fs = append(fs, f)
 	}
 	for _, f := range fs {
-		if err := consumer.AwaitPub(ctx, f); err != nil {
+		if err := jspub.AwaitPub(ctx, f); err != nil {
 			return err
 		}
 	}

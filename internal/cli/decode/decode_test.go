@@ -6,10 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/failbus/failbus/internal/delivery"
 	"github.com/failbus/failbus/internal/policy/retry"
 	"github.com/failbus/failbus/internal/service/scheduler"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/notify"
 )
 
 func encode(t *testing.T, m events.Message) []byte {
@@ -37,8 +37,8 @@ func TestDecode(t *testing.T) {
 		{"a retry ledger entry by its subject", []string{"--subject", events.RetryLedgerSubject("b1")},
 			encode(t, &scheduler.LedgerEntry{Record: retry.Record{RetryID: "r1", OutcomeID: "o1", Agent: "bot", Provider: "openai", PolicyKey: "k", Retry: 2}}),
 			0, `"retry_id":"r1"`, ""},
-		{"a notifier audit record by its subject", []string{"--subject", events.AuditSubject("notifier", notify.AuditSent)},
-			encode(t, &notify.Audit{At: at, Kind: notify.AuditSent, DedupeKey: "k", Request: "req-1", Sink: "ops"}),
+		{"a notifier audit record by its subject", []string{"--subject", events.AuditSubject("notifier", delivery.AuditSent)},
+			encode(t, &delivery.Audit{At: at, Kind: delivery.AuditSent, DedupeKey: "k", Request: "req-1", Sink: "ops"}),
 			0, `"sink":"ops"`, ""},
 		{"a retry schedule by --schema", []string{"--subject", events.RetryScheduleSubject("bot", "r1"), "--schema", events.SchemaRetryDue},
 			encode(t, &events.RetryDue{RetryID: "r1", OutcomeID: "o1", Agent: "bot", Retry: 1, DueAt: at}), 0, `"due_at":"2026-03-01T12:00:00.000Z"`, ""},

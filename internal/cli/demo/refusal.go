@@ -13,6 +13,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/failbus/failbus/internal/delivery"
 	"github.com/failbus/failbus/internal/devbus"
 	"github.com/failbus/failbus/internal/embedded"
 	"github.com/failbus/failbus/internal/policy/refusal"
@@ -22,7 +23,6 @@ import (
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/agent"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/notify"
 	"github.com/failbus/failbus/pkg/policy"
 )
 
@@ -335,11 +335,11 @@ func (s *refusalDemo) printDelivered(ctx context.Context) error {
 	for _, n := range s.notes {
 		want[n.DedupeKey] = true
 	}
-	sent := map[string][]notify.Audit{}
+	sent := map[string][]delivery.Audit{}
 	var order []string
-	cfg := watch.Config{Stream: topology.StreamAudit, Filters: []string{events.AuditSubject(notifier.Name, notify.AuditSent)}, Follow: true}
+	cfg := watch.Config{Stream: topology.StreamAudit, Filters: []string{events.AuditSubject(notifier.Name, delivery.AuditSent)}, Follow: true}
 	err := watch.Read(wctx, s.js, cfg, func(m jetstream.Msg) error {
-		var a notify.Audit
+		var a delivery.Audit
 		if err := msgpack.Unmarshal(m.Data(), &a); err != nil {
 			return fmt.Errorf("notifier audit record: %w", err)
 		}

@@ -26,9 +26,9 @@ import (
 	"github.com/failbus/failbus/internal/daemon"
 	"github.com/failbus/failbus/internal/devbus"
 	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/internal/ops"
 	"github.com/failbus/failbus/internal/status"
 	topology "github.com/failbus/failbus/jetstream"
-	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/policy"
 )
 
@@ -195,15 +195,15 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	// The live status page (internal/status), reading the bus once it is
 	// up.
 	page := status.NewServer(opsCtx, nil, 0, "starting: the bus is not up yet")
-	ops := "off"
+	opsURL := "off"
 	if *opsAddr != "off" && *opsAddr != "" {
 		endpoints := append(page.Routes(), nodeEndpoints(&running, log)...)
-		bound, err := consumer.ServeOps(opsCtx, *opsAddr, registry, health, log, endpoints...)
+		bound, err := ops.Serve(opsCtx, *opsAddr, registry, health, log, endpoints...)
 		if err != nil {
 			fmt.Fprintf(stderr, "failbus dev: %v (use --ops-addr, or off)\n", err)
 			return 1
 		}
-		ops = "http://" + bound
+		opsURL = "http://" + bound
 	}
 
 	stopTracing, err := daemon.StartTracing(ctx, "dev", log)
@@ -244,7 +244,7 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	running.Store(b)
-	if ops != "off" {
+	if opsURL != "off" {
 		closeStatus, err := watchStatus(b, users, page, registry, log)
 		if err != nil {
 			fmt.Fprintf(stderr, "failbus dev: status page: %v\n", err)
@@ -263,11 +263,11 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		dataDir = filepath.Dir(dataDir)
 	}
 	log.Info().Str("data", dataDir).Str("sync", syncDesc).Str("services", strings.Join(b.Names, ",")).
-		Int("nodes", len(b.Nodes)).Str("ops", ops).Msg("failbus dev running")
+		Int("nodes", len(b.Nodes)).Str("ops", opsURL).Msg("failbus dev running")
 	fmt.Fprintf(stdout, "failbus dev: NATS_URL=%s  (services: %s; data: %s; /metrics,/healthz: %s)\n",
-		b.URL(), strings.Join(b.Names, ", "), dataDir, ops)
-	if ops != "off" {
-		fmt.Fprintf(stdout, "failbus dev: live status page: %s%s\n", ops, status.Path)
+		b.URL(), strings.Join(b.Names, ", "), dataDir, opsURL)
+	if opsURL != "off" {
+		fmt.Fprintf(stdout, "failbus dev: live status page: %s%s\n", opsURL, status.Path)
 	}
 	if len(b.Nodes) > 1 {
 		names := make([]string, len(b.Nodes))
@@ -275,8 +275,8 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			names[i] = n.Name
 		}
 		lose := "give --ops-addr to stop and start nodes"
-		if ops != "off" {
-			lose = "lose one: curl -X POST " + ops + "/nodes/n2/stop (then .../start)"
+		if opsURL != "off" {
+			lose = "lose one: curl -X POST " + opsURL + "/nodes/n2/stop (then .../start)"
 		}
 		fmt.Fprintf(stdout, "failbus dev: %d nodes (%s) as cluster %s, every stream at %d replicas, a first delivery leased for %s; %s\n",
 			len(b.Nodes), strings.Join(names, ", "), devbus.ClusterName, len(b.Nodes), *ackWait, lose)
@@ -322,7 +322,7 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // nodeEndpoints are the ops endpoints that stop and start the nodes of
 // the running bus (--nodes): GET /nodes, POST /nodes/{name}/stop and
 // /start.
-func nodeEndpoints(running *atomic.Pointer[devbus.Bus], log zerolog.Logger) []consumer.OpsEndpoint {
+func nodeEndpoints(running *atomic.Pointer[devbus.Bus], log zerolog.Logger) []ops.Endpoint {
 	act := func(verb string, do func(*devbus.Bus, string) error) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -340,7 +340,7 @@ func nodeEndpoints(running *atomic.Pointer[devbus.Bus], log zerolog.Logger) []co
 			fmt.Fprintf(w, "node %s %s\n", name, verb)
 		}
 	}
-	return []consumer.OpsEndpoint{
+	return []ops.Endpoint{
 		{Pattern: "GET /nodes", Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 			b := running.Load()

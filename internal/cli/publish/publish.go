@@ -16,8 +16,8 @@ import (
 
 	"github.com/failbus/failbus/internal/cli"
 	"github.com/failbus/failbus/internal/connect"
+	"github.com/failbus/failbus/internal/msgid"
 	topology "github.com/failbus/failbus/jetstream"
-	"github.com/failbus/failbus/pkg/agent"
 	"github.com/failbus/failbus/pkg/events"
 )
 
@@ -187,7 +187,7 @@ func lineMsg(line []byte, now time.Time) (_ *nats.Msg, stamped bool, _ error) {
 		if b.At.IsZero() {
 			b.At, stamped = events.At(now), true
 		}
-		m, subject, id = b, events.SegmentSubject(b.Agent), agent.BoundaryMsgID(*b)
+		m, subject, id = b, events.SegmentSubject(b.Agent), msgid.Boundary(*b)
 	default:
 		return nil, false, fmt.Errorf("unknown type %q: want outcome (or no type) or boundary", head.Type)
 	}

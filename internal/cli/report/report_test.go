@@ -21,10 +21,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/failbus/failbus/internal/bustest"
+	"github.com/failbus/failbus/internal/delivery"
 	"github.com/failbus/failbus/internal/policy/retry"
 	"github.com/failbus/failbus/internal/service/scheduler"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/notify"
 )
 
 // seeder publishes records as the services would and keeps, beside, the
@@ -187,20 +187,20 @@ func (s *seeder) notification(severity string) {
 }
 
 func (s *seeder) audit(kind, severity string) {
-	s.pub(events.AuditSubject("notifier", kind), &notify.Audit{At: events.At(s.from), Kind: kind, DedupeKey: fmt.Sprintf("k-%d", s.n), Severity: severity, Request: "req"})
+	s.pub(events.AuditSubject("notifier", kind), &delivery.Audit{At: events.At(s.from), Kind: kind, DedupeKey: fmt.Sprintf("k-%d", s.n), Severity: severity, Request: "req"})
 	sv := s.want.Notifications.BySeverity[severity]
 	if sv == nil {
 		sv = &SeverityNotifications{}
 		s.want.Notifications.BySeverity[severity] = sv
 	}
 	switch kind {
-	case notify.AuditSent:
+	case delivery.AuditSent:
 		s.want.Notifications.Sent++
 		sv.Sent++
-	case notify.AuditHeld:
+	case delivery.AuditHeld:
 		s.want.Notifications.Held++
 		sv.Held++
-	case notify.AuditDeduped:
+	case delivery.AuditDeduped:
 		s.want.Notifications.Deduped++
 		sv.Deduped++
 	}
@@ -308,16 +308,16 @@ func (s *seeder) seedDay() {
 		s.notification(events.SeverityCritical)
 	}
 	for range 20 {
-		s.audit(notify.AuditSent, events.SeverityNormal)
+		s.audit(delivery.AuditSent, events.SeverityNormal)
 	}
 	for range 2 {
-		s.audit(notify.AuditSent, events.SeverityCritical)
+		s.audit(delivery.AuditSent, events.SeverityCritical)
 	}
 	for range 10 {
-		s.audit(notify.AuditHeld, events.SeverityNormal)
+		s.audit(delivery.AuditHeld, events.SeverityNormal)
 	}
 	for range 3 {
-		s.audit(notify.AuditDeduped, events.SeverityNormal)
+		s.audit(delivery.AuditDeduped, events.SeverityNormal)
 	}
 
 	// Dead letters.

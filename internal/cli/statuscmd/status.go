@@ -16,8 +16,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/failbus/failbus/internal/cli"
+	"github.com/failbus/failbus/internal/ops"
 	"github.com/failbus/failbus/internal/status"
-	"github.com/failbus/failbus/pkg/consumer"
 )
 
 // Command is `failbus status`.
@@ -88,7 +88,7 @@ func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(status.NewLagCollector(js))
 	page := status.NewServer(ctx, c, *interval, "")
-	routes := append(page.Routes(), consumer.OpsEndpoint{Pattern: "GET /{$}", Handler: page.Handler()})
+	routes := append(page.Routes(), ops.Endpoint{Pattern: "GET /{$}", Handler: page.Handler()})
 	health := func() error {
 		if !nc.IsConnected() {
 			return fmt.Errorf("not connected to NATS")
@@ -96,7 +96,7 @@ func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 		return nil
 	}
 	log := cli.ConsoleLogger(stderr)
-	bound, err := consumer.ServeOps(ctx, *addr, reg, health, log, routes...)
+	bound, err := ops.Serve(ctx, *addr, reg, health, log, routes...)
 	if err != nil {
 		fmt.Fprintf(stderr, "failbus status: %v (use --addr)\n", err)
 		return 1

@@ -9,8 +9,8 @@ import (
 
 	"github.com/failbus/failbus/internal/cli"
 	"github.com/failbus/failbus/internal/cli/decode"
+	"github.com/failbus/failbus/internal/delivery"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/notify"
 )
 
 // TestMain lets the test binary stand in for the failbus binary in
@@ -49,8 +49,8 @@ func TestCLITailTranslate(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.fill(t, "openai", 2)
-	b.pub(t, events.AuditSubject("notifier", notify.AuditSent),
-		&notify.Audit{Kind: notify.AuditSent, DedupeKey: "k", Request: "req-1", Sink: "ops", Attempt: 1})
+	b.pub(t, events.AuditSubject("notifier", delivery.AuditSent),
+		&delivery.Audit{Kind: delivery.AuditSent, DedupeKey: "k", Request: "req-1", Sink: "ops", Attempt: 1})
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -85,7 +85,7 @@ func TestCLITailTranslate(t *testing.T) {
 			}
 		}},
 		{"no translator: the audit record typed", "", "failbus.audit.>", func(t *testing.T, l tailLine) {
-			if l.Error != "" || l.Schema != notify.SchemaAudit+"/1" || !strings.Contains(string(l.Data), `"sink":"ops"`) {
+			if l.Error != "" || l.Schema != delivery.SchemaAudit+"/1" || !strings.Contains(string(l.Data), `"sink":"ops"`) {
 				t.Errorf("audit line %+v", l)
 			}
 		}},

@@ -4,7 +4,7 @@
 // cmd/classifier and inside `failbus dev`.
 //
 // Exactly once: each classification carries Nats-Msg-Id
-// "classifier:<outcome id>:0" (consumer.OutputMsgID), so an outcome that is
+// "classifier:<outcome id>:0" (msgid.Output), so an outcome that is
 // redelivered after a crash yields no second classification as long as the
 // redelivery falls inside FAILBUS_CLASSIFIED's duplicate window. Outcomes
 // that do not decode or validate go to failbus.dlq.classifier with the
@@ -27,6 +27,7 @@ import (
 	"github.com/failbus/failbus/internal/limitstore"
 	"github.com/failbus/failbus/internal/policy/classify"
 	"github.com/failbus/failbus/internal/policy/limits"
+	"github.com/failbus/failbus/internal/prom"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
@@ -148,21 +149,21 @@ func newHandler(classifyFn ClassifyFunc, g *gate, reg prometheus.Registerer) (co
 	if reg == nil {
 		return nil, fmt.Errorf("%w: classifier: nil Registerer", consumer.ErrInvalidConfig)
 	}
-	classes, err := consumer.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+	classes, err := prom.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "failbus_classifier_classified_total",
 		Help: "Outcomes classified, by class.",
 	}, []string{"class"}))
 	if err != nil {
 		return nil, fmt.Errorf("classifier: %w", err)
 	}
-	overrules, err := consumer.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+	overrules, err := prom.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "failbus_classifier_overrules_total",
 		Help: "Classifications where evidence overruled the class a heuristic or upstream_code claimed, by claimed and final class.",
 	}, []string{"claimed", "final"}))
 	if err != nil {
 		return nil, fmt.Errorf("classifier: %w", err)
 	}
-	refused, err := consumer.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+	refused, err := prom.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "failbus_limits_refused_total",
 		Help: "Agents' records refused because the agent (or all agents) reached a policy limit, by service and limit; each is a dead letter naming the limit and the agent.",
 	}, []string{"service", "limit"}))

@@ -1,4 +1,4 @@
-// Package notifier is the notifier service: the notify.Notifier on the
+// Package notifier is the notifier service: the delivery.Notifier on the
 // consumer runner, reading failbus.notify.> through the durable consumer
 // "notifier". cmd/notifier and `failbus dev` start it; replicas share the
 // consumer, the dedupe ledger and the budget, so any number of them
@@ -16,17 +16,18 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/failbus/failbus/internal/delivery"
 	"github.com/failbus/failbus/internal/policy/notification"
+	"github.com/failbus/failbus/internal/prom"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
-	"github.com/failbus/failbus/pkg/notify"
 )
 
 // Name is the runner's service name: it names the dead-letter subject
 // failbus.dlq.notifier, the audit subjects failbus.audit.notifier.<kind>
 // and the metrics' service label.
-const Name = notify.DefaultService
+const Name = delivery.DefaultService
 
 // DefaultOpsAddr is where cmd/notifier serves /metrics and /healthz unless
 // told otherwise: loopback, since the endpoints have no authentication.
@@ -37,7 +38,7 @@ const bindTimeout = 10 * time.Second
 
 // DefaultConcurrency is how many requests one replica handles at once.
 // Notifications have no order to keep; sends to sinks that cannot
-// deduplicate are still bounded by notify.Config.MaxUnconfirmed.
+// deduplicate are still bounded by delivery.Config.MaxUnconfirmed.
 const DefaultConcurrency = 8
 
 // Config configures the service. Every field documents its default.
@@ -48,15 +49,15 @@ type Config struct {
 	// notification, and the log sink.
 	Notify notification.Config
 	// Routes, when set, replace the sinks built from Notify.Sinks (tests,
-	// embedders with their own sinks). Defaults to notify.Routes(Notify).
-	Routes []notify.Route
+	// embedders with their own sinks). Defaults to delivery.Routes(Notify).
+	Routes []delivery.Route
 	// Getenv reads the sinks' secrets. Defaults to os.Getenv.
 	Getenv func(string) string
 	// HTTPClient is used by the HTTP sinks. Defaults to a shared client.
 	HTTPClient *http.Client
 
 	// DedupeLifetime, ClaimLease, MaxUnconfirmed and Replica are passed
-	// to notify.Config; see there for their defaults.
+	// to delivery.Config; see there for their defaults.
 	DedupeLifetime time.Duration
 	ClaimLease     time.Duration
 	MaxUnconfirmed int
@@ -95,7 +96,7 @@ type Config struct {
 
 // Service is a running notifier replica.
 type Service struct {
-	notifier  *notify.Notifier
+	notifier  *delivery.Notifier
 	runner    *consumer.Runner
 	decisions *prometheus.CounterVec
 }
@@ -107,7 +108,7 @@ func New(js jetstream.JetStream, cfg Config) (*Service, error) {
 	routes := cfg.Routes
 	if routes == nil {
 		var err error
-		routes, err = notify.Routes(cfg.Notify, notify.BuildOptions{Getenv: cfg.Getenv, HTTPClient: cfg.HTTPClient, Log: cfg.Logger})
+		routes, err = delivery.Routes(cfg.Notify, delivery.BuildOptions{Getenv: cfg.Getenv, HTTPClient: cfg.HTTPClient, Log: cfg.Logger})
 		if err != nil {
 			return nil, fmt.Errorf("notifier: sinks: %w", err)
 		}
@@ -145,7 +146,7 @@ func New(js jetstream.JetStream, cfg Config) (*Service, error) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), bindTimeout)
 	defer cancel()
-	n, err := notify.New(ctx, notify.Config{
+	n, err := delivery.New(ctx, delivery.Config{
 		JetStream:      js,
 		Routes:         routes,
 		DailyBudget:    cfg.Notify.DailyBudget,
@@ -160,7 +161,7 @@ func New(js jetstream.JetStream, cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("notifier: %w", err)
 	}
-	decisions, err := consumer.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+	decisions, err := prom.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "failbus_notifier_decisions_total",
 		Help: "Notification requests by decision: sent, deduped, held_by_budget, failed (retried or dead-lettered), unrouted.",
 	}, []string{"decision"}))
@@ -212,7 +213,7 @@ func (s *Service) Healthy() error { return s.runner.Healthy() }
 func (s *Service) Runner() *consumer.Runner { return s.runner }
 
 // Notifier is the decision core, for operators and tests (budget reads).
-func (s *Service) Notifier() *notify.Notifier { return s.notifier }
+func (s *Service) Notifier() *delivery.Notifier { return s.notifier }
 
 // Handle is the consumer.Handler: one notification request in, a decision
 // out. The request's identity is its stream position, unique per stored
@@ -225,7 +226,7 @@ func (s *Service) Handle(ctx context.Context, m *consumer.Msg, _ *consumer.Outpu
 	if err := notification.CheckSubject(m.Subject, *note); err != nil {
 		return consumer.DeadLetter(err.Error()) // neither severity wins (CheckSubject)
 	}
-	res, err := s.notifier.Process(ctx, notify.Request{
+	res, err := s.notifier.Process(ctx, delivery.Request{
 		ID:           m.Stream + ":" + fmt.Sprint(m.Seq),
 		Notification: *note,
 		LastDelivery: m.Last,
@@ -237,9 +238,9 @@ func (s *Service) Handle(ctx context.Context, m *consumer.Msg, _ *consumer.Outpu
 		s.decisions.WithLabelValues(res.Kind).Inc()
 	}
 	switch res.Action {
-	case notify.Retry:
+	case delivery.Retry:
 		return consumer.Retry(res.After, res.Reason)
-	case notify.DeadLetter:
+	case delivery.DeadLetter:
 		return consumer.DeadLetter(res.Reason)
 	}
 	return nil

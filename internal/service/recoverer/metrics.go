@@ -6,7 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/failbus/failbus/pkg/consumer"
+	"github.com/failbus/failbus/internal/prom"
 	"github.com/failbus/failbus/pkg/events"
 )
 
@@ -22,9 +22,9 @@ type metrics struct {
 	quarantined   prometheus.Counter
 	refused       *prometheus.CounterVec
 	// providers caps the provider label (agents name providers): at most
-	// consumer.DefaultMaxLabelValues have series, least recently used
+	// prom.DefaultMaxLabelValues have series, least recently used
 	// evicted.
-	providers *consumer.LabelCap
+	providers *prom.LabelCap
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -97,7 +97,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if err != nil {
 		return m, err
 	}
-	if m.providers, err = consumer.NewLabelCap(reg, "provider", 0); err != nil {
+	if m.providers, err = prom.NewLabelCap(reg, "provider", 0); err != nil {
 		return m, fmt.Errorf("recovery metrics: %w", err)
 	}
 	m.providers.Track(m.held.MetricVec, m.down.MetricVec, m.step.MetricVec, m.runs.MetricVec).TrackPartial(m.probes.MetricVec)

@@ -39,6 +39,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/failbus/failbus/internal/limitstore"
+	"github.com/failbus/failbus/internal/ops"
 	"github.com/failbus/failbus/internal/policy/limits"
 	"github.com/failbus/failbus/internal/policy/recovery"
 	topology "github.com/failbus/failbus/jetstream"
@@ -273,7 +274,7 @@ func (s *Service) Healthy() error {
 	for _, r := range s.runners {
 		checks = append(checks, r.Healthy)
 	}
-	if err := consumer.AllHealthy(checks...)(); err != nil {
+	if err := ops.AllHealthy(checks...)(); err != nil {
 		return err
 	}
 	if derr != nil {
@@ -292,12 +293,12 @@ func (s *Service) Run(ctx context.Context) error {
 		s.state = consumer.ErrStopped
 		s.mu.Unlock()
 	}()
-	parts := make([]consumer.Runnable, 0, len(s.runners)+1)
+	parts := make([]ops.Runnable, 0, len(s.runners)+1)
 	for _, r := range s.runners {
 		parts = append(parts, r)
 	}
 	parts = append(parts, runnable{name: "recovery-driver", run: s.drive})
-	err := consumer.RunAll(ctx, parts...)
+	err := ops.RunAll(ctx, parts...)
 	if s.prober != nil {
 		s.prober.wait()
 	}

@@ -8,7 +8,7 @@ import (
 	"github.com/failbus/failbus/pkg/events"
 )
 
-// Output keys of a refusal's outputs (consumer.OutputMsgID), fixed so a
+// Output keys of a refusal's outputs (msgid.Output), fixed so a
 // redelivery republishes under the same ids.
 const (
 	outputDecision = "decision"

@@ -48,7 +48,9 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/failbus/failbus/internal/engine"
+	"github.com/failbus/failbus/internal/ops"
 	"github.com/failbus/failbus/internal/policy/refusal"
+	"github.com/failbus/failbus/internal/prom"
 	"github.com/failbus/failbus/internal/scopestore"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/consumer"
@@ -218,7 +220,7 @@ func New(js jetstream.JetStream, opts Config) (*Service, error) {
 func (s *Service) Config() refusal.Config { return s.cfg }
 
 // Gatherer returns the registry of the service's metrics when it is a
-// prometheus.Gatherer (the default one is), for consumer.ServeOps.
+// prometheus.Gatherer (the default one is), for ops.Serve.
 func (s *Service) Gatherer() prometheus.Gatherer {
 	g, _ := s.reg.(prometheus.Gatherer)
 	return g
@@ -267,7 +269,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	s.log.Info().Str("route", routeSubject()).Int64("probe_lease_ms", s.lease.Milliseconds()).
 		Str("rule", refusal.Rule(s.cfg)).Msg("refusal tiers started")
 
-	err = consumer.RunAll(ctx, s.refusals, s.boundaries)
+	err = ops.RunAll(ctx, s.refusals, s.boundaries)
 	if serr := svc.Stop(); serr != nil {
 		s.log.Warn().Err(serr).Msg("stop route service")
 	}
@@ -325,7 +327,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		if err != nil {
 			return c
 		}
-		got, e := consumer.Register(reg, c)
+		got, e := prom.Register(reg, c)
 		if e != nil {
 			err = e
 			return c

@@ -7,7 +7,7 @@ import (
 	"strings"
 
 	"github.com/failbus/failbus/internal/policy/retry"
-	"github.com/failbus/failbus/pkg/agent"
+	"github.com/failbus/failbus/internal/retrymark"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
 )
@@ -19,7 +19,7 @@ const (
 )
 
 // handleControl is the handler of the `scheduler-control` consumer: an
-// agent's started or cancel record (agent.RetryMark) marks the budget's
+// agent's started or cancel record (retrymark.Mark) marks the budget's
 // latest retry in the ledger, and a cancel purges its schedule.
 func (s *Service) handleControl(ctx context.Context, m *consumer.Msg, _ *consumer.Outputs) error {
 	var kind string
@@ -54,7 +54,7 @@ func (s *Service) handleControl(ctx context.Context, m *consumer.Msg, _ *consume
 
 // mark applies one started or cancel record; it returns "marked" or
 // "ignored".
-func (s *Service) mark(ctx context.Context, kind string, mark agent.RetryMark, token string, at events.Time) (string, error) {
+func (s *Service) mark(ctx context.Context, kind string, mark retrymark.Mark, token string, at events.Time) (string, error) {
 	for range maxLedgerAttempts {
 		last, err := s.ledgerLast(ctx, token)
 		if err != nil {
@@ -110,16 +110,16 @@ func (s *Service) mark(ctx context.Context, kind string, mark agent.RetryMark, t
 // decodeMark reads an agent's started or cancel record as every agent
 // record is read (events.Decode: the subject's type, the identifier rules,
 // the subject as the identity).
-func decodeMark(m *consumer.Msg) (agent.RetryMark, error) {
+func decodeMark(m *consumer.Msg) (retrymark.Mark, error) {
 	v, err := events.Decode(m.Subject, m.Header, m.Data)
 	if err != nil {
-		return agent.RetryMark{}, err
+		return retrymark.Mark{}, err
 	}
 	switch r := v.(type) {
-	case *agent.RetryStarted:
-		return agent.RetryMark(*r), nil
-	case *agent.RetryCancel:
-		return agent.RetryMark(*r), nil
+	case *retrymark.Started:
+		return retrymark.Mark(*r), nil
+	case *retrymark.Cancel:
+		return retrymark.Mark(*r), nil
 	}
-	return agent.RetryMark{}, fmt.Errorf("got a %s record on %s, want a retry started or cancel record", v.SchemaName(), m.Subject)
+	return retrymark.Mark{}, fmt.Errorf("got a %s record on %s, want a retry started or cancel record", v.SchemaName(), m.Subject)
 }

@@ -14,10 +14,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/failbus/failbus/internal/jspub"
 	"github.com/failbus/failbus/internal/policy/retry"
 	"github.com/failbus/failbus/internal/streamread"
 	topology "github.com/failbus/failbus/jetstream"
-	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
 )
 
@@ -223,7 +223,7 @@ func (s *Service) retriesMsg(ctx context.Context, q streamread.MsgQuery) (*jetst
 }
 
 // publish stores v on subject with Nats-Msg-Id msgID and extra headers
-// (consumer.Publish) and waits for the stream's acknowledgement.
+// (jspub.Publish) and waits for the stream's acknowledgement.
 func (s *Service) publish(ctx context.Context, subject string, v events.Message, msgID string, extra nats.Header, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
-	return consumer.Publish(ctx, s.js, subject, v, msgID, extra, opts...)
+	return jspub.Publish(ctx, s.js, subject, v, msgID, extra, opts...)
 }

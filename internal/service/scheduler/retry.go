@@ -8,6 +8,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/failbus/failbus/internal/engine"
+	"github.com/failbus/failbus/internal/jspub"
 	"github.com/failbus/failbus/internal/tracing"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
@@ -122,7 +123,7 @@ func (s *Service) decide(ctx context.Context, m *consumer.Msg, out *consumer.Out
 	}
 	d := v.Decision
 	if v.Record == nil {
-		// Nats-Msg-Id consumer.OutputMsgID(Name, m.ID(), "decision").
+		// Nats-Msg-Id msgid.Output(Name, m.ID(), "decision").
 		out.Publish(events.DecisionSubject(d.Agent), &d, "decision")
 		// Counted once stored, and once: not for a decision whose store
 		// fails and is made again on the redelivery, nor for a redelivery
@@ -170,7 +171,7 @@ func (s *Service) scheduleAndDecide(ctx context.Context, e *LedgerEntry, d *even
 	if err != nil {
 		return err
 	}
-	dec, err := consumer.NewMsg(events.DecisionSubject(d.Agent), d, retryMsgID(d.RetryID), nil)
+	dec, err := jspub.NewMsg(events.DecisionSubject(d.Agent), d, retryMsgID(d.RetryID), nil)
 	if err != nil {
 		return fmt.Errorf("decision of %s: %w", d.OutcomeID, err)
 	}
@@ -205,7 +206,7 @@ func (s *Service) scheduleAndDecide(ctx context.Context, e *LedgerEntry, d *even
 func awaitPub(ctx context.Context, f jetstream.PubAckFuture) error {
 	ctx, cancel := context.WithTimeout(ctx, publishTimeout)
 	defer cancel()
-	return consumer.AwaitPub(ctx, f)
+	return jspub.AwaitPub(ctx, f)
 }
 
 // publishTimeout bounds the wait for an async publish's acknowledgement.

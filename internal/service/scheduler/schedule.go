@@ -17,10 +17,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/failbus/failbus/internal/jspub"
 	"github.com/failbus/failbus/internal/streamread"
 	"github.com/failbus/failbus/internal/tracing"
 	topology "github.com/failbus/failbus/jetstream"
-	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
 )
 
@@ -77,7 +77,7 @@ func (s *Service) scheduleMsg(e *LedgerEntry) (*nats.Msg, error) {
 	due := e.Due()
 	extra := nats.Header{}
 	SetSchedule(extra, e.DueAt.Time, events.RetryDueSubject(e.Agent))
-	m, err := consumer.NewMsg(events.RetryScheduleSubject(e.Agent, e.RetryID), &due, Name+":"+e.RetryID+":schedule", extra)
+	m, err := jspub.NewMsg(events.RetryScheduleSubject(e.Agent, e.RetryID), &due, Name+":"+e.RetryID+":schedule", extra)
 	if err != nil {
 		return nil, fmt.Errorf("schedule of %s: %w", e.RetryID, err)
 	}

@@ -60,7 +60,7 @@
 //
 // Agents' started and cancel records in (the `scheduler-control` consumer on
 // failbus.retry.started.> and failbus.retry.cancel.>, payload
-// agent.RetryMark): the first of the two for the budget's latest retry is
+// retrymark.Mark): the first of the two for the budget's latest retry is
 // marked in the ledger; a cancel then purges the schedule subject, so no due
 // message arrives; a started after a cancel (or a cancel after a start) is
 // ignored. A cancelled retry still counts against its budget: its record was
@@ -117,6 +117,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/failbus/failbus/internal/engine"
+	"github.com/failbus/failbus/internal/ops"
+	"github.com/failbus/failbus/internal/prom"
 	"github.com/failbus/failbus/internal/scopestore"
 	"github.com/failbus/failbus/internal/streamread"
 	topology "github.com/failbus/failbus/jetstream"
@@ -154,7 +156,7 @@ const (
 	// DefaultMaxProviders is Config.MaxProviders' default: far more
 	// providers than a deployment uses, far fewer than a buggy or hostile
 	// agent can name.
-	DefaultMaxProviders = consumer.DefaultMaxLabelValues
+	DefaultMaxProviders = prom.DefaultMaxLabelValues
 	// DefaultPolicyPollInterval is how often Config.PolicyFile is checked
 	// for changes: a stat each time, a read only when the stat changed (or
 	// the file was written so recently that a same-size rewrite could share
@@ -386,7 +388,7 @@ func New(js jetstream.JetStream, opts Config) (*Service, error) {
 func (s *Service) Policy() *policy.Policy { return s.active.Load().p }
 
 // Gatherer returns the registry of the service's metrics when it is a
-// prometheus.Gatherer (the default one is), for consumer.ServeOps.
+// prometheus.Gatherer (the default one is), for ops.Serve.
 func (s *Service) Gatherer() prometheus.Gatherer {
 	g, _ := s.reg.(prometheus.Gatherer)
 	return g
@@ -457,7 +459,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	s.state = nil
 	s.mu.Unlock()
 
-	err = consumer.RunAll(rctx, s.classified, s.control)
+	err = ops.RunAll(rctx, s.classified, s.control)
 	cancel() // ends the policy watches
 	return err
 }
@@ -516,7 +518,7 @@ type metrics struct {
 	seeded        prometheus.Counter
 	outage        *prometheus.GaugeVec
 	// providers caps the provider label of outage.
-	providers *consumer.LabelCap
+	providers *prom.LabelCap
 	evictions *prometheus.CounterVec
 
 	scopeConflicts  prometheus.Counter
@@ -533,7 +535,7 @@ func newMetrics(reg prometheus.Registerer, maxProviders int) (*metrics, error) {
 		if err != nil {
 			return nil
 		}
-		c, e := consumer.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels))
+		c, e := prom.Register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels))
 		err = e
 		return c
 	}
@@ -541,7 +543,7 @@ func newMetrics(reg prometheus.Registerer, maxProviders int) (*metrics, error) {
 		if err != nil {
 			return nil
 		}
-		c, e := consumer.Register(reg, prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help}))
+		c, e := prom.Register(reg, prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help}))
 		err = e
 		return c
 	}
@@ -565,20 +567,20 @@ func newMetrics(reg prometheus.Registerer, maxProviders int) (*metrics, error) {
 	m.scopeUnreadable = counter("failbus_scheduler_scope_unreadable_total", "Fault-scope records that could not be decoded; the provider started over.")
 	m.evictions = counterVec("failbus_scheduler_scope_evictions_total", "Fault-scope entries forgotten to stay within their caps, by kind: entry (a profile or model past scope.max_profiles / max_models).", "kind")
 	if err == nil {
-		m.fileValid, err = consumer.Register(reg, prometheus.NewGauge(prometheus.GaugeOpts{
+		m.fileValid, err = prom.Register(reg, prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "failbus_scheduler_policy_file_valid",
 			Help: "1 while the policy file's current content is the policy loaded from it, 0 while it is unreadable or invalid (the last good policy is kept); 1 without a policy file.",
 		}))
 	}
 	if err == nil {
 		m.fileValid.Set(1)
-		m.outage, err = consumer.Register(reg, prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		m.outage, err = prom.Register(reg, prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "failbus_scheduler_provider_outage",
 			Help: "1 while the fault scope holds the provider in an outage (as this replica last saw it), else 0. At most Config.MaxProviders providers have a series (least recently seen evicted).",
 		}, []string{"provider"}))
 	}
 	if err == nil {
-		m.providers, err = consumer.NewLabelCap(reg, "provider", maxProviders)
+		m.providers, err = prom.NewLabelCap(reg, "provider", maxProviders)
 	}
 	if err == nil {
 		m.providers.Track(m.outage.MetricVec)

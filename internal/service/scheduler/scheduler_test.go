@@ -18,6 +18,7 @@ import (
 
 	"github.com/failbus/failbus/internal/bustest"
 	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/internal/msgid"
 	"github.com/failbus/failbus/internal/policy/retry"
 	"github.com/failbus/failbus/internal/service/scheduler"
 	topology "github.com/failbus/failbus/jetstream"
@@ -109,7 +110,7 @@ func (b *bench) publish(c *events.Classification, msgID string) {
 		b.t.Fatal(err)
 	}
 	if msgID == "" {
-		msgID = consumer.OutputMsgID("classifier", c.OutcomeID, "0")
+		msgID = msgid.Output("classifier", c.OutcomeID, "0")
 	}
 	hdr.Set(nats.MsgIdHdr, msgID)
 	if _, err := b.js.PublishMsg(b.ctx, &nats.Msg{Subject: events.ClassifiedSubject(c.Provider, c.Class), Header: hdr, Data: data}); err != nil {
@@ -1296,13 +1297,13 @@ func TestDecisionsAreCountedOnceStored(t *testing.T) {
 	// What a scheduler that died after storing the decision of "second"
 	// left behind, under the id the runner gives that output.
 	c := cls("second", "ag", "openai", "k", events.ClassAuth, 1, 2, 0)
-	input := consumer.OutputMsgID("classifier", c.OutcomeID, "0")
+	input := msgid.Output("classifier", c.OutcomeID, "0")
 	stored := &events.Decision{OutcomeID: c.OutcomeID, At: c.At, Agent: c.Agent, Provider: c.Provider, Action: events.ActionGiveUp, Reason: "stored by a delivery that died"}
 	data, hdr, err := events.Encode(stored)
 	if err != nil {
 		t.Fatal(err)
 	}
-	hdr.Set(nats.MsgIdHdr, consumer.OutputMsgID(scheduler.Name, input, "decision"))
+	hdr.Set(nats.MsgIdHdr, msgid.Output(scheduler.Name, input, "decision"))
 	if _, err := b.js.PublishMsg(b.ctx, &nats.Msg{Subject: events.DecisionSubject(c.Agent), Header: hdr, Data: data}); err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/anthropics/anthropic-sdk-go/v2"
 
+	"github.com/failbus/failbus/internal/httpheader"
 	"github.com/failbus/failbus/pkg/agent"
 )
 
@@ -26,7 +27,7 @@ func Describe(err error) (agent.Evidence, bool) {
 	}
 	ev := agent.Evidence{Status: e.StatusCode, Body: e.RawJSON(), UpstreamCode: string(e.Type())}
 	if e.Response != nil {
-		ev.Headers = agent.HeaderMap(e.Response.Header)
+		ev.Headers = httpheader.Map(e.Response.Header)
 	}
 	return ev, true
 }

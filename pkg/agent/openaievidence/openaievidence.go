@@ -11,6 +11,7 @@ import (
 
 	"github.com/openai/openai-go/v3"
 
+	"github.com/failbus/failbus/internal/httpheader"
 	"github.com/failbus/failbus/pkg/agent"
 )
 
@@ -28,7 +29,7 @@ func Describe(err error) (agent.Evidence, bool) {
 		ev.Body = `{"error":` + raw + `}`
 	}
 	if e.Response != nil {
-		ev.Headers = agent.HeaderMap(e.Response.Header)
+		ev.Headers = httpheader.Map(e.Response.Header)
 	}
 	return ev, true
 }

@@ -1,4 +1,7 @@
-package consumer
+// Package jspub writes failbus records to JetStream the one way failbus
+// writes them: msgpack with the schema header and a Nats-Msg-Id that makes
+// a second store within the duplicate window a no-op.
+package jspub
 
 import (
 	"context"

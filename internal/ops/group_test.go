@@ -1,4 +1,4 @@
-package consumer_test
+package ops_test
 
 import (
 	"context"
@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/failbus/failbus/pkg/consumer"
+	"github.com/failbus/failbus/internal/ops"
 )
 
 // part runs until its context ends, or returns early with err when early
@@ -48,7 +48,7 @@ func TestRunAll(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			done := make(chan error, 1)
-			go func() { done <- consumer.RunAll(ctx, a, b) }()
+			go func() { done <- ops.RunAll(ctx, a, b) }()
 			if c.cancel {
 				cancel()
 			} else {

@@ -1,4 +1,4 @@
-package notify
+package delivery
 
 import "github.com/failbus/failbus/pkg/events"
 

@@ -1,4 +1,4 @@
-package consumer_test
+package prom_test
 
 import (
 	"fmt"
@@ -6,7 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/failbus/failbus/pkg/consumer"
+	"github.com/failbus/failbus/internal/prom"
 )
 
 // TestLabelCapEvictsTheLeastRecentlyUsed: 5,000 provider names leave at
@@ -17,7 +17,7 @@ func TestLabelCapEvictsTheLeastRecentlyUsed(t *testing.T) {
 	outage := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "test_outage", Help: "h"}, []string{"provider"})
 	probes := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "test_probes_total", Help: "h"}, []string{"provider", "result"})
 	reg.MustRegister(outage, probes)
-	c, err := consumer.NewLabelCap(reg, "provider", 100)
+	c, err := prom.NewLabelCap(reg, "provider", 100)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +51,7 @@ func TestLabelCapEvictsTheLeastRecentlyUsed(t *testing.T) {
 	if !found {
 		t.Error("the provider in use lost its series")
 	}
-	if _, err := consumer.NewLabelCap(reg, "provider", -1); err == nil {
+	if _, err := prom.NewLabelCap(reg, "provider", -1); err == nil {
 		t.Error("a negative cap was accepted")
 	}
 }
@@ -65,6 +65,30 @@ func testutilCount(t *testing.T, g prometheus.Gatherer, name string) int {
 	for _, mf := range mfs {
 		if mf.GetName() == name {
 			return len(mf.GetMetric())
+		}
+	}
+	return 0
+}
+
+// counterValue is the value of the counter name with labels in g.
+func counterValue(t *testing.T, g prometheus.Gatherer, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metric:
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
+					continue metric
+				}
+			}
+			return m.GetCounter().GetValue()
 		}
 	}
 	return 0

@@ -1,4 +1,4 @@
-package notify
+package delivery
 
 import (
 	"crypto/sha256"

@@ -1,4 +1,4 @@
-package notify
+package delivery
 
 import (
 	"errors"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/failbus/failbus/internal/policy/notification"
 	"github.com/failbus/failbus/pkg/events"
+	"github.com/failbus/failbus/pkg/notify"
 )
 
 // Defaults of a Route's retry policy and send timeout. A sink that keeps
@@ -31,6 +32,10 @@ const (
 // retryJitter spreads retries of many notifications that failed together
 // (±20%), so a recovering receiver is not hit by all of them at once.
 const retryJitter = 0.2
+
+// defaultLogSinkName is the name of the log sink the notifier uses when the
+// policy configures no sink, as in `failbus dev` and `failbus demo`.
+const defaultLogSinkName = "log"
 
 // RetryPolicy says how often and how fast a failing sink is retried. The
 // retries are JetStream redeliveries of the request, so they survive a
@@ -78,7 +83,7 @@ func (p RetryPolicy) Delay(attempt int) time.Duration {
 // Route is one sink and what it receives.
 type Route struct {
 	// Sink delivers.
-	Sink Sink
+	Sink notify.Sink
 	// Severities the sink receives; empty means all.
 	Severities []string
 	// Labels the notification must carry (value "*": any value); empty
@@ -133,7 +138,7 @@ func Routes(cfg notification.Config, opts BuildOptions) ([]Route, error) {
 		opts.Getenv = os.Getenv
 	}
 	if len(cfg.Sinks) == 0 {
-		s, err := NewLog(defaultLogSinkName, opts.Log)
+		s, err := notify.NewLog(defaultLogSinkName, opts.Log)
 		if err != nil {
 			return nil, err
 		}
@@ -163,7 +168,7 @@ func Routes(cfg notification.Config, opts BuildOptions) ([]Route, error) {
 	return routes, nil
 }
 
-func buildSink(sc notification.SinkConfig, opts BuildOptions) (Sink, error) {
+func buildSink(sc notification.SinkConfig, opts BuildOptions) (notify.Sink, error) {
 	env := func(field, name string, required bool) (string, error) {
 		if name == "" {
 			if required {
@@ -191,15 +196,15 @@ func buildSink(sc notification.SinkConfig, opts BuildOptions) (Sink, error) {
 		if err != nil {
 			return nil, err
 		}
-		return NewWebhook(WebhookConfig{Name: sc.Name, URL: rawURL, Secret: []byte(secret), Idempotent: sc.Idempotent, Client: opts.HTTPClient})
+		return notify.NewWebhook(notify.WebhookConfig{Name: sc.Name, URL: rawURL, Secret: []byte(secret), Idempotent: sc.Idempotent, Client: opts.HTTPClient})
 	case notification.SinkSlack:
-		return NewSlack(SlackConfig{Name: sc.Name, URL: rawURL, Client: opts.HTTPClient})
+		return notify.NewSlack(notify.SlackConfig{Name: sc.Name, URL: rawURL, Client: opts.HTTPClient})
 	case notification.SinkNtfy:
 		token, err := env("secret_env", sc.SecretEnv, false)
 		if err != nil {
 			return nil, err
 		}
-		return NewNtfy(NtfyConfig{Name: sc.Name, URL: rawURL, Topic: sc.Topic, Token: token, Client: opts.HTTPClient})
+		return notify.NewNtfy(notify.NtfyConfig{Name: sc.Name, URL: rawURL, Topic: sc.Topic, Token: token, Client: opts.HTTPClient})
 	case notification.SinkSMTP:
 		u, err := url.Parse(rawURL)
 		if err != nil || u.Scheme != "smtp" || u.Host == "" {
@@ -209,7 +214,7 @@ func buildSink(sc notification.SinkConfig, opts BuildOptions) (Sink, error) {
 		if err != nil {
 			return nil, err
 		}
-		return NewSMTP(SMTPConfig{Name: sc.Name, Addr: u.Host, From: sc.From, To: slices.Clone(sc.To),
+		return notify.NewSMTP(notify.SMTPConfig{Name: sc.Name, Addr: u.Host, From: sc.From, To: slices.Clone(sc.To),
 			Username: sc.Username, Password: password, StartTLS: sc.StartTLS})
 	case notification.SinkPagerDuty:
 		name := sc.RoutingKeyEnv
@@ -220,9 +225,9 @@ func buildSink(sc notification.SinkConfig, opts BuildOptions) (Sink, error) {
 		if err != nil {
 			return nil, err
 		}
-		return NewPagerDuty(PagerDutyConfig{Name: sc.Name, URL: rawURL, RoutingKey: key, Client: opts.HTTPClient})
+		return notify.NewPagerDuty(notify.PagerDutyConfig{Name: sc.Name, URL: rawURL, RoutingKey: key, Client: opts.HTTPClient})
 	case notification.SinkLog:
-		return NewLog(sc.Name, opts.Log)
+		return notify.NewLog(sc.Name, opts.Log)
 	}
 	return nil, fmt.Errorf("sink %q: unknown type %q", sc.Name, sc.Type)
 }

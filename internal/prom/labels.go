@@ -1,4 +1,4 @@
-package consumer
+package prom
 
 import (
 	"container/list"
@@ -43,11 +43,11 @@ type LabelCap struct {
 // (services sharing a registry in failbus dev) share the counter.
 func NewLabelCap(reg prometheus.Registerer, label string, max int) (*LabelCap, error) {
 	if label == "" {
-		return nil, errors.New("consumer: LabelCap needs a label name")
+		return nil, errors.New("invalid config: LabelCap needs a label name")
 	}
 	switch {
 	case max < 0:
-		return nil, fmt.Errorf("%w: LabelCap %s: max %d must be positive (0 selects %d)", ErrInvalidConfig, label, max, DefaultMaxLabelValues)
+		return nil, fmt.Errorf("invalid config: LabelCap %s: max %d must be positive (0 selects %d)", label, max, DefaultMaxLabelValues)
 	case max == 0:
 		max = DefaultMaxLabelValues
 	}

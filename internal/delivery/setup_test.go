@@ -1,4 +1,4 @@
-package notify_test
+package delivery_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/failbus/failbus/internal/delivery"
 	"github.com/failbus/failbus/internal/embedded"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
@@ -41,7 +42,7 @@ func setup(t *testing.T) *bundle {
 }
 
 // notifier builds a Notifier on the bundle with cfg's gaps filled.
-func (b *bundle) notifier(t *testing.T, cfg notify.Config) *notify.Notifier {
+func (b *bundle) notifier(t *testing.T, cfg delivery.Config) *delivery.Notifier {
 	t.Helper()
 	if cfg.JetStream == nil {
 		cfg.JetStream = b.js
@@ -50,19 +51,19 @@ func (b *bundle) notifier(t *testing.T, cfg notify.Config) *notify.Notifier {
 		cfg.Now = b.clock.Now
 	}
 	if cfg.DailyBudget == 0 {
-		cfg.DailyBudget = notify.Unlimited
+		cfg.DailyBudget = delivery.Unlimited
 	}
-	n, err := notify.New(context.Background(), cfg)
+	n, err := delivery.New(context.Background(), cfg)
 	if err != nil {
-		t.Fatalf("notify.New: %v", err)
+		t.Fatalf("delivery.New: %v", err)
 	}
 	return n
 }
 
 // process runs one request and fails the test on a bus error.
-func process(t *testing.T, n *notify.Notifier, id string, note events.Notification) notify.Result {
+func process(t *testing.T, n *delivery.Notifier, id string, note events.Notification) delivery.Result {
 	t.Helper()
-	res, err := n.Process(context.Background(), notify.Request{ID: id, Notification: note})
+	res, err := n.Process(context.Background(), delivery.Request{ID: id, Notification: note})
 	if err != nil {
 		t.Fatalf("Process(%s): %v", id, err)
 	}
@@ -70,7 +71,7 @@ func process(t *testing.T, n *notify.Notifier, id string, note events.Notificati
 }
 
 // audits reads every audit record stored so far.
-func (b *bundle) audits(t *testing.T) []*notify.Audit {
+func (b *bundle) audits(t *testing.T) []*delivery.Audit {
 	t.Helper()
 	ctx := context.Background()
 	s, err := b.js.Stream(ctx, topology.StreamAudit)
@@ -81,7 +82,7 @@ func (b *bundle) audits(t *testing.T) []*notify.Audit {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out []*notify.Audit
+	var out []*delivery.Audit
 	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
 		m, err := s.GetMsg(ctx, seq)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -90,7 +91,7 @@ func (b *bundle) audits(t *testing.T) []*notify.Audit {
 		if err != nil {
 			t.Fatal(err)
 		}
-		a := &notify.Audit{}
+		a := &delivery.Audit{}
 		if err := events.Unmarshal(m.Data, a); err != nil {
 			t.Fatalf("audit %d: %v", seq, err)
 		}
@@ -100,7 +101,7 @@ func (b *bundle) audits(t *testing.T) []*notify.Audit {
 }
 
 // kinds counts audit records by kind.
-func kinds(as []*notify.Audit) map[string]int {
+func kinds(as []*delivery.Audit) map[string]int {
 	m := map[string]int{}
 	for _, a := range as {
 		m[a.Kind]++

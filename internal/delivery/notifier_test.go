@@ -1,4 +1,4 @@
-package notify_test
+package delivery_test
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/failbus/failbus/internal/delivery"
 	"github.com/failbus/failbus/pkg/events"
 	"github.com/failbus/failbus/pkg/notify"
 )
@@ -20,19 +21,19 @@ func TestDedupeAcrossRequestsAndRedeliveries(t *testing.T) {
 		requests  []string // request ids, all with the same dedupe key
 		wantKinds map[string]int
 	}{
-		{"one request is sent once", []string{"r1"}, map[string]int{notify.AuditSent: 1}},
-		{"a repeat with another request id is deduplicated", []string{"r1", "r2"}, map[string]int{notify.AuditSent: 1, notify.AuditDeduped: 1}},
-		{"a redelivery of the sending request only repeats its audit record", []string{"r1", "r1"}, map[string]int{notify.AuditSent: 1}},
-		{"three repeats and a redelivery", []string{"r1", "r2", "r1", "r3", "r4"}, map[string]int{notify.AuditSent: 1, notify.AuditDeduped: 3}},
+		{"one request is sent once", []string{"r1"}, map[string]int{delivery.AuditSent: 1}},
+		{"a repeat with another request id is deduplicated", []string{"r1", "r2"}, map[string]int{delivery.AuditSent: 1, delivery.AuditDeduped: 1}},
+		{"a redelivery of the sending request only repeats its audit record", []string{"r1", "r1"}, map[string]int{delivery.AuditSent: 1}},
+		{"three repeats and a redelivery", []string{"r1", "r2", "r1", "r3", "r4"}, map[string]int{delivery.AuditSent: 1, delivery.AuditDeduped: 3}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
 			sink := newRecSink("hook", false)
-			n := b.notifier(t, notify.Config{Routes: []notify.Route{{Sink: sink}}})
+			n := b.notifier(t, delivery.Config{Routes: []delivery.Route{{Sink: sink}}})
 			for _, id := range tc.requests {
-				if res := process(t, n, id, note("provider-refusal:s#1:0:openai", events.SeverityNormal)); res.Action != notify.Ack {
+				if res := process(t, n, id, note("provider-refusal:s#1:0:openai", events.SeverityNormal)); res.Action != delivery.Ack {
 					t.Fatalf("request %s: %+v, want ack", id, res)
 				}
 			}
@@ -53,10 +54,10 @@ func TestConcurrentReplicasSendEachKeyOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	idem, plain := newRecSink("idem", true), newRecSink("plain", false)
-	routes := []notify.Route{{Sink: idem}, {Sink: plain}}
-	replicas := []*notify.Notifier{
-		b.notifier(t, notify.Config{Routes: routes, Replica: "a"}),
-		b.notifier(t, notify.Config{Routes: routes, Replica: "b"}),
+	routes := []delivery.Route{{Sink: idem}, {Sink: plain}}
+	replicas := []*delivery.Notifier{
+		b.notifier(t, delivery.Config{Routes: routes, Replica: "a"}),
+		b.notifier(t, delivery.Config{Routes: routes, Replica: "b"}),
 	}
 	const keys, repeats = 20, 6
 	var wg sync.WaitGroup
@@ -65,12 +66,12 @@ func TestConcurrentReplicasSendEachKeyOnce(t *testing.T) {
 			n := replicas[i%2]
 			key := fmt.Sprintf("k-%d", i%keys)
 			for {
-				res, err := n.Process(context.Background(), notify.Request{ID: reqID(i), Notification: note(key, events.SeverityNormal)})
+				res, err := n.Process(context.Background(), delivery.Request{ID: reqID(i), Notification: note(key, events.SeverityNormal)})
 				if err != nil {
 					t.Errorf("Process: %v", err)
 					return
 				}
-				if res.Action == notify.Ack {
+				if res.Action == delivery.Ack {
 					return
 				}
 				// A lost compare-and-set race: try again at once (the
@@ -90,8 +91,8 @@ func TestConcurrentReplicasSendEachKeyOnce(t *testing.T) {
 			}
 		}
 	}
-	if plain.maxInflight > notify.DefaultMaxUnconfirmed {
-		t.Errorf("non-idempotent sink had %d sends in flight, want at most %d", plain.maxInflight, notify.DefaultMaxUnconfirmed)
+	if plain.maxInflight > delivery.DefaultMaxUnconfirmed {
+		t.Errorf("non-idempotent sink had %d sends in flight, want at most %d", plain.maxInflight, delivery.DefaultMaxUnconfirmed)
 	}
 }
 
@@ -103,7 +104,7 @@ func TestTakeoverAfterCrashKeepsIdempotencyKey(t *testing.T) {
 	b := setup(t)
 	sink := newRecSink("idem", true)
 	sink.gate = make(chan struct{}) // never opened: the send hangs
-	dead := b.notifier(t, notify.Config{Routes: []notify.Route{{Sink: sink, Timeout: time.Second}}, Replica: "dead", ClaimLease: 5 * time.Second})
+	dead := b.notifier(t, delivery.Config{Routes: []delivery.Route{{Sink: sink, Timeout: time.Second}}, Replica: "dead", ClaimLease: 5 * time.Second})
 
 	// The "dead" replica claims and hangs in Send until its context ends:
 	// its claim stays behind with a lease, as after a crash.
@@ -111,9 +112,9 @@ func TestTakeoverAfterCrashKeepsIdempotencyKey(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_, _ = dead.Process(ctx, notify.Request{ID: "r1", Notification: note("k", events.SeverityCritical)})
+		_, _ = dead.Process(ctx, delivery.Request{ID: "r1", Notification: note("k", events.SeverityCritical)})
 	}()
-	waitFor(t, "the claim", func() bool { return ledgerState(t, b, "k").State == notify.LedgerClaimed })
+	waitFor(t, "the claim", func() bool { return ledgerState(t, b, "k").State == delivery.LedgerClaimed })
 	gen := ledgerState(t, b, "k").Generation
 	cancel()
 	<-done
@@ -121,23 +122,23 @@ func TestTakeoverAfterCrashKeepsIdempotencyKey(t *testing.T) {
 	sink.gate = nil
 	sink.mu.Unlock()
 
-	live := b.notifier(t, notify.Config{Routes: []notify.Route{{Sink: sink, Timeout: time.Second}}, Replica: "live", ClaimLease: 5 * time.Second})
+	live := b.notifier(t, delivery.Config{Routes: []delivery.Route{{Sink: sink, Timeout: time.Second}}, Replica: "live", ClaimLease: 5 * time.Second})
 	// The dead replica's Process released the key as pending after its
 	// cancelled send; put it back to "claimed" to model a hard crash.
-	forceEntry(t, b, "k", func(e *notify.LedgerEntry) {
-		e.State, e.Owner, e.Until = notify.LedgerClaimed, "dead", b.clock.Now().Add(5*time.Second)
+	forceEntry(t, b, "k", func(e *delivery.LedgerEntry) {
+		e.State, e.Owner, e.Until = delivery.LedgerClaimed, "dead", b.clock.Now().Add(5*time.Second)
 	})
 
 	// Within the lease: another request defers to the claim.
-	if res := process(t, live, "r2", note("k", events.SeverityCritical)); res.Action != notify.Ack || res.Kind != notify.AuditDeduped {
+	if res := process(t, live, "r2", note("k", events.SeverityCritical)); res.Action != delivery.Ack || res.Kind != delivery.AuditDeduped {
 		t.Fatalf("within the lease: %+v, want deduped", res)
 	}
 	// The redelivered request itself waits for the lease.
-	if res := process(t, live, "r1", note("k", events.SeverityCritical)); res.Action != notify.Retry {
+	if res := process(t, live, "r1", note("k", events.SeverityCritical)); res.Action != delivery.Retry {
 		t.Fatalf("redelivery within the lease: %+v, want retry", res)
 	}
 	b.clock.Advance(6 * time.Second)
-	if res := process(t, live, "r1", note("k", events.SeverityCritical)); res.Action != notify.Ack || res.Kind != notify.AuditSent {
+	if res := process(t, live, "r1", note("k", events.SeverityCritical)); res.Action != delivery.Ack || res.Kind != delivery.AuditSent {
 		t.Fatalf("after the lease: %+v, want sent", res)
 	}
 	got := sink.deliveries()
@@ -150,14 +151,14 @@ func TestDedupeLifetime(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	sink := newRecSink("idem", true)
-	n := b.notifier(t, notify.Config{Routes: []notify.Route{{Sink: sink}}, DedupeLifetime: time.Hour})
+	n := b.notifier(t, delivery.Config{Routes: []delivery.Route{{Sink: sink}}, DedupeLifetime: time.Hour})
 	process(t, n, "r1", note("k", events.SeverityNormal))
 	b.clock.Advance(59 * time.Minute)
-	if res := process(t, n, "r2", note("k", events.SeverityNormal)); res.Kind != notify.AuditDeduped {
+	if res := process(t, n, "r2", note("k", events.SeverityNormal)); res.Kind != delivery.AuditDeduped {
 		t.Fatalf("within the lifetime: %+v, want deduped", res)
 	}
 	b.clock.Advance(2 * time.Minute)
-	if res := process(t, n, "r3", note("k", events.SeverityNormal)); res.Kind != notify.AuditSent {
+	if res := process(t, n, "r3", note("k", events.SeverityNormal)); res.Kind != delivery.AuditSent {
 		t.Fatalf("after the lifetime: %+v, want sent", res)
 	}
 	got := sink.deliveries()
@@ -169,7 +170,7 @@ func TestDedupeLifetime(t *testing.T) {
 func TestDedupeLifetimeBeyondBucketTTLIsRefused(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, err := notify.New(context.Background(), notify.Config{JetStream: b.js, Routes: []notify.Route{{Sink: newRecSink("x", false)}},
+	_, err := delivery.New(context.Background(), delivery.Config{JetStream: b.js, Routes: []delivery.Route{{Sink: newRecSink("x", false)}},
 		DedupeLifetime: 30 * 24 * time.Hour})
 	if err == nil || !strings.Contains(err.Error(), "TTL") {
 		t.Fatalf("New = %v, want an error about the bucket TTL", err)
@@ -180,14 +181,14 @@ func TestDailyBudget(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	sink := newRecSink("hook", false)
-	routes := []notify.Route{{Sink: sink}}
-	n := b.notifier(t, notify.Config{Routes: routes, DailyBudget: 3})
+	routes := []delivery.Route{{Sink: sink}}
+	n := b.notifier(t, delivery.Config{Routes: routes, DailyBudget: 3})
 	for i := range 4 {
 		process(t, n, reqID(i), note(fmt.Sprintf("normal-%d", i), events.SeverityNormal))
 	}
 	process(t, n, "crit", note("critical-0", events.SeverityCritical))
 	// A restart keeps the count.
-	n = b.notifier(t, notify.Config{Routes: routes, DailyBudget: 3})
+	n = b.notifier(t, delivery.Config{Routes: routes, DailyBudget: 3})
 	process(t, n, reqID(10), note("info-0", events.SeverityInfo))
 	process(t, n, reqID(11), note("normal-3", events.SeverityNormal)) // repeat of a held key: not counted twice
 
@@ -195,7 +196,7 @@ func TestDailyBudget(t *testing.T) {
 	if len(per) != 4 || per["critical-0"] != 1 || per["normal-3"] != 0 || per["info-0"] != 0 {
 		t.Fatalf("delivered %v: want normal-0..2 and critical-0", per)
 	}
-	day := notify.UTCDay(b.clock.Now())
+	day := delivery.UTCDay(b.clock.Now())
 	rec, err := n.Budget(context.Background(), day)
 	if err != nil {
 		t.Fatal(err)
@@ -207,14 +208,14 @@ func TestDailyBudget(t *testing.T) {
 	// the budget, saying how many were held and why.
 	var digests []*events.Notification
 	for _, m := range b.notifyMsgs(t) {
-		if notify.IsDigest(m) {
+		if delivery.IsDigest(m) {
 			digests = append(digests, m)
 		}
 	}
 	if len(digests) != 1 {
 		t.Fatalf("%d digest requests, want 1", len(digests))
 	}
-	if res := process(t, n, "digest", *digests[0]); res.Kind != notify.AuditSent {
+	if res := process(t, n, "digest", *digests[0]); res.Kind != delivery.AuditSent {
 		t.Fatalf("digest: %+v, want sent", res)
 	}
 	last := sink.deliveries()[len(sink.deliveries())-1].Notification
@@ -222,13 +223,13 @@ func TestDailyBudget(t *testing.T) {
 		t.Errorf("digest text %q: want the held count and the budget", last.Text)
 	}
 	// Three held requests (normal-3 twice, info-0), two distinct keys.
-	if k := kinds(b.audits(t)); k[notify.AuditHeld] != 3 {
-		t.Errorf("held audit records = %d, want 3 (%v)", k[notify.AuditHeld], k)
+	if k := kinds(b.audits(t)); k[delivery.AuditHeld] != 3 {
+		t.Errorf("held audit records = %d, want 3 (%v)", k[delivery.AuditHeld], k)
 	}
 
 	// A new UTC day has a new budget; a key held yesterday can go out.
 	b.clock.Advance(24 * time.Hour)
-	if res := process(t, n, reqID(20), note("normal-3", events.SeverityNormal)); res.Kind != notify.AuditSent {
+	if res := process(t, n, reqID(20), note("normal-3", events.SeverityNormal)); res.Kind != delivery.AuditSent {
 		t.Fatalf("next day: %+v, want sent", res)
 	}
 }
@@ -237,14 +238,14 @@ func TestZeroBudgetHoldsEveryNonCritical(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	sink := newRecSink("hook", false)
-	n, err := notify.New(context.Background(), notify.Config{JetStream: b.js, Now: b.clock.Now, Routes: []notify.Route{{Sink: sink}}, DailyBudget: 0})
+	n, err := delivery.New(context.Background(), delivery.Config{JetStream: b.js, Now: b.clock.Now, Routes: []delivery.Route{{Sink: sink}}, DailyBudget: 0})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res := process(t, n, "r1", note("n", events.SeverityNormal)); res.Kind != notify.AuditHeld {
+	if res := process(t, n, "r1", note("n", events.SeverityNormal)); res.Kind != delivery.AuditHeld {
 		t.Fatalf("%+v, want held", res)
 	}
-	if res := process(t, n, "r2", note("c", events.SeverityCritical)); res.Kind != notify.AuditSent {
+	if res := process(t, n, "r2", note("c", events.SeverityCritical)); res.Kind != delivery.AuditSent {
 		t.Fatalf("%+v, want sent", res)
 	}
 }
@@ -253,18 +254,18 @@ func TestRouting(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name   string
-		route  notify.Route
+		route  delivery.Route
 		note   events.Notification
 		want   bool
 		labels map[string]string
 	}{
-		{"no filter takes everything", notify.Route{}, note("a", events.SeverityInfo), true, nil},
-		{"a severity filter drops others", notify.Route{Severities: []string{"critical"}}, note("a", events.SeverityNormal), false, nil},
-		{"a severity filter takes its own", notify.Route{Severities: []string{"normal", "critical"}}, note("a", events.SeverityNormal), true, nil},
-		{"a label filter needs the value", notify.Route{Labels: map[string]string{"team": "infra"}}, note("a", events.SeverityNormal), true, map[string]string{"team": "infra"}},
-		{"a label filter refuses another value", notify.Route{Labels: map[string]string{"team": "infra"}}, note("a", events.SeverityNormal), false, map[string]string{"team": "ml"}},
-		{"a label filter refuses a missing label", notify.Route{Labels: map[string]string{"team": "infra"}}, note("a", events.SeverityNormal), false, nil},
-		{"a wildcard needs only presence", notify.Route{Labels: map[string]string{"provider": "*"}}, note("a", events.SeverityNormal), true, map[string]string{"provider": "openai"}},
+		{"no filter takes everything", delivery.Route{}, note("a", events.SeverityInfo), true, nil},
+		{"a severity filter drops others", delivery.Route{Severities: []string{"critical"}}, note("a", events.SeverityNormal), false, nil},
+		{"a severity filter takes its own", delivery.Route{Severities: []string{"normal", "critical"}}, note("a", events.SeverityNormal), true, nil},
+		{"a label filter needs the value", delivery.Route{Labels: map[string]string{"team": "infra"}}, note("a", events.SeverityNormal), true, map[string]string{"team": "infra"}},
+		{"a label filter refuses another value", delivery.Route{Labels: map[string]string{"team": "infra"}}, note("a", events.SeverityNormal), false, map[string]string{"team": "ml"}},
+		{"a label filter refuses a missing label", delivery.Route{Labels: map[string]string{"team": "infra"}}, note("a", events.SeverityNormal), false, nil},
+		{"a wildcard needs only presence", delivery.Route{Labels: map[string]string{"provider": "*"}}, note("a", events.SeverityNormal), true, map[string]string{"provider": "openai"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -280,7 +281,7 @@ func TestRouting(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		pager, chat := newRecSink("pager", true), newRecSink("chat", false)
-		n := b.notifier(t, notify.Config{Routes: []notify.Route{
+		n := b.notifier(t, delivery.Config{Routes: []delivery.Route{
 			{Sink: pager, Severities: []string{events.SeverityCritical}},
 			{Sink: chat, Severities: []string{events.SeverityNormal}, Labels: map[string]string{"team": "infra"}},
 		}})
@@ -289,7 +290,7 @@ func TestRouting(t *testing.T) {
 		infra.Labels = map[string]string{"team": "infra"}
 		process(t, n, "r1", crit)
 		process(t, n, "r2", infra)
-		if res := process(t, n, "r3", note("x", events.SeverityInfo)); res.Kind != notify.AuditUnrouted {
+		if res := process(t, n, "r3", note("x", events.SeverityInfo)); res.Kind != delivery.AuditUnrouted {
 			t.Errorf("info: %+v, want unrouted", res)
 		}
 		if p, c := pager.perKey(), chat.perKey(); len(p) != 1 || p["c"] != 1 || len(c) != 1 || c["i"] != 1 {
@@ -307,11 +308,11 @@ func TestSinkFailures(t *testing.T) {
 		failures int // failed attempts before the sink recovers (-1: never)
 		err      *notify.SinkError
 		attempts int // MaxAttempts
-		want     []notify.Action
+		want     []delivery.Action
 	}{
-		{"a temporary failure is retried and then sent once", 2, temporary, 5, []notify.Action{notify.Retry, notify.Retry, notify.Ack}},
-		{"a permanent failure is dead-lettered at once", -1, permanent, 5, []notify.Action{notify.DeadLetter}},
-		{"the retry budget ends in a dead letter", -1, temporary, 3, []notify.Action{notify.Retry, notify.Retry, notify.DeadLetter}},
+		{"a temporary failure is retried and then sent once", 2, temporary, 5, []delivery.Action{delivery.Retry, delivery.Retry, delivery.Ack}},
+		{"a permanent failure is dead-lettered at once", -1, permanent, 5, []delivery.Action{delivery.DeadLetter}},
+		{"the retry budget ends in a dead letter", -1, temporary, 3, []delivery.Action{delivery.Retry, delivery.Retry, delivery.DeadLetter}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -329,29 +330,29 @@ func TestSinkFailures(t *testing.T) {
 				failed++
 				return tc.err
 			})
-			n := b.notifier(t, notify.Config{Routes: []notify.Route{{Sink: sink, Retry: notify.RetryPolicy{MaxAttempts: tc.attempts, Initial: time.Second, Max: 4 * time.Second}}}})
-			var last notify.Result
+			n := b.notifier(t, delivery.Config{Routes: []delivery.Route{{Sink: sink, Retry: delivery.RetryPolicy{MaxAttempts: tc.attempts, Initial: time.Second, Max: 4 * time.Second}}}})
+			var last delivery.Result
 			for i, want := range tc.want {
 				last = process(t, n, "r1", note("k", events.SeverityCritical))
 				if last.Action != want {
 					t.Fatalf("delivery %d: %+v, want action %v", i+1, last, want)
 				}
-				if last.Action == notify.Retry {
+				if last.Action == delivery.Retry {
 					if last.After <= 0 || last.After > 4*time.Second {
 						t.Errorf("retry after %v: want within (0, 4s]", last.After)
 					}
 					// While the request waits, a repeat defers to it.
-					if res := process(t, n, fmt.Sprintf("repeat-%d", i), note("k", events.SeverityCritical)); res.Kind != notify.AuditDeduped {
+					if res := process(t, n, fmt.Sprintf("repeat-%d", i), note("k", events.SeverityCritical)); res.Kind != delivery.AuditDeduped {
 						t.Errorf("repeat while pending: %+v, want deduped", res)
 					}
 					b.clock.Advance(last.After)
 				}
 			}
-			if last.Action == notify.DeadLetter && !strings.Contains(last.Reason, tc.err.Answer) {
+			if last.Action == delivery.DeadLetter && !strings.Contains(last.Reason, tc.err.Answer) {
 				t.Errorf("dead-letter reason %q lacks the sink's answer %q", last.Reason, tc.err.Answer)
 			}
 			wantSent := 0
-			if last.Action == notify.Ack {
+			if last.Action == delivery.Ack {
 				wantSent = 1
 			}
 			if got := len(sink.deliveries()); got != wantSent {
@@ -360,14 +361,14 @@ func TestSinkFailures(t *testing.T) {
 			as := b.audits(t)
 			finals := 0
 			for _, a := range as {
-				if a.Kind == notify.AuditFailed && a.Final {
+				if a.Kind == delivery.AuditFailed && a.Final {
 					finals++
 					if a.Answer != tc.err.Answer {
 						t.Errorf("final failure answer %q, want %q", a.Answer, tc.err.Answer)
 					}
 				}
 			}
-			if want := map[bool]int{true: 1, false: 0}[last.Action == notify.DeadLetter]; finals != want {
+			if want := map[bool]int{true: 1, false: 0}[last.Action == delivery.DeadLetter]; finals != want {
 				t.Errorf("final failure records = %d, want %d", finals, want)
 			}
 		})
@@ -381,21 +382,21 @@ func TestLastDeliveryDeadLetters(t *testing.T) {
 	sink.setFail(func(notify.Delivery) error {
 		return &notify.SinkError{Sink: "hook", Status: 502, Answer: "bad gateway"}
 	})
-	n := b.notifier(t, notify.Config{Routes: []notify.Route{{Sink: sink}}})
-	res, err := n.Process(context.Background(), notify.Request{ID: "r1", Notification: note("k", events.SeverityCritical), LastDelivery: true})
+	n := b.notifier(t, delivery.Config{Routes: []delivery.Route{{Sink: sink}}})
+	res, err := n.Process(context.Background(), delivery.Request{ID: "r1", Notification: note("k", events.SeverityCritical), LastDelivery: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Action != notify.DeadLetter || !strings.Contains(res.Reason, "bad gateway") {
+	if res.Action != delivery.DeadLetter || !strings.Contains(res.Reason, "bad gateway") {
 		t.Fatalf("%+v: want a dead letter with the sink's answer", res)
 	}
 	// A redelivery of the dead-lettered request (lost ack) dead-letters it
 	// again with the same reason; a new request starts over.
-	if again := process(t, n, "r1", note("k", events.SeverityCritical)); again.Action != notify.DeadLetter || again.Reason != res.Reason {
+	if again := process(t, n, "r1", note("k", events.SeverityCritical)); again.Action != delivery.DeadLetter || again.Reason != res.Reason {
 		t.Errorf("redelivery: %+v", again)
 	}
 	sink.setFail(nil)
-	if fresh := process(t, n, "r2", note("k", events.SeverityCritical)); fresh.Kind != notify.AuditSent {
+	if fresh := process(t, n, "r2", note("k", events.SeverityCritical)); fresh.Kind != delivery.AuditSent {
 		t.Errorf("new request after a dead letter: %+v, want sent", fresh)
 	}
 }
@@ -405,13 +406,13 @@ func TestPartialFailureResendsOnlyTheFailedSink(t *testing.T) {
 	b := setup(t)
 	good, bad := newRecSink("good", false), newRecSink("bad", false)
 	bad.setFail(func(notify.Delivery) error { return &notify.SinkError{Sink: "bad", Answer: "down"} })
-	n := b.notifier(t, notify.Config{Routes: []notify.Route{{Sink: good}, {Sink: bad}}})
-	if res := process(t, n, "r1", note("k", events.SeverityNormal)); res.Action != notify.Retry {
+	n := b.notifier(t, delivery.Config{Routes: []delivery.Route{{Sink: good}, {Sink: bad}}})
+	if res := process(t, n, "r1", note("k", events.SeverityNormal)); res.Action != delivery.Retry {
 		t.Fatalf("%+v, want retry", res)
 	}
 	bad.setFail(nil)
 	b.clock.Advance(time.Minute)
-	if res := process(t, n, "r1", note("k", events.SeverityNormal)); res.Action != notify.Ack {
+	if res := process(t, n, "r1", note("k", events.SeverityNormal)); res.Action != delivery.Ack {
 		t.Fatalf("%+v, want ack", res)
 	}
 	if g, bd := len(good.deliveries()), len(bad.deliveries()); g != 1 || bd != 1 {
@@ -426,7 +427,7 @@ func TestSecretsAreRedactedBeforeLeaving(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	sink := newRecSink("hook", false)
-	n := b.notifier(t, notify.Config{Routes: []notify.Route{{Sink: sink}}})
+	n := b.notifier(t, delivery.Config{Routes: []delivery.Route{{Sink: sink}}})
 	secret := "sk-ant-api03-abcdefghijklmnopqrstuvwxyz0123456789"
 	req := events.Notification{
 		DedupeKey: "auth:anthropic",
@@ -455,7 +456,7 @@ func TestUnconfirmedSendsAreBoundedOnlyForNonIdempotentSinks(t *testing.T) {
 	b := setup(t)
 	plain, idem := newRecSink("plain", false), newRecSink("idem", true)
 	for _, s := range []*recSink{plain, idem} {
-		n := b.notifier(t, notify.Config{Routes: []notify.Route{{Sink: s}}, MaxUnconfirmed: 2})
+		n := b.notifier(t, delivery.Config{Routes: []delivery.Route{{Sink: s}}, MaxUnconfirmed: 2})
 		gate := make(chan struct{})
 		s.mu.Lock()
 		s.gate = gate
@@ -489,20 +490,20 @@ func TestTakeoverRepeatsTheDeadReplicasSentRecordOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	chat, pager := newRecSink("chat", false), newRecSink("pager", true)
-	routes := []notify.Route{{Sink: chat}, {Sink: pager}}
+	routes := []delivery.Route{{Sink: chat}, {Sink: pager}}
 	now := b.clock.Now()
-	forceEntry(t, b, "k", func(e *notify.LedgerEntry) {
-		*e = notify.LedgerEntry{DedupeKey: "k", State: notify.LedgerClaimed, Generation: "gen-k", Request: "r1", Owner: "dead",
+	forceEntry(t, b, "k", func(e *delivery.LedgerEntry) {
+		*e = delivery.LedgerEntry{DedupeKey: "k", State: delivery.LedgerClaimed, Generation: "gen-k", Request: "r1", Owner: "dead",
 			Until: now.Add(time.Second), Created: now,
-			Sinks: map[string]*notify.SinkState{"chat": {Sent: true, SentAt: now, Attempts: 1}}}
+			Sinks: map[string]*delivery.SinkState{"chat": {Sent: true, SentAt: now, Attempts: 1}}}
 	})
 	b.clock.Advance(2 * time.Second)
-	n := b.notifier(t, notify.Config{Routes: routes, Replica: "live"})
-	if res := process(t, n, "r2", note("k", events.SeverityCritical)); res.Kind != notify.AuditSent {
+	n := b.notifier(t, delivery.Config{Routes: routes, Replica: "live"})
+	if res := process(t, n, "r2", note("k", events.SeverityCritical)); res.Kind != delivery.AuditSent {
 		t.Fatalf("takeover by a repeat: %+v, want sent", res)
 	}
 	// The original request comes back: the key is sent, it is deduplicated.
-	if res := process(t, n, "r1", note("k", events.SeverityCritical)); res.Kind != notify.AuditDeduped {
+	if res := process(t, n, "r1", note("k", events.SeverityCritical)); res.Kind != delivery.AuditDeduped {
 		t.Fatalf("redelivery of the dead replica's request: %+v, want deduped", res)
 	}
 	if c, p := len(chat.deliveries()), len(pager.deliveries()); c != 0 || p != 1 {
@@ -513,7 +514,7 @@ func TestTakeoverRepeatsTheDeadReplicasSentRecordOnce(t *testing.T) {
 	}
 	sent := map[string]int{}
 	for _, a := range b.audits(t) {
-		if a.Kind == notify.AuditSent {
+		if a.Kind == delivery.AuditSent {
 			sent[a.Sink]++
 		}
 	}
@@ -542,9 +543,9 @@ func TestAttemptsCarryTheSameTime(t *testing.T) {
 		}
 		return nil
 	})
-	n := b.notifier(t, notify.Config{Routes: []notify.Route{{Sink: sink}}})
+	n := b.notifier(t, delivery.Config{Routes: []delivery.Route{{Sink: sink}}})
 	first := b.clock.Now()
-	for i, want := range []notify.Action{notify.Retry, notify.Retry, notify.Ack} {
+	for i, want := range []delivery.Action{delivery.Retry, delivery.Retry, delivery.Ack} {
 		if res := process(t, n, "r1", note("k", events.SeverityNormal)); res.Action != want {
 			t.Fatalf("attempt %d: %+v, want %v", i+1, res, want)
 		}
@@ -560,17 +561,17 @@ func TestAttemptsCarryTheSameTime(t *testing.T) {
 }
 
 // ledgerState reads the ledger entry of a dedupe key.
-func ledgerState(t *testing.T, b *bundle, key string) *notify.LedgerEntry {
+func ledgerState(t *testing.T, b *bundle, key string) *delivery.LedgerEntry {
 	t.Helper()
 	kv, err := b.js.KeyValue(context.Background(), "FAILBUS_NOTIFY_DEDUPE")
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := kv.Get(context.Background(), notify.LedgerKey(key))
+	e, err := kv.Get(context.Background(), delivery.LedgerKey(key))
 	if err != nil {
-		return &notify.LedgerEntry{}
+		return &delivery.LedgerEntry{}
 	}
-	var le notify.LedgerEntry
+	var le delivery.LedgerEntry
 	if err := json.Unmarshal(e.Value(), &le); err != nil {
 		t.Fatal(err)
 	}
@@ -579,7 +580,7 @@ func ledgerState(t *testing.T, b *bundle, key string) *notify.LedgerEntry {
 
 // forceEntry rewrites a ledger entry, modelling a replica that died at a
 // chosen point.
-func forceEntry(t *testing.T, b *bundle, key string, change func(*notify.LedgerEntry)) {
+func forceEntry(t *testing.T, b *bundle, key string, change func(*delivery.LedgerEntry)) {
 	t.Helper()
 	kv, err := b.js.KeyValue(context.Background(), "FAILBUS_NOTIFY_DEDUPE")
 	if err != nil {
@@ -588,7 +589,7 @@ func forceEntry(t *testing.T, b *bundle, key string, change func(*notify.LedgerE
 	e := ledgerState(t, b, key)
 	change(e)
 	data, _ := json.Marshal(e)
-	if _, err := kv.Put(context.Background(), notify.LedgerKey(key), data); err != nil {
+	if _, err := kv.Put(context.Background(), delivery.LedgerKey(key), data); err != nil {
 		t.Fatal(err)
 	}
 }

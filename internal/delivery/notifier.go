@@ -1,4 +1,4 @@
-package notify
+package delivery
 
 import (
 	"context"
@@ -14,11 +14,12 @@ import (
 	"github.com/nats-io/nuid"
 	"github.com/rs/zerolog"
 
+	"github.com/failbus/failbus/internal/jspub"
 	"github.com/failbus/failbus/internal/policy/notification"
 	"github.com/failbus/failbus/internal/streamread"
 	topology "github.com/failbus/failbus/jetstream"
-	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
+	"github.com/failbus/failbus/pkg/notify"
 	"github.com/failbus/failbus/pkg/redact"
 )
 
@@ -557,7 +558,7 @@ func (p *proc) store(ctx context.Context) error {
 
 type failure struct {
 	route Route
-	err   *SinkError
+	err   *notify.SinkError
 	st    *SinkState
 }
 
@@ -589,7 +590,7 @@ func (p *proc) deliver(ctx context.Context) (Result, error) {
 			pendingSinks--
 			continue
 		}
-		var se *SinkError
+		var se *notify.SinkError
 		if !errors.As(err, &se) {
 			return Result{}, err // the bus, not the sink
 		}
@@ -621,7 +622,7 @@ func (p *proc) markSent() {
 func (p *proc) sendOne(ctx context.Context, r Route, st *SinkState, last bool) error {
 	n := p.n
 	name := r.Sink.Name()
-	idem := IsIdempotent(r.Sink)
+	idem := idempotent(r.Sink)
 	holding := false
 	release := func() {
 		if holding {
@@ -647,10 +648,10 @@ func (p *proc) sendOne(ctx context.Context, r Route, st *SinkState, last bool) e
 	}
 	st.Attempts++
 	sctx, cancel := context.WithTimeout(ctx, timeout)
-	err := r.Sink.Send(sctx, Delivery{Notification: p.note, IdempotencyKey: p.entry.Generation, Attempt: st.Attempts})
+	err := r.Sink.Send(sctx, notify.Delivery{Notification: p.note, IdempotencyKey: p.entry.Generation, Attempt: st.Attempts})
 	cancel()
 	if err != nil {
-		se := AsSinkError(name, err)
+		se := notify.AsSinkError(name, err)
 		st.LastAnswer = se.Answer
 		return se
 	}
@@ -716,7 +717,7 @@ func (p *proc) settleFailures(ctx context.Context, failures []failure) (Result, 
 
 // describe is a failure in words: status and answer, and whether it is
 // permanent.
-func describe(e *SinkError) string {
+func describe(e *notify.SinkError) string {
 	s := e.Answer
 	if e.Status != 0 {
 		s = strconv.Itoa(e.Status) + " " + s
@@ -773,13 +774,20 @@ func (p *proc) audit(kind, sink string, attempt int, answer, reason string, opts
 	return n.publish(context.Background(), events.AuditSubject(n.cfg.Service, kind), a, id)
 }
 
-// publish stores m on subject with Nats-Msg-Id id (consumer.Publish) and
+// publish stores m on subject with Nats-Msg-Id id (jspub.Publish) and
 // waits for JetStream.
 func (n *Notifier) publish(ctx context.Context, subject string, m events.Message, id string) error {
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := consumer.Publish(pctx, n.js, subject, m, id, nil); err != nil {
+	if _, err := jspub.Publish(pctx, n.js, subject, m, id, nil); err != nil {
 		return fmt.Errorf("notify: %w", err)
 	}
 	return nil
+}
+
+// idempotent reports whether s declares that its receiver deduplicates
+// (notify.Idempotent).
+func idempotent(s notify.Sink) bool {
+	i, ok := s.(notify.Idempotent)
+	return ok && i.Idempotent()
 }

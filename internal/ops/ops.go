@@ -1,4 +1,4 @@
-package consumer
+package ops
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 	"github.com/rs/zerolog"
 )
 
-// ServeOps serves the operations endpoints every failbus service exposes on
+// Serve serves the operations endpoints every failbus service exposes on
 // addr until ctx ends:
 //
 //   - GET /metrics: the Prometheus text format of gatherer (an empty registry
@@ -26,7 +26,7 @@ import (
 // once the listener is open; serving happens in the background. Bind to
 // loopback unless a scraper elsewhere needs it: the endpoints have no
 // authentication.
-func ServeOps(ctx context.Context, addr string, gatherer prometheus.Gatherer, health func() error, log zerolog.Logger, extra ...OpsEndpoint) (string, error) {
+func Serve(ctx context.Context, addr string, gatherer prometheus.Gatherer, health func() error, log zerolog.Logger, extra ...Endpoint) (string, error) {
 	if gatherer == nil {
 		gatherer = prometheus.NewRegistry()
 	}
@@ -67,14 +67,14 @@ func ServeOps(ctx context.Context, addr string, gatherer prometheus.Gatherer, he
 	return bound, nil
 }
 
-// OpsEndpoint is one more endpoint of ServeOps: an http.ServeMux pattern
+// Endpoint is one more endpoint of Serve: an http.ServeMux pattern
 // ("POST /nodes/{name}/stop") and its handler.
-type OpsEndpoint struct {
+type Endpoint struct {
 	Pattern string
 	Handler http.Handler
 }
 
-// AllHealthy combines health checks into one for ServeOps, so a process
+// AllHealthy combines health checks into one for Serve, so a process
 // that runs several services (failbus dev) reports every problem at once.
 func AllHealthy(checks ...func() error) func() error {
 	return func() error {

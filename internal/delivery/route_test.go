@@ -1,17 +1,13 @@
-package notify_test
+package delivery_test
 
 import (
-	"context"
-	"encoding/json"
-	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/failbus/failbus/internal/delivery"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/notify"
-	"github.com/failbus/failbus/pkg/notify/sinktest"
 	"github.com/failbus/failbus/pkg/policy"
 )
 
@@ -33,7 +29,7 @@ func TestRoutesFromPolicy(t *testing.T) {
 		idem    []bool
 		wantErr string
 	}{
-		{name: "no sinks means the log sink", yaml: "notify: {daily_budget: 5}", want: []string{notify.DefaultLogSinkName}, idem: []bool{false}},
+		{name: "no sinks means the log sink", yaml: "notify: {daily_budget: 5}", want: []string{delivery.DefaultLogSinkName}, idem: []bool{false}},
 		{name: "the documented example policy builds every sink", yaml: "@../../docs/policy.example.yaml", getenv: getenv,
 			want: []string{"ops-webhook", "gateway-team", "phones", "mail", "pager", "audit"}, idem: []bool{true, false, false, false, true, false}},
 		{name: "an unset secret variable is an error naming it", yaml: `
@@ -76,7 +72,7 @@ notify:
 			if ge == nil {
 				ge = func(string) string { return "" }
 			}
-			routes, err := notify.Routes(p.Notify, notify.BuildOptions{Getenv: ge})
+			routes, err := delivery.Routes(p.Notify, delivery.BuildOptions{Getenv: ge})
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("Routes error = %v, want one naming %q", err, tc.wantErr)
@@ -90,8 +86,8 @@ notify:
 				t.Fatalf("%d routes, want %d", len(routes), len(tc.want))
 			}
 			for i, r := range routes {
-				if r.Sink.Name() != tc.want[i] || notify.IsIdempotent(r.Sink) != tc.idem[i] {
-					t.Errorf("route %d: %s idempotent=%v, want %s idempotent=%v", i, r.Sink.Name(), notify.IsIdempotent(r.Sink), tc.want[i], tc.idem[i])
+				if r.Sink.Name() != tc.want[i] || idempotent(r.Sink) != tc.idem[i] {
+					t.Errorf("route %d: %s idempotent=%v, want %s idempotent=%v", i, r.Sink.Name(), idempotent(r.Sink), tc.want[i], tc.idem[i])
 				}
 			}
 			if tc.name == "retry and timeout keys reach the route" {
@@ -106,7 +102,7 @@ notify:
 
 func TestRetryDelayDoublesWithinBounds(t *testing.T) {
 	t.Parallel()
-	p := notify.RetryPolicy{Initial: time.Second, Max: 10 * time.Second}
+	p := delivery.RetryPolicy{Initial: time.Second, Max: 10 * time.Second}
 	tests := []struct {
 		attempt  int
 		min, max time.Duration
@@ -134,52 +130,28 @@ func TestRetryDelayDoublesWithinBounds(t *testing.T) {
 // when the receiver comes back.
 func TestDefaultRetryBudgetOutlastsAOneMinuteOutage(t *testing.T) {
 	t.Parallel()
-	var p notify.RetryPolicy // the defaults
+	var p delivery.RetryPolicy // the defaults
 	for range 200 {
 		var span time.Duration
-		for attempt := 1; attempt < notify.DefaultMaxAttempts; attempt++ {
+		for attempt := 1; attempt < delivery.DefaultMaxAttempts; attempt++ {
 			span += p.Delay(attempt)
 		}
 		if span <= time.Minute {
-			t.Fatalf("%d attempts span %v: want more than a minute", notify.DefaultMaxAttempts, span)
+			t.Fatalf("%d attempts span %v: want more than a minute", delivery.DefaultMaxAttempts, span)
 		}
 	}
 	_, c, ok := topology.Consumer(topology.ConsumerNotifier)
 	if !ok {
 		t.Fatal("no notifier consumer in the topology")
 	}
-	if c.MaxDeliver < notify.DefaultMaxAttempts {
-		t.Errorf("consumer MaxDeliver %d < DefaultMaxAttempts %d: the server would give up before the sink's retry budget", c.MaxDeliver, notify.DefaultMaxAttempts)
+	if c.MaxDeliver < delivery.DefaultMaxAttempts {
+		t.Errorf("consumer MaxDeliver %d < DefaultMaxAttempts %d: the server would give up before the sink's retry budget", c.MaxDeliver, delivery.DefaultMaxAttempts)
 	}
 }
 
-func TestNtfyPublishesJSONToTheServerRoot(t *testing.T) {
-	t.Parallel()
-	type got struct{ path, topic string }
-	seen := make(chan got, 1)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		var m notify.NtfyMessage
-		_ = json.NewDecoder(r.Body).Decode(&m)
-		seen <- got{r.URL.Path, m.Topic}
-	}))
-	t.Cleanup(srv.Close)
-	for _, tc := range []struct{ path, topic string }{
-		{"/failbus-ops", ""},
-		{"/failbus-ops", "failbus-ops"},
-		{"/", "failbus-ops"},
-	} {
-		s, err := notify.NewNtfy(notify.NtfyConfig{Name: "n", URL: srv.URL + tc.path, Topic: tc.topic})
-		if err != nil {
-			t.Fatalf("NewNtfy(%s, %q): %v", tc.path, tc.topic, err)
-		}
-		if err := s.Send(context.Background(), notify.Delivery{Notification: sinktest.Sample("x")}); err != nil {
-			t.Fatal(err)
-		}
-		if g := <-seen; g.path != "/" || g.topic != "failbus-ops" {
-			t.Errorf("url path %s, topic %q: posted to %s with topic %q; want / and failbus-ops", tc.path, tc.topic, g.path, g.topic)
-		}
-	}
-	if _, err := notify.NewNtfy(notify.NtfyConfig{Name: "n", URL: srv.URL + "/"}); err == nil {
-		t.Error("a URL without a topic and no topic: want an error")
-	}
+// idempotent reports whether s declares that its receiver deduplicates
+// (notify.Idempotent).
+func idempotent(s notify.Sink) bool {
+	i, ok := s.(notify.Idempotent)
+	return ok && i.Idempotent()
 }
