@@ -262,16 +262,22 @@ func newClassifier(cfg Config, without []string) (*Classifier, error) {
 	return c, nil
 }
 
+// cleared is h with n zeroed words, reusing its array when it is large
+// enough.
+func cleared(h []uint64, n int) []uint64 {
+	if cap(h) < n {
+		return make([]uint64, n)
+	}
+	h = h[:n]
+	clear(h)
+	return h
+}
+
 // textHits returns which body patterns occur in v's error text, scanning
 // it once per outcome, on first use.
 func (c *Classifier) textHits(v *digest.View) []uint64 {
 	if !v.Scanned {
-		n := c.pats.Words()
-		if cap(v.Hits) < n {
-			v.Hits = make([]uint64, n)
-		}
-		v.Hits = v.Hits[:n]
-		clear(v.Hits)
+		v.Hits = cleared(v.Hits, c.pats.Words())
 		c.pats.Scan(v.Text, v.Hits)
 		v.Scanned = true
 	}
@@ -282,12 +288,7 @@ func (c *Classifier) textHits(v *digest.View) []uint64 {
 // scanned once per outcome, on first use.
 func (c *Classifier) wordHits(v *digest.View) []uint64 {
 	if !v.WScanned {
-		n := c.wpats.Words()
-		if cap(v.WHits) < n {
-			v.WHits = make([]uint64, n)
-		}
-		v.WHits = v.WHits[:n]
-		clear(v.WHits)
+		v.WHits = cleared(v.WHits, c.wpats.Words())
 		c.wpats.Scan(v.Text, v.WHits)
 		c.wpats.Scan(v.Words, v.WHits)
 		v.WScanned = true
@@ -299,12 +300,7 @@ func (c *Classifier) wordHits(v *digest.View) []uint64 {
 // none, without a scan, in a text of ASCII bytes only.
 func (c *Classifier) uwordHits(v *digest.View) []uint64 {
 	if !v.UScanned {
-		n := c.upats.Words()
-		if cap(v.UHits) < n {
-			v.UHits = make([]uint64, n)
-		}
-		v.UHits = v.UHits[:n]
-		clear(v.UHits)
+		v.UHits = cleared(v.UHits, c.upats.Words())
 		if !ascii7(v.Text) {
 			c.upats.Scan(v.Text, v.UHits)
 		}

@@ -2,7 +2,6 @@ package recoverer
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -68,52 +67,11 @@ func (p *publisher) stored(ctx context.Context, subject, id string, since time.T
 		return false, fmt.Errorf("find the stream of %s: %w", subject, err)
 	}
 	found := false
-	err = readHeaders(ctx, p.js, stream, subject, since, func(m jetstream.Msg) bool {
+	err = readSince(ctx, p.js, stream, subject, since, true, func(m jetstream.Msg) bool {
 		found = m.Headers().Get(events.HeaderMsgID) == id
 		return !found
 	})
 	return found, err
-}
-
-// readHeaders calls fn with the headers of each message on filter stored
-// since `since`, until fn returns false.
-func readHeaders(ctx context.Context, js jetstream.JetStream, stream, filter string, since time.Time, fn func(jetstream.Msg) bool) error {
-	c, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{filter}, HeadersOnly: true,
-		DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &since,
-	})
-	if err != nil {
-		return fmt.Errorf("read %s: %w", stream, err)
-	}
-	defer func() {
-		if info := c.CachedInfo(); info != nil {
-			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer cancel()
-			_ = js.DeleteConsumer(dctx, stream, info.Name)
-		}
-	}()
-	pending := c.CachedInfo().NumPending
-	for seen := uint64(0); seen < pending; {
-		batch, err := c.Fetch(int(min(pending-seen, 512)), jetstream.FetchMaxWait(5*time.Second))
-		if err != nil {
-			return fmt.Errorf("read %s: %w", stream, err)
-		}
-		got := 0
-		for m := range batch.Messages() {
-			got++
-			if !fn(m) {
-				return nil
-			}
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
-			return fmt.Errorf("read %s: %w", stream, err)
-		}
-		if got == 0 {
-			return fmt.Errorf("read %s: got %d of %d messages", stream, seen, pending)
-		}
-		seen += uint64(got)
-	}
-	return nil
 }
 
 // HTTPProbe implements recovery.Prober.

@@ -396,10 +396,11 @@ func (s *Store) CronStates(ctx context.Context) ([]checklist.CronState, error) {
 // since `since`.
 func (s *Store) CronRuns(ctx context.Context, since time.Time) ([]events.CronRun, error) {
 	var out []events.CronRun
-	err := readSince(ctx, s.js, topology.StreamReports, events.CronRunPrefix+".>", since, func(m jetstream.Msg) {
+	err := readSince(ctx, s.js, topology.StreamReports, events.CronRunPrefix+".>", since, false, func(m jetstream.Msg) bool {
 		if r, err := events.DecodeAs[*events.CronRun](m.Subject(), m.Headers(), m.Data()); err == nil {
 			out = append(out, *r)
 		}
+		return true
 	})
 	return out, err
 }
@@ -411,22 +412,22 @@ func (s *Store) NoteWrite(context.Context, events.Write) error { return nil }
 // WritesSince implements recovery.Writes.
 func (s *Store) WritesSince(ctx context.Context, since time.Time) ([]events.Write, error) {
 	var out []events.Write
-	err := readSince(ctx, s.js, topology.StreamReports, events.WritePrefix+".>", since, func(m jetstream.Msg) {
+	err := readSince(ctx, s.js, topology.StreamReports, events.WritePrefix+".>", since, false, func(m jetstream.Msg) bool {
 		if w, err := events.DecodeAs[*events.Write](m.Subject(), m.Headers(), m.Data()); err == nil {
 			out = append(out, *w)
 		}
+		return true
 	})
 	return out, err
 }
 
 // readSince calls fn for every message on filter stored at or after since
-// and before the read began, in stream order, with an ephemeral ordered
-// consumer.
-func readSince(ctx context.Context, js jetstream.JetStream, stream, filter string, since time.Time, fn func(jetstream.Msg)) error {
+// and before the read began (only its headers when headersOnly), in stream
+// order, with an ephemeral ordered consumer, until fn returns false.
+func readSince(ctx context.Context, js jetstream.JetStream, stream, filter string, since time.Time, headersOnly bool, fn func(jetstream.Msg) bool) error {
 	c, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{filter},
-		DeliverPolicy:  jetstream.DeliverByStartTimePolicy,
-		OptStartTime:   &since,
+		FilterSubjects: []string{filter}, HeadersOnly: headersOnly,
+		DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &since,
 	})
 	if err != nil {
 		return fmt.Errorf("read %s: %w", stream, err)
@@ -447,7 +448,9 @@ func readSince(ctx context.Context, js jetstream.JetStream, stream, filter strin
 		got := 0
 		for m := range batch.Messages() {
 			got++
-			fn(m)
+			if !fn(m) {
+				return nil
+			}
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
 			return fmt.Errorf("read %s: %w", stream, err)
