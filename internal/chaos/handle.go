@@ -96,10 +96,7 @@ func read(r *http.Request, api API, name string) incoming {
 	}
 	in.model, in.stream = body.Model, body.Stream
 	in.includeUsage = body.StreamOptions != nil && body.StreamOptions.IncludeUsage
-	var b strings.Builder
-	collectText(&b, "system", body.System)
-	collectText(&b, "", body.Messages)
-	in.prompt = b.String()
+	in.prompt = PromptText(body.System, body.Messages)
 	in.tokens = estimateTokens(in.prompt)
 	return in
 }
@@ -108,6 +105,17 @@ func read(r *http.Request, api API, name string) incoming {
 // APIs (message content, content blocks, the system prompt, tool call
 // arguments).
 var textKeys = map[string]bool{"content": true, "text": true, "system": true, "arguments": true}
+
+// PromptText is a request's prompt text as the provider reads it: the
+// system prompt's and the messages' text, one string a line, map keys in
+// sorted order. The fleet drill fingerprints its requests with it, so its
+// ledger matches this provider's log.
+func PromptText(system, messages any) string {
+	var b strings.Builder
+	collectText(&b, "system", system)
+	collectText(&b, "", messages)
+	return b.String()
+}
 
 // collectText appends the prompt text under v, in a stable order, one
 // string per line.

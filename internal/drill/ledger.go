@@ -156,13 +156,8 @@ func requestKey(r *http.Request) string {
 	return ""
 }
 
-// textKeys are the JSON keys whose string values are prompt text, in
-// both APIs.
-var textKeys = map[string]bool{"content": true, "text": true, "system": true, "arguments": true}
-
 // promptText is the prompt text of a request body the way the chaos
-// provider reads it (the system prompt and the messages' text, one string
-// a line, map keys in sorted order), so fingerprint matches its log.
+// provider reads it, so fingerprint matches its log.
 func promptText(body []byte) string {
 	var req struct {
 		System   any `json:"system"`
@@ -171,33 +166,7 @@ func promptText(body []byte) string {
 	if json.Unmarshal(body, &req) != nil {
 		return ""
 	}
-	var b strings.Builder
-	collect(&b, "system", req.System)
-	collect(&b, "", req.Messages)
-	return b.String()
-}
-
-func collect(b *strings.Builder, key string, v any) {
-	switch v := v.(type) {
-	case string:
-		if textKeys[key] {
-			b.WriteString(v)
-			b.WriteByte('\n')
-		}
-	case []any:
-		for _, e := range v {
-			collect(b, key, e)
-		}
-	case map[string]any:
-		keys := make([]string, 0, len(v))
-		for k := range v {
-			keys = append(keys, k)
-		}
-		slices.Sort(keys)
-		for _, k := range keys {
-			collect(b, k, v[k])
-		}
-	}
+	return chaos.PromptText(req.System, req.Messages)
 }
 
 // fingerprint identifies a prompt text as the chaos provider's log does.
