@@ -575,7 +575,11 @@ function callStepper(o: DrillOptions, chaos: string, deadline: AbortSignal, flee
               compact(t);
               continue;
             case "give_up": {
-              const other = profile === "team" ? `own-${name}` : "team";
+              // The key that ran out is the last attempt's (the bus may have
+              // switched the call's profile), not the one this round began on.
+              const spent = err.outcome.profile ?? profile;
+              tried.add(spent);
+              const other = spent === "team" ? `own-${name}` : "team";
               if ((err.decision.class === "quota_exhausted" || err.decision.class === "auth") && !tried.has(other)) {
                 remap.set(t.profile, other);
                 continue;
