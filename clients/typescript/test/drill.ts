@@ -31,7 +31,8 @@
 // can: on rerender it quarantines the refused content and calls again, on
 // skip_provider it also starts a new segment, on compact it drops the
 // oldest tool results, on give_up for a key (quota, auth) it moves to its
-// other profile; and it keeps using the profile a call ended on.
+// other profile unless the bus gave up on that key too; and it keeps using
+// the profile a call ended on.
 //
 // Figures, from the provider's log: calls received (probes included);
 // wasted calls, each counted once, in this order — sent to the provider in
@@ -65,7 +66,7 @@ import { type Api, complete, type Context, isContextOverflow, type Message, type
 import OpenAI from "openai";
 
 import {
-  Agent, type Attempt, call, type CallRequest, completionEvidence, connect, decodeRecord, DecisionError, type Health, Schema, Subject,
+  Agent, type Attempt, call, CallError, type CallRequest, completionEvidence, connect, decodeRecord, DecisionError, type Health, Schema, type Step, Subject,
 } from "../src/index.js";
 import { failbusBinary, repoRoot, startDev, type Dev } from "./dev.js";
 
@@ -385,6 +386,7 @@ async function runFleet(o: DrillOptions, agents: string[], spanMs: number, deadl
         } catch (err) {
           lost = true;
           lose(deadline.aborted ? "the run ended" : whyLost(err));
+          if (!deadline.aborted && err instanceof CallError) o.progress(`drill: ${label}: lost ${t.id} at step ${s}: ${trailLine(err.trail)}`);
         }
       }
       if (lost) continue;
@@ -395,6 +397,11 @@ async function runFleet(o: DrillOptions, agents: string[], spanMs: number, deadl
   o.progress(`drill: ${label}: ${completed} of ${tasks} tasks completed in ${((Date.now() - start) / 1000).toFixed(1)}s` +
     (Object.keys(lostBy).length ? `; lost: ${Object.entries(lostBy).map(([k, v]) => `${v} ${k}`).join(", ")}` : ""));
   return { completed, tasks, lostBy };
+}
+
+/** trailLine is a lost call's attempts, one `profile status class→action` each: what to read when a task is lost. */
+function trailLine(trail: Step[]): string {
+  return trail.map((st) => `${st.target.profile ?? "-"} ${st.outcome.status ?? "-"} ${st.decision ? `${st.decision.class ?? "?"}→${st.decision.action}${st.decision.profile ? `(${st.decision.profile})` : ""}` : "ok"}`).join("; ");
 }
 
 /** whyLost names what lost a task, short enough for a table. */
@@ -538,11 +545,15 @@ function callStepper(o: DrillOptions, chaos: string, deadline: AbortSignal, flee
       }
       return text;
     }
+    // Keys the bus gave up on for this agent (quota, credentials). Only
+    // these are not worth another round: a profile a round began on may have
+    // failed only with a rate limit before the bus switched the call to a
+    // key that then ran out (its last success can finish after its first
+    // quota answer, so the bus may still know it as working).
+    const spentKeys = new Set<string>();
     return async (t, step) => {
-      const tried = new Set<string>();
       for (let round = 0; round < 8; round++) {
         const profile = remap.get(t.profile) ?? t.profile;
-        tried.add(profile);
         const req: CallRequest = {
           provider: "openai", model: "gpt-drill", profile, providers: ["openai"],
           session: t.id, segment: t.segment, turn: step, step: 1,
@@ -578,13 +589,12 @@ function callStepper(o: DrillOptions, chaos: string, deadline: AbortSignal, flee
               // The key that ran out is the last attempt's (the bus may have
               // switched the call's profile), not the one this round began on.
               const spent = err.outcome.profile ?? profile;
-              tried.add(spent);
+              if (err.decision.class !== "quota_exhausted" && err.decision.class !== "auth") throw err;
+              spentKeys.add(spent);
               const other = spent === "team" ? `own-${name}` : "team";
-              if ((err.decision.class === "quota_exhausted" || err.decision.class === "auth") && !tried.has(other)) {
-                remap.set(t.profile, other);
-                continue;
-              }
-              throw err;
+              if (spentKeys.has(other)) throw err;
+              remap.set(t.profile, other);
+              continue;
             }
           }
           throw err;
