@@ -177,7 +177,8 @@ met, or not measured when the flags leave one out (the latency goal needs
 
 Throughput figures are the median of R rounds; raw and failbus alternate
 within each round so a noisy machine slows both. Progress goes to stderr.
-The defaults take a few minutes on 2 cores (--pending 0 skips the longest part).`
+The defaults take a few minutes on 2 cores (--pending 0 skips the longest part).
+` + fleetUsage
 
 // benchConfig is `failbus bench`'s flags.
 type benchConfig struct {
@@ -219,10 +220,20 @@ func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 	fs.StringVar(&c.allocProfileFailbus, "allocprofile-failbus", "", "write the heap allocations of the first round's failbus step (the same span as --cpuprofile-failbus) to this file, and those before it to this file + .base: go tool pprof -sample_index=alloc_objects -base FILE.base FILE")
 	fs.StringVar(&c.cpuProfileFailbus, "cpuprofile-failbus", "", "write a CPU profile of the first round's failbus step only (from the first outcome published until every service caught up: no raw phase, no plumbing) to this file, for go tool pprof -tags; not with --cpuprofile")
 	memProfile := fs.String("memprofile", "", "write a heap profile at the end of the run (with --pending: the retries still pending) to this file, for go tool pprof -sample_index=inuse_space")
+	ff := registerFleetFlags(fs)
 	if rest, code, done := cli.Parse(fs, args); done {
 		return code
 	} else if len(rest) > 0 {
 		return cli.UsageError(fs, stderr, "unexpected arguments %q", rest)
+	}
+	fc, server, err := ff.config(fs, c.window)
+	switch {
+	case err != nil:
+		return cli.UsageError(fs, stderr, "%v", err)
+	case *ff.fleet:
+		return fleetMain(fc, ff, server, c.corpus, *asJSON, *verbose, stdout, stderr)
+	case server:
+		return cli.UsageError(fs, stderr, "--server drives a running bus in the fleet mode only: add --fleet")
 	}
 	for _, f := range strings.Split(*rates, ",") {
 		if f = strings.TrimSpace(f); f == "" {

@@ -12,6 +12,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -163,7 +164,8 @@ type collector struct {
 }
 
 func newCollector(want int) *collector {
-	return &collector{sent: make(map[string]time.Time, want), storedAt: make(map[string]time.Time, want), want: want, full: make(chan struct{})}
+	size := max(want, 0)
+	return &collector{sent: make(map[string]time.Time, size), storedAt: make(map[string]time.Time, size), want: want, full: make(chan struct{})}
 }
 
 func (c *collector) markSent(id string, at time.Time) {
@@ -172,18 +174,42 @@ func (c *collector) markSent(id string, at time.Time) {
 	c.mu.Unlock()
 }
 
-func (c *collector) stored(id string, at time.Time) {
+// stored records id's stored time, and reports whether it counted (sent
+// and not stored before).
+func (c *collector) stored(id string, at time.Time) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	t, ok := c.sent[id]
 	if _, again := c.storedAt[id]; !ok || again {
-		return
+		return false
 	}
 	c.storedAt[id] = at
 	c.samples = append(c.samples, at.Sub(t))
 	if len(c.samples) == c.want {
 		close(c.full)
 	}
+	return true
+}
+
+// count is how many stored times were recorded, expected how many were
+// sent, collected a copy of the samples so far: for a collector whose
+// count is not known ahead (want -1, never full).
+func (c *collector) count() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.samples)
+}
+
+func (c *collector) expected() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.sent)
+}
+
+func (c *collector) collected() []time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.samples)
 }
 
 func (c *collector) wait(ctx context.Context) ([]time.Duration, error) {
