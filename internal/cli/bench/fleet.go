@@ -57,6 +57,8 @@ const (
 	// drain in time even at twice the rate), sparing the rest of the hold
 	// and the long drain after it.
 	fleetAbandon = 2
+	// fleetIdle is how long the idle bus's CPU is measured.
+	fleetIdle = 2 * time.Second
 )
 
 // Scratch streams of the raw pipelines: the outcome stream, the relayed
@@ -89,6 +91,7 @@ type fleetConfig struct {
 	rates                       []int // an explicit ladder; nil: search
 	start, maxRate, bisect      int
 	hold, drain, latencyHold    time.Duration
+	latencyRate                 int // 0: half the held rate
 	cpuN, cpuRate, cpuRounds    int
 	window                      int
 	raw                         bool
@@ -105,8 +108,10 @@ type fleetRunner struct {
 	run      string // unique per run: ids, sessions and budgets are new
 	progress io.Writer
 	pubErrs  atomic.Int64
-	// cpu is the CPU time of the bus and the bench together so far.
-	cpu func(ctx context.Context) (time.Duration, bool)
+	// cpu is the CPU time of the bus and the bench together so far;
+	// cpuCovers says where it is read.
+	cpu       func(ctx context.Context) (time.Duration, bool)
+	cpuCovers string
 	// backlog consumers of the bus, looked up once.
 	busConsumers []fleetConsumer
 	steps        int
@@ -200,6 +205,9 @@ type fleetCPU struct {
 	N        int    `json:"n"`
 	RatePerS int    `json:"rate_per_s"`
 	Rounds   int    `json:"rounds"`
+	// IdleMSPerS is the CPU the bus (and bench) spent per second with no
+	// load, measured before the runs and subtracted from each.
+	IdleMSPerS float64 `json:"idle_ms_per_s"`
 	// Median µs per outcome (raw: per outcome of the pipeline).
 	SuccessUS float64 `json:"success_us"`
 	RetryUS   float64 `json:"retry_us"`
@@ -327,8 +335,12 @@ func (r *fleetRunner) failbusLoad(ctx context.Context, load string, raw *fleetRa
 	if err != nil {
 		return res, err
 	}
-	if res.HeldPerS > 0 && r.cfg.latencyHold > 0 {
-		lat, err := r.latency(ctx, p, max(res.HeldPerS/2, 1), raw)
+	rate := r.cfg.latencyRate
+	if rate == 0 {
+		rate = res.HeldPerS / 2
+	}
+	if rate > 0 && r.cfg.latencyHold > 0 {
+		lat, err := r.latency(ctx, p, rate, raw)
 		if err != nil {
 			return res, fmt.Errorf("latency: %w", err)
 		}
@@ -738,9 +750,14 @@ func (r *fleetRunner) latency(ctx context.Context, p fleetPipeline, rate int, ra
 
 // waitFor polls cond every benchPoll until it holds or limit passes.
 func waitFor(ctx context.Context, limit time.Duration, cond func() bool) error {
+	return waitEvery(ctx, limit, benchPoll, cond)
+}
+
+// waitEvery polls cond every interval until it holds or limit passes.
+func waitEvery(ctx context.Context, limit, interval time.Duration, cond func() bool) error {
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
-	tick := time.NewTicker(benchPoll)
+	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for !cond() {
 		select {
@@ -757,7 +774,7 @@ func waitFor(ctx context.Context, limit time.Duration, cond func() bool) error {
 // paced at --cpu-rate, from the first publish until drained; the median
 // of --cpu-rounds rounds.
 func (r *fleetRunner) cpuByKind(ctx context.Context, raw *fleetRaw) (fleetCPU, error) {
-	out := fleetCPU{N: r.cfg.cpuN, RatePerS: r.cfg.cpuRate, Rounds: r.cfg.cpuRounds}
+	out := fleetCPU{N: r.cfg.cpuN, RatePerS: r.cfg.cpuRate, Rounds: r.cfg.cpuRounds, Covers: r.cpuCovers}
 	if _, ok := r.cpu(ctx); !ok {
 		out.Why = "the bus's CPU time is unknown: give --metrics with the bus's /metrics (process_cpu_seconds_total)"
 		if r.cfg.metrics != "" {
@@ -774,10 +791,24 @@ func (r *fleetRunner) cpuByKind(ctx context.Context, raw *fleetRaw) (fleetCPU, e
 		pipes = append(pipes, raw.pipeline(r, 2), raw.pipeline(r, 3))
 	}
 	d := time.Duration(float64(r.cfg.cpuN) / float64(r.cfg.cpuRate) * float64(time.Second))
+	// What the bus spends with no load (the services' polls and timers,
+	// the server's housekeeping), subtracted from each span: at a paced
+	// rate it would otherwise count per outcome.
+	i0, _ := r.cpu(ctx)
+	t0 := time.Now()
+	select {
+	case <-time.After(min(fleetIdle, d)): // measuring the idle bus, not a test
+	case <-ctx.Done():
+		return out, ctx.Err()
+	}
+	i1, _ := r.cpu(ctx)
+	idle := float64(i1-i0) / float64(time.Since(t0)) // CPU seconds per second
+	out.IdleMSPerS = idle * 1e3
 	for round := range r.cfg.cpuRounds {
 		us := make([]float64, len(pipes))
 		for i, p := range pipes {
 			c0, _ := r.cpu(ctx)
+			t0 := time.Now()
 			r.steps++
 			tag := r.run + "-cpu-" + p.name + "-" + strconv.Itoa(r.steps)
 			n, _, err := r.publish(ctx, p, tag, r.cfg.cpuRate, d, nil, nil)
@@ -792,7 +823,8 @@ func (r *fleetRunner) cpuByKind(ctx context.Context, raw *fleetRaw) (fleetCPU, e
 				out.Why = "the bus's CPU time could not be read during the run"
 				return out, nil
 			}
-			us[i] = float64((c1-c0)/time.Nanosecond) / 1e3 / float64(n)
+			spent := float64(c1-c0) - idle*float64(time.Since(t0))
+			us[i] = spent / 1e3 / float64(n)
 			p.reset(ctx)
 		}
 		fmt.Fprintf(r.progress, "fleet: CPU round %d/%d: µs per outcome %v\n", round+1, r.cfg.cpuRounds, roundAll(us))

@@ -62,7 +62,7 @@ while held (halves while not) up to --max-rate, then bisects --bisect
 times between the highest held and the lowest not held; --fleet-rates
 instead steps through the given rates until one is not held. A hold whose
 backlog outgrows twice what the rate publishes in --drain stops early.
-At half the held rate, for --latency-hold (10s): decision latency, each
+At half the held rate (or --latency-rate), for --latency-hold (10s): decision latency, each
 failure's publish → its decision stored on failbus.decision.<agent>
 (p50, p99; content refusals are the refusal tiers' and not counted).
 
@@ -74,9 +74,10 @@ searched the same way from the highest rate failbus held; raw/3's latency
 is measured at each failbus load's latency rate.
 
 CPU per outcome by kind: --cpu-n outcomes of each kind (successes only,
-429s each given a retry, non-retryable 400s) and of raw/2 and raw/3,
-paced at --cpu-rate, from the first publish until drained; the median of
---cpu-rounds rounds. In process: the process's CPU time (bus, services,
+the storm's 429s, non-retryable 400s) and of raw/2 and raw/3, paced at
+--cpu-rate, from the first publish until drained, less what the idle bus
+spends; the median of --cpu-rounds rounds. (The 429s' retries come due
+30s later, while other kinds run: one stored message each.) In process: the process's CPU time (bus, services,
 load). With --server: the bus's process_cpu_seconds_total read from
 --metrics (failbus dev serves it at http://127.0.0.1:9400/metrics) plus
 this process's; unknown without --metrics.
@@ -96,6 +97,7 @@ type fleetFlags struct {
 	loads, rates, metrics       *string
 	start, maxRate, bisect      *int
 	hold, drain, latencyHold    *time.Duration
+	latencyRate                 *int
 	cpuN, cpuRate, cpuRounds    *int
 	conn                        cli.Conn
 }
@@ -118,6 +120,7 @@ func registerFleetFlags(fs *flag.FlagSet) *fleetFlags {
 		hold:        fs.Duration("hold", fleetDefaultHold, "--fleet: how long each rate is held"),
 		drain:       fs.Duration("drain", fleetDefaultDrain, "--fleet: how soon after a hold every backlog must be empty"),
 		latencyHold: fs.Duration("latency-hold", fleetDefaultLatencyHold, "--fleet: how long the latency runs at half the held rate last; 0 skips them"),
+		latencyRate: fs.Int("latency-rate", 0, "--fleet: rate of the latency runs, outcomes/s; 0: half the held rate"),
 		cpuN:        fs.Int("cpu-n", fleetDefaultCPUN, "--fleet: outcomes of each kind for CPU per outcome; 0 skips it"),
 		cpuRate:     fs.Int("cpu-rate", fleetDefaultCPURate, "--fleet: rate of the CPU runs, outcomes/s"),
 		cpuRounds:   fs.Int("cpu-rounds", fleetDefaultCPURounds, "--fleet: rounds of the CPU runs (median)"),
@@ -136,7 +139,7 @@ func (f *fleetFlags) config(fs *flag.FlagSet, window int) (c fleetConfig, server
 	c = fleetConfig{
 		agents: *f.agents, providers: *f.providers, profiles: *f.profiles, ok: *f.ok,
 		start: *f.start, maxRate: *f.maxRate, bisect: *f.bisect,
-		hold: *f.hold, drain: *f.drain, latencyHold: *f.latencyHold,
+		hold: *f.hold, drain: *f.drain, latencyHold: *f.latencyHold, latencyRate: *f.latencyRate,
 		cpuN: *f.cpuN, cpuRate: *f.cpuRate, cpuRounds: *f.cpuRounds,
 		window: window, raw: *f.raw, metrics: *f.metrics,
 	}
@@ -171,8 +174,8 @@ func (f *fleetFlags) config(fs *flag.FlagSet, window int) (c fleetConfig, server
 		return c, server, fmt.Errorf("--ok %v: a share between 0 and 1", c.ok)
 	case c.start < 1 || c.maxRate < c.start || c.bisect < 0:
 		return c, server, fmt.Errorf("need 1 <= --start-rate <= --max-rate and --bisect >= 0")
-	case c.hold <= 0 || c.drain <= 0 || c.latencyHold < 0:
-		return c, server, fmt.Errorf("--hold and --drain must be positive, --latency-hold at least 0")
+	case c.hold <= 0 || c.drain <= 0 || c.latencyHold < 0 || c.latencyRate < 0:
+		return c, server, fmt.Errorf("--hold and --drain must be positive, --latency-hold and --latency-rate at least 0")
 	case c.cpuN < 0 || c.cpuRate < 1 || c.cpuRounds < 0:
 		return c, server, fmt.Errorf("--cpu-n and --cpu-rounds at least 0, --cpu-rate at least 1")
 	case c.metrics != "" && !server:
@@ -219,6 +222,7 @@ func runFleet(ctx context.Context, c fleetConfig, f *fleetFlags, server bool, co
 		rep.Machine = benchMachineInfo("")
 		rep.Machine.NATSServer = nc.ConnectedServerVersion()
 		metrics := c.metrics
+		r.cpuCovers = "the bus's process_cpu_seconds_total at --metrics " + metrics + " and this process's CPU time"
 		r.cpu = func(ctx context.Context) (time.Duration, bool) {
 			if metrics == "" {
 				return 0, false
@@ -249,6 +253,7 @@ func runFleet(ctx context.Context, c fleetConfig, f *fleetFlags, server bool, co
 		rep.Bus = "in-process"
 		rep.Machine = benchMachineInfo(b.Srv.Dir())
 		r.cpu = func(context.Context) (time.Duration, bool) { return cpuTime() }
+		r.cpuCovers = "this process's CPU time: server, every service and the load"
 	}
 	if r.js, err = jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(c.window), errHandler); err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
@@ -376,10 +381,11 @@ func printFleet(w io.Writer, rep *fleetReport) {
 		}
 		t.write(w)
 		if rep.Bus == "in-process" {
-			fmt.Fprintln(w, "CPU: the whole process (server, every service, the load), from the first publish until drained.")
+			fmt.Fprint(w, "CPU: the whole process (server, every service, the load)")
 		} else {
-			fmt.Fprintln(w, "CPU: the bus's process (process_cpu_seconds_total) plus this one's (the load, raw's relays), from the first publish until drained.")
+			fmt.Fprint(w, "CPU: the bus's process (process_cpu_seconds_total) plus this one's (the load, raw's relays)")
 		}
+		fmt.Fprintf(w, ", from the first publish until drained,\nless what the idle bus spends (%.1f ms/s, measured before).\n", c.IdleMSPerS)
 	}
 
 	fmt.Fprintln(w)
@@ -391,7 +397,11 @@ func printFleet(w io.Writer, rep *fleetReport) {
 			if !s.Held {
 				mark = "✗"
 			}
-			parts = append(parts, fmt.Sprintf("%s %s %s %d", human(float64(s.RatePerS)), mark, fmtDrain(s.DrainedS), s.MaxBacklog))
+			part := fmt.Sprintf("%s %s %s %d", human(float64(s.RatePerS)), mark, fmtDrain(s.DrainedS), s.MaxBacklog)
+			if s.Why != "" {
+				part += " (" + s.Why + ")"
+			}
+			parts = append(parts, part)
 		}
 		fmt.Fprintf(w, "  %-6s %s\n", l.Name+":", strings.Join(parts, " · "))
 		if cn := l.Counts; cn != nil {

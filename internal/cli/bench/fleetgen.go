@@ -174,6 +174,7 @@ func (g *fleetGen) outcome(load, tag string, i int) (events.Outcome, fleetKind) 
 	o.Agent = agent
 	o.Session = agent + "-" + tag + "-" + strconv.Itoa((i/len(g.agents))%fleetSessions)
 	o.Profile = "key-" + strconv.Itoa(int((h>>40)%uint64(g.profiles))+1)
+
 	o.Turn, o.Step = i+1, 1
 	return o, kind
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/rs/zerolog"
 
 	"github.com/failbus/failbus/internal/auth"
@@ -183,6 +184,10 @@ func dev(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	// address is an error up front, not after a start and a drain.
 	// /healthz says "starting" until the bus is up.
 	registry := prometheus.NewRegistry()
+	// The process's own figures, as each service binary serves them
+	// (internal/daemon): process_cpu_seconds_total is how `failbus bench
+	// --fleet --server` reads the CPU the bus spent.
+	registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	var running atomic.Pointer[devbus.Bus]
 	health := func() error {
 		if b := running.Load(); b != nil {
