@@ -23,8 +23,10 @@ var update = flag.Bool("update", false, "rewrite exported.txt from the code")
 // of exported structs nor the methods of exported interfaces). Raising it
 // is a decision to review, not a side effect of a change: 499 → 505 when
 // the init() type registry (Register) became a table value a reader builds
-// (Types, WireType, NewTypes, ContractTypes and the table's methods).
-const maxExported = 505
+// (Types, WireType, NewTypes, ContractTypes and the table's methods); 505 →
+// 526 when the list began to show the methods pkg/policy's section aliases
+// carry from their internal packages (they were public, and not listed).
+const maxExported = 526
 
 // publicDirs are the public package trees.
 var publicDirs = []string{"pkg", "jetstream"}
