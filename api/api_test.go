@@ -21,8 +21,12 @@ var update = flag.Bool("update", false, "rewrite exported.txt from the code")
 // maxExported bounds the public API: the number of exported names in
 // pkg/ and jetstream/ (types, funcs, methods, consts, vars; not the fields
 // of exported structs nor the methods of exported interfaces). Raising it
-// is a decision to review, not a side effect of a change.
-const maxExported = 499
+// is a decision to review, not a side effect of a change: 499 → 505 when
+// the init() type registry (Register) became a table value a reader builds
+// (Types, WireType, NewTypes, ContractTypes and the table's methods); 505 →
+// 526 when the list began to show the methods pkg/policy's section aliases
+// carry from their internal packages (they were public, and not listed).
+const maxExported = 526
 
 // publicDirs are the public package trees.
 var publicDirs = []string{"pkg", "jetstream"}

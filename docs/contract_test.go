@@ -242,7 +242,7 @@ func TestContractTables(t *testing.T) {
 			covered[s] = true
 		}
 	}
-	for _, s := range events.Schemas() {
+	for _, s := range events.ContractTypes().Schemas() {
 		if !schemas[s] {
 			t.Errorf("schema %s (pkg/events) has no subject in the contract table", s)
 		}

@@ -19,6 +19,7 @@ import (
 	"github.com/failbus/failbus/internal/durable"
 	"github.com/failbus/failbus/internal/embedded"
 	"github.com/failbus/failbus/internal/storecheck"
+	"github.com/failbus/failbus/internal/wiretypes"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
 )
@@ -797,11 +798,12 @@ func TestApplyRefusesReplicasOnASingleServer(t *testing.T) {
 }
 
 // TestEveryTypedSubjectIsStored: each subject family that carries a wire
-// type (events.SubjectFamily) lies inside one stream's subjects, so what a
-// client publishes there is kept, never dropped for want of a stream.
+// type (the contract's and the services' own, wiretypes.Bus) lies inside
+// one stream's subjects, so what a client or a service publishes there is
+// kept, never dropped for want of a stream.
 func TestEveryTypedSubjectIsStored(t *testing.T) {
-	for _, schema := range events.Schemas() {
-		fam := events.SubjectFamily(schema)
+	for _, schema := range wiretypes.Bus.Schemas() {
+		fam := wiretypes.Bus.SubjectFamily(schema)
 		if fam == "" {
 			continue
 		}

@@ -1,6 +1,13 @@
 package retrymark
 
-import "github.com/failbus/failbus/pkg/events"
+import (
+	"fmt"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/failbus/failbus/pkg/events"
+)
 
 // Started is the record an agent's Started writes (a Mark), as a failbus
 // wire type.
@@ -41,9 +48,23 @@ func (m *Mark) validate() error {
 	return events.CheckName("agent", m.Agent)
 }
 
-// The agent's started and cancel records join pkg/events' type table, so
-// tail, report and every decoder read them typed, by header or subject.
-func init() {
-	events.Register(SchemaStarted, events.RetryPrefix+".started.>", func() events.Message { return &Started{} })
-	events.Register(SchemaCancel, events.RetryPrefix+".cancel.>", func() events.Message { return &Cancel{} })
+// Decode reads an agent's started or cancel record as every agent record
+// is read (the subject's type, the identifier rules, the subject as the
+// identity): the subject family names which of the two it is.
+func Decode(subject string, h nats.Header, data []byte) (Mark, error) {
+	switch {
+	case strings.HasPrefix(subject, events.RetryPrefix+".started."):
+		m, err := events.DecodeAs[*Started](subject, h, data)
+		if err != nil {
+			return Mark{}, err
+		}
+		return Mark(*m), nil
+	case strings.HasPrefix(subject, events.RetryPrefix+".cancel."):
+		m, err := events.DecodeAs[*Cancel](subject, h, data)
+		if err != nil {
+			return Mark{}, err
+		}
+		return Mark(*m), nil
+	}
+	return Mark{}, fmt.Errorf("%w: %s is not a retry started or cancel subject", events.ErrSchemaMismatch, subject)
 }

@@ -32,7 +32,3 @@ func (c *Record) Validate() error {
 	}
 	return nil
 }
-
-func init() {
-	events.Register(Schema, Prefix+".>", func() events.Message { return &Record{} })
-}

@@ -15,7 +15,7 @@ import (
 	"github.com/failbus/failbus/internal/retrymark"
 	"github.com/failbus/failbus/internal/service/scheduler"
 	"github.com/failbus/failbus/internal/watch"
-	_ "github.com/failbus/failbus/internal/wiretypes"
+	"github.com/failbus/failbus/internal/wiretypes"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/agent"
 	"github.com/failbus/failbus/pkg/events"
@@ -134,7 +134,7 @@ func readAll(t *testing.T, ctx context.Context, js jetstream.JetStream) map[stri
 			if string(m.Data()) == "junk" {
 				return nil
 			}
-			v, err := events.Decode(m.Subject(), m.Headers(), m.Data())
+			v, err := wiretypes.Bus.Decode(m.Subject(), m.Headers(), m.Data())
 			if err != nil {
 				t.Errorf("%s on %s (headers %v) does not decode: %v", s.Name, m.Subject(), m.Headers(), err)
 				return nil

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"sort"
 	"strconv"
 	"strings"
@@ -108,7 +109,7 @@ func firstErr(errs ...error) error {
 // built here for a type outside the table.
 func schemaHeader(m Message) string {
 	name := m.SchemaName()
-	if h, ok := headerBySchema[name]; ok {
+	if h, ok := contract.header[name]; ok {
 		return h
 	}
 	return name + "/" + strconv.Itoa(CurrentVersion)
@@ -161,12 +162,12 @@ func Encode(m Message) ([]byte, nats.Header, error) {
 // header's, which must then be the subject's type. On a subject without a
 // type of its own (or subject "", when the caller does not know it) the
 // header is required.
-func schemaOf(subject string, h nats.Header) (string, int, error) {
+func (t *Types) schemaOf(subject string, h nats.Header) (string, int, error) {
 	v := ""
 	if h != nil {
 		v = h.Get(HeaderSchema)
 	}
-	carried := SubjectSchema(subject)
+	carried := t.SubjectSchema(subject)
 	if v == "" {
 		if carried == "" {
 			if subject == "" {
@@ -180,7 +181,7 @@ func schemaOf(subject string, h nats.Header) (string, int, error) {
 	if err != nil {
 		return "", 0, err
 	}
-	if New(name) == nil {
+	if _, ok := t.bySchema[name]; !ok {
 		return "", 0, fmt.Errorf("%w: unknown schema %q", ErrNotFailbus, name)
 	}
 	if carried != "" && name != carried {
@@ -201,46 +202,102 @@ var ErrSchemaMismatch = errors.New("type does not belong on its subject")
 // Failbus-Schema header, when present, must agree; see schemaOf), the
 // payload is msgpack, and the result is validated. Every error names what
 // is wrong, and the field when it is one field. The payload must lie
-// within the default Limits (a *LimitError otherwise).
+// within the default Limits (a *LimitError otherwise). It knows the
+// contract's types; Types.Decode knows a table's.
 func Decode(subject string, h nats.Header, data []byte) (Message, error) {
-	return DecodeLimits(subject, h, data, Limits{})
+	return contract.decodeLimits(subject, h, data, Limits{})
 }
 
 // DecodeLimits is Decode within lim.
 func DecodeLimits(subject string, h nats.Header, data []byte, lim Limits) (Message, error) {
-	name, _, err := schemaOf(subject, h)
+	return contract.decodeLimits(subject, h, data, lim)
+}
+
+// Decode is the package's Decode with the types of t.
+func (t *Types) Decode(subject string, h nats.Header, data []byte) (Message, error) {
+	return t.decodeLimits(subject, h, data, Limits{})
+}
+
+// decodeLimits is Types.Decode within lim.
+func (t *Types) decodeLimits(subject string, h nats.Header, data []byte, lim Limits) (Message, error) {
+	name, _, err := t.schemaOf(subject, h)
 	if err != nil {
 		return nil, err
 	}
-	if ct := h.Get(HeaderContentType); ct != "" && !strings.HasPrefix(ct, ContentTypeMsgpack) {
-		return nil, fmt.Errorf("%w: content type %q, want %s", ErrNotFailbus, ct, ContentTypeMsgpack)
-	}
-	m := New(name)
-	if err := unmarshalLimits(data, m, lim); err != nil {
+	m := t.New(name)
+	if err := decodeInto(subject, h, data, m, lim, t.SubjectSchema(subject) == name); err != nil {
 		return nil, err
-	}
-	if err := m.Validate(); err != nil {
-		return nil, fmt.Errorf("invalid %s: %w", name, err)
-	}
-	if err := checkSender(subject, m); err != nil {
-		return nil, fmt.Errorf("invalid %s: %w", name, err)
 	}
 	return m, nil
 }
 
+// decodeInto reads data into m and validates it; carried is whether
+// subject is one of the subjects of m's type (so an agent's record on it
+// must name the subject's agent).
+func decodeInto(subject string, h nats.Header, data []byte, m Message, lim Limits, carried bool) error {
+	if ct := h.Get(HeaderContentType); ct != "" && !strings.HasPrefix(ct, ContentTypeMsgpack) {
+		return fmt.Errorf("%w: content type %q, want %s", ErrNotFailbus, ct, ContentTypeMsgpack)
+	}
+	name := m.SchemaName()
+	if err := unmarshalLimits(data, m, lim); err != nil {
+		return err
+	}
+	if err := m.Validate(); err != nil {
+		return fmt.Errorf("invalid %s: %w", name, err)
+	}
+	if carried {
+		if err := checkSender(subject, m); err != nil {
+			return fmt.Errorf("invalid %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
 // DecodeAs decodes a message on subject that must be of type T (for
-// example a consumer that only reads Outcomes).
+// example a consumer that only reads Outcomes). T is a pointer to a
+// contract type, read as Decode reads it, or to a record type of the
+// caller's own: then its Failbus-Schema header, when present, must name
+// T's schema, the subject must not carry a contract type, and the subject
+// is taken to carry T (an agent's record must name the subject's agent).
+// No table is needed for a type the caller names.
 func DecodeAs[T Message](subject string, h nats.Header, data []byte) (T, error) {
 	var zero T
-	m, err := Decode(subject, h, data)
-	if err != nil {
+	rt := reflect.TypeFor[T]()
+	if rt.Kind() != reflect.Pointer {
+		return zero, fmt.Errorf("events: DecodeAs needs a pointer type, got %s", rt)
+	}
+	want := reflect.Zero(rt).Interface().(T).SchemaName()
+	if _, known := contract.bySchema[want]; known {
+		m, err := contract.Decode(subject, h, data)
+		if err != nil {
+			return zero, err
+		}
+		t, ok := m.(T)
+		if !ok {
+			return zero, fmt.Errorf("%w: got a %s message on %s, want %s", ErrSchemaMismatch, m.SchemaName(), subject, want)
+		}
+		return t, nil
+	}
+	if v := h.Get(HeaderSchema); v != "" {
+		name, ver, err := ParseSchemaHeader(v)
+		if err != nil {
+			return zero, err
+		}
+		if name != want {
+			return zero, fmt.Errorf("%w: header %s %q names a %s, want %s on %s", ErrSchemaMismatch, HeaderSchema, v, name, want, subject)
+		}
+		if ver > CurrentVersion {
+			return zero, fmt.Errorf("schema %s version %d is newer than this reader (%d)", name, ver, CurrentVersion)
+		}
+	}
+	if carried := contract.SubjectSchema(subject); carried != "" {
+		return zero, fmt.Errorf("%w: %s carries %s, want %s", ErrSchemaMismatch, subject, carried, want)
+	}
+	m := reflect.New(rt.Elem()).Interface().(T)
+	if err := decodeInto(subject, h, data, m, Limits{}, true); err != nil {
 		return zero, err
 	}
-	t, ok := m.(T)
-	if !ok {
-		return zero, fmt.Errorf("%w: got a %s message on %s, want %s", ErrSchemaMismatch, m.SchemaName(), subject, zero.SchemaName())
-	}
-	return t, nil
+	return m, nil
 }
 
 // Unmarshal decodes a msgpack payload into m within the default Limits,
@@ -318,7 +375,7 @@ func msgpackField(data []byte, m Message) (string, msgpack.RawMessage) {
 		if err != nil {
 			continue
 		}
-		probe := New(m.SchemaName())
+		probe := fresh(m)
 		if err := msgpack.Unmarshal(one, probe); err != nil {
 			return k, raw[k]
 		}
@@ -388,7 +445,7 @@ func UnmarshalJSON(data []byte, m Message) error {
 			sort.Strings(keys)
 			for _, k := range keys {
 				one, _ := json.Marshal(map[string]json.RawMessage{k: raw[k]})
-				if e := json.Unmarshal(one, New(m.SchemaName())); e != nil {
+				if e := json.Unmarshal(one, fresh(m)); e != nil {
 					return &FieldError{Field: k, Problem: cleanErr(e)}
 				}
 			}
@@ -420,8 +477,13 @@ func cleanErr(err error) string {
 // messages (by their header or their subject) with their own keys, anything
 // else decoded generically. Operators use it to tail and audit.
 func ToJSON(subject string, h nats.Header, data []byte) ([]byte, error) {
-	if h.Get(HeaderSchema) != "" || SubjectSchema(subject) != "" {
-		if m, err := Decode(subject, h, data); err == nil {
+	return contract.ToJSON(subject, h, data)
+}
+
+// ToJSON is the package's ToJSON with the types of t.
+func (t *Types) ToJSON(subject string, h nats.Header, data []byte) ([]byte, error) {
+	if h.Get(HeaderSchema) != "" || t.SubjectSchema(subject) != "" {
+		if m, err := t.Decode(subject, h, data); err == nil {
 			return json.Marshal(m)
 		}
 	}
@@ -482,4 +544,15 @@ func jsonable(v any) any {
 		return x
 	}
 	return v
+}
+
+// fresh is a new zero value of m's own type (a pointer), to decode one
+// field into when finding which field a payload's error is in: m may be a
+// type no table knows.
+func fresh(m Message) any {
+	t := reflect.TypeOf(m)
+	if t.Kind() != reflect.Pointer {
+		return reflect.New(t).Interface()
+	}
+	return reflect.New(t.Elem()).Interface()
 }

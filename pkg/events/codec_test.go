@@ -65,7 +65,7 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 // that ends with its agent (the subject is the identity).
 func subjectOf(t *testing.T, m events.Message) string {
 	t.Helper()
-	fam := events.SubjectFamily(m.SchemaName())
+	fam := events.ContractTypes().SubjectFamily(m.SchemaName())
 	if fam == "" {
 		t.Fatalf("no subject carries %s", m.SchemaName())
 	}

@@ -115,7 +115,7 @@ func TestAgentRecordsPassOneGate(t *testing.T) {
 					set(r, b.value)
 					data, h, err := events.Encode(r)
 					if err == nil {
-						_, err = events.Decode(events.SubjectFamily(name)[:len(events.SubjectFamily(name))-1]+"x."+events.Token(r.RecordAgent()), h, data)
+						_, err = events.Decode(events.ContractTypes().SubjectFamily(name)[:len(events.ContractTypes().SubjectFamily(name))-1]+"x."+events.Token(r.RecordAgent()), h, data)
 					}
 					var fe *events.FieldError
 					if !errors.As(err, &fe) || fe.Field != field || !strings.Contains(fe.Problem, b.problem) {
@@ -143,7 +143,7 @@ func TestAgentRecordOnAnotherAgentsSubject(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			prefix := strings.TrimSuffix(events.SubjectFamily(name), ">")
+			prefix := strings.TrimSuffix(events.ContractTypes().SubjectFamily(name), ">")
 			own := prefix + "p." + events.Token(r.RecordAgent())
 			if name == events.SchemaBoundary || name == events.SchemaHeartbeat || name == events.SchemaCronSpec ||
 				name == events.SchemaCronRun || name == events.SchemaWrite {

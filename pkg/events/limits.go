@@ -367,7 +367,7 @@ func clampInt64(n uint64) int64 {
 // which a publisher may leave out or set to something else. The payload is
 // read within the default Limits and never recursively.
 func PayloadID(subject string, h nats.Header, data []byte) string {
-	name, _, err := schemaOf(subject, h)
+	name, _, err := contract.schemaOf(subject, h)
 	if err != nil || !identifiedByID(name) {
 		return ""
 	}

@@ -50,7 +50,7 @@ func TestRecoveryTypesRoundTrip(t *testing.T) {
 			if string(a) != string(b) {
 				t.Fatalf("bus round trip changed the message:\n%s\n%s", a, b)
 			}
-			again := events.New(m.SchemaName())
+			again := events.ContractTypes().New(m.SchemaName())
 			if err := events.UnmarshalJSON(a, again); err != nil {
 				t.Fatal(err)
 			}

@@ -3,7 +3,6 @@ package events_test
 import (
 	"errors"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/nats-io/nats.go"
@@ -157,11 +156,11 @@ func TestHeaderlessMessageIsItsSubjectsType(t *testing.T) {
 			}
 		})
 	}
-	for _, s := range events.Schemas() {
+	for _, s := range events.ContractTypes().Schemas() {
 		if strings.HasPrefix(s, "test_") {
 			continue // registered by TestRegisterARecordTypeFromOutside, in whatever order the tests run
 		}
-		if events.SubjectFamily(s) != "" && !seen[s] {
+		if events.ContractTypes().SubjectFamily(s) != "" && !seen[s] {
 			t.Errorf("schema %s has a subject but no case here", s)
 		}
 	}
@@ -244,13 +243,13 @@ func TestSubjectTypeTable(t *testing.T) {
 			t.Errorf("SubjectSchema(%s) = %q, want %q", subject, got, want)
 		}
 	}
-	schemas := events.Schemas()
+	schemas := events.ContractTypes().Schemas()
 	for i, a := range schemas {
-		if events.New(a) == nil || events.New(a).SchemaName() != a {
+		if events.ContractTypes().New(a) == nil || events.ContractTypes().New(a).SchemaName() != a {
 			t.Errorf("New(%q) does not make a %s", a, a)
 		}
 		for _, b := range schemas[i+1:] {
-			fa, fb := events.SubjectFamily(a), events.SubjectFamily(b)
+			fa, fb := events.ContractTypes().SubjectFamily(a), events.ContractTypes().SubjectFamily(b)
 			if fa != "" && fb != "" && events.SubjectsCollide(fa, fb) {
 				t.Errorf("families of %s (%s) and %s (%s) overlap", a, fa, b, fb)
 			}
@@ -276,56 +275,99 @@ type testAudit struct{ testRecord }
 
 func (*testAudit) SchemaName() string { return "test_audit" }
 
-// TestRegisterARecordTypeFromOutside: a registered type decodes by its
-// header anywhere and, without one, on its family or its one subject; a
-// schema registered twice or overlapping subjects are refused at once.
-func TestRegisterARecordTypeFromOutside(t *testing.T) {
-	// The type table is the process's: registered once, so the test can
-	// run again (-count) without registering a schema twice.
-	registerTestTypes.Do(func() {
-		events.Register("test_record", "failbus.test.records.>", func() events.Message { return &testRecord{} })
-		events.Register("test_audit", "failbus.test.audit.one", func() events.Message { return &testAudit{} })
-	})
+// TestATableWithRecordTypesFromOutside: a type in a table built with
+// NewTypes decodes by its header anywhere and, without one, on its family
+// or its one subject; the contract's own functions do not know it; a
+// schema listed twice or overlapping subjects are refused at once.
+func TestATableWithRecordTypesFromOutside(t *testing.T) {
+	types := events.NewTypes(
+		events.WireType{Schema: "test_record", Subjects: "failbus.test.records.>", New: func() events.Message { return &testRecord{} }},
+		events.WireType{Schema: "test_audit", Subjects: "failbus.test.audit.one", New: func() events.Message { return &testAudit{} }},
+	)
 	data := headerless(t, map[string]any{"name": "n1"})
 	for _, subject := range []string{"failbus.test.records.a.b", "failbus.test.audit.one"} {
-		m, err := events.Decode(subject, nil, data)
+		m, err := types.Decode(subject, nil, data)
 		if err != nil {
 			t.Fatalf("header-less on %s: %v", subject, err)
 		}
-		if m.SchemaName() != events.SubjectSchema(subject) {
-			t.Errorf("%s decoded as %s, want %s", subject, m.SchemaName(), events.SubjectSchema(subject))
+		if m.SchemaName() != types.SubjectSchema(subject) {
+			t.Errorf("%s decoded as %s, want %s", subject, m.SchemaName(), types.SubjectSchema(subject))
+		}
+		if _, err := events.Decode(subject, nil, data); !errors.Is(err, events.ErrNotFailbus) {
+			t.Errorf("the contract's Decode on %s: %v, want ErrNotFailbus", subject, err)
 		}
 	}
-	if got := events.SubjectSchema("failbus.test.audit.two"); got != "" {
+	if got := types.SubjectSchema("failbus.test.audit.two"); got != "" {
 		t.Errorf("a neighbour of a one-subject type reads as %q", got)
 	}
-	b, err := events.ToJSON("failbus.other", nats.Header{events.HeaderSchema: {"test_record/1"}}, data)
+	if got := types.SubjectSchema("failbus.outcome.openai.bot"); got != events.SchemaOutcome {
+		t.Errorf("the table lost the contract's types: an outcome subject reads as %q", got)
+	}
+	b, err := types.ToJSON("failbus.other", nats.Header{events.HeaderSchema: {"test_record/1"}}, data)
 	if err != nil || string(b) != `{"name":"n1"}` {
 		t.Errorf("by header on another subject: %s %v", b, err)
 	}
-	for name, register := range map[string]func(){
-		"the same schema twice": func() {
-			events.Register("test_record", "", func() events.Message { return &testRecord{} })
-		},
-		"a family inside another's": func() {
-			events.Register("test_other", "failbus.test.records.x.>", func() events.Message { return &testOther{} })
-		},
-		"a contract family": func() {
-			events.Register("test_other", "failbus.outcome.x", func() events.Message { return &testOther{} })
-		},
+	for name, w := range map[string]events.WireType{
+		"the same schema twice":     {Schema: "test_record", New: func() events.Message { return &testRecord{} }},
+		"a family inside another's": {Schema: "test_other", Subjects: "failbus.test.records.x.>", New: func() events.Message { return &testOther{} }},
+		"a contract family":         {Schema: "test_other", Subjects: "failbus.outcome.x", New: func() events.Message { return &testOther{} }},
+		"a contract schema":         {Schema: events.SchemaOutcome, New: func() events.Message { return &events.Outcome{} }},
+		"no constructor":            {Schema: "test_other"},
+		"a constructor of another":  {Schema: "test_other", New: func() events.Message { return &testRecord{} }},
 	} {
 		func() {
 			defer func() {
 				if recover() == nil {
-					t.Errorf("Register of %s did not panic", name)
+					t.Errorf("NewTypes with %s did not panic", name)
 				}
 			}()
-			register()
+			events.NewTypes(events.WireType{Schema: "test_record", Subjects: "failbus.test.records.>", New: func() events.Message { return &testRecord{} }}, w)
 		}()
 	}
 }
 
-var registerTestTypes sync.Once
+// TestDecodeAsARecordTypeOfTheCaller: DecodeAs reads a type no table
+// knows when the caller names it — by header or without one — and refuses
+// a header naming another type, a subject that carries a contract type,
+// and, for an agent's record, a payload naming another agent than the
+// subject's.
+func TestDecodeAsARecordTypeOfTheCaller(t *testing.T) {
+	data := headerless(t, map[string]any{"name": "n1"})
+	for _, h := range []nats.Header{nil, {events.HeaderSchema: {"test_record/1"}}} {
+		r, err := events.DecodeAs[*testRecord]("failbus.test.records.a", h, data)
+		if err != nil || r.Name != "n1" {
+			t.Errorf("header %v: %+v %v", h, r, err)
+		}
+	}
+	if _, err := events.DecodeAs[*testRecord]("failbus.test.records.a", nats.Header{events.HeaderSchema: {"test_audit/1"}}, data); !errors.Is(err, events.ErrSchemaMismatch) {
+		t.Errorf("a header naming another type: %v, want ErrSchemaMismatch", err)
+	}
+	if _, err := events.DecodeAs[*testRecord]("failbus.outcome.openai.bot", nil, data); !errors.Is(err, events.ErrSchemaMismatch) {
+		t.Errorf("on an outcome subject: %v, want ErrSchemaMismatch", err)
+	}
+	if _, err := events.DecodeAs[*testRecord]("failbus.test.records.a", nil, headerless(t, map[string]any{})); err == nil {
+		t.Error("an invalid record decoded")
+	}
+	var fe *events.FieldError
+	if _, err := events.DecodeAs[*testRecord]("failbus.test.records.a", nil, headerless(t, map[string]any{"name": 5})); !errors.As(err, &fe) || fe.Field != "name" {
+		t.Errorf("a number for a string: %v, want a field error naming name", err)
+	}
+	mine := headerless(t, map[string]any{"name": "n1", "agent": "a"})
+	if _, err := events.DecodeAs[*testAgentRecord]("failbus.test.marks.a", nil, mine); err != nil {
+		t.Errorf("agent a's record on a's subject: %v", err)
+	}
+	if _, err := events.DecodeAs[*testAgentRecord]("failbus.test.marks.b", nil, mine); !errors.Is(err, events.ErrWrongAgent) {
+		t.Errorf("agent a's record on b's subject: %v, want ErrWrongAgent", err)
+	}
+}
+
+type testAgentRecord struct {
+	testRecord
+	Agent string `msgpack:"agent" json:"agent"`
+}
+
+func (*testAgentRecord) SchemaName() string    { return "test_agent_record" }
+func (r *testAgentRecord) RecordAgent() string { return r.Agent }
 
 type testOther struct{ testRecord }
 

@@ -19,7 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/failbus/failbus/internal/cli"
-	_ "github.com/failbus/failbus/internal/wiretypes" // every record type the bus writes decodes typed
+	"github.com/failbus/failbus/internal/wiretypes"
 	"github.com/failbus/failbus/pkg/events"
 )
 
@@ -52,7 +52,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	} else if len(rest) > 0 {
 		return cli.UsageError(fs, stderr, "unexpected arguments %q: the payload is read from stdin", rest)
 	}
-	if *schema != "" && events.New(*schema) == nil {
+	if *schema != "" && wiretypes.Bus.New(*schema) == nil {
 		return cli.UsageError(fs, stderr, "--schema %q: unknown; one of %s", *schema, schemaList())
 	}
 	data, err := io.ReadAll(io.LimitReader(stdin, maxPayload+1))
@@ -91,8 +91,8 @@ func Decode(subject, schema string, data []byte) (out []byte, err error) {
 	if schema != "" {
 		h.Set(events.HeaderSchema, schema)
 	}
-	if schema != "" || events.SubjectSchema(subject) != "" {
-		m, err := events.Decode(subject, h, data)
+	if schema != "" || wiretypes.Bus.SubjectSchema(subject) != "" {
+		m, err := wiretypes.Bus.Decode(subject, h, data)
 		if err == nil {
 			if dl, ok := m.(*events.DeadLetter); ok {
 				return cli.DeadLetterJSON(dl)
@@ -111,7 +111,7 @@ func Decode(subject, schema string, data []byte) (out []byte, err error) {
 
 func schemaList() string {
 	var b bytes.Buffer
-	for i, s := range events.Schemas() {
+	for i, s := range wiretypes.Bus.Schemas() {
 		if i > 0 {
 			b.WriteString(", ")
 		}

@@ -14,7 +14,7 @@ import (
 	"github.com/failbus/failbus/internal/cli"
 	"github.com/failbus/failbus/internal/cli/shadow"
 	"github.com/failbus/failbus/internal/watch"
-	_ "github.com/failbus/failbus/internal/wiretypes" // the services' own records decode typed
+	"github.com/failbus/failbus/internal/wiretypes"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
 )
@@ -151,7 +151,7 @@ func Collect(ctx context.Context, js jetstream.JetStream, o Options) (*Report, e
 // carries.
 func (a *aggregator) add(m jetstream.Msg, seq uint64, stored time.Time) bool {
 	subject, h, data := m.Subject(), m.Headers(), m.Data()
-	v, err := events.Decode(subject, h, data)
+	v, err := wiretypes.Bus.Decode(subject, h, data)
 	if err != nil {
 		return false
 	}

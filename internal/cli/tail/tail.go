@@ -22,7 +22,7 @@ import (
 	"github.com/failbus/failbus/internal/cli"
 	"github.com/failbus/failbus/internal/streamread"
 	"github.com/failbus/failbus/internal/watch"
-	_ "github.com/failbus/failbus/internal/wiretypes" // every record type the bus writes decodes typed
+	"github.com/failbus/failbus/internal/wiretypes"
 	"github.com/failbus/failbus/pkg/events"
 )
 
@@ -413,7 +413,7 @@ func renderPayload(subject string, h nats.Header, data []byte) (out json.RawMess
 			return b, nil, ""
 		}
 	}
-	b, err := events.ToJSON(subject, h, data)
+	b, err := wiretypes.Bus.ToJSON(subject, h, data)
 	switch {
 	case err != nil:
 		return nil, data, errBinaryPayload

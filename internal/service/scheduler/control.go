@@ -107,19 +107,7 @@ func (s *Service) mark(ctx context.Context, kind string, mark retrymark.Mark, to
 	return "", fmt.Errorf("ledger of %s: %d conflicting writes in a row; redelivering", mark.RetryID, maxLedgerAttempts)
 }
 
-// decodeMark reads an agent's started or cancel record as every agent
-// record is read (events.Decode: the subject's type, the identifier rules,
-// the subject as the identity).
+// decodeMark reads an agent's started or cancel record.
 func decodeMark(m *consumer.Msg) (retrymark.Mark, error) {
-	v, err := events.Decode(m.Subject, m.Header, m.Data)
-	if err != nil {
-		return retrymark.Mark{}, err
-	}
-	switch r := v.(type) {
-	case *retrymark.Started:
-		return retrymark.Mark(*r), nil
-	case *retrymark.Cancel:
-		return retrymark.Mark(*r), nil
-	}
-	return retrymark.Mark{}, fmt.Errorf("got a %s record on %s, want a retry started or cancel record", v.SchemaName(), m.Subject)
+	return retrymark.Decode(m.Subject, m.Header, m.Data)
 }
