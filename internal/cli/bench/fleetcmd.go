@@ -76,8 +76,8 @@ is measured at each failbus load's latency rate.
 CPU per outcome by kind: --cpu-n outcomes of each kind (successes only,
 the storm's 429s, non-retryable 400s) and of raw/2 and raw/3, paced at
 --cpu-rate, from the first publish until drained, less what the idle bus
-spends; the median of --cpu-rounds rounds. (The 429s' retries come due
-30s later, while other kinds run: one stored message each.) In process: the process's CPU time (bus, services,
+spends; the median of --cpu-rounds rounds. The 429s run last in a round,
+and the next round waits until their retries came due (30s). In process: the process's CPU time (bus, services,
 load). With --server: the bus's process_cpu_seconds_total read from
 --metrics (failbus dev serves it at http://127.0.0.1:9400/metrics) plus
 this process's; unknown without --metrics.
