@@ -17,6 +17,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -105,7 +106,7 @@ func New(js jetstream.JetStream, opts Config) (*Service, error) {
 		// but declares an outage only once every failure of the rule has
 		// arrived: stored in any order, a backlog's outage could begin a
 		// few decisions later than simulate says.)
-		cfg.Key = subjectLane
+		cfg.Key = callLane
 	}
 	if cfg.Registerer == nil {
 		cfg.Registerer = prometheus.NewRegistry()
@@ -170,12 +171,11 @@ func newHandler(classifyFn ClassifyFunc, g *gate, reg prometheus.Registerer) (co
 	if err != nil {
 		return nil, fmt.Errorf("classifier: %w", err)
 	}
-	segment := events.SegmentPrefix + "."
 	return func(ctx context.Context, m *consumer.Msg, out *consumer.Outputs) error {
-		if strings.HasPrefix(m.Subject, segment) {
+		if strings.HasPrefix(m.Subject, segmentPrefix) {
 			return nil // boundaries are the refusal tiers' business
 		}
-		o, err := events.DecodeAs[*events.Outcome](m.Subject, m.Header, m.Data)
+		o, err := consumer.ValueAs[*events.Outcome](m) // decoded once, by callLane
 		if err != nil {
 			return consumer.DeadLetter("decode outcome: " + err.Error())
 		}
@@ -215,6 +215,36 @@ func (g *gate) admit(ctx context.Context, agent, provider string) error {
 	return g.providers.Admit(ctx, agent, provider)
 }
 
-// subjectLane is the runner's Key: the outcome's subject,
-// failbus.outcome.<provider>.<agent>. It needs no decoding.
-func subjectLane(m *consumer.Msg) string { return m.Subject }
+// callLane is the runner's Key: one call's identity (agent, session,
+// turn, step, provider), what the scheduler's lanes order by (its retry
+// budget, scheduler.BudgetLane). One call's attempts, and a session's
+// calls without turn and step, are classified one at a time and published
+// in delivery order; every other call runs in parallel, also the many
+// steps of one busy agent on one provider (a gateway or a coordinator
+// that reports its subagents' calls under one name). The decoded outcome
+// is left in m.Value for the handler; a boundary, or an outcome that does
+// not decode, has no key (any worker).
+func callLane(m *consumer.Msg) string {
+	if strings.HasPrefix(m.Subject, segmentPrefix) {
+		return ""
+	}
+	o, err := consumer.ValueAs[*events.Outcome](m)
+	if err != nil {
+		return ""
+	}
+	b := make([]byte, 0, len(o.Agent)+len(o.Session)+len(o.Provider)+24)
+	b = append(b, o.Agent...)
+	b = append(b, 0)
+	b = append(b, o.Session...)
+	b = append(b, 0)
+	b = strconv.AppendInt(b, int64(o.Turn), 10)
+	b = append(b, 0)
+	b = strconv.AppendInt(b, int64(o.Step), 10)
+	b = append(b, 0)
+	b = append(b, o.Provider...)
+	return string(b)
+}
+
+// segmentPrefix starts the subjects of context-segment boundaries, which
+// share the outcomes' stream.
+const segmentPrefix = events.SegmentPrefix + "."
