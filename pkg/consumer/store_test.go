@@ -58,6 +58,12 @@ func TestHealthFailsWhileOutputsAreNotStoredAndRecovers(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	cfg := config()
+	// Each refused delivery counts toward MaxDeliver, and the last one
+	// dead-letters the input: 19 deliveries a second apart leave the test
+	// many seconds, not config()'s few tenths of one, between the first
+	// refusal and making room, however busy the machine.
+	cfg.ConsumerConfig.MaxDeliver = 20
+	cfg.Backoff = []time.Duration{100 * time.Millisecond, time.Second}
 	r, _ := b.start(cfg, func(_ context.Context, m *consumer.Msg, out *consumer.Outputs) error {
 		out.Publish("test.out.x", note(m.ID()), "")
 		return nil
@@ -77,6 +83,9 @@ func TestHealthFailsWhileOutputsAreNotStoredAndRecovers(t *testing.T) {
 	b.waitFor("healthy and settled", func() bool { return r.Healthy() == nil && b.settled(service) })
 	if n := b.count(outStream); n != 2+4 {
 		t.Errorf("%d messages in %s, want the 2 fillers and 4 outputs", n, outStream)
+	}
+	if n := b.count(dlqStream); n != 0 {
+		t.Errorf("%d dead letters: inputs gave up while their outputs were refused", n)
 	}
 }
 
