@@ -17,7 +17,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -98,15 +97,7 @@ func New(js jetstream.JetStream, opts Config) (*Service, error) {
 		cfg.Concurrency = DefaultConcurrency
 	}
 	if cfg.Key == nil {
-		// One lane per outcome subject (provider and agent): an agent's
-		// classifications of a provider are stored in the order of its
-		// outcomes, the order `failbus simulate` reads them in, so the
-		// decisions of one agent's backlog match simulate's. (The fault
-		// scope counts each failure at its own `at` whatever the order,
-		// but declares an outage only once every failure of the rule has
-		// arrived: stored in any order, a backlog's outage could begin a
-		// few decisions later than simulate says.)
-		cfg.Key = callLane
+		cfg.Key = sessionLane
 	}
 	if cfg.Registerer == nil {
 		cfg.Registerer = prometheus.NewRegistry()
@@ -175,7 +166,7 @@ func newHandler(classifyFn ClassifyFunc, g *gate, reg prometheus.Registerer) (co
 		if strings.HasPrefix(m.Subject, segmentPrefix) {
 			return nil // boundaries are the refusal tiers' business
 		}
-		o, err := consumer.ValueAs[*events.Outcome](m) // decoded once, by callLane
+		o, err := consumer.ValueAs[*events.Outcome](m) // decoded once, by sessionLane
 		if err != nil {
 			return consumer.DeadLetter("decode outcome: " + err.Error())
 		}
@@ -215,16 +206,20 @@ func (g *gate) admit(ctx context.Context, agent, provider string) error {
 	return g.providers.Admit(ctx, agent, provider)
 }
 
-// callLane is the runner's Key: one call's identity (agent, session,
-// turn, step, provider), what the scheduler's lanes order by (its retry
-// budget, scheduler.BudgetLane). One call's attempts, and a session's
-// calls without turn and step, are classified one at a time and published
-// in delivery order; every other call runs in parallel, also the many
-// steps of one busy agent on one provider (a gateway or a coordinator
-// that reports its subagents' calls under one name). The decoded outcome
-// is left in m.Value for the handler; a boundary, or an outcome that does
-// not decode, has no key (any worker).
-func callLane(m *consumer.Msg) string {
+// sessionLane is the runner's Key: the outcome's agent, session and
+// provider — what the scheduler's lanes order by (scheduler.BudgetLane).
+// A session's outcomes of a provider are classified one at a time and
+// published in their order, the order `failbus simulate` reads them in,
+// so the decisions of one session's backlog match simulate's (the fault
+// scope counts each failure at its own `at` whatever the order, but
+// declares an outage only once every failure of the rule has arrived:
+// stored in any order, a backlog's outage could begin a few decisions
+// later than simulate says). Other sessions run in parallel, also the
+// sessions of one busy agent (a gateway or a coordinator that reports its
+// subagents' calls under one name). The decoded outcome is left in
+// m.Value for the handler; a boundary, or an outcome that does not
+// decode, has no key (any worker).
+func sessionLane(m *consumer.Msg) string {
 	if strings.HasPrefix(m.Subject, segmentPrefix) {
 		return ""
 	}
@@ -232,17 +227,7 @@ func callLane(m *consumer.Msg) string {
 	if err != nil {
 		return ""
 	}
-	b := make([]byte, 0, len(o.Agent)+len(o.Session)+len(o.Provider)+24)
-	b = append(b, o.Agent...)
-	b = append(b, 0)
-	b = append(b, o.Session...)
-	b = append(b, 0)
-	b = strconv.AppendInt(b, int64(o.Turn), 10)
-	b = append(b, 0)
-	b = strconv.AppendInt(b, int64(o.Step), 10)
-	b = append(b, 0)
-	b = append(b, o.Provider...)
-	return string(b)
+	return o.Agent + "\x00" + o.Session + "\x00" + o.Provider
 }
 
 // segmentPrefix starts the subjects of context-segment boundaries, which

@@ -7,12 +7,12 @@ import (
 	"github.com/failbus/failbus/pkg/events"
 )
 
-// TestCallLaneOrdersACallNotAnAgent: the attempts of one call, and a
-// session's calls without turn and step, share a lane (classified in
-// order); another step, session, provider or agent is another lane, so
-// one busy agent's calls to one provider are classified in parallel. A
-// boundary or an outcome that does not decode has no lane.
-func TestCallLaneOrdersACallNotAnAgent(t *testing.T) {
+// TestSessionLaneOrdersASessionNotAnAgent: a session's outcomes of a
+// provider share a lane (classified in order, whatever their steps);
+// another session, provider or agent is another lane, so one busy agent's
+// sessions are classified in parallel. A boundary or an outcome that does
+// not decode has no lane.
+func TestSessionLaneOrdersASessionNotAnAgent(t *testing.T) {
 	msg := func(o events.Outcome) *consumer.Msg {
 		t.Helper()
 		if o.ID == "" {
@@ -36,19 +36,17 @@ func TestCallLaneOrdersACallNotAnAgent(t *testing.T) {
 		"a session's calls without a step": {{Session: "s", Status: 503}, {ID: "o2", Session: "s", OK: true, Status: 200}},
 	}
 	for name, p := range same {
-		if a, b := callLane(msg(p[0])), callLane(msg(p[1])); a != b || a == "" {
+		if a, b := sessionLane(msg(p[0])), sessionLane(msg(p[1])); a != b || a == "" {
 			t.Errorf("%s: lanes %q and %q, want one", name, a, b)
 		}
 	}
 	other := map[string]events.Outcome{
-		"another step":     {Session: "s", Turn: 1, Step: 2, Status: 503},
-		"another turn":     {Session: "s", Turn: 2, Step: 1, Status: 503},
 		"another session":  {Session: "t", Turn: 1, Step: 1, Status: 503},
 		"another provider": {Provider: "anthropic", Session: "s", Turn: 1, Step: 1, Status: 503},
 		"another agent":    {Agent: "bot-2", Session: "s", Turn: 1, Step: 1, Status: 503},
 	}
 	for name, o := range other {
-		if a, b := callLane(msg(step1)), callLane(msg(o)); a == b {
+		if a, b := sessionLane(msg(step1)), sessionLane(msg(o)); a == b {
 			t.Errorf("%s shares the lane %q", name, a)
 		}
 	}
@@ -56,7 +54,7 @@ func TestCallLaneOrdersACallNotAnAgent(t *testing.T) {
 		"a boundary":     {Subject: events.SegmentPrefix + ".bot", Data: []byte{0x80}},
 		"not an outcome": {Subject: events.OutcomeSubject("openai", "bot"), Data: []byte("junk")},
 	} {
-		if k := callLane(m); k != "" {
+		if k := sessionLane(m); k != "" {
 			t.Errorf("%s has lane %q", name, k)
 		}
 	}

@@ -3,7 +3,6 @@ package scheduler
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -51,44 +50,26 @@ func (s *Service) handleClassified(ctx context.Context, m *consumer.Msg, out *co
 	return s.decide(ctx, m, out, *c, obs)
 }
 
-// BudgetLane is the runner's Key for classifications: one retry budget's
-// identity (agent, session, turn, step, provider; the policy generation
-// aside). The failures of one budget are observed and decided one at a
-// time, in delivery order, so they never race each other on its ledger
-// subject (compare-and-set still decides between replicas), and a
-// session's calls without turn and step (one budget, its retry episodes)
-// stay in order as simulate reads them. Every other budget runs in
-// parallel — also the steps of one busy agent, such as a gateway or a
-// coordinator that reports its subagents' calls under one name — and the
-// provider's lane (lanes.go) folds their fault-scope writes together, in
-// the order they arrive (the scope counts each at its own `at` whatever
-// the order; out of order an outage is declared only once every failure
-// that satisfies the rule has arrived: docs/POLICY.md). A classification
-// that does not decode has no key (any worker): the handler dead-letters
-// it. The decoded classification is left in m.Value for the handler, so
-// it is decoded once.
+// BudgetLane is the runner's Key for classifications: agent, session and
+// provider. A session's classifications of one provider are observed and
+// decided one at a time, in delivery order, so they reach the provider's
+// fault scope in the order simulate reads them (the scope counts each at
+// its own `at` whatever the order, but out of order an outage is declared
+// only once every failure that satisfies the rule has arrived:
+// docs/POLICY.md), and the failures of one retry budget (agent, session,
+// turn, step, provider) never race each other on its ledger subject
+// (compare-and-set still decides between replicas). Other sessions and
+// agents run in parallel, and the provider's lane (lanes.go) folds their
+// fault-scope writes together. A classification that does not decode has
+// no key (any worker): the handler dead-letters it. The decoded
+// classification is left in m.Value for the handler, so it is decoded
+// once.
 func BudgetLane(m *consumer.Msg) string {
 	c, err := consumer.ValueAs[*events.Classification](m)
 	if err != nil {
 		return ""
 	}
-	return budgetLane(c.Agent, c.Session, c.Turn, c.Step, c.Provider)
-}
-
-// budgetLane is the lane key of a budget's fields: NUL cannot occur in a
-// name, so two budgets never share a key.
-func budgetLane(agent, session string, turn, step int, provider string) string {
-	b := make([]byte, 0, len(agent)+len(session)+len(provider)+24)
-	b = append(b, agent...)
-	b = append(b, 0)
-	b = append(b, session...)
-	b = append(b, 0)
-	b = strconv.AppendInt(b, int64(turn), 10)
-	b = append(b, 0)
-	b = strconv.AppendInt(b, int64(step), 10)
-	b = append(b, 0)
-	b = append(b, provider...)
-	return string(b)
+	return c.Agent + "\x00" + c.Session + "\x00" + c.Provider
 }
 
 // timeOf is the time a classification is observed and decided at: its

@@ -141,7 +141,7 @@ const (
 	// (the classifier uses 9401).
 	DefaultOpsAddr = "127.0.0.1:9402"
 	// DefaultConcurrency is how many classifications are handled at once:
-	// the runner's workers; one retry budget's classifications
+	// the runner's workers; one session's classifications of a provider
 	// (BudgetLane) one at a time and in order, the others in parallel.
 	// Each failure waits on JetStream round trips (the fault-scope write,
 	// shared by the provider's waiting classifications, lanes.go; the
