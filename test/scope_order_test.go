@@ -106,8 +106,8 @@ func TestScopeSimulateAndBusAgreeOnFailuresSpreadInTime(t *testing.T) {
 		{"a quarter of an hour apart", failures(4, 900), -1, 0, false, false},
 		{"a minute apart, several agents and sessions, another provider between", interleaved, 120, 0, false, false},
 		{"a minute apart, after another provider's later outcomes", byProvider, 120, 0, false, false},
-		// One agent's session, all at once: the classifier keeps an
-		// agent's order, the scheduler a session's.
+		// One agent's session, all at once: the classifier and the
+		// scheduler keep a session's order.
 		{"a minute apart, at once", failures(4, 60), 120, 0, true, false},
 		{"seconds apart, at once", failures(6, 10), 20, 0, true, false},
 		// Several agents at once: the bus observes them in an order of its

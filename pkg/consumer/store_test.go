@@ -135,6 +135,10 @@ func TestDrainDoesNotWaitForWritesThatAreNotStored(t *testing.T) {
 	cfg := config()
 	cfg.DrainTimeout = 2 * time.Minute
 	cfg.Concurrency = 2
+	// Each refused delivery of in-1 counts toward MaxDeliver: 19 a second
+	// apart, so it is not dead-lettered before the test makes room,
+	// however busy the machine.
+	cfg.ConsumerConfig.MaxDeliver = 20
 	cfg.Backoff = []time.Duration{time.Second}
 	stuck := make(chan struct{}, 1)
 	h := func(ctx context.Context, m *consumer.Msg, out *consumer.Outputs) error {

@@ -97,15 +97,7 @@ func New(js jetstream.JetStream, opts Config) (*Service, error) {
 		cfg.Concurrency = DefaultConcurrency
 	}
 	if cfg.Key == nil {
-		// One lane per outcome subject (provider and agent): an agent's
-		// classifications of a provider are stored in the order of its
-		// outcomes, the order `failbus simulate` reads them in, so the
-		// decisions of one agent's backlog match simulate's. (The fault
-		// scope counts each failure at its own `at` whatever the order,
-		// but declares an outage only once every failure of the rule has
-		// arrived: stored in any order, a backlog's outage could begin a
-		// few decisions later than simulate says.)
-		cfg.Key = subjectLane
+		cfg.Key = sessionLane
 	}
 	if cfg.Registerer == nil {
 		cfg.Registerer = prometheus.NewRegistry()
@@ -170,12 +162,11 @@ func newHandler(classifyFn ClassifyFunc, g *gate, reg prometheus.Registerer) (co
 	if err != nil {
 		return nil, fmt.Errorf("classifier: %w", err)
 	}
-	segment := events.SegmentPrefix + "."
 	return func(ctx context.Context, m *consumer.Msg, out *consumer.Outputs) error {
-		if strings.HasPrefix(m.Subject, segment) {
+		if strings.HasPrefix(m.Subject, segmentPrefix) {
 			return nil // boundaries are the refusal tiers' business
 		}
-		o, err := events.DecodeAs[*events.Outcome](m.Subject, m.Header, m.Data)
+		o, err := consumer.ValueAs[*events.Outcome](m) // decoded once, by sessionLane
 		if err != nil {
 			return consumer.DeadLetter("decode outcome: " + err.Error())
 		}
@@ -215,6 +206,30 @@ func (g *gate) admit(ctx context.Context, agent, provider string) error {
 	return g.providers.Admit(ctx, agent, provider)
 }
 
-// subjectLane is the runner's Key: the outcome's subject,
-// failbus.outcome.<provider>.<agent>. It needs no decoding.
-func subjectLane(m *consumer.Msg) string { return m.Subject }
+// sessionLane is the runner's Key: the outcome's agent, session and
+// provider — what the scheduler's lanes order by (scheduler.BudgetLane).
+// A session's outcomes of a provider are classified one at a time and
+// published in their order, the order `failbus simulate` reads them in,
+// so the decisions of one session's backlog match simulate's (the fault
+// scope counts each failure at its own `at` whatever the order, but
+// declares an outage only once every failure of the rule has arrived:
+// stored in any order, a backlog's outage could begin a few decisions
+// later than simulate says). Other sessions run in parallel, also the
+// sessions of one busy agent (a gateway or a coordinator that reports its
+// subagents' calls under one name). The decoded outcome is left in
+// m.Value for the handler; a boundary, or an outcome that does not
+// decode, has no key (any worker).
+func sessionLane(m *consumer.Msg) string {
+	if strings.HasPrefix(m.Subject, segmentPrefix) {
+		return ""
+	}
+	o, err := consumer.ValueAs[*events.Outcome](m)
+	if err != nil {
+		return ""
+	}
+	return o.Agent + "\x00" + o.Session + "\x00" + o.Provider
+}
+
+// segmentPrefix starts the subjects of context-segment boundaries, which
+// share the outcomes' stream.
+const segmentPrefix = events.SegmentPrefix + "."
