@@ -95,9 +95,13 @@ type fleetConfig struct {
 	hold, drain, latencyHold    time.Duration
 	latencyRate                 int // 0: half the held rate
 	cpuN, cpuRate, cpuRounds    int
-	window                      int
-	raw                         bool
-	metrics                     string
+	// cpuSettle is how long after the latest retried failure the CPU
+	// phase starts (and each round after the first): its retry comes due
+	// (a JetStream write) within it.
+	cpuSettle time.Duration
+	window    int
+	raw       bool
+	metrics   string
 }
 
 // fleetRunner is one fleet run's state.
@@ -117,6 +121,10 @@ type fleetRunner struct {
 	// backlog consumers of the bus, looked up once.
 	busConsumers []fleetConsumer
 	steps        int
+	// retried is when the latest outcome whose retry comes due later
+	// (a storm's 429) was published: the CPU phase waits for those
+	// retries (JetStream's writes) before it measures anything.
+	retried time.Time
 }
 
 // fleetConsumer is a durable consumer whose backlog counts.
@@ -624,6 +632,10 @@ func (r *fleetRunner) publish(ctx context.Context, p fleetPipeline, tag string, 
 	total := max(int(float64(rate)*d.Seconds()), 1)
 	interval := time.Second / time.Duration(rate)
 	start := time.Now()
+	if p.name == loadStorm || p.name == loadRetry || p.name == loadMix {
+		// Their retries come due fleetStormDue after the last publish.
+		defer func() { r.retried = time.Now() }()
+	}
 	n := 0
 	for n < total {
 		if stop != nil && stop.Load() {
@@ -797,8 +809,17 @@ func (r *fleetRunner) cpuByKind(ctx context.Context, raw *fleetRaw) (fleetCPU, e
 		pipes = append(pipes, raw.pipeline(r, 2), raw.pipeline(r, 3))
 	}
 	pipes = append(pipes, r.busPipeline(loadRetry, nil))
-	var retried time.Time
 	d := time.Duration(float64(r.cfg.cpuN) / float64(r.cfg.cpuRate) * float64(time.Second))
+	// The loads' retries come due first: measured idle, they would count
+	// as the bus's own idle work (and be subtracted from every span).
+	if wait := time.Until(r.retried.Add(r.cfg.cpuSettle)); wait > 0 {
+		fmt.Fprintf(r.progress, "fleet: CPU: %.0fs for the loads' retries to come due\n", wait.Seconds())
+		select {
+		case <-time.After(wait): // keeping JetStream's due writes out of the idle span, not a test
+		case <-ctx.Done():
+			return out, ctx.Err()
+		}
+	}
 	// What the bus spends with no load (the services' polls and timers,
 	// the server's housekeeping), subtracted from each span: at a paced
 	// rate it would otherwise count per outcome.
@@ -814,7 +835,7 @@ func (r *fleetRunner) cpuByKind(ctx context.Context, raw *fleetRaw) (fleetCPU, e
 	out.IdleMSPerS = idle * 1e3
 	for round := range r.cfg.cpuRounds {
 		us := make([]float64, len(pipes))
-		if wait := time.Until(retried.Add(fleetStormDue)); round > 0 && wait > 0 {
+		if wait := time.Until(r.retried.Add(r.cfg.cpuSettle)); round > 0 && wait > 0 {
 			fmt.Fprintf(r.progress, "fleet: CPU: %.0fs for the last round's retries to come due\n", wait.Seconds())
 			select {
 			case <-time.After(wait): // keeping JetStream's due writes out of the next span, not a test
@@ -823,9 +844,6 @@ func (r *fleetRunner) cpuByKind(ctx context.Context, raw *fleetRaw) (fleetCPU, e
 			}
 		}
 		for i, p := range pipes {
-			if p.name == loadRetry {
-				retried = time.Now()
-			}
 			c0, _ := r.cpu(ctx)
 			t0 := time.Now()
 			r.steps++

@@ -27,7 +27,7 @@ import (
 // low rate per load, short holds; the tests check what the report says
 // and that its counts add up, never its speeds.
 var fleetTiny = []string{"--fleet", "--json", "--agents", "20", "--fleet-rates", "200", "--hold", "1s", "--drain", "30s",
-	"--latency-hold", "500ms", "--latency-rate", "100", "--cpu-n", "100", "--cpu-rate", "200", "--cpu-rounds", "1"}
+	"--latency-hold", "500ms", "--latency-rate", "100", "--cpu-n", "100", "--cpu-rate", "200", "--cpu-rounds", "1", "--cpu-settle", "0s"}
 
 // runFleetJSON runs `failbus bench` with args and decodes its report.
 func runFleetJSON(t *testing.T, args []string) *fleetReport {

@@ -99,6 +99,7 @@ type fleetFlags struct {
 	hold, drain, latencyHold    *time.Duration
 	latencyRate                 *int
 	cpuN, cpuRate, cpuRounds    *int
+	cpuSettle                   *time.Duration
 	conn                        cli.Conn
 }
 
@@ -124,6 +125,7 @@ func registerFleetFlags(fs *flag.FlagSet) *fleetFlags {
 		cpuN:        fs.Int("cpu-n", fleetDefaultCPUN, "--fleet: outcomes of each kind for CPU per outcome; 0 skips it"),
 		cpuRate:     fs.Int("cpu-rate", fleetDefaultCPURate, "--fleet: rate of the CPU runs, outcomes/s"),
 		cpuRounds:   fs.Int("cpu-rounds", fleetDefaultCPURounds, "--fleet: rounds of the CPU runs (median)"),
+		cpuSettle:   fs.Duration("cpu-settle", fleetStormDue, "--fleet: how long after the latest retried failure (the loads', a CPU round's 429s) CPU is measured: their retries come due first, JetStream's writes, not the next span's"),
 	}
 	f.conn.Register(fs)
 	return f
@@ -140,7 +142,7 @@ func (f *fleetFlags) config(fs *flag.FlagSet, window int) (c fleetConfig, server
 		agents: *f.agents, providers: *f.providers, profiles: *f.profiles, ok: *f.ok,
 		start: *f.start, maxRate: *f.maxRate, bisect: *f.bisect,
 		hold: *f.hold, drain: *f.drain, latencyHold: *f.latencyHold, latencyRate: *f.latencyRate,
-		cpuN: *f.cpuN, cpuRate: *f.cpuRate, cpuRounds: *f.cpuRounds,
+		cpuN: *f.cpuN, cpuRate: *f.cpuRate, cpuRounds: *f.cpuRounds, cpuSettle: *f.cpuSettle,
 		window: window, raw: *f.raw, metrics: *f.metrics,
 	}
 	for l := range strings.SplitSeq(*f.loads, ",") {
