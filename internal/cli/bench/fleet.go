@@ -14,6 +14,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"runtime/trace"
 	"slices"
 	"strconv"
 	"sync"
@@ -99,6 +101,8 @@ type fleetConfig struct {
 	// phase starts (and each round after the first): its retry comes due
 	// (a JetStream write) within it.
 	cpuSettle time.Duration
+	// tracePath: --trace, an execution trace of the first latency run.
+	tracePath string
 	window    int
 	raw       bool
 	metrics   string
@@ -125,6 +129,8 @@ type fleetRunner struct {
 	// (a storm's 429) was published: the CPU phase waits for those
 	// retries (JetStream's writes) before it measures anything.
 	retried time.Time
+	// traced: the latency run --trace covers has run.
+	traced bool
 }
 
 // fleetConsumer is a durable consumer whose backlog counts.
@@ -733,11 +739,18 @@ func (r *fleetRunner) latency(ctx context.Context, p fleetPipeline, rate int, ra
 	defer func() { _ = w.Stop() }()
 	r.steps++
 	tag := r.run + "-" + p.name + "-lat-" + strconv.Itoa(r.steps)
+	stopTrace, err := r.startTrace()
+	if err != nil {
+		return nil, err
+	}
 	sent, elapsed, err := r.publish(ctx, p, tag, rate, r.cfg.latencyHold, nil, func(id string, kind fleetKind, at time.Time) {
 		if kind == kindRetry || kind == kindNoRetry {
 			col.markSent(id, at)
 		}
 	})
+	if terr := stopTrace(); terr != nil && err == nil {
+		err = terr
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -761,6 +774,30 @@ func (r *fleetRunner) latency(ctx context.Context, p fleetPipeline, rate int, ra
 		out.Raw3 = percentiles(s)
 	}
 	return out, nil
+}
+
+// startTrace starts the execution trace of --trace for the first latency
+// run (the publish span at a rate the bus holds: where its tail comes
+// from), once per run; stop writes it. Without --trace, or after the
+// first, both do nothing.
+func (r *fleetRunner) startTrace() (stop func() error, err error) {
+	if r.cfg.tracePath == "" || r.traced {
+		return func() error { return nil }, nil
+	}
+	r.traced = true
+	f, err := os.Create(r.cfg.tracePath)
+	if err != nil {
+		return nil, fmt.Errorf("--trace: %w", err)
+	}
+	if err := trace.Start(f); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("--trace: %w", err)
+	}
+	fmt.Fprintf(r.progress, "  tracing this latency run to %s\n", r.cfg.tracePath)
+	return func() error {
+		trace.Stop()
+		return f.Close()
+	}, nil
 }
 
 // waitFor polls cond every benchPoll until it holds or limit passes.

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"math"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -98,7 +100,11 @@ func checkFleetLoad(t *testing.T, l fleetLoadResult) {
 // the storm's decisions are retries.
 func TestFleet(t *testing.T) {
 	t.Parallel()
-	rep := runFleetJSON(t, append([]string{"--fleet-raw=false"}, fleetTiny...))
+	traceFile := filepath.Join(t.TempDir(), "latency.trace")
+	rep := runFleetJSON(t, append([]string{"--fleet-raw=false", "--trace", traceFile}, fleetTiny...))
+	if fi, err := os.Stat(traceFile); err != nil || fi.Size() == 0 {
+		t.Errorf("--trace: %v (want an execution trace of the first latency run)", err)
+	}
 	if rep.Bus != "in-process" || rep.Machine.NATSServer == "" || len(rep.Params.Providers) != 5 || rep.Params.Agents != 20 {
 		t.Errorf("bus %q, machine %+v, params %+v", rep.Bus, rep.Machine, rep.Params)
 	}

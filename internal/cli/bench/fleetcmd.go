@@ -100,6 +100,7 @@ type fleetFlags struct {
 	latencyRate                 *int
 	cpuN, cpuRate, cpuRounds    *int
 	cpuSettle                   *time.Duration
+	trace                       *string
 	conn                        cli.Conn
 }
 
@@ -125,6 +126,7 @@ func registerFleetFlags(fs *flag.FlagSet) *fleetFlags {
 		cpuN:        fs.Int("cpu-n", fleetDefaultCPUN, "--fleet: outcomes of each kind for CPU per outcome; 0 skips it"),
 		cpuRate:     fs.Int("cpu-rate", fleetDefaultCPURate, "--fleet: rate of the CPU runs, outcomes/s"),
 		cpuRounds:   fs.Int("cpu-rounds", fleetDefaultCPURounds, "--fleet: rounds of the CPU runs (median)"),
+		trace:       fs.String("trace", "", "--fleet: write an execution trace of the first latency run's publish span (the bus, in process, at a rate it holds) to this file, for go tool trace (-pprof=sync, net, sched: where decisions waited)"),
 		cpuSettle:   fs.Duration("cpu-settle", fleetStormDue, "--fleet: how long after the latest retried failure (the loads', a CPU round's 429s) CPU is measured: their retries come due first, JetStream's writes, not the next span's"),
 	}
 	f.conn.Register(fs)
@@ -142,7 +144,7 @@ func (f *fleetFlags) config(fs *flag.FlagSet, window int) (c fleetConfig, server
 		agents: *f.agents, providers: *f.providers, profiles: *f.profiles, ok: *f.ok,
 		start: *f.start, maxRate: *f.maxRate, bisect: *f.bisect,
 		hold: *f.hold, drain: *f.drain, latencyHold: *f.latencyHold, latencyRate: *f.latencyRate,
-		cpuN: *f.cpuN, cpuRate: *f.cpuRate, cpuRounds: *f.cpuRounds, cpuSettle: *f.cpuSettle,
+		cpuN: *f.cpuN, cpuRate: *f.cpuRate, cpuRounds: *f.cpuRounds, cpuSettle: *f.cpuSettle, tracePath: *f.trace,
 		window: window, raw: *f.raw, metrics: *f.metrics,
 	}
 	for l := range strings.SplitSeq(*f.loads, ",") {
