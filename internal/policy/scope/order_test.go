@@ -169,3 +169,40 @@ func TestObserveRedeliveredOldFailureIsNotCountedAgain(t *testing.T) {
 		t.Fatalf("redelivering old failures changed the state:\n%s\nwas\n%s", after, before)
 	}
 }
+
+// TestRecoveryLeavesTheOutagesFailuresBehind: a recovery streak whose
+// successes arrive newest first spans recovery_min_time after a few of
+// them, while the outage's failures still fill the latest calls; the
+// provider recovers and is then healthy, not at once "degraded: failing a
+// share of its calls" on the outage's own failures.
+func TestRecoveryLeavesTheOutagesFailuresBehind(t *testing.T) {
+	t.Parallel()
+	cfg := DefaultConfig() // 3 network failures in 5m; recovered after 3 successes over 2m; error share over the latest 40
+	st := &ProviderState{Provider: "anthropic"}
+	var health []string
+	for i := range 25 { // the outage: 25 network failures
+		obs := arrival{id: fmt.Sprintf("f%02d", i), ownMin: float64(i) * 0.1}.observe(cfg, st)
+		for _, h := range obs.Health {
+			health = append(health, h.State)
+		}
+	}
+	// The streak: its first success, then its newest, then one between.
+	for _, a := range []arrival{{id: "s1", ok: true, ownMin: 3}, {id: "s3", ok: true, ownMin: 5}, {id: "s2", ok: true, ownMin: 4.9}} {
+		obs := a.observe(cfg, st)
+		for _, h := range obs.Health {
+			health = append(health, h.State)
+		}
+		for _, n := range obs.Notify {
+			if strings.HasPrefix(n.DedupeKey, "provider-errors:") {
+				t.Errorf("%s: a notice of errors after the recovery: %s", a.id, n.Text)
+			}
+		}
+	}
+	want := []string{events.HealthOutage, events.HealthDegraded, events.HealthRecovered}
+	if !slices.Equal(health, want) {
+		t.Errorf("health %v, want %v", health, want)
+	}
+	if st.Erroring {
+		t.Error("erroring after the recovery, on the outage's failures")
+	}
+}

@@ -43,7 +43,9 @@
 //     it (health outage again); the streak recovers the provider once it has
 //     scope.recovery_min_successes successes spanning at least
 //     scope.recovery_min_time (health recovered, a NORMAL notification:
-//     good news is not worth paging for). HTTP responses that are failures
+//     good news is not worth paging for). The outage's failures (own
+//     time before the streak began) then leave the latest calls, so the
+//     recovered provider is not degraded by errors on them. HTTP responses that are failures
 //     (401, 500, a refusal) neither extend nor break the streak.
 //   - Profile scope: auth or quota_exhausted on one profile while another
 //     profile's latest result is a success → switch_profile to it (the most

@@ -5,6 +5,7 @@ package scope
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -62,6 +63,13 @@ func (s *ProviderState) outageTransitions(cfg Config, c events.Classification, n
 			since := s.OutageSince
 			reason := fmt.Sprintf("%d successes over %s since %s; the outage began %s and lasted %s",
 				s.RecoverySuccesses, span.Round(time.Second), clock(s.RecoveringSince.Time), clock(since.Time), now.Sub(since.Time).Round(time.Second))
+			// The failures before the streak were the outage's, which the
+			// recovery ends: they do not make the recovered provider
+			// "failing a share of its calls" (degraded by errors) the
+			// moment it recovers, whichever order the streak's successes
+			// arrived in.
+			streak := s.RecoveringSince.Time
+			s.Calls = slices.DeleteFunc(s.Calls, func(k Call) bool { return k.Fail && k.At.Before(streak) })
 			s.Outage, s.OutageSince, s.OutageReason = false, events.Time{}, ""
 			s.RecoveringSince, s.RecoverySuccesses, s.Streak = events.Time{}, 0, nil
 			obs.Health = append(obs.Health, s.health(now, events.HealthRecovered, reason))
