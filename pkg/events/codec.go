@@ -187,10 +187,18 @@ func (t *Types) schemaOf(subject string, h nats.Header) (string, int, error) {
 	if carried != "" && name != carried {
 		return "", 0, fmt.Errorf("%w: header %s %q names a %s, but %s carries %s", ErrSchemaMismatch, HeaderSchema, v, name, subject, carried)
 	}
-	if ver > CurrentVersion {
-		return "", 0, fmt.Errorf("schema %s version %d is newer than this reader (%d)", name, ver, CurrentVersion)
+	if err := readable(name, ver); err != nil {
+		return "", 0, err
 	}
 	return name, ver, nil
+}
+
+// readable refuses a schema version newer than this reader.
+func readable(name string, ver int) error {
+	if ver > CurrentVersion {
+		return fmt.Errorf("schema %s version %d is newer than this reader (%d)", name, ver, CurrentVersion)
+	}
+	return nil
 }
 
 // ErrSchemaMismatch reports a Failbus-Schema header naming a type that does
@@ -286,8 +294,8 @@ func DecodeAs[T Message](subject string, h nats.Header, data []byte) (T, error) 
 		if name != want {
 			return zero, fmt.Errorf("%w: header %s %q names a %s, want %s on %s", ErrSchemaMismatch, HeaderSchema, v, name, want, subject)
 		}
-		if ver > CurrentVersion {
-			return zero, fmt.Errorf("schema %s version %d is newer than this reader (%d)", name, ver, CurrentVersion)
+		if err := readable(name, ver); err != nil {
+			return zero, err
 		}
 	}
 	if carried := contract.SubjectSchema(subject); carried != "" {

@@ -300,7 +300,13 @@ func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "failbus bench: %v\n", err)
 		return 1
 	}
-	if *asJSON {
+	return writeReport(stdout, stderr, *asJSON, rep, func(w io.Writer) { printBench(w, rep) })
+}
+
+// writeReport prints a run's report: as one indented JSON object with
+// --json, else as print's tables; the exit code.
+func writeReport(stdout, stderr io.Writer, asJSON bool, rep any, print func(io.Writer)) int {
+	if asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(rep); err != nil {
@@ -309,7 +315,7 @@ func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 		}
 		return 0
 	}
-	printBench(stdout, rep)
+	print(stdout)
 	return 0
 }
 

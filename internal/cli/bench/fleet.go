@@ -849,13 +849,8 @@ func (r *fleetRunner) cpuByKind(ctx context.Context, raw *fleetRaw) (fleetCPU, e
 	d := time.Duration(float64(r.cfg.cpuN) / float64(r.cfg.cpuRate) * float64(time.Second))
 	// The loads' retries come due first: measured idle, they would count
 	// as the bus's own idle work (and be subtracted from every span).
-	if wait := time.Until(r.retried.Add(r.cfg.cpuSettle)); wait > 0 {
-		fmt.Fprintf(r.progress, "fleet: CPU: %.0fs for the loads' retries to come due\n", wait.Seconds())
-		select {
-		case <-time.After(wait): // keeping JetStream's due writes out of the idle span, not a test
-		case <-ctx.Done():
-			return out, ctx.Err()
-		}
+	if err := r.awaitRetriesDue(ctx, "the loads'"); err != nil {
+		return out, err
 	}
 	// What the bus spends with no load (the services' polls and timers,
 	// the server's housekeeping), subtracted from each span: at a paced
@@ -872,12 +867,9 @@ func (r *fleetRunner) cpuByKind(ctx context.Context, raw *fleetRaw) (fleetCPU, e
 	out.IdleMSPerS = idle * 1e3
 	for round := range r.cfg.cpuRounds {
 		us := make([]float64, len(pipes))
-		if wait := time.Until(r.retried.Add(r.cfg.cpuSettle)); round > 0 && wait > 0 {
-			fmt.Fprintf(r.progress, "fleet: CPU: %.0fs for the last round's retries to come due\n", wait.Seconds())
-			select {
-			case <-time.After(wait): // keeping JetStream's due writes out of the next span, not a test
-			case <-ctx.Done():
-				return out, ctx.Err()
+		if round > 0 {
+			if err := r.awaitRetriesDue(ctx, "the last round's"); err != nil {
+				return out, err
 			}
 		}
 		for i, p := range pipes {
@@ -918,6 +910,23 @@ func (r *fleetRunner) cpuByKind(ctx context.Context, raw *fleetRaw) (fleetCPU, e
 		out.Raw2US, out.Raw3US = med[2], med[3]
 	}
 	return out, nil
+}
+
+// awaitRetriesDue waits until --cpu-settle after the latest retried
+// failure published (whose, for the progress line): its retry has come
+// due by then, a JetStream write kept out of the next CPU span.
+func (r *fleetRunner) awaitRetriesDue(ctx context.Context, whose string) error {
+	wait := time.Until(r.retried.Add(r.cfg.cpuSettle))
+	if wait <= 0 {
+		return nil
+	}
+	fmt.Fprintf(r.progress, "fleet: CPU: %.0fs for %s retries to come due\n", wait.Seconds(), whose)
+	select {
+	case <-time.After(wait): // keeping JetStream's due writes out of the next span, not a test
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 func roundAll(v []float64) []float64 {

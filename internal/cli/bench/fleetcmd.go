@@ -7,7 +7,6 @@ import (
 	"bufio"
 	"cmp"
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -478,17 +477,7 @@ func fleetMain(c fleetConfig, ff *fleetFlags, server bool, corpusPath string, as
 		fmt.Fprintf(stderr, "failbus bench: %v\n", err)
 		return 1
 	}
-	if asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(rep); err != nil {
-			fmt.Fprintf(stderr, "failbus bench: %v\n", err)
-			return 1
-		}
-		return 0
-	}
-	printFleet(stdout, rep)
-	return 0
+	return writeReport(stdout, stderr, asJSON, rep, func(w io.Writer) { printFleet(w, rep) })
 }
 
 // fleetTimeout bounds a fleet run.
