@@ -230,7 +230,17 @@ func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 	switch {
 	case err != nil:
 		return cli.UsageError(fs, stderr, "%v", err)
+	case *ff.fleet && (c.cpuProfileFailbus != "" || c.allocProfileFailbus != "" || *memProfile != "" || *blockProfile != ""):
+		return cli.UsageError(fs, stderr, "--fleet writes a profile with --cpuprofile (the whole run) or an execution trace with --trace; the other profiles are the throughput bench's")
 	case *ff.fleet:
+		if *cpuProfile != "" {
+			stopProfile, err := startCPUProfile(*cpuProfile)
+			if err != nil {
+				fmt.Fprintf(stderr, "failbus bench: %v\n", err)
+				return 1
+			}
+			defer stopProfile()
+		}
 		return fleetMain(fc, ff, server, c.corpus, *asJSON, *verbose, stdout, stderr)
 	case server:
 		return cli.UsageError(fs, stderr, "--server drives a running bus in the fleet mode only: add --fleet")
@@ -273,17 +283,12 @@ func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 		return 1
 	}
 	if *cpuProfile != "" {
-		f, err := os.Create(*cpuProfile)
+		stopProfile, err := startCPUProfile(*cpuProfile)
 		if err != nil {
 			fmt.Fprintf(stderr, "failbus bench: %v\n", err)
 			return 1
 		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			fmt.Fprintf(stderr, "failbus bench: cpu profile: %v\n", err)
-			return 1
-		}
-		defer pprof.StopCPUProfile()
+		defer stopProfile()
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
@@ -1706,4 +1711,18 @@ func benchBuiltinMix() []events.Outcome {
 			TransportError: "read tcp 10.0.0.5:51234->104.18.7.192:443: read: connection reset by peer (ECONNRESET)"},
 		{Provider: "openai", Model: "gpt-4o", Profile: "key-a", Status: 200, StopReason: "content_filter", Session: "s1", Segment: 1},
 	}
+}
+
+// startCPUProfile profiles the whole process into path until the
+// returned stop is called.
+func startCPUProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("cpu profile: %w", err)
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
