@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"time"
@@ -116,6 +117,7 @@ type Outputs struct {
 	outs    []output
 	err     error
 	stored  []func(fresh bool)
+	after   []func(ctx context.Context) error
 	// trace is the input's trace context, added to every output
 	// (middleware_trace.go); nil when it has none.
 	trace nats.Header
@@ -181,6 +183,22 @@ func (o *Outputs) hasKey(key string) bool {
 // in it is recovered and logged, and the input is acknowledged anyway.
 func (o *Outputs) OnStored(fn func(fresh bool)) {
 	o.stored = append(o.stored, fn)
+}
+
+// After has the input acknowledged only once wait returns nil, after
+// every output is stored: for a handler that hands part of its work to a
+// write shared with other inputs (the scheduler folds a provider's
+// successes into one fault-scope write) and need not hold its worker
+// until that write lands. The input stays unacknowledged meanwhile, so a
+// process that dies first has it redelivered, and the work must be
+// idempotent. wait runs on the runner's settling goroutine, in the
+// inputs' order, with a context that ends after the runner's settle
+// timeout (10 s): it must return once the shared write is done or ctx
+// ends. An error from it is handled as a failed output: the input is
+// redelivered after the backoff, or dead-lettered on its last delivery.
+// Nothing waits when the handler returns an error.
+func (o *Outputs) After(wait func(ctx context.Context) error) {
+	o.after = append(o.after, wait)
 }
 
 // Len is the number of outputs collected so far.

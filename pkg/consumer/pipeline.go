@@ -352,7 +352,7 @@ func (pl *pipeline) process(d *delivery) {
 	sctx := pl.settle
 	var result, reason string
 	switch {
-	case herr == nil && out.err == nil && len(out.outs) > 0:
+	case herr == nil && out.err == nil && (len(out.outs) > 0 || len(out.after) > 0):
 		futures, err := r.publishAsync(out)
 		if err == nil {
 			pl.settleq <- &pending{m: m, out: out, futures: futures, start: d.start, deadline: time.Now().Add(settleTimeout)}
@@ -416,10 +416,17 @@ func (pl *pipeline) settleLoop() {
 		fresh, err := r.await(sctx, p)
 		r.stored(err)
 		if err != nil {
-			result, reason = r.fail(sctx, p.m, fmt.Errorf("publish outputs: %w", err), p.m.Delivered >= r.maxDeliver)
+			err = fmt.Errorf("publish outputs: %w", err)
 		} else {
-			for _, fn := range p.out.stored {
-				r.onStored(fn, fresh, p.m)
+			err = r.awaitAfter(sctx, p)
+		}
+		if err != nil {
+			result, reason = r.fail(sctx, p.m, err, p.m.Delivered >= r.maxDeliver)
+		} else {
+			if len(p.out.outs) > 0 {
+				for _, fn := range p.out.stored {
+					r.onStored(fn, fresh, p.m)
+				}
 			}
 			result, reason = r.ack(p.m)
 		}
@@ -518,6 +525,21 @@ func (r *Runner) await(ctx context.Context, p *pending) (fresh bool, err error) 
 		}
 	}
 	return fresh, nil
+}
+
+// awaitAfter runs p's Outputs.After waits, each bounded by p's deadline.
+func (r *Runner) awaitAfter(ctx context.Context, p *pending) error {
+	if len(p.out.after) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithDeadline(ctx, p.deadline)
+	defer cancel()
+	for _, wait := range p.out.after {
+		if err := wait(ctx); err != nil {
+			return fmt.Errorf("wait after the outputs (Outputs.After): %w", err)
+		}
+	}
+	return nil
 }
 
 // ack acknowledges m without waiting for the server's confirmation.

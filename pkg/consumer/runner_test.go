@@ -1070,6 +1070,84 @@ func TestRunnerOnStoredAfterTheOutputsAreStored(t *testing.T) {
 	}
 }
 
+// TestRunnerAcksOnlyOnceAfterReturnsNil: an input whose handler handed
+// work on with Outputs.After stays unacknowledged while that work is
+// pending (the worker is free meanwhile: the next input is handled), is
+// acknowledged once it is done, and is redelivered when it failed.
+func TestRunnerAcksOnlyOnceAfterReturnsNil(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		failFor int // deliveries whose wait fails
+		outputs bool
+	}{
+		{name: "no outputs"},
+		{name: "with an output", outputs: true},
+		{name: "failed once, then done", failFor: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			release := make(chan struct{})
+			var (
+				mu         sync.Mutex
+				deliveries = map[string]int{}
+				handled    = make(chan string, 8)
+			)
+			cfg := config()
+			cfg.Concurrency = 1 // one worker: the second input is handled only if the first freed it
+			b.start(cfg, func(_ context.Context, m *consumer.Msg, out *consumer.Outputs) error {
+				mu.Lock()
+				deliveries[m.ID()]++
+				mu.Unlock()
+				handled <- m.ID()
+				if m.ID() != "in-1" {
+					return nil
+				}
+				if tc.outputs {
+					out.Publish("test.out.x", note(m.ID()), "out")
+				}
+				delivered := m.Delivered
+				out.After(func(ctx context.Context) error {
+					select {
+					case <-release:
+					case <-ctx.Done():
+						return ctx.Err()
+					}
+					if delivered <= tc.failFor {
+						return errors.New("the shared write failed")
+					}
+					return nil
+				})
+				return nil
+			})
+			b.publishIn("test.in.x", "in-1", []byte("x"))
+			b.publishIn("test.in.x", "in-2", []byte("x"))
+			for _, want := range []string{"in-1", "in-2"} {
+				if got := <-handled; got != want {
+					t.Fatalf("handled %s, want %s (the worker waits for After)", got, want)
+				}
+			}
+			if b.settled(service) {
+				t.Fatal("settled while the first input's After is pending")
+			}
+			close(release)
+			b.waitFor("inputs settled", func() bool { return b.settled(service) })
+			mu.Lock()
+			defer mu.Unlock()
+			if want := tc.failFor + 1; deliveries["in-1"] != want {
+				t.Errorf("in-1 delivered %d times, want %d", deliveries["in-1"], want)
+			}
+			if want := map[bool]int{true: 1}[tc.outputs]; b.count(outStream) != want {
+				t.Errorf("outputs stored: %d, want %d", b.count(outStream), want)
+			}
+			if dl := b.deadLetters(); len(dl) != 0 {
+				t.Errorf("dead letters: %+v", dl)
+			}
+		})
+	}
+}
+
 // TestRunnerKeepsAQueuedInputAliveOnlySoLong: an input queued behind a
 // handler stuck on its key is kept alive for a bounded time (ten
 // AckWaits), then left to its AckWait and redelivered — to another
