@@ -9,6 +9,7 @@ import (
 
 	"github.com/failbus/failbus/internal/engine"
 	"github.com/failbus/failbus/internal/jspub"
+	"github.com/failbus/failbus/internal/policy/retry"
 	"github.com/failbus/failbus/internal/tracing"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
@@ -26,17 +27,30 @@ func (s *Service) handleClassified(ctx context.Context, m *consumer.Msg, out *co
 	if c.Agent == "" || c.Provider == "" {
 		return consumer.DeadLetterf("classification of %s names no agent or provider: no decision can reach anyone", c.OutcomeID)
 	}
+	now := s.clockAt(s.timeOf(*c, m.Timestamp))
+	if c.Class == events.ClassOK && retry.Positioned(*c) {
+		// A success of a step ends no episode: it only feeds the fault
+		// scope, so it does not wait for the write that folds it (and
+		// the provider's other successes) in; its input is acknowledged
+		// once that write is stored.
+		r := s.lanes.observeLater(*c, now)
+		out.After(func(ctx context.Context) error {
+			obs, err := r.wait(ctx)
+			if err == nil {
+				s.observed(c.Provider, obs)
+			}
+			return err
+		})
+		return nil
+	}
 	// The provider's lane writes the fault scope and publishes the health
 	// changes and notification requests first: an agent told
 	// wait_provider can already read the outage on failbus.health.
-	obs, err := s.lanes.observe(*c, s.clockAt(s.timeOf(*c, m.Timestamp)))
+	obs, err := s.lanes.observe(*c, now)
 	if err != nil {
 		return err
 	}
-	s.m.outage.WithLabelValues(s.m.providers.Use(c.Provider)).Set(boolGauge(obs.Down))
-	if obs.Evicted > 0 {
-		s.m.evictions.WithLabelValues("entry").Add(float64(obs.Evicted))
-	}
+	s.observed(c.Provider, obs)
 	switch c.Class {
 	case events.ClassOK:
 		// A success feeds the fault scope, and ends the open retry
@@ -48,6 +62,14 @@ func (s *Service) handleClassified(ctx context.Context, m *consumer.Msg, out *co
 		return nil // the refusal tiers decide refusals
 	}
 	return s.decide(ctx, m, out, *c, obs)
+}
+
+// observed counts an observation of provider in the service's metrics.
+func (s *Service) observed(provider string, obs engine.Observed) {
+	s.m.outage.WithLabelValues(s.m.providers.Use(provider)).Set(boolGauge(obs.Down))
+	if obs.Evicted > 0 {
+		s.m.evictions.WithLabelValues("entry").Add(float64(obs.Evicted))
+	}
 }
 
 // BudgetLane is the runner's Key for classifications: agent, session and

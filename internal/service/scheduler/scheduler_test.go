@@ -2,6 +2,7 @@ package scheduler_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -20,6 +21,7 @@ import (
 	"github.com/failbus/failbus/internal/embedded"
 	"github.com/failbus/failbus/internal/msgid"
 	"github.com/failbus/failbus/internal/policy/retry"
+	"github.com/failbus/failbus/internal/scopestore"
 	"github.com/failbus/failbus/internal/service/scheduler"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/agent"
@@ -1320,5 +1322,85 @@ func TestDecisionsAreCountedOnceStored(t *testing.T) {
 	}
 	if got := giveUps(); got != 1 {
 		t.Errorf("give_up decisions counted after a delivery found its decision stored: %v, want still 1", got)
+	}
+}
+
+// TestStepSuccessesShareTheNextScopeWrite: a success of a step does not
+// hold its worker or its session: the scheduler takes the next ones while
+// it waits, unacknowledged, for the provider's next fault-scope write.
+// A failure writes at once and takes the waiting successes with it (one
+// write for all); without a failure the linger ends and writes them; a
+// stopping scheduler writes them before its drain ends. Each is
+// acknowledged once the write that folds it is stored, and counted once.
+func TestStepSuccessesShareTheNextScopeWrite(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		linger  time.Duration
+		then    string // "failure", "linger" or "stop"
+		wantOne bool   // exactly one write of the provider's record
+	}{
+		{name: "a failure writes them", linger: time.Hour, then: "failure", wantOne: true},
+		{name: "the linger ends", linger: 50 * time.Millisecond, then: "linger"},
+		{name: "a stopping scheduler writes them", linger: time.Hour, then: "stop", wantOne: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			_, stop := b.start(scheduler.Config{SuccessLinger: tc.linger})
+			cons, err := b.js.Consumer(b.ctx, topology.StreamClassified, topology.ConsumerScheduler)
+			if err != nil {
+				t.Fatal(err)
+			}
+			const n = 5
+			for i := range n { // one session: its lane takes each in turn
+				b.publish(cls(fmt.Sprintf("ok-%d", i), "ag", "deepseek", "key-1", events.ClassOK, 1, i+1, 0), "")
+			}
+			if tc.linger == time.Hour {
+				b.poll("every success delivered, none acknowledged", func() bool {
+					info, err := cons.Info(b.ctx)
+					return err == nil && info.NumPending == 0 && info.NumAckPending == n
+				})
+				kv, err := b.js.KeyValue(b.ctx, topology.BucketScope)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := kv.Get(b.ctx, "deepseek"); !errors.Is(err, jetstream.ErrKeyNotFound) {
+					t.Fatalf("fault scope written while its successes linger: %v", err)
+				}
+			}
+			calls := n
+			switch tc.then {
+			case "failure":
+				b.publish(cls("rl-1", "ag", "deepseek", "key-1", events.ClassRateLimit, 1, n+1, 30_000), "")
+				calls++
+				if d := b.decisionOf("ag", "rl-1"); d.Action != events.ActionRetry {
+					t.Errorf("the failure: %s, want retry", d.Action)
+				}
+			case "stop":
+				stop()
+			}
+			b.poll("every classification acknowledged", func() bool {
+				return b.idle(topology.StreamClassified, topology.ConsumerScheduler)
+			})
+			kv, err := b.js.KeyValue(b.ctx, topology.BucketScope)
+			if err != nil {
+				t.Fatal(err)
+			}
+			hist, err := kv.History(b.ctx, "deepseek")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.wantOne && len(hist) != 1 {
+				t.Errorf("%d writes of the fault scope, want one for all", len(hist))
+			}
+			rec, err := scopestore.DecodeRecord(hist[len(hist)-1].Value())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := len(rec.State.Calls); got != calls {
+				t.Errorf("the fault scope holds %d calls, want %d: %+v", got, calls, rec.State.Calls)
+			}
+		})
 	}
 }
