@@ -278,7 +278,3 @@ func waitFor(ctx context.Context, t *testing.T, what string, cond func() bool) {
 		}
 	}
 }
-
-// TestMain lets testcluster run a node of TestServicesResumeOnceTheirServerCanStoreAgain
-// as a child process of the test binary.
-func TestMain(m *testing.M) { testcluster.Main(m) }

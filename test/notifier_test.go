@@ -56,7 +56,13 @@ type ntfBench struct {
 
 func ntfSetup(t *testing.T) *ntfBench {
 	t.Helper()
-	bus := bustest.Start(t, 3*time.Minute)
+	return ntfSetupFor(t, 3*time.Minute)
+}
+
+// ntfSetupFor is ntfSetup whose polls give up after limit.
+func ntfSetupFor(t *testing.T, limit time.Duration) *ntfBench {
+	t.Helper()
+	bus := bustest.Start(t, limit)
 	srv, js, ctx := bus.Srv, bus.JS, bus.Ctx
 	return &ntfBench{t: t, ctx: ctx, srv: srv, js: js}
 }
@@ -414,7 +420,10 @@ func (b *ntfBench) auditKinds() map[string]int {
 // The kills are placed by progress, not by a timer, so the test means the
 // same on a slow or a fast machine.
 func TestNotifierTenThousandRequestsExactlyOnceWithReplicasKilled(t *testing.T) {
-	b := ntfSetup(t)
+	t.Parallel()
+	// Two minutes alone on a busy 2-core machine under -race, beside the
+	// package's other tests: a hang guard, not a speed.
+	b := ntfSetupFor(t, 8*time.Minute)
 	idem := newNtfReceiver(t, true, decodeWebhook)
 	slack := newNtfReceiver(t, false, decodeSlack)
 	cfg := notifier.Config{
@@ -543,6 +552,7 @@ func TestNotifierTenThousandRequestsExactlyOnceWithReplicasKilled(t *testing.T) 
 // requests also go to e-mail (routing by severity) through an in-process
 // SMTP server.
 func TestNotifierDailyBudgetFiftySurvivesRestart(t *testing.T) {
+	t.Parallel()
 	b := ntfSetup(t)
 	hook := newNtfReceiver(t, false, decodeWebhook)
 	mail := sinktest.NewSMTPServer(t)
@@ -664,6 +674,7 @@ func TestNotifierDailyBudgetFiftySurvivesRestart(t *testing.T) {
 // first attempt after recovery delivers. This test scales the backoff down
 // (50ms to 400ms) and ends the outage by progress instead of by the clock.
 func TestNotifierSinkDownThenRecoveredDeliversEachOnce(t *testing.T) {
+	t.Parallel()
 	b := ntfSetup(t)
 	hook := newNtfReceiver(t, false, decodeWebhook)
 	hook.setFailing(true, http.StatusServiceUnavailable, "receiver down for maintenance")
@@ -720,6 +731,7 @@ func TestNotifierSinkDownThenRecoveredDeliversEachOnce(t *testing.T) {
 // failbus.dlq.notifier with the sink's last answer and the original bytes;
 // a permanent refusal goes there at once.
 func TestNotifierFailingSinkPastRetryBudgetDeadLetters(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name         string
 		status       int
@@ -731,6 +743,7 @@ func TestNotifierFailingSinkPastRetryBudgetDeadLetters(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			b := ntfSetup(t)
 			hook := newNtfReceiver(t, false, decodeWebhook)
 			hook.setFailing(true, tc.status, tc.answer)
