@@ -20,7 +20,7 @@ func TestMain(m *testing.M) { testcluster.Main(m) }
 // messages stay, and the node catches up after its restart.
 func TestTopologyAtR3SurvivesALeaderKill(t *testing.T) {
 	t.Parallel()
-	// In process here: test/cluster runs child-process nodes all the time.
+	// In process here: e2e/cluster runs child-process nodes all the time.
 	for _, inProcess := range []bool{true} {
 		t.Run(fmt.Sprintf("in process %v", inProcess), func(t *testing.T) {
 			c := testcluster.Start(t, testcluster.Options{InProcess: inProcess})

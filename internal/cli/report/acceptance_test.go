@@ -272,7 +272,7 @@ func TestReportOfADayOnARealBus(t *testing.T) {
 		// order: the outage begins at 10:30, the third failure, as
 		// `failbus simulate` of the same publishing order says (the case
 		// "after another provider's later outcomes" of
-		// test/scope_order_test.go).
+		// e2e/scope_order_test.go).
 		if sp.State == events.HealthOutage && (!sp.From.Equal(from.Add(10*time.Hour+30*time.Minute)) || sp.To.Before(from.Add(13*time.Hour))) {
 			t.Errorf("outage span %+v: want it to begin at 10:30 and end with the recovery after 13:00 (from %s)", sp, from)
 		}

@@ -1,4 +1,4 @@
-package test
+package e2e
 
 // Acceptance of the durable scheduler on a real nats-server:
 //
@@ -308,7 +308,7 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 // thresholds make flaky tests); it logs the distribution, the figures
 // quoted in the README:
 //
-//	go test -race -run TestSchedulerTenThousand -v ./test/
+//	go test -race -run TestSchedulerTenThousand -v ./e2e/
 func TestSchedulerTenThousandRetriesComeDueExactlyOnceNoneEarly(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs about 25 s of real time")

@@ -1,4 +1,4 @@
-package test
+package e2e
 
 // Acceptance of the refusal tiers on a real embedded nats-server: the whole pipeline — agents (pkg/agent) report outcomes,
 // the classifier classifies, two replicas of the refusal service keep the

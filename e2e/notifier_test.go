@@ -1,4 +1,4 @@
-package test
+package e2e
 
 // Acceptance of the notifier on a real embedded nats-server, with
 // real HTTP receivers (httptest) and an in-process SMTP server:

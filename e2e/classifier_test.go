@@ -1,4 +1,4 @@
-package test
+package e2e
 
 // Acceptance of the classifier service on a real embedded nats-server:
 // every outcome classified exactly once, republished outcomes

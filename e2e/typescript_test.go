@@ -1,4 +1,4 @@
-package test
+package e2e
 
 // The TypeScript client (clients/typescript) runs its own tests, with
 // node's built-in runner, against a real `failbus dev` built from this

@@ -1,4 +1,4 @@
-package test
+package e2e
 
 // Acceptance of the cardinality rule: agents name providers, and
 // 20,000 provider names must not become 20,000 metric series or state that

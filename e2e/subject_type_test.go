@@ -1,4 +1,4 @@
-package test
+package e2e
 
 // A subject carries its type (CONTRACT.md "On the bus"): a foreign client
 // publishes bare msgpack maps, without Failbus-Schema or Content-Type, with

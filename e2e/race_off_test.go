@@ -1,7 +1,7 @@
-//go:build race
+//go:build !race
 
-package test
+package e2e
 
 // raceDetector is true in a -race build, whose shadow memory multiplies
 // what a test's allocations cost in RSS.
-const raceDetector = true
+const raceDetector = false

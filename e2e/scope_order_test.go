@@ -1,4 +1,4 @@
-package test
+package e2e
 
 // The fault scope's differential test (network failures spread in
 // time): scenarios of network failures a few seconds, a minute and a

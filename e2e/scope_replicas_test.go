@@ -1,4 +1,4 @@
-package test
+package e2e
 
 // Two scheduler replicas on one bus share one fault scope (KV bucket
 // FAILBUS_SCOPE, compare-and-set per provider), so they agree on every

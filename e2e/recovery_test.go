@@ -1,4 +1,4 @@
-package test
+package e2e
 
 // The eight-hour outage story on a real bus, compressed: subagents beat
 // every 200 ms, the fault scope recovers after 3 successes over 1 s. An

@@ -1,4 +1,4 @@
-package test
+package e2e
 
 // Acceptance of the secret rule on the whole bus (every service of
 // `failbus dev`, a webhook and a log sink): a credential placed anywhere in

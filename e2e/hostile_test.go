@@ -1,4 +1,4 @@
-package test
+package e2e
 
 // Acceptance of the hostile-input bounds on a real embedded nats-server: no
 // message takes the classifier down, each hostile payload is a dead letter

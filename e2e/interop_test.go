@@ -1,4 +1,4 @@
-package test
+package e2e
 
 // An agent written with nothing but nats.go and msgpack — no failbus package
 // is imported in this file — following CONTRACT.md "On the bus", against a

@@ -1,4 +1,4 @@
-package test
+package e2e
 
 // The engine's differential test: one scenario, run through `failbus
 // simulate` and, with the same timestamps, published line by line to the

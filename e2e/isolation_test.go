@@ -1,4 +1,4 @@
-package test
+package e2e
 
 // One agent cannot take the bus down, starve it or speak for another
 // agent. Each test drives one way a single misbehaving agent once could,
@@ -509,7 +509,7 @@ func TestIsolationCredentialsInRecoveryRecords(t *testing.T) {
 }
 
 // The acceptance figure of the flood: FAILBUS_FLOOD=500000 go test -run
-// TestIsolationFloodFigure ./test prints how long another agent's 429
+// TestIsolationFloodFigure ./e2e prints how long another agent's 429
 // waits for its decision while one agent floods distinct provider names
 // at FAILBUS_FLOOD_RATE outcomes/s (default 2500).
 // Skipped without the variable (it takes minutes); it asserts that the
