@@ -67,6 +67,7 @@ func Scheduler() daemon.Spec {
 		tier        = true
 		policyPoll  = scheduler.DefaultPolicyPollInterval
 		maxProvs    = scheduler.DefaultMaxProviders
+		linger      = scheduler.DefaultSuccessLinger
 	)
 	return daemon.Spec{
 		Name:           scheduler.Name,
@@ -77,6 +78,7 @@ func Scheduler() daemon.Spec {
 			fs.IntVar(&concurrency, "concurrency", concurrency, "classifications handled at once")
 			fs.BoolVar(&tier, "refusals", tier, "also run the refusal tiers (consumers refusals and refusals-boundaries, micro service failbus-refusals)")
 			fs.IntVar(&maxProvs, "max-providers", maxProvs, "providers whose fault scope is kept and whose series are on /metrics; past it the least recently seen is forgotten")
+			fs.DurationVar(&linger, "success-linger", linger, "how long a provider's successes of a step wait for more before one fault-scope write folds them all (0: none; a failure writes at once)")
 		},
 		Check: func() error {
 			if concurrency < 1 {
@@ -84,6 +86,9 @@ func Scheduler() daemon.Spec {
 			}
 			if maxProvs < 1 {
 				return fmt.Errorf("--max-providers %d: must be at least 1", maxProvs)
+			}
+			if linger < 0 {
+				return fmt.Errorf("--success-linger %v: must not be negative", linger)
 			}
 			if policyPoll <= 0 {
 				return fmt.Errorf("--policy-poll %v: must be positive", policyPoll)
@@ -97,6 +102,7 @@ func Scheduler() daemon.Spec {
 				PolicyPollInterval: policyPoll,
 				WatchPolicy:        policyKV,
 				MaxProviders:       maxProvs,
+				SuccessLinger:      noLingerIsNegative(linger),
 				Runner:             consumer.Config{Concurrency: concurrency, Logger: env.Log, Registerer: env.Registry, StoreCheckEvery: consumer.DefaultStoreCheckEvery},
 			})
 			if err != nil {
@@ -206,4 +212,13 @@ func recoveryPolicy(env daemon.Env) recoverypolicy.Config {
 		return recoverypolicy.DefaultConfig()
 	}
 	return env.Policy.Recovery
+}
+
+// noLingerIsNegative is --success-linger as scheduler.Config reads it:
+// there 0 selects the default and a negative value no linger.
+func noLingerIsNegative(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }
