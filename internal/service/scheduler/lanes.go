@@ -62,6 +62,13 @@ type lanes struct {
 	stopping bool
 }
 
+// start lets successes linger again (a Run after a stopped one).
+func (l *lanes) start() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.stopping = false
+}
+
 // stop writes every lingering lane's successes now, and every later one
 // without lingering.
 func (l *lanes) stop() {

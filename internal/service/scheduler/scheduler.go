@@ -480,6 +480,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 
 	// Once stopping, successes waiting in a provider's lane are written
 	// at once: the drain waits for their acknowledgements.
+	s.lanes.start()
 	wg.Go(func() {
 		<-rctx.Done()
 		s.lanes.stop()
