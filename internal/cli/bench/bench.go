@@ -233,14 +233,12 @@ func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 	case *ff.fleet && (c.cpuProfileFailbus != "" || c.allocProfileFailbus != "" || *memProfile != "" || *blockProfile != ""):
 		return cli.UsageError(fs, stderr, "--fleet writes a profile with --cpuprofile (the whole run) or an execution trace with --trace; the other profiles are the throughput bench's")
 	case *ff.fleet:
-		if *cpuProfile != "" {
-			stopProfile, err := startCPUProfile(*cpuProfile)
-			if err != nil {
-				fmt.Fprintf(stderr, "failbus bench: %v\n", err)
-				return 1
-			}
-			defer stopProfile()
+		stopProfile, err := startCPUProfile(*cpuProfile)
+		if err != nil {
+			fmt.Fprintf(stderr, "failbus bench: %v\n", err)
+			return 1
 		}
+		defer stopProfile()
 		return fleetMain(fc, ff, server, c.corpus, *asJSON, *verbose, stdout, stderr)
 	case server:
 		return cli.UsageError(fs, stderr, "--server drives a running bus in the fleet mode only: add --fleet")
@@ -282,14 +280,12 @@ func run(args []string, _ io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "failbus bench: %v\n", err)
 		return 1
 	}
-	if *cpuProfile != "" {
-		stopProfile, err := startCPUProfile(*cpuProfile)
-		if err != nil {
-			fmt.Fprintf(stderr, "failbus bench: %v\n", err)
-			return 1
-		}
-		defer stopProfile()
+	stopProfile, err := startCPUProfile(*cpuProfile)
+	if err != nil {
+		fmt.Fprintf(stderr, "failbus bench: %v\n", err)
+		return 1
 	}
+	defer stopProfile()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	ctx, cancel := context.WithTimeout(ctx, benchTimeout)
@@ -1714,8 +1710,11 @@ func benchBuiltinMix() []events.Outcome {
 }
 
 // startCPUProfile profiles the whole process into path until the
-// returned stop is called.
+// returned stop is called; "" profiles nothing.
 func startCPUProfile(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
 	f, err := os.Create(path)
 	if err != nil {
 		return nil, err

@@ -204,6 +204,7 @@ func TestFleetArguments(t *testing.T) {
 		{"rates out of order", []string{"--fleet", "--fleet-rates", "200,100"}, "not a rate above the one before it"},
 		{"a share above one", []string{"--fleet", "--ok", "1.5"}, "a share between 0 and 1"},
 		{"no hold", []string{"--fleet", "--hold", "0s"}, "--hold and --drain must be positive"},
+		{"the throughput bench's profile", []string{"--fleet", "--memprofile", "heap.prof"}, "the other profiles are the throughput bench's"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
