@@ -101,9 +101,13 @@ func checkFleetLoad(t *testing.T, l fleetLoadResult) {
 func TestFleet(t *testing.T) {
 	t.Parallel()
 	traceFile := filepath.Join(t.TempDir(), "latency.trace")
-	rep := runFleetJSON(t, append([]string{"--fleet-raw=false", "--trace", traceFile}, fleetTiny...))
+	profile := filepath.Join(t.TempDir(), "fleet.prof")
+	rep := runFleetJSON(t, append([]string{"--fleet-raw=false", "--trace", traceFile, "--cpuprofile", profile}, fleetTiny...))
 	if fi, err := os.Stat(traceFile); err != nil || fi.Size() == 0 {
 		t.Errorf("--trace: %v (want an execution trace of the first latency run)", err)
+	}
+	if fi, err := os.Stat(profile); err != nil || fi.Size() == 0 {
+		t.Errorf("--cpuprofile: %v (want a CPU profile of the run)", err)
 	}
 	if rep.Bus != "in-process" || rep.Machine.NATSServer == "" || len(rep.Params.Providers) != 5 || rep.Params.Agents != 20 {
 		t.Errorf("bus %q, machine %+v, params %+v", rep.Bus, rep.Machine, rep.Params)
