@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -101,13 +102,9 @@ func checkFleetLoad(t *testing.T, l fleetLoadResult) {
 func TestFleet(t *testing.T) {
 	t.Parallel()
 	traceFile := filepath.Join(t.TempDir(), "latency.trace")
-	profile := filepath.Join(t.TempDir(), "fleet.prof")
-	rep := runFleetJSON(t, append([]string{"--fleet-raw=false", "--trace", traceFile, "--cpuprofile", profile}, fleetTiny...))
+	rep := runFleetJSON(t, append([]string{"--fleet-raw=false", "--trace", traceFile}, fleetTiny...))
 	if fi, err := os.Stat(traceFile); err != nil || fi.Size() == 0 {
 		t.Errorf("--trace: %v (want an execution trace of the first latency run)", err)
-	}
-	if fi, err := os.Stat(profile); err != nil || fi.Size() == 0 {
-		t.Errorf("--cpuprofile: %v (want a CPU profile of the run)", err)
 	}
 	if rep.Bus != "in-process" || rep.Machine.NATSServer == "" || len(rep.Params.Providers) != 5 || rep.Params.Agents != 20 {
 		t.Errorf("bus %q, machine %+v, params %+v", rep.Bus, rep.Machine, rep.Params)
@@ -191,6 +188,17 @@ func TestFleetServer(t *testing.T) {
 		if _, err := b.JS.Stream(ctx, s); !errors.Is(err, jetstream.ErrStreamNotFound) {
 			t.Errorf("scratch stream %s after the run: %v, want it deleted", s, err)
 		}
+	}
+}
+
+// TestFleetCPUProfile: --fleet --cpuprofile writes a profile of the run.
+// Not parallel: the process has one CPU profiler, and TestBench's runs
+// use it too (parallel tests start only after this one has ended).
+func TestFleetCPUProfile(t *testing.T) {
+	profile := filepath.Join(t.TempDir(), "fleet.prof")
+	runFleetJSON(t, append(slices.Clone(fleetTiny), "--loads", "mix", "--fleet-raw=false", "--latency-hold", "0s", "--cpu-n", "0", "--cpuprofile", profile))
+	if fi, err := os.Stat(profile); err != nil || fi.Size() == 0 {
+		t.Errorf("--cpuprofile: %v (want a CPU profile of the run)", err)
 	}
 }
 
