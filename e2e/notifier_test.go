@@ -552,7 +552,6 @@ func TestNotifierTenThousandRequestsExactlyOnceWithReplicasKilled(t *testing.T) 
 // requests also go to e-mail (routing by severity) through an in-process
 // SMTP server.
 func TestNotifierDailyBudgetFiftySurvivesRestart(t *testing.T) {
-	t.Parallel()
 	b := ntfSetup(t)
 	hook := newNtfReceiver(t, false, decodeWebhook)
 	mail := sinktest.NewSMTPServer(t)
@@ -673,8 +672,14 @@ func TestNotifierDailyBudgetFiftySurvivesRestart(t *testing.T) {
 // with backoff while the sink refuses, each refusal is audited, and the
 // first attempt after recovery delivers. This test scales the backoff down
 // (50ms to 400ms) and ends the outage by progress instead of by the clock.
+//
+// Not parallel: the sink's outage ends by progress, but each request's
+// retry budget (50 attempts, 50–400 ms apart) runs by the clock. Run
+// beside the package's other tests on a loaded machine it once timed out
+// waiting for every request delivered — most likely a request that spent
+// its budget before the outage ended (not confirmed: the poll says only
+// what it waited for).
 func TestNotifierSinkDownThenRecoveredDeliversEachOnce(t *testing.T) {
-	t.Parallel()
 	b := ntfSetup(t)
 	hook := newNtfReceiver(t, false, decodeWebhook)
 	hook.setFailing(true, http.StatusServiceUnavailable, "receiver down for maintenance")
@@ -731,7 +736,6 @@ func TestNotifierSinkDownThenRecoveredDeliversEachOnce(t *testing.T) {
 // failbus.dlq.notifier with the sink's last answer and the original bytes;
 // a permanent refusal goes there at once.
 func TestNotifierFailingSinkPastRetryBudgetDeadLetters(t *testing.T) {
-	t.Parallel()
 	tests := []struct {
 		name         string
 		status       int
@@ -743,7 +747,6 @@ func TestNotifierFailingSinkPastRetryBudgetDeadLetters(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
 			b := ntfSetup(t)
 			hook := newNtfReceiver(t, false, decodeWebhook)
 			hook.setFailing(true, tc.status, tc.answer)

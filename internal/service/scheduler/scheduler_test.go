@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -1347,7 +1348,17 @@ func TestStepSuccessesShareTheNextScopeWrite(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
-			_, stop := b.start(scheduler.Config{SuccessLinger: tc.linger})
+			var handled atomic.Int32 // classifications through the handler
+			count := func(h consumer.Handler) consumer.Handler {
+				return func(ctx context.Context, m *consumer.Msg, out *consumer.Outputs) error {
+					err := h(ctx, m, out)
+					if strings.HasPrefix(m.Subject, "failbus.classified.") {
+						handled.Add(1)
+					}
+					return err
+				}
+			}
+			_, stop := b.start(scheduler.Config{SuccessLinger: tc.linger, Runner: consumer.Config{Middleware: []consumer.Middleware{count}}})
 			cons, err := b.js.Consumer(b.ctx, topology.StreamClassified, topology.ConsumerScheduler)
 			if err != nil {
 				t.Fatal(err)
@@ -1357,9 +1368,11 @@ func TestStepSuccessesShareTheNextScopeWrite(t *testing.T) {
 				b.publish(cls(fmt.Sprintf("ok-%d", i), "ag", "deepseek", "key-1", events.ClassOK, 1, i+1, 0), "")
 			}
 			if tc.linger == time.Hour {
-				b.poll("every success delivered, none acknowledged", func() bool {
+				// Handled, not only delivered: a stopping runner hands
+				// back what no worker has started.
+				b.poll("every success handled, none acknowledged", func() bool {
 					info, err := cons.Info(b.ctx)
-					return err == nil && info.NumPending == 0 && info.NumAckPending == n
+					return handled.Load() == n && err == nil && info.NumPending == 0 && info.NumAckPending == n
 				})
 				kv, err := b.js.KeyValue(b.ctx, topology.BucketScope)
 				if err != nil {
