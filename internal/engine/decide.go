@@ -99,6 +99,23 @@ func (e *Engine) Decide(ctx context.Context, c events.Classification, verdict sc
 	return Decided{}, fmt.Errorf("engine: decide %s: %w %d times in a row", c.OutcomeID, ErrConflict, MaxConflicts)
 }
 
+// MayEndEpisode reports whether Succeeded may have work for c: a success
+// without turn and step, of a provider with a retry policy, on an engine
+// with a ledger. A caller may fold any other success into the fault
+// scope without waiting for it (the scheduler's lanes do).
+func (e *Engine) MayEndEpisode(c events.Classification) bool {
+	return e.episodePolicy(c) != nil
+}
+
+// episodePolicy is the retry policy whose episode success c may end; nil
+// when it ends none.
+func (e *Engine) episodePolicy(c events.Classification) *retry.Policy {
+	if c.Class != events.ClassOK || retry.Positioned(c) || e.stores.Ledger == nil {
+		return nil
+	}
+	return e.cur.Load().retryFor(c.Provider)
+}
+
 // Succeeded is the retry stage's part in a success: for an outcome without
 // turn and step, it ends the agent's open retry episode on the provider
 // and model (retry.EndEpisode: a mark appended to the budget's ledger with
@@ -106,10 +123,7 @@ func (e *Engine) Decide(ctx context.Context, c events.Classification, verdict sc
 // success with a turn or step, of a provider without a retry policy, or
 // with no open episode changes nothing and costs no write.
 func (e *Engine) Succeeded(ctx context.Context, c events.Classification, now time.Time) error {
-	if c.Class != events.ClassOK || retry.Positioned(c) || e.stores.Ledger == nil {
-		return nil
-	}
-	rp := e.cur.Load().retryFor(c.Provider)
+	rp := e.episodePolicy(c)
 	if rp == nil {
 		return nil
 	}

@@ -717,22 +717,11 @@ func (r *fleetRunner) latency(ctx context.Context, p fleetPipeline, rate int, ra
 	col := newCollector(-1)
 	var mu sync.Mutex
 	w, err := watch.Start(ctx, r.js, watch.Config{Stream: topology.StreamDecisions, Filters: []string{events.DecisionPrefix + ".>"}, Follow: true,
-		DeliverPolicy: jetstream.DeliverNewPolicy}, func(m jetstream.Msg) error {
-		meta, err := m.Metadata()
-		if err != nil {
-			return nil
-		}
-		d, err := events.DecodeAs[*events.Decision](m.Subject(), m.Headers(), m.Data())
-		if err != nil {
-			return nil
-		}
-		if col.stored(d.OutcomeID, meta.Timestamp) {
-			mu.Lock()
-			out.Actions[d.Action]++
-			mu.Unlock()
-		}
-		return nil
-	})
+		DeliverPolicy: jetstream.DeliverNewPolicy}, col.byDecision(func(d *events.Decision) {
+		mu.Lock()
+		out.Actions[d.Action]++
+		mu.Unlock()
+	}))
 	if err != nil {
 		return nil, err
 	}

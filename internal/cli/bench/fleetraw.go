@@ -222,13 +222,7 @@ func (raw *fleetRaw) pipeline(r *fleetRunner, writes int) fleetPipeline {
 func (raw *fleetRaw) latency(ctx context.Context, r *fleetRunner, rate int) ([]time.Duration, error) {
 	p := raw.pipeline(r, 3)
 	col := newCollector(-1)
-	w, err := watch.Start(ctx, raw.js, watch.Config{Stream: fleetRawThree, Follow: true, DeliverPolicy: jetstream.DeliverNewPolicy, HeadersOnly: true},
-		func(m jetstream.Msg) error {
-			if meta, err := m.Metadata(); err == nil {
-				col.stored(m.Headers().Get(events.HeaderMsgID), meta.Timestamp)
-			}
-			return nil
-		})
+	w, err := watch.Start(ctx, raw.js, watch.Config{Stream: fleetRawThree, Follow: true, DeliverPolicy: jetstream.DeliverNewPolicy, HeadersOnly: true}, col.byMsgID)
 	if err != nil {
 		return nil, err
 	}

@@ -191,6 +191,32 @@ func (c *collector) stored(id string, at time.Time) bool {
 	return true
 }
 
+// byMsgID is a watch handler: each message recorded at its stored time
+// under its Nats-Msg-Id (a raw relay's copies).
+func (c *collector) byMsgID(m jetstream.Msg) error {
+	if meta, err := m.Metadata(); err == nil {
+		c.stored(m.Headers().Get(events.HeaderMsgID), meta.Timestamp)
+	}
+	return nil
+}
+
+// byDecision is a watch handler: each decision recorded at its stored
+// time under its outcome id; counted, when set, is called with each one
+// that counted (stored).
+func (c *collector) byDecision(counted func(*events.Decision)) func(jetstream.Msg) error {
+	return func(m jetstream.Msg) error {
+		meta, err := m.Metadata()
+		if err != nil {
+			return nil
+		}
+		d, err := events.DecodeAs[*events.Decision](m.Subject(), m.Headers(), m.Data())
+		if err == nil && c.stored(d.OutcomeID, meta.Timestamp) && counted != nil {
+			counted(d)
+		}
+		return nil
+	}
+}
+
 // count is how many stored times were recorded, expected how many were
 // sent, collected a copy of the samples so far: for a collector whose
 // count is not known ahead (want -1, never full).
@@ -234,12 +260,7 @@ func (c *collector) wait(ctx context.Context) ([]time.Duration, error) {
 func (r *benchRunner) rawRelayLatency(ctx context.Context, rate, n int) ([]time.Duration, error) {
 	tag := "lat" + strconv.Itoa(rate)
 	col := newCollector(n)
-	w, err := watch.Start(ctx, r.js, watch.Config{Stream: benchRelayStream, Filters: []string{benchRelayPrefix + "." + tag + ".>"}, Follow: true}, func(m jetstream.Msg) error {
-		if meta, err := m.Metadata(); err == nil {
-			col.stored(m.Headers().Get(events.HeaderMsgID), meta.Timestamp)
-		}
-		return nil
-	})
+	w, err := watch.Start(ctx, r.js, watch.Config{Stream: benchRelayStream, Filters: []string{benchRelayPrefix + "." + tag + ".>"}, Follow: true}, col.byMsgID)
 	if err != nil {
 		return nil, err
 	}
@@ -291,16 +312,7 @@ func (r *benchRunner) rawRelayLatency(ctx context.Context, rate, n int) ([]time.
 func (r *benchRunner) failbusDecisionLatency(ctx context.Context, rate, n int) ([]time.Duration, *benchHops, float64, error) {
 	agent := "bench-lat-" + strconv.Itoa(rate)
 	col := newCollector(n)
-	w, err := watch.Start(ctx, r.js, watch.Config{Stream: topology.StreamDecisions, Filters: []string{events.DecisionSubject(agent)}, Follow: true}, func(m jetstream.Msg) error {
-		meta, err := m.Metadata()
-		if err != nil {
-			return nil
-		}
-		if d, err := events.DecodeAs[*events.Decision](m.Subject(), m.Headers(), m.Data()); err == nil {
-			col.stored(d.OutcomeID, meta.Timestamp)
-		}
-		return nil
-	})
+	w, err := watch.Start(ctx, r.js, watch.Config{Stream: topology.StreamDecisions, Filters: []string{events.DecisionSubject(agent)}, Follow: true}, col.byDecision(nil))
 	if err != nil {
 		return nil, nil, 0, err
 	}

@@ -9,7 +9,6 @@ import (
 
 	"github.com/failbus/failbus/internal/engine"
 	"github.com/failbus/failbus/internal/jspub"
-	"github.com/failbus/failbus/internal/policy/retry"
 	"github.com/failbus/failbus/internal/tracing"
 	"github.com/failbus/failbus/pkg/consumer"
 	"github.com/failbus/failbus/pkg/events"
@@ -28,11 +27,12 @@ func (s *Service) handleClassified(ctx context.Context, m *consumer.Msg, out *co
 		return consumer.DeadLetterf("classification of %s names no agent or provider: no decision can reach anyone", c.OutcomeID)
 	}
 	now := s.clockAt(s.timeOf(*c, m.Timestamp))
-	if c.Class == events.ClassOK && retry.Positioned(*c) {
-		// A success of a step ends no episode: it only feeds the fault
-		// scope, so it does not wait for the write that folds it (and
-		// the provider's other successes) in; its input is acknowledged
-		// once that write is stored.
+	if c.Class == events.ClassOK && !s.eng.MayEndEpisode(*c) {
+		// A success that ends no retry episode (a step's, or of a
+		// provider without a retry policy) only feeds the fault scope,
+		// so it does not wait for the write that folds it (and the
+		// provider's other successes) in; its input is acknowledged once
+		// that write is stored.
 		r := s.lanes.observeLater(*c, now)
 		out.After(func(ctx context.Context) error {
 			obs, err := r.wait(ctx)

@@ -242,8 +242,8 @@ type Config struct {
 	CrashAt func(point string)
 
 	// SuccessLinger is how long a provider's lane holding only successes
-	// of steps (turn or step set) waits for more before its fault-scope
-	// write (lanes.go): those successes are acknowledged once the write
+	// that end no retry episode (engine.MayEndEpisode: a step's, turn or
+	// step set) waits for more before its fault-scope write (lanes.go): those successes are acknowledged once the write
 	// that folds them is stored, and a failure of the provider writes at
 	// once, taking them with it. Longer folds more successes into one
 	// write and acknowledges them later; a recovery is declared up to
@@ -481,10 +481,7 @@ func (s *Service) Run(ctx context.Context) (err error) {
 	// Once stopping, successes waiting in a provider's lane are written
 	// at once: the drain waits for their acknowledgements.
 	s.lanes.start()
-	wg.Go(func() {
-		<-rctx.Done()
-		s.lanes.stop()
-	})
+	defer context.AfterFunc(rctx, s.lanes.stop)()
 	err = ops.RunAll(rctx, s.classified, s.control)
 	cancel() // ends the policy watches
 	return err
