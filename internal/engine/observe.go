@@ -35,6 +35,14 @@ type Observed struct {
 	Down bool
 }
 
+// SessionLane is the order the services keep: a session's outcomes of a
+// provider are classified, observed and decided one at a time, in the
+// order simulate reads them; other sessions go in parallel. The
+// classifier and the scheduler both key their runners by it.
+func SessionLane(agent, session, provider string) string {
+	return agent + "\x00" + session + "\x00" + provider
+}
+
 // EffectID is the Nats-Msg-Id of the i-th record of change seq of
 // provider's fault scope: deterministic, so the publish after a crash
 // repeats the ids of the publish that may have happened before it.

@@ -1443,13 +1443,8 @@ func summarize(rounds []benchRound) (med, lo, hi benchRound) {
 		for i := range rounds {
 			v[i] = *f(&rounds[i])
 		}
-		slices.Sort(v)
+		*f(&med) = median(v) // sorts v
 		*f(&lo), *f(&hi) = v[0], v[len(v)-1]
-		if m := len(v) / 2; len(v)%2 == 1 {
-			*f(&med) = v[m]
-		} else {
-			*f(&med) = (v[m-1] + v[m]) / 2
-		}
 	}
 	return med, lo, hi
 }

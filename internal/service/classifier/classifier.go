@@ -207,7 +207,7 @@ func (g *gate) admit(ctx context.Context, agent, provider string) error {
 }
 
 // sessionLane is the runner's Key: the outcome's agent, session and
-// provider — what the scheduler's lanes order by (scheduler.BudgetLane).
+// provider — engine.SessionLane, the order the scheduler keeps too.
 // A session's outcomes of a provider are classified one at a time and
 // published in their order, the order `failbus simulate` reads them in,
 // so the decisions of one session's backlog match simulate's (the fault
@@ -227,7 +227,7 @@ func sessionLane(m *consumer.Msg) string {
 	if err != nil {
 		return ""
 	}
-	return o.Agent + "\x00" + o.Session + "\x00" + o.Provider
+	return engine.SessionLane(o.Agent, o.Session, o.Provider)
 }
 
 // segmentPrefix starts the subjects of context-segment boundaries, which

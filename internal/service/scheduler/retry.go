@@ -91,7 +91,7 @@ func BudgetLane(m *consumer.Msg) string {
 	if err != nil {
 		return ""
 	}
-	return c.Agent + "\x00" + c.Session + "\x00" + c.Provider
+	return engine.SessionLane(c.Agent, c.Session, c.Provider)
 }
 
 // timeOf is the time a classification is observed and decided at: its
