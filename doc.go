@@ -24,7 +24,7 @@ failbus command (cmd/failbus) and the services under cmd/.
 From a checkout, with Go installed:
 
 	go run ./cmd/failbus demo            # the main scenarios on a throwaway bus
-	go test -race -p 3 -timeout 12m ./...  # every test, against real embedded nats-servers
+	go test -race -timeout 12m ./...     # every test, against real embedded nats-servers
 	go run ./cmd/failbus dev             # a bus with every service, to develop against
 
 # An agent
