@@ -244,3 +244,45 @@ func TestEncodeRecordOnPooledEncoders(t *testing.T) {
 		t.Errorf("the first encoding changed after later ones: %x, was %x", first, kept)
 	}
 }
+
+// The next update of a provider starts from the very record the store's
+// last update left, not from its bytes decoded again (a third of a
+// write's work at a paced rate), and that record holds what was stored.
+// An update whose fn wrote nothing hands its record to nobody: whatever
+// fn changed in it was not stored, so the next update starts from the
+// stored bytes.
+func TestUpdateStartsFromTheRecordItWroteAndNeverFromAnUnwrittenOne(t *testing.T) {
+	b := bustest.Start(t, 30*time.Second)
+	s, _, _ := open(t, b)
+	const p = "openai"
+	var seen []*engine.ProviderRecord
+	step := func(write bool) func(*engine.ProviderRecord) (bool, error) {
+		return func(rec *engine.ProviderRecord) (bool, error) {
+			seen = append(seen, rec)
+			rec.Seq++
+			rec.State.Streak = append(rec.State.Streak, "o-"+string(rune('a'+len(seen))))
+			return write, nil
+		}
+	}
+	for _, write := range []bool{true, true, false, true} {
+		if err := s.Update(b.Ctx, p, step(write)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if seen[1] != seen[0] {
+		t.Fatal("second update: fn got a new record, want the one the first update wrote")
+	}
+	if seen[3] == seen[2] {
+		t.Fatal("update after one that wrote nothing: fn got that update's record, want one decoded from what is stored")
+	}
+	if seen[3].Seq != 3 || len(seen[3].State.Streak) != 3 {
+		t.Fatalf("record after 3 writes: seq %d, streak %v; want 3 and 3 entries (the unwritten change left out)", seen[3].Seq, seen[3].State.Streak)
+	}
+	stored, err := s.Get(b.Ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(stored.State.Streak, seen[3].State.Streak) || stored.Seq != seen[3].Seq {
+		t.Fatalf("stored %+v, want what the last update left: %+v", stored, seen[3])
+	}
+}
