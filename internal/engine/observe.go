@@ -124,6 +124,48 @@ func (e *Engine) ObserveBatch(ctx context.Context, provider string, cs []events.
 	return out, nil
 }
 
+// Fold folds one classification of provider at now into rec, the
+// provider's record held in memory by a writer that stores it later (the
+// scheduler's lanes): the fold of ObserveBatch without a store. The
+// records it produces are appended to rec's outbox under a new change
+// Seq, after any still there, so an outbox stored holds every record not
+// yet known to be published; the returned Observed's Publish and Seq are
+// empty (the writer publishes the outbox of what it stored, and clears
+// it once published). Verdict.FailoverProvider is left empty: Failover
+// reads other providers.
+func (e *Engine) Fold(rec *ProviderRecord, provider string, c events.Classification, now time.Time) Observed {
+	obs := rec.State.Observe(e.Policy().Scope, c, now)
+	if now.Before(rec.State.Clock.Time) {
+		now = rec.State.Clock.Time
+	}
+	if n := len(obs.Health) + len(obs.Notify); n > 0 {
+		rec.Seq++
+		fresh := make([]Effect, 0, n)
+		for j := range obs.Health {
+			fresh = append(fresh, Effect{Health: &obs.Health[j]})
+		}
+		for j := range obs.Notify {
+			fresh = append(fresh, Effect{Notification: &obs.Notify[j]})
+		}
+		for i := range fresh {
+			fresh[i].MsgID = EffectID(provider, rec.Seq, i)
+		}
+		rec.Outbox = append(rec.Outbox, fresh...)
+	}
+	return Observed{Observation: obs, Now: now, Down: rec.State.Outage}
+}
+
+// Failover is the provider to switch to during provider's outage under
+// the current policy ("" for none): what ObserveBatch puts in an outage's
+// Verdict.FailoverProvider.
+func (e *Engine) Failover(ctx context.Context, provider string) (string, error) {
+	alt, err := e.failover(ctx, e.Policy().Scope, provider)
+	if err != nil {
+		return "", fmt.Errorf("engine: failover for %s: %w", provider, err)
+	}
+	return alt, nil
+}
+
 // failover picks the provider to switch to during provider's outage: the
 // first configured alternative whose state is not an outage.
 func (e *Engine) failover(ctx context.Context, cfg scope.Config, provider string) (string, error) {

@@ -249,6 +249,54 @@ func (p *Store) Update(ctx context.Context, provider string, fn func(*engine.Pro
 	return fmt.Errorf("fault scope %s: %w %d times in a row", key, engine.ErrConflict, engine.MaxConflicts)
 }
 
+// Load reads the record a writer that keeps provider's record in memory
+// starts from (the scheduler's lanes), and its revision (0: no key yet).
+// A missing key starts from what Options.Missing rebuilds, else from a
+// healthy record; an unreadable one is logged, counted and started over.
+// Store the record with Put.
+func (p *Store) Load(ctx context.Context, provider string) (*engine.ProviderRecord, uint64, error) {
+	rec, rev, err := p.get(ctx, provider)
+	if err != nil {
+		return nil, 0, err
+	}
+	if rec == nil && rev == 0 && p.missing != nil {
+		if rec, err = p.missing(ctx, provider); err != nil {
+			return nil, 0, fmt.Errorf("rebuild fault scope %s: %w", Key(provider), err)
+		}
+	}
+	if rec == nil {
+		rec = &engine.ProviderRecord{}
+		rec.State.Provider = provider
+	}
+	return rec, rev, nil
+}
+
+// Put stores data (EncodeRecord) as provider's record if the key is
+// still at revision rev (0: absent) and returns the new revision. When
+// another writer changed the key since, it stores nothing and returns an
+// error wrapping engine.ErrConflict: Load again and fold again (the
+// caller counts it: it knows whether it started from a fresh read).
+func (p *Store) Put(ctx context.Context, provider string, data []byte, rev uint64) (uint64, error) {
+	key := Key(provider)
+	p.forget(key) // Update reads the key after a writer of its own
+	var (
+		newRev uint64
+		err    error
+	)
+	if rev == 0 {
+		newRev, err = p.kv.Create(ctx, key, data)
+	} else {
+		newRev, err = p.kv.Update(ctx, key, data, rev)
+	}
+	if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) || streamread.IsWrongLastSeq(err) {
+		return 0, fmt.Errorf("write fault scope %s at revision %d: %w", key, rev, engine.ErrConflict)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("write fault scope %s: %w", key, err)
+	}
+	return newRev, nil
+}
+
 // Seed stores the record Options.Missing rebuilds for provider when its
 // key does not exist, so readers that only Get (the refusal tiers) see an
 // outage that was open when the bucket was lost before the provider's next

@@ -286,3 +286,46 @@ func TestUpdateStartsFromTheRecordItWroteAndNeverFromAnUnwrittenOne(t *testing.T
 		t.Fatalf("stored %+v, want what the last update left: %+v", stored, seen[3])
 	}
 }
+
+// Put stores only on the revision it was given: a writer that loaded the
+// record before another wrote it gets engine.ErrConflict and nothing of
+// its write is stored; loaded again, it writes on top of the other's.
+func TestPutStoresOnlyOnTheRevisionItLoaded(t *testing.T) {
+	b := bustest.Start(t, 30*time.Second)
+	a, _, _ := open(t, b)
+	other, _, _ := open(t, b)
+	const p = "mistral"
+	rec, rev, err := a.Load(b.Ctx, p)
+	if err != nil || rev != 0 || rec.State.Provider != p {
+		t.Fatalf("load of a new provider: %+v, revision %d, %v; want a healthy record of %s, no revision", rec, rev, err, p)
+	}
+	if err := other.Update(b.Ctx, p, bump); err != nil { // another replica first
+		t.Fatal(err)
+	}
+	rec.Seq = 100
+	data, err := scopestore.EncodeRecord(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Put(b.Ctx, p, data, rev); !errors.Is(err, engine.ErrConflict) {
+		t.Fatalf("put on a stale revision: %v, want engine.ErrConflict", err)
+	}
+	rec, rev, err = a.Load(b.Ctx, p)
+	if err != nil || rec.Seq != 1 {
+		t.Fatalf("after the conflict: %+v, %v; want the other writer's record (seq 1)", rec, err)
+	}
+	rec.Seq++
+	if data, err = scopestore.EncodeRecord(rec); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Put(b.Ctx, p, data, rev); err != nil {
+		t.Fatalf("put on the revision just loaded: %v", err)
+	}
+	if err := other.Update(b.Ctx, p, bump); err != nil { // its next update sees the put
+		t.Fatal(err)
+	}
+	got, err := other.Get(b.Ctx, p)
+	if err != nil || got.Seq != 3 {
+		t.Fatalf("record after three writes by two writers: %+v, %v; want seq 3", got, err)
+	}
+}

@@ -67,7 +67,7 @@ func Scheduler() daemon.Spec {
 		tier        = true
 		policyPoll  = scheduler.DefaultPolicyPollInterval
 		maxProvs    = scheduler.DefaultMaxProviders
-		linger      = scheduler.DefaultSuccessLinger
+		linger      = scheduler.DefaultScopeLinger
 	)
 	return daemon.Spec{
 		Name:           scheduler.Name,
@@ -78,7 +78,7 @@ func Scheduler() daemon.Spec {
 			fs.IntVar(&concurrency, "concurrency", concurrency, "classifications handled at once")
 			fs.BoolVar(&tier, "refusals", tier, "also run the refusal tiers (consumers refusals and refusals-boundaries, micro service failbus-refusals)")
 			fs.IntVar(&maxProvs, "max-providers", maxProvs, "providers whose fault scope is kept and whose series are on /metrics; past it the least recently seen is forgotten")
-			fs.DurationVar(&linger, "success-linger", linger, "how long a provider's successes of a step wait for more before one fault-scope write folds them all (0: none; a failure writes at once)")
+			fs.DurationVar(&linger, "scope-linger", linger, "how long a provider's classifications, each decided at once, wait for more before one fault-scope write stores them all (0: none; a change of the provider's health writes at once)")
 		},
 		Check: func() error {
 			if concurrency < 1 {
@@ -88,7 +88,7 @@ func Scheduler() daemon.Spec {
 				return fmt.Errorf("--max-providers %d: must be at least 1", maxProvs)
 			}
 			if linger < 0 {
-				return fmt.Errorf("--success-linger %v: must not be negative", linger)
+				return fmt.Errorf("--scope-linger %v: must not be negative", linger)
 			}
 			if policyPoll <= 0 {
 				return fmt.Errorf("--policy-poll %v: must be positive", policyPoll)
@@ -102,7 +102,7 @@ func Scheduler() daemon.Spec {
 				PolicyPollInterval: policyPoll,
 				WatchPolicy:        policyKV,
 				MaxProviders:       maxProvs,
-				SuccessLinger:      noLingerIsNegative(linger),
+				ScopeLinger:        noLingerIsNegative(linger),
 				Runner:             consumer.Config{Concurrency: concurrency, Logger: env.Log, Registerer: env.Registry, StoreCheckEvery: consumer.DefaultStoreCheckEvery},
 			})
 			if err != nil {
@@ -214,7 +214,7 @@ func recoveryPolicy(env daemon.Env) recoverypolicy.Config {
 	return env.Policy.Recovery
 }
 
-// noLingerIsNegative is --success-linger as scheduler.Config reads it:
+// noLingerIsNegative is --scope-linger as scheduler.Config reads it:
 // there 0 selects the default and a negative value no linger.
 func noLingerIsNegative(d time.Duration) time.Duration {
 	if d == 0 {

@@ -4,143 +4,208 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/failbus/failbus/internal/engine"
+	"github.com/failbus/failbus/internal/scopestore"
 	"github.com/failbus/failbus/pkg/events"
 )
 
-// One lane per provider: the handlers of one replica observe a provider's
-// classifications through its lane, so they never race each other for the
-// provider's key in FAILBUS_SCOPE. While one write of the record is in
-// flight, the classifications of that provider that arrive wait; the next
-// write takes them all (engine.ObserveBatch: one compare-and-set for the
-// batch), publishes the batch's health records and notification requests
-// and settles them, and only then are the waiting handlers answered, so a
-// decision never goes out before the health record it depends on. A hot
-// provider then costs one round trip per batch instead of a storm of
-// conflicting writes; replicas still meet on the key, and compare-and-set
-// decides between them.
+// One lane per provider: the provider's fault-scope record, held in
+// memory, and the one goroutine of this replica that writes it to
+// FAILBUS_SCOPE (compare-and-set on the key's revision). A classification
+// is folded into the record the moment its handler hands it over
+// (engine.Fold, in the order the handlers hand them over: a session's in
+// its order, BudgetLane), so its verdict is known at once; the write that
+// stores the fold comes later and stores every fold since the last one:
 //
-// The handler that finds its lane free leads: it writes the batch in its
-// own goroutine (a crash hook or a panic there stops that handler, as it
-// would without lanes) and hands the lane to the first handler waiting
-// when it is done.
+//   - A handler whose fold left records to publish (an outage declared, a
+//     recovery, a rate limit, a notice; or records of an earlier writer
+//     still unpublished) waits for the write and for those records to be
+//     published, so no decision goes out before the health record it
+//     depends on. Such a fold writes at once.
+//   - Any other handler goes on with its verdict at once: the write
+//     cannot change what it decides (nothing is published by it), only
+//     make it durable. Its input is acknowledged only once the write that
+//     holds its fold is stored (consumer.Outputs.After), so a process that
+//     dies first has it redelivered and folded again (folding is
+//     idempotent per outcome).
+//   - Without a handler waiting, the lane waits up to
+//     Config.ScopeLinger for more before it writes: in a storm or at a
+//     fleet's rates a provider's record is written once a linger, not
+//     once a classification.
 //
-// A success that needs nothing from the scope write (it ends no retry
-// episode through the ledger: observeLater) does not wait for it: its
-// handler returns at once, and its input is acknowledged only once the
-// write that folds it is stored (consumer.Outputs.After), so a crash
-// before that redelivers it. A lane that holds only such successes waits
-// up to Config.SuccessLinger for more before writing — for a failure
-// (which writes at once, taking the successes with it), for more
-// successes, or for maxLaneBatch of them — in a goroutine of its own: at
-// a fleet's rates, where nine calls in ten succeed, a provider's
-// successes then cost one write per linger instead of one each. Nothing
-// waits on a success's write but its acknowledgement and the provider's
-// recovery, which comes at most a linger later.
+// When another writer (a replica) changed the key since the lane's last
+// write, the write fails on the revision: the lane reads the key, folds
+// every classification not yet stored again on top of it, and writes
+// that; for staleFor after, it reads the key before each write. A verdict
+// given before such a conflict stands (a replica's failures of the same
+// provider reach another's verdicts up to a linger late: the write after
+// the conflict publishes whatever transition they make together). A
+// write that fails otherwise (a timeout: stored or not, nobody knows)
+// answers its classifications with the error, so their inputs are
+// redelivered, and the lane reads the key again.
 
-// maxLaneBatch bounds one write's batch.
+// maxLaneBatch is how many classifications a lane folds before it writes
+// without waiting out the linger.
 const maxLaneBatch = 512
 
-// laneTimeout bounds one batch's JetStream work; the handlers of the batch
-// wait for it whatever their own context says, so it must stay short.
+// laneTimeout bounds the JetStream work of one load, write and publish.
 const laneTimeout = 30 * time.Second
 
-// errLaneAborted answers the handlers of a batch whose leader stopped
-// half way (a panic): their classifications are redelivered and observed
-// again (observing is idempotent).
-var errLaneAborted = errors.New("scheduler: the fault-scope write of this classification's batch was interrupted")
+// staleFor is how long a lane reads its key before each write after a
+// write lost to another writer: two replicas writing one provider in turn
+// would otherwise pay a failed write for every write.
+const staleFor = 10 * time.Second
+
+// maxIdleLanes bounds the idle lanes (and the records they hold) kept
+// between writes; past it idle lanes are dropped, and their provider's
+// record is read again when next needed. Agents name providers, so this
+// bounds memory, not correctness.
+const maxIdleLanes = 4096
+
+// errLaneAborted answers the classifications of a write whose lane
+// stopped half way (a panic, such as a crash hook): their inputs are
+// redelivered and folded again.
+var errLaneAborted = errors.New("scheduler: the fault-scope write of this classification was interrupted")
 
 type lanes struct {
 	s  *Service
 	mu sync.Mutex
 	m  map[string]*lane
-	// stopping is set once the service stops: successes no longer linger
-	// (a drain waits for their writes).
+	// stopping is set once the service stops: nothing lingers (a drain
+	// waits for the writes).
 	stopping bool
 }
 
-// start lets successes linger again (a Run after a stopped one).
+type lane struct {
+	// rec is the provider's record with every fold handed over so far;
+	// nil until read (or after a write failed). rev is the revision of
+	// the key it was read at or last written at (0: no key).
+	rec *engine.ProviderRecord
+	rev uint64
+	// unfolded waits for rec to be read; unwritten is folded into rec
+	// and in no stored write yet. Both in hand-over order.
+	unfolded  []*laneReq
+	unwritten []*laneReq
+	// dirty: rec changed without a classification (a published outbox
+	// cleared): it needs a write.
+	dirty bool
+	// running: the lane's goroutine is on. urgent: a handler waits on
+	// the next write, so it does not linger. kick wakes a lingering
+	// goroutine.
+	running bool
+	urgent  bool
+	kick    chan struct{}
+	// readUntil: read the key before each write until then (staleFor).
+	readUntil time.Time
+}
+
+type laneReq struct {
+	c    events.Classification
+	now  time.Time
+	wait bool // the handler waits for the write whatever its fold
+	// folded is closed once obs (the first fold's observation) is set,
+	// or readErr (the record could not be read); hold is then set: the
+	// handler waits for stored too.
+	folded  chan struct{}
+	obs     engine.Observed
+	readErr error
+	hold    bool
+	// stored is closed once a write holding the fold is stored and its
+	// records published, or err; final is the observation of the fold
+	// that write holds (folded again after a conflict).
+	stored chan struct{}
+	final  engine.Observed
+	err    error
+	// released: folded is closed.
+	released bool
+}
+
+// start lets lanes linger again (a Run after a stopped one).
 func (l *lanes) start() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.stopping = false
 }
 
-// stop writes every lingering lane's successes now, and every later one
-// without lingering.
+// stop has every lane write now, and every later write come without a
+// linger.
 func (l *lanes) stop() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.stopping = true
 	for _, ln := range l.m {
-		if ln.linger != nil {
-			close(ln.linger)
-			ln.linger = nil
-		}
+		ln.wake()
 	}
 }
 
-// lingerFor is how long a lane of successes waits for more; call with mu
-// held.
+// lingerFor is how long a lane waits for more before a write nobody waits
+// on; call with mu held.
 func (l *lanes) lingerFor() time.Duration {
 	if l.stopping {
 		return 0
 	}
-	return l.s.successLinger
+	return l.s.scopeLinger
 }
 
-type lane struct {
-	queue []*laneReq
-	busy  bool
-	// linger is non-nil while a goroutine of its own holds the lane for
-	// successes (later), waiting for more; closed: write now.
-	linger chan struct{}
-}
-
-type laneReq struct {
-	c   events.Classification
-	now time.Time
-	// lead is closed when this handler writes the next batch; nil for a
-	// success nobody waits on (observeLater).
-	lead chan struct{}
-	done chan struct{} // closed: obs and err are set
-	obs  engine.Observed
-	err  error
-}
-
-// observeLater queues c at now for its provider's next fault-scope write
-// without waiting for it; done is closed once that write is stored (or
-// failed: err says). A lane holding only such requests writes after
-// Config.SuccessLinger, or at once when a waiting handler, or
-// maxLaneBatch of them, arrive.
-func (l *lanes) observeLater(c events.Classification, now time.Time) *laneReq {
-	r := &laneReq{c: c, now: now, done: make(chan struct{})}
+// hand folds c at now into its provider's record (once the record is
+// read) and returns its request: verdict gives the observation, and
+// stored tells when the fold is durable. wait makes the verdict wait for
+// the write (and its records published) whatever the fold.
+func (l *lanes) hand(c events.Classification, now time.Time, wait bool) *laneReq {
+	r := &laneReq{c: c, now: now, wait: wait, folded: make(chan struct{}), stored: make(chan struct{})}
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	ln := l.laneOf(c.Provider)
-	ln.queue = append(ln.queue, r)
-	switch {
-	case !ln.busy:
-		ln.busy = true
-		ln.linger = make(chan struct{})
-		go l.background(c.Provider, ln, ln.linger, l.lingerFor())
-	case ln.linger != nil && len(ln.queue) >= maxLaneBatch:
-		close(ln.linger)
-		ln.linger = nil
+	if ln.rec == nil {
+		ln.unfolded = append(ln.unfolded, r)
+		ln.urgent = ln.urgent || wait
+	} else {
+		l.fold(c.Provider, ln, r)
 	}
-	l.mu.Unlock()
+	if len(ln.unwritten) >= maxLaneBatch {
+		ln.urgent = true
+	}
+	if !ln.running {
+		ln.running = true
+		go l.run(c.Provider, ln)
+	} else if ln.urgent {
+		ln.wake()
+	}
 	return r
 }
 
-// wait returns r's observation once its write is done, or ctx's error.
-func (r *laneReq) wait(ctx context.Context) (engine.Observed, error) {
+// verdict returns r's observation: at once, or once the write holding it
+// is stored and its records published when the handler must wait.
+func (r *laneReq) verdict(ctx context.Context) (engine.Observed, error) {
 	select {
-	case <-r.done:
-		return r.obs, r.err
+	case <-r.folded:
 	case <-ctx.Done():
 		return engine.Observed{}, ctx.Err()
+	}
+	if r.readErr != nil {
+		return engine.Observed{}, r.readErr
+	}
+	if !r.hold {
+		return r.obs, nil
+	}
+	if err := r.waitStored(ctx); err != nil {
+		return engine.Observed{}, err
+	}
+	return r.final, nil
+}
+
+// waitStored returns once the write holding r's fold is stored (and its
+// records published), with its error, or ctx's.
+func (r *laneReq) waitStored(ctx context.Context) error {
+	select {
+	case <-r.stored:
+		return r.err
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 
@@ -151,141 +216,267 @@ func (l *lanes) laneOf(provider string) *lane {
 	}
 	ln := l.m[provider]
 	if ln == nil {
-		ln = &lane{}
+		ln = &lane{kick: make(chan struct{}, 1)}
 		l.m[provider] = ln
 	}
 	return ln
 }
 
-// background writes the lane's next batch from a goroutine of its own,
-// after wait unless linger is closed first. A panic there (a crash hook)
-// answers the batch with errLaneAborted: its inputs are redelivered.
-func (l *lanes) background(provider string, ln *lane, linger chan struct{}, wait time.Duration) {
-	if wait > 0 {
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-linger:
-		}
-		t.Stop()
+// wake ends the lane's linger.
+func (ln *lane) wake() {
+	select {
+	case ln.kick <- struct{}{}:
+	default:
 	}
-	l.mu.Lock()
-	if ln.linger == linger {
-		ln.linger = nil
+}
+
+// fold folds r into the lane's record and, the first time, releases its
+// handler; call with mu held and ln.rec read.
+func (l *lanes) fold(provider string, ln *lane, r *laneReq) {
+	obs := l.s.eng.Fold(ln.rec, provider, r.c, r.now)
+	r.final = obs
+	ln.unwritten = append(ln.unwritten, r)
+	if r.released {
+		return
 	}
-	l.mu.Unlock()
+	r.obs = obs
+	r.hold = r.wait || len(ln.rec.Outbox) > 0
+	ln.urgent = ln.urgent || r.hold
+	r.released = true
+	close(r.folded)
+}
+
+// fail answers every request of the lane not yet stored with err and
+// drops its record (read again next time); call with mu held.
+func (ln *lane) fail(err error) {
+	for _, r := range ln.unfolded {
+		r.readErr, r.err = err, err
+		close(r.folded)
+		close(r.stored)
+	}
+	for _, r := range ln.unwritten {
+		r.err = err
+		close(r.stored)
+	}
+	ln.unfolded, ln.unwritten, ln.rec, ln.dirty, ln.urgent = nil, nil, nil, false, false
+}
+
+// run is the lane's goroutine: it reads the record when needed, waits out
+// the linger, writes, publishes the records the write stored, and
+// answers; it ends when nothing is left to write. A panic (a crash hook)
+// answers what it was writing with errLaneAborted and drops the record.
+func (l *lanes) run(provider string, ln *lane) {
+	// batch is the write in flight; settled were stored by the write
+	// before, whose published records the next write clears.
+	var batch, settled []*laneReq
 	defer func() {
 		if p := recover(); p != nil {
-			l.s.log.Error().Str("provider", provider).Str("panic", fmt.Sprint(p)).Msg("fault-scope write of successes interrupted; they are redelivered")
-		}
-	}()
-	l.write(provider, ln)
-}
-
-// observe folds c at now into its provider's fault scope through the
-// provider's lane and returns the observation once its records are
-// published.
-func (l *lanes) observe(c events.Classification, now time.Time) (engine.Observed, error) {
-	r := &laneReq{c: c, now: now, lead: make(chan struct{}), done: make(chan struct{})}
-	l.mu.Lock()
-	ln := l.laneOf(c.Provider)
-	ln.queue = append(ln.queue, r)
-	switch {
-	case !ln.busy:
-		ln.busy = true
-		close(r.lead)
-	case ln.linger != nil:
-		// Successes linger: write them now, with this one.
-		close(ln.linger)
-		ln.linger = nil
-	}
-	l.mu.Unlock()
-	select {
-	case <-r.done:
-	case <-r.lead:
-		l.write(c.Provider, ln)
-		<-r.done
-	}
-	return r.obs, r.err
-}
-
-// write observes a batch of the lane's queue (r's included) in one write,
-// publishes its records, settles them, answers the batch, and hands the
-// lane on.
-func (l *lanes) write(provider string, ln *lane) {
-	l.mu.Lock()
-	n := min(len(ln.queue), maxLaneBatch)
-	batch := ln.queue[:n:n]
-	ln.queue = ln.queue[n:]
-	l.mu.Unlock()
-	answered := false
-	defer func() {
-		if !answered { // a panic: let the batch's other handlers go on
-			for _, r := range batch {
-				r.err = errLaneAborted
-				close(r.done)
+			l.s.log.Error().Str("provider", provider).Str("panic", fmt.Sprint(p)).Msg("fault-scope write interrupted; its classifications are redelivered")
+			l.mu.Lock()
+			answer(settled, nil)
+			answer(batch, errLaneAborted)
+			ln.rec = nil // read again: what the write stored is not known here
+			ln.running = false
+			if len(ln.unfolded)+len(ln.unwritten) > 0 {
+				ln.running = true
+				go l.run(provider, ln)
 			}
+			l.mu.Unlock()
 		}
-		l.mu.Lock()
-		l.handOn(provider, ln)
-		l.mu.Unlock()
 	}()
+	conflicts := 0
+	for {
+		l.mu.Lock()
+		if len(ln.unfolded) == 0 && len(ln.unwritten) == 0 && !ln.dirty {
+			ln.running = false
+			l.dropIdle()
+			l.mu.Unlock()
+			return
+		}
+		read := ln.rec == nil
+		urgent := ln.urgent || l.stopping
+		wait := l.lingerFor()
+		l.mu.Unlock()
+		if read {
+			l.read(provider, ln)
+			continue
+		}
+		if !urgent && wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-t.C:
+			case <-ln.kick:
+			}
+			t.Stop()
+		}
+		fresh := false
+		l.mu.Lock()
+		if time.Now().Before(ln.readUntil) {
+			// Another writer is about: fold on top of its latest.
+			ln.rec = nil
+			fresh = true
+		}
+		l.mu.Unlock()
+		if fresh && !l.read(provider, ln) {
+			continue
+		}
+		var snap snapshot
+		batch, snap = l.snapshot(ln)
+		cleared, err := l.write(provider, ln, snap)
+		l.mu.Lock()
+		switch {
+		case errors.Is(err, engine.ErrConflict):
+			if fresh {
+				l.s.m.scopeConflicts.Inc()
+			} else {
+				l.s.m.scopeStale.Inc()
+			}
+			answer(settled, nil)
+			ln.unwritten = append(batch, ln.unwritten...)
+			ln.rec, ln.readUntil = nil, time.Now().Add(staleFor)
+			if conflicts++; conflicts >= engine.MaxConflicts {
+				ln.fail(fmt.Errorf("fault scope %s: %w %d times in a row", provider, engine.ErrConflict, conflicts))
+				conflicts = 0
+			}
+		case err != nil:
+			answer(settled, nil)
+			answer(batch, err)
+			ln.rec = nil // the later folds are folded again on what is read
+		case cleared:
+			// Published: answered once the cleared outbox is stored
+			// too, at once, so what is acknowledged leaves nothing to
+			// publish again.
+			conflicts = 0
+			settled = append(settled, batch...)
+			ln.urgent = true
+		default:
+			conflicts = 0
+			answer(settled, nil)
+			answer(batch, nil)
+		}
+		if !cleared || err != nil {
+			settled = nil
+		}
+		batch = nil
+		l.mu.Unlock()
+	}
+}
 
-	cs := make([]events.Classification, len(batch))
-	nows := make([]time.Time, len(batch))
-	for i, r := range batch {
-		cs[i], nows[i] = r.c, r.now
+// answer tells each request that its write is stored (err nil) or why
+// not; call with mu held.
+func answer(rs []*laneReq, err error) {
+	for _, r := range rs {
+		r.err = err
+		close(r.stored)
+	}
+}
+
+// read reads the provider's record and folds what waits for it: first,
+// again, what was folded before and not stored, then what was handed over
+// while it read. It reports whether the record was read; if not, every
+// request not yet stored is answered with the error.
+func (l *lanes) read(provider string, ln *lane) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), laneTimeout)
+	defer cancel()
+	rec, rev, err := l.s.providers.Load(ctx, provider)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err != nil {
+		l.s.log.Warn().Err(err).Str("provider", provider).Msg("read fault scope; its classifications are redelivered")
+		ln.fail(err)
+		return false
+	}
+	ln.rec, ln.rev = rec, rev
+	again, waiting := ln.unwritten, ln.unfolded
+	ln.unwritten, ln.unfolded = nil, nil
+	for _, r := range again {
+		l.fold(provider, ln, r)
+	}
+	for _, r := range waiting {
+		l.fold(provider, ln, r)
+	}
+	return true
+}
+
+// snapshot is the record as one write stores it.
+type snapshot struct {
+	data   []byte
+	err    error // encoding it failed
+	seq    uint64
+	outbox []engine.Effect
+	rev    uint64
+}
+
+// snapshot takes the requests folded so far and the record holding them,
+// encoded, for a write.
+func (l *lanes) snapshot(ln *lane) ([]*laneReq, snapshot) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	batch := ln.unwritten
+	ln.unwritten = nil
+	ln.dirty, ln.urgent = false, false
+	data, err := scopestore.EncodeRecord(ln.rec)
+	return batch, snapshot{data: data, err: err, seq: ln.rec.Seq, outbox: slices.Clone(ln.rec.Outbox), rev: ln.rev}
+}
+
+// write stores snap with compare-and-set and publishes the records its
+// outbox holds, then clears them from the lane's record unless a later
+// fold added more (cleared: the record needs a write). An error wrapping
+// engine.ErrConflict stored nothing.
+func (l *lanes) write(provider string, ln *lane, snap snapshot) (cleared bool, err error) {
+	if snap.err != nil {
+		return false, snap.err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), laneTimeout)
 	defer cancel()
-	obs, err := l.s.eng.ObserveBatch(ctx, provider, cs, nows)
-	if err == nil {
-		err = l.s.publishScope(ctx, provider, obs[len(obs)-1])
+	rev, err := l.s.providers.Put(ctx, provider, snap.data, snap.rev)
+	if err != nil {
+		return false, err
 	}
-	for i, r := range batch {
-		if err == nil {
-			r.obs = obs[i]
-		}
-		r.err = err
-		close(r.done)
+	l.mu.Lock()
+	ln.rev = rev
+	l.mu.Unlock()
+	if err := l.s.publishScope(ctx, snap.outbox); err != nil {
+		// Stored, not published: the outbox stays for the next write.
+		return false, err
 	}
-	answered = true
+	if len(snap.outbox) == 0 {
+		return false, nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if ln.rec != nil && ln.rec.Seq == snap.seq {
+		ln.rec.Outbox = nil
+		ln.dirty = true
+		return true, nil
+	}
+	return false, nil
 }
 
-// handOn gives the lane to the first request queued: its handler leads
-// the next write, or, for a success nobody waits on, a goroutine of its
-// own does (at once when a handler waits further back, else after the
-// linger). Call with mu held.
-func (l *lanes) handOn(provider string, ln *lane) {
-	if len(ln.queue) == 0 {
-		ln.busy = false
-		delete(l.m, provider)
+// dropIdle drops idle lanes past maxIdleLanes; call with mu held.
+func (l *lanes) dropIdle() {
+	if len(l.m) <= maxIdleLanes {
 		return
 	}
-	if ln.queue[0].lead != nil {
-		close(ln.queue[0].lead)
-		return
-	}
-	wait := l.lingerFor()
-	for _, r := range ln.queue {
-		if r.lead != nil {
-			wait = 0
-			break
+	for p, ln := range l.m {
+		if !ln.running && len(ln.unfolded) == 0 && len(ln.unwritten) == 0 {
+			delete(l.m, p)
+			if len(l.m) <= maxIdleLanes*3/4 {
+				return
+			}
 		}
 	}
-	ln.linger = make(chan struct{})
-	go l.background(provider, ln, ln.linger, wait)
 }
 
-// publishScope publishes the records a fault-scope write left in the
-// provider's outbox, in order, each under its transition's id, then clears
-// them. A failed publish leaves them there for the provider's next writer.
-func (s *Service) publishScope(ctx context.Context, provider string, last engine.Observed) error {
-	if len(last.Publish) == 0 {
+// publishScope publishes the records a fault-scope write stored in the
+// provider's outbox, in order, each under its transition's id. A failed
+// publish leaves them there for the provider's next write.
+func (s *Service) publishScope(ctx context.Context, outbox []engine.Effect) error {
+	if len(outbox) == 0 {
 		return nil
 	}
 	s.crash(CrashAfterScope)
-	for _, e := range last.Publish {
+	for _, e := range outbox {
 		var err error
 		switch {
 		case e.Health != nil:
@@ -296,11 +487,6 @@ func (s *Service) publishScope(ctx context.Context, provider string, last engine
 		if err != nil {
 			return err
 		}
-	}
-	if err := s.eng.Settle(ctx, provider, last.Seq); err != nil {
-		// The next change of the provider publishes them again (same
-		// ids): nothing is lost, so the decisions go on.
-		s.log.Warn().Err(err).Str("provider", provider).Msg("settle fault-scope outbox")
 	}
 	return nil
 }

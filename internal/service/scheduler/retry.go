@@ -27,28 +27,36 @@ func (s *Service) handleClassified(ctx context.Context, m *consumer.Msg, out *co
 		return consumer.DeadLetterf("classification of %s names no agent or provider: no decision can reach anyone", c.OutcomeID)
 	}
 	now := s.clockAt(s.timeOf(*c, m.Timestamp))
+	// The provider's lane folds it into the fault scope at once; the
+	// input is acknowledged only once the write that stores the fold is
+	// (lanes.go).
 	if c.Class == events.ClassOK && !s.eng.MayEndEpisode(*c) {
 		// A success that ends no retry episode (a step's, or of a
-		// provider without a retry policy) only feeds the fault scope,
-		// so it does not wait for the write that folds it (and the
-		// provider's other successes) in; its input is acknowledged once
-		// that write is stored.
-		r := s.lanes.observeLater(*c, now)
+		// provider without a retry policy) only feeds the fault scope.
+		r := s.lanes.hand(*c, now, false)
 		out.After(func(ctx context.Context) error {
-			obs, err := r.wait(ctx)
-			if err == nil {
-				s.observed(c.Provider, obs)
+			if err := r.waitStored(ctx); err != nil {
+				return err
 			}
-			return err
+			s.observed(c.Provider, r.final)
+			return nil
 		})
 		return nil
 	}
-	// The provider's lane writes the fault scope and publishes the health
-	// changes and notification requests first: an agent told
-	// wait_provider can already read the outage on failbus.health.
-	obs, err := s.lanes.observe(*c, now)
+	// A success that may end an episode waits for its write: the
+	// episode ends at the scope's clock. A failure waits only when its
+	// fold left records to publish (an outage declared, say): an agent
+	// told wait_provider can already read the outage on failbus.health.
+	r := s.lanes.hand(*c, now, c.Class == events.ClassOK)
+	obs, err := r.verdict(ctx)
 	if err != nil {
 		return err
+	}
+	out.After(r.waitStored)
+	if obs.Verdict.Outage {
+		if obs.Verdict.FailoverProvider, err = s.eng.Failover(ctx, c.Provider); err != nil {
+			return err
+		}
 	}
 	s.observed(c.Provider, obs)
 	switch c.Class {

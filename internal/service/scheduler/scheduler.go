@@ -9,18 +9,23 @@
 // the latest outcome `at` it has seen (as far as the bus believes it:
 // events.EventTime), as simulate does on its virtual clock. For each one, in this order:
 //
-//  1. Fault scope: engine.Observe folds the classification into the
-//     provider's record in KV bucket FAILBUS_SCOPE, with compare-and-set, so
-//     every replica shares one view of each provider; the health changes
-//     and notification requests it caused are stored in the same record (an
-//     outbox with a message id per transition) and then published on
-//     failbus.health.<provider> and failbus.notify.<severity>, and the outbox
-//     is cleared (engine.Settle). A process that dies between the write and
-//     the publish loses nothing: the provider's next writer publishes them
-//     again under the same ids. Observing is idempotent per outcome, so a
-//     redelivery counts nothing twice. Successes (class ok) and content
-//     refusals stop here: refusals are decided by the refusal tiers
-//     (internal/service/refusals), never twice.
+//  1. Fault scope: engine.Fold folds the classification into the
+//     provider's record, which the provider's lane holds in memory and
+//     writes to KV bucket FAILBUS_SCOPE with compare-and-set, so every
+//     replica shares one view of each provider (lanes.go). The verdict is
+//     known at the fold; the write that stores it comes within
+//     Config.ScopeLinger, shared by the folds since the last one, and the
+//     input is acknowledged only once it is stored. The health changes
+//     and notification requests a fold causes are stored in the same
+//     record (an outbox with a message id per transition), written at
+//     once, published on failbus.health.<provider> and
+//     failbus.notify.<severity>, and cleared; the classification that
+//     caused them is decided only then. A process that dies between the
+//     write and the publish loses nothing: the provider's next write
+//     publishes them again under the same ids. Folding is idempotent per
+//     outcome, so a redelivery counts nothing twice. Successes (class ok)
+//     and content refusals stop here: refusals are decided by the refusal
+//     tiers (internal/service/refusals), never twice.
 //  2. engine.Decide reads the budget's ledger back (the last message on
 //     events.RetryLedgerSubject(budget token) in FAILBUS_RETRIES, a
 //     LedgerEntry) and decides with retry.Decide. The reads of handlers
@@ -99,8 +104,12 @@
 // second time if that comes more than the window later. Several scheduler
 // replicas are safe for the ledger, the schedules (compare-and-set, and the
 // checks above) and the fault scope (compare-and-set on each provider's
-// record). A cancel that races the due time may come too late: the due
-// message may already be stored.
+// record: a write that finds another replica's is folded again on top of
+// it, nothing lost). A replica's verdicts see another's folds of the same
+// provider once written, so up to a linger late: a failure that, with
+// the other replica's, declares an outage may still be decided as a
+// retry, and the write after them declares it. A cancel that races the
+// due time may come too late: the due message may already be stored.
 package scheduler
 
 import (
@@ -144,17 +153,17 @@ const (
 	// DefaultConcurrency is how many classifications are handled at once:
 	// the runner's workers; one session's classifications of a provider
 	// (BudgetLane) one at a time and in order, the others in parallel.
-	// Each failure waits on JetStream round trips (the fault-scope write,
-	// shared by the provider's waiting classifications, lanes.go; the
-	// ledger write of a retry, its schedule and decision), so the
+	// Each failure waits on JetStream round trips (the ledger write of a
+	// retry, its schedule and decision; the fault-scope write only when
+	// its fold changes the provider's health, lanes.go), so the
 	// scheduler is bound by latency as much as CPU: `failbus bench` on 2
 	// cores measured the whole bus caught up at 2.0k outcomes/s with 4,
 	// 2.3k with 8 and 2.9k with 16 before the pipelined runner.
 	DefaultConcurrency = 64
-	// DefaultSuccessLinger is Config.SuccessLinger's default: at 2k
-	// outcomes/s over 5 providers, nine in ten successes, about seven
-	// successes to a write.
-	DefaultSuccessLinger = 20 * time.Millisecond
+	// DefaultScopeLinger is Config.ScopeLinger's default: at 2k
+	// outcomes/s over 5 providers, about eight classifications to a
+	// fault-scope write.
+	DefaultScopeLinger = 20 * time.Millisecond
 	// PolicyKVKey is the key of the active policy (YAML, the --policy file
 	// format) in KV bucket FAILBUS_POLICY.
 	PolicyKVKey = "active"
@@ -241,16 +250,17 @@ type Config struct {
 	// the process in it); production leaves it nil.
 	CrashAt func(point string)
 
-	// SuccessLinger is how long a provider's lane holding only successes
-	// that end no retry episode (engine.MayEndEpisode: a step's, turn or
-	// step set) waits for more before its fault-scope write (lanes.go): those successes are acknowledged once the write
-	// that folds them is stored, and a failure of the provider writes at
-	// once, taking them with it. Longer folds more successes into one
-	// write and acknowledges them later; a recovery is declared up to
-	// this much later. Defaults to DefaultSuccessLinger; negative: no
-	// wait (the successes that queue while the lane writes still share
-	// its next write).
-	SuccessLinger time.Duration
+	// ScopeLinger is how long a provider's lane waits for more
+	// classifications before it writes the provider's fault scope when no
+	// handler waits on the write (lanes.go): each classification is
+	// folded and decided at once, and acknowledged once the write that
+	// stores its fold is. A fold that changes the provider's health (or
+	// asks for a notification) writes at once, and its decision waits for
+	// the health record. Longer folds more classifications into one write
+	// and acknowledges them later. Defaults to DefaultScopeLinger;
+	// negative: no wait (what is folded while a write is in flight still
+	// shares the next one).
+	ScopeLinger time.Duration
 
 	// Runner holds the consumer runner settings shared by the two runners:
 	// Logger, Registerer, Concurrency (defaults to DefaultConcurrency for
@@ -271,11 +281,11 @@ type Service struct {
 	file    *policyFile // nil without Config.PolicyFile
 	now     func() time.Time
 	crashAt func(string)
-	// successLinger is Config.SuccessLinger, defaulted (lanes.go).
-	successLinger time.Duration
-	log           zerolog.Logger
-	reg           prometheus.Registerer
-	m             *metrics
+	// scopeLinger is Config.ScopeLinger, defaulted (lanes.go).
+	scopeLinger time.Duration
+	log         zerolog.Logger
+	reg         prometheus.Registerer
+	m           *metrics
 
 	// active is the policy in force: layers.kv while the KV key holds a
 	// valid policy, else layers.base. layers and the store into active
@@ -350,14 +360,14 @@ func New(js jetstream.JetStream, opts Config) (*Service, error) {
 		rc.Registerer = prometheus.NewRegistry()
 	}
 	s := &Service{
-		js:            js,
-		watch:         opts.WatchPolicy,
-		now:           opts.Now,
-		crashAt:       opts.CrashAt,
-		successLinger: max(0, cmp.Or(opts.SuccessLinger, DefaultSuccessLinger)),
-		log:           rc.Logger.With().Str("service", Name).Logger(),
-		reg:           rc.Registerer,
-		state:         errNotStarted,
+		js:          js,
+		watch:       opts.WatchPolicy,
+		now:         opts.Now,
+		crashAt:     opts.CrashAt,
+		scopeLinger: max(0, cmp.Or(opts.ScopeLinger, DefaultScopeLinger)),
+		log:         rc.Logger.With().Str("service", Name).Logger(),
+		reg:         rc.Registerer,
+		state:       errNotStarted,
 	}
 	if s.now == nil {
 		s.now = time.Now

@@ -22,6 +22,7 @@ import (
 	"github.com/failbus/failbus/internal/embedded"
 	"github.com/failbus/failbus/internal/msgid"
 	"github.com/failbus/failbus/internal/policy/retry"
+	"github.com/failbus/failbus/internal/engine"
 	"github.com/failbus/failbus/internal/scopestore"
 	"github.com/failbus/failbus/internal/service/scheduler"
 	topology "github.com/failbus/failbus/jetstream"
@@ -703,15 +704,22 @@ func TestOutageDecidesWaitProviderSpendsNoBudgetAndSurvivesARestart(t *testing.T
 // A scheduler that dies after storing an outage in FAILBUS_SCOPE and before
 // publishing its health record and notification loses neither: the
 // redelivered classification (or any next one of the provider) publishes
-// them, under the transition's ids, once.
+// them, under the transition's ids, once, and the decision that depends
+// on them goes out only after them.
 func TestADeathBetweenTheScopeWriteAndThePublishLosesNoRecord(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	rev := b.putPolicy(outagePolicy)
-	var once sync.Once
+	var (
+		once    sync.Once
+		crashed atomic.Bool
+	)
 	hook := func(point string) {
 		if point == scheduler.CrashAfterScope {
-			once.Do(func() { panic("crash at " + point) })
+			once.Do(func() {
+				crashed.Store(true)
+				panic("crash at " + point)
+			})
 		}
 	}
 	b.start(scheduler.Config{WatchPolicy: true, CrashAt: hook})
@@ -725,21 +733,36 @@ func TestADeathBetweenTheScopeWriteAndThePublishLosesNoRecord(t *testing.T) {
 	b.publish(fail("n-1", "key-1", 0), "")
 	b.decisionOf("ag", "n-1")
 	b.publish(fail("n-2", "key-2", 100*time.Millisecond), "") // the outage: stored, then the crash
-	b.poll("the crash", func() bool {
-		for _, m := range b.read(topology.StreamDLQ, events.DLQSubject(scheduler.Name)) {
-			if strings.Contains(string(m.Data()), "n-2") {
-				return true
-			}
-		}
-		return false
-	})
-	if hs := b.health("deepseek"); len(hs) != 0 {
-		t.Fatalf("health %+v published before the crash point", hs)
+	// Its handler waited for the publish, so it is delivered again; the
+	// next write publishes what the crashed one stored, then decides.
+	d := b.decisionOf("ag", "n-2")
+	if !crashed.Load() {
+		t.Fatal("decided without passing the crash point")
 	}
-	b.publish(fail("n-2", "key-2", 100*time.Millisecond), "redelivery:n-2")
-	if d := b.decisionOf("ag", "n-2"); d.Action != events.ActionWaitProvider {
+	if d.Action != events.ActionWaitProvider {
 		t.Fatalf("redelivered: %s, want wait_provider", d.Action)
 	}
+	// Stored times of one server: the decision's is not before the
+	// health record's.
+	stored := func(stream, subject, outcomeID string) time.Time {
+		for _, m := range b.read(stream, subject) {
+			if strings.Contains(string(m.Data()), outcomeID) || outcomeID == "" {
+				md, err := m.Metadata()
+				if err != nil {
+					t.Fatal(err)
+				}
+				return md.Timestamp
+			}
+		}
+		t.Fatalf("nothing on %s", subject)
+		return time.Time{}
+	}
+	hAt, dAt := stored(topology.StreamHealth, events.HealthSubject("deepseek"), ""), stored(topology.StreamDecisions, events.DecisionSubject("ag"), "n-2")
+	if dAt.Before(hAt) {
+		t.Errorf("the decision (stored %s) before the health record it depends on (%s)", dAt, hAt)
+	}
+	b.publish(fail("n-2", "key-2", 100*time.Millisecond), "redelivery:n-2") // once more, as a new message
+	b.decisionOf("ag", "n-2")
 	b.publish(fail("n-3", "key-1", 200*time.Millisecond), "")
 	b.decisionOf("ag", "n-3")
 	b.waitIdle()
@@ -1326,14 +1349,14 @@ func TestDecisionsAreCountedOnceStored(t *testing.T) {
 	}
 }
 
-// TestStepSuccessesShareTheNextScopeWrite: a success of a step does not
-// hold its worker or its session: the scheduler takes the next ones while
-// it waits, unacknowledged, for the provider's next fault-scope write.
-// A failure writes at once and takes the waiting successes with it (one
-// write for all); without a failure the linger ends and writes them; a
-// stopping scheduler writes them before its drain ends. Each is
-// acknowledged once the write that folds it is stored, and counted once.
-func TestStepSuccessesShareTheNextScopeWrite(t *testing.T) {
+// TestClassificationsShareTheNextScopeWrite: a classification does not
+// wait for the fault-scope write that stores its fold unless the fold
+// left records to publish: a success's handler returns at once, a
+// failure's is decided at once, and each stays unacknowledged until the
+// provider's next write, which the linger ends, or a stopping scheduler
+// before its drain ends (one write for all). Each is acknowledged only
+// once that write is stored.
+func TestClassificationsShareTheNextScopeWrite(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name    string
@@ -1341,9 +1364,10 @@ func TestStepSuccessesShareTheNextScopeWrite(t *testing.T) {
 		then    string // "failure", "linger" or "stop"
 		wantOne bool   // exactly one write of the provider's record
 	}{
-		{name: "a failure writes them", linger: time.Hour, then: "failure", wantOne: true},
+		{name: "a failure is decided before the write", linger: time.Hour, then: "failure", wantOne: true},
 		{name: "the linger ends", linger: 50 * time.Millisecond, then: "linger"},
 		{name: "a stopping scheduler writes them", linger: time.Hour, then: "stop", wantOne: true},
+		{name: "another writer came first", linger: time.Hour, then: "other"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -1358,7 +1382,7 @@ func TestStepSuccessesShareTheNextScopeWrite(t *testing.T) {
 					return err
 				}
 			}
-			_, stop := b.start(scheduler.Config{SuccessLinger: tc.linger, Runner: consumer.Config{Middleware: []consumer.Middleware{count}}})
+			_, stop := b.start(scheduler.Config{ScopeLinger: tc.linger, Runner: consumer.Config{Middleware: []consumer.Middleware{count}}})
 			cons, err := b.js.Consumer(b.ctx, topology.StreamClassified, topology.ConsumerScheduler)
 			if err != nil {
 				t.Fatal(err)
@@ -1385,12 +1409,41 @@ func TestStepSuccessesShareTheNextScopeWrite(t *testing.T) {
 			calls := n
 			switch tc.then {
 			case "failure":
-				b.publish(cls("rl-1", "ag", "deepseek", "key-1", events.ClassRateLimit, 1, n+1, 30_000), "")
+				// Of another profile: key-1 still works, so the fold
+				// changes no health and publishes nothing.
+				b.publish(cls("rl-1", "ag", "deepseek", "key-2", events.ClassRateLimit, 1, n+1, 30_000), "")
 				calls++
-				if d := b.decisionOf("ag", "rl-1"); d.Action != events.ActionRetry {
-					t.Errorf("the failure: %s, want retry", d.Action)
+				if d := b.decisionOf("ag", "rl-1"); d.Action != events.ActionSwitchProfile {
+					t.Errorf("the failure: %s, want switch_profile", d.Action)
 				}
+				b.poll("the failure handled, nothing acknowledged", func() bool {
+					info, err := cons.Info(b.ctx)
+					return handled.Load() == n+1 && err == nil && info.NumAckPending == n+1
+				})
+				kv, err := b.js.KeyValue(b.ctx, topology.BucketScope)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := kv.Get(b.ctx, "deepseek"); !errors.Is(err, jetstream.ErrKeyNotFound) {
+					t.Fatalf("fault scope written before the linger ends: %v", err)
+				}
+				stop()
 			case "stop":
+				stop()
+			case "other":
+				// A replica writes the key meanwhile: the lane's
+				// write fails on the revision, and its folds go on top
+				// of the other's record, nothing of either lost.
+				other, err := scopestore.Open(b.ctx, b.js, scopestore.Options{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := other.Update(b.ctx, "deepseek", func(rec *engine.ProviderRecord) (bool, error) {
+					rec.Seq = 41
+					return true, nil
+				}); err != nil {
+					t.Fatal(err)
+				}
 				stop()
 			}
 			b.poll("every classification acknowledged", func() bool {
@@ -1400,19 +1453,24 @@ func TestStepSuccessesShareTheNextScopeWrite(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			hist, err := kv.History(b.ctx, "deepseek")
+			// The bucket keeps one value per key; deepseek is its only
+			// key, so the key's revision counts the writes to it.
+			e, err := kv.Get(b.ctx, "deepseek")
 			if err != nil {
 				t.Fatal(err)
 			}
-			if tc.wantOne && len(hist) != 1 {
-				t.Errorf("%d writes of the fault scope, want one for all", len(hist))
+			if tc.wantOne && e.Revision() != 1 {
+				t.Errorf("%d writes of the fault scope, want one for all", e.Revision())
 			}
-			rec, err := scopestore.DecodeRecord(hist[len(hist)-1].Value())
+			rec, err := scopestore.DecodeRecord(e.Value())
 			if err != nil {
 				t.Fatal(err)
 			}
 			if got := len(rec.State.Calls); got != calls {
 				t.Errorf("the fault scope holds %d calls, want %d: %+v", got, calls, rec.State.Calls)
+			}
+			if tc.then == "other" && (e.Revision() != 2 || rec.Seq != 41) {
+				t.Errorf("%d writes, record seq %d; want the other writer's and one on top of it (seq 41)", e.Revision(), rec.Seq)
 			}
 		})
 	}
