@@ -20,9 +20,9 @@ import (
 
 	"github.com/failbus/failbus/internal/bustest"
 	"github.com/failbus/failbus/internal/embedded"
+	"github.com/failbus/failbus/internal/engine"
 	"github.com/failbus/failbus/internal/msgid"
 	"github.com/failbus/failbus/internal/policy/retry"
-	"github.com/failbus/failbus/internal/engine"
 	"github.com/failbus/failbus/internal/scopestore"
 	"github.com/failbus/failbus/internal/service/scheduler"
 	topology "github.com/failbus/failbus/jetstream"
