@@ -34,6 +34,6 @@ func ExampleApply() {
 	if err != nil {
 		panic(err)
 	}
-	fmt.Println(cons.CachedInfo().Stream, cons.CachedInfo().Name, cfg.FilterSubjects, cfg.MaxDeliver)
-	// Output: FAILBUS_OUTCOMES classifier [failbus.outcome.> failbus.segment.>] 10
+	fmt.Println(cons.CachedInfo().Stream, cons.CachedInfo().Name, cfg.MaxDeliver, cfg.MaxAckPending)
+	// Output: FAILBUS_OUTCOMES classifier 10 1000
 }
