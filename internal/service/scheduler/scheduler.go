@@ -595,8 +595,8 @@ func newMetrics(reg prometheus.Registerer, maxProviders int) (*metrics, error) {
 	m.controls = counterVec("failbus_scheduler_controls_total", "Started and cancel records, by kind and result (marked, ignored).", "kind", "result")
 	m.reloads = counterVec("failbus_scheduler_policy_reloads_total", "Policy changes seen, by source (kv, file) and result (applied, shadowed, removed, rejected).", "source", "result")
 	m.seeded = counter("failbus_scheduler_scope_seeded_total", "Outages left open in FAILBUS_HEALTH carried into FAILBUS_SCOPE at start for providers it did not know, or when a provider's record was found missing (FAILBUS_SCOPE lost).")
-	m.scopeConflicts = counter("failbus_scheduler_scope_conflicts_total", "Fault-scope writes that lost a compare-and-set race (another replica or delivery changed the provider) and were observed again.")
-	m.scopeStale = counter("failbus_scheduler_scope_stale_total", "Fault-scope updates that started from the record this replica wrote last and found another replica had written since: read again and observed again; the provider's key is then read before each update for 10s.")
+	m.scopeConflicts = counter("failbus_scheduler_scope_conflicts_total", "Fault-scope writes made right after reading the provider's key that lost a compare-and-set race to another replica: read again and folded again.")
+	m.scopeStale = counter("failbus_scheduler_scope_stale_total", "Fault-scope writes of the record this replica holds that found another replica had written since: read again and folded again; the provider's key is then read before each write for 10s.")
 	m.scopeUnreadable = counter("failbus_scheduler_scope_unreadable_total", "Fault-scope records that could not be decoded; the provider started over.")
 	m.evictions = counterVec("failbus_scheduler_scope_evictions_total", "Fault-scope entries forgotten to stay within their caps, by kind: entry (a profile or model past scope.max_profiles / max_models).", "kind")
 	if err == nil {
