@@ -107,6 +107,10 @@ type laneReq struct {
 	c    events.Classification
 	now  time.Time
 	wait bool // the handler waits for the write whatever its fold
+	// handed is when it was handed over: the linger runs from the
+	// earliest unwritten one, so none waits more than a linger and a
+	// write for its write.
+	handed time.Time
 	// folded is closed once obs (the first fold's observation) is set,
 	// or readErr (the record could not be read); hold is then set: the
 	// handler waits for stored too.
@@ -156,7 +160,7 @@ func (l *lanes) lingerFor() time.Duration {
 // stored tells when the fold is durable. wait makes the verdict wait for
 // the write (and its records published) whatever the fold.
 func (l *lanes) hand(c events.Classification, now time.Time, wait bool) *laneReq {
-	r := &laneReq{c: c, now: now, wait: wait, folded: make(chan struct{}), stored: make(chan struct{})}
+	r := &laneReq{c: c, now: now, wait: wait, handed: time.Now(), folded: make(chan struct{}), stored: make(chan struct{})}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	ln := l.laneOf(c.Provider)
@@ -296,6 +300,9 @@ func (l *lanes) run(provider string, ln *lane) {
 		read := ln.rec == nil
 		urgent := ln.urgent || l.stopping
 		wait := l.lingerFor()
+		if len(ln.unwritten) > 0 {
+			wait -= time.Since(ln.unwritten[0].handed)
+		}
 		l.mu.Unlock()
 		if read {
 			l.read(provider, ln)
