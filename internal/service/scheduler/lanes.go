@@ -60,21 +60,21 @@ const laneTimeout = 30 * time.Second
 // would otherwise pay a failed write for every write.
 const staleFor = 10 * time.Second
 
-// maxIdleLanes bounds the idle lanes (and the records they hold) kept
-// between writes; past it idle lanes are dropped, and their provider's
-// record is read again when next needed. Agents name providers, so this
-// bounds memory, not correctness.
-const maxIdleLanes = 4096
-
 // errLaneAborted answers the classifications of a write whose lane
 // stopped half way (a panic, such as a crash hook): their inputs are
 // redelivered and folded again.
 var errLaneAborted = errors.New("scheduler: the fault-scope write of this classification was interrupted")
 
 type lanes struct {
-	s  *Service
-	mu sync.Mutex
-	m  map[string]*lane
+	s *Service
+	// maxIdle bounds the idle lanes (and the records they hold) kept
+	// between writes: Config.MaxProviders. Past it idle lanes are
+	// dropped, and their provider's record is read again when next
+	// needed. Agents name providers, so this bounds memory, not
+	// correctness.
+	maxIdle int
+	mu      sync.Mutex
+	m       map[string]*lane
 	// stopping is set once the service stops: nothing lingers (a drain
 	// waits for the writes).
 	stopping bool
@@ -460,15 +460,16 @@ func (l *lanes) write(provider string, ln *lane, snap snapshot) (cleared bool, e
 	return false, nil
 }
 
-// dropIdle drops idle lanes past maxIdleLanes; call with mu held.
+// dropIdle drops idle lanes past maxIdle, down to three quarters of it;
+// call with mu held.
 func (l *lanes) dropIdle() {
-	if len(l.m) <= maxIdleLanes {
+	if len(l.m) <= l.maxIdle {
 		return
 	}
 	for p, ln := range l.m {
 		if !ln.running && len(ln.unfolded) == 0 && len(ln.unwritten) == 0 {
 			delete(l.m, p)
-			if len(l.m) <= maxIdleLanes*3/4 {
+			if len(l.m) <= l.maxIdle*3/4 {
 				return
 			}
 		}

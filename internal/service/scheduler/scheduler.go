@@ -239,10 +239,12 @@ type Config struct {
 	// MaxProviders bounds the providers whose
 	// failbus_scheduler_provider_outage series is on /metrics: agents name
 	// providers, so past it the least recently seen provider's series is
-	// deleted, counted in failbus_metric_label_values_evicted_total. (The
-	// fault scope itself is in FAILBUS_SCOPE, not in memory: a provider's
+	// deleted, counted in failbus_metric_label_values_evicted_total. It
+	// bounds the providers' records the lanes keep in memory between
+	// writes too (past it, an idle provider's is read again when next
+	// needed). The fault scope itself is in FAILBUS_SCOPE: a provider's
 	// record expires with the bucket's TTL, 30 days after its last
-	// outcome.) Defaults to DefaultMaxProviders.
+	// outcome. Defaults to DefaultMaxProviders.
 	MaxProviders int
 
 	// CrashAt, when set, is called with a Crash* point between the durable
@@ -393,7 +395,7 @@ func New(js jetstream.JetStream, opts Config) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("scheduler: %w", err)
 	}
-	s.lanes.s = s
+	s.lanes.s, s.lanes.maxIdle = s, maxProviders
 
 	cc := rc
 	cc.Service, cc.Consumer = Name, topology.ConsumerScheduler
