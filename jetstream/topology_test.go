@@ -378,19 +378,7 @@ func TestApplyDropsFiltersThatListTheWholeStream(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	cons, err := b.js.Consumer(b.ctx, topology.StreamOutcomes, topology.ConsumerClassifier)
-	if err != nil {
-		t.Fatal(err)
-	}
-	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(10*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for m := range batch.Messages() {
-		if err := m.DoubleAck(b.ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	cons := b.ackFirst(t)
 	b.apply(t, topology.Options{})
 	info, err := cons.Info(b.ctx)
 	if err != nil {
@@ -404,15 +392,10 @@ func TestApplyDropsFiltersThatListTheWholeStream(t *testing.T) {
 	}
 }
 
-func TestApplyTwiceIsIdempotent(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	b.apply(t, topology.Options{})
-
-	// Move the classifier: an acknowledged message must stay acknowledged.
-	if _, err := b.js.Publish(b.ctx, "failbus.outcome.openai.a1", []byte("x"), jetstream.WithMsgID("o-1")); err != nil {
-		t.Fatal(err)
-	}
+// ackFirst acknowledges the first outcome at the classifier's consumer,
+// moving its ack floor, and returns the consumer.
+func (b *bundle) ackFirst(t *testing.T) jetstream.Consumer {
+	t.Helper()
 	cons, err := b.js.Consumer(b.ctx, topology.StreamOutcomes, topology.ConsumerClassifier)
 	if err != nil {
 		t.Fatal(err)
@@ -426,6 +409,19 @@ func TestApplyTwiceIsIdempotent(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	return cons
+}
+
+func TestApplyTwiceIsIdempotent(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.apply(t, topology.Options{})
+
+	// Move the classifier: an acknowledged message must stay acknowledged.
+	if _, err := b.js.Publish(b.ctx, "failbus.outcome.openai.a1", []byte("x"), jetstream.WithMsgID("o-1")); err != nil {
+		t.Fatal(err)
+	}
+	b.ackFirst(t)
 	kv, err := b.js.KeyValue(b.ctx, topology.BucketPolicy)
 	if err != nil {
 		t.Fatal(err)
