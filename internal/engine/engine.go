@@ -30,8 +30,10 @@
 //   - A new output: a field in Effects, filled by the stage that makes it;
 //     simulate writes it as a record, the service publishes it.
 //   - Throughput: Providers.Update folds a batch of one
-//     provider's classifications in one compare-and-set (ObserveBatch), so
-//     a runner can keep one lane per provider.
+//     provider's classifications in one compare-and-set (ObserveBatch);
+//     a writer that holds a provider's record in memory folds each one
+//     as it comes (Fold) and writes the record behind them (the
+//     scheduler's lanes).
 package engine
 
 import (
