@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -77,44 +78,21 @@ func (e *Engine) ObserveBatch(ctx context.Context, provider string, cs []events.
 	if len(cs) != len(nows) {
 		return nil, fmt.Errorf("engine: observe %s: %d classifications, %d times", provider, len(cs), len(nows))
 	}
-	cfg := e.Policy().Scope
 	out := make([]Observed, len(cs))
 	err := e.stores.Providers.Update(ctx, provider, func(rec *ProviderRecord) (bool, error) {
-		leftover := rec.Outbox
-		rec.Outbox = nil
-		var fresh []Effect
 		for i, c := range cs {
-			obs := rec.State.Observe(cfg, c, nows[i])
-			if obs.Verdict.Outage {
-				alt, err := e.failover(ctx, cfg, provider)
+			out[i] = e.Fold(rec, provider, c, nows[i])
+			if out[i].Verdict.Outage {
+				alt, err := e.Failover(ctx, provider)
 				if err != nil {
 					return false, err
 				}
-				obs.Verdict.FailoverProvider = alt
-			}
-			now := nows[i]
-			if now.Before(rec.State.Clock.Time) {
-				now = rec.State.Clock.Time
-			}
-			out[i] = Observed{Observation: obs, Now: now, Down: rec.State.Outage}
-			for j := range obs.Health {
-				fresh = append(fresh, Effect{Health: &obs.Health[j]})
-			}
-			for j := range obs.Notify {
-				fresh = append(fresh, Effect{Notification: &obs.Notify[j]})
+				out[i].Verdict.FailoverProvider = alt
 			}
 		}
-		if len(fresh) > 0 {
-			rec.Seq++
-			for i := range fresh {
-				fresh[i].MsgID = EffectID(provider, rec.Seq, i)
-			}
-			rec.Outbox = fresh
-		}
-		last := &out[len(out)-1]
-		last.Publish = append(append([]Effect(nil), leftover...), fresh...)
 		if len(rec.Outbox) > 0 {
-			last.Seq = rec.Seq
+			last := &out[len(out)-1]
+			last.Publish, last.Seq = slices.Clone(rec.Outbox), rec.Seq
 		}
 		return true, nil
 	})
@@ -126,7 +104,7 @@ func (e *Engine) ObserveBatch(ctx context.Context, provider string, cs []events.
 
 // Fold folds one classification of provider at now into rec, the
 // provider's record held in memory by a writer that stores it later (the
-// scheduler's lanes): the fold of ObserveBatch without a store. The
+// scheduler's lanes; ObserveBatch folds with it inside one write). The
 // records it produces are appended to rec's outbox under a new change
 // Seq, after any still there, so an outbox stored holds every record not
 // yet known to be published; the returned Observed's Publish and Seq are

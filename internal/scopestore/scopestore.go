@@ -275,10 +275,10 @@ func (p *Store) Load(ctx context.Context, provider string) (*engine.ProviderReco
 // still at revision rev (0: absent) and returns the new revision. When
 // another writer changed the key since, it stores nothing and returns an
 // error wrapping engine.ErrConflict: Load again and fold again (the
-// caller counts it: it knows whether it started from a fresh read).
+// caller counts it: it knows whether it started from a fresh read), and
+// ReadFirst reports true for a while.
 func (p *Store) Put(ctx context.Context, provider string, data []byte, rev uint64) (uint64, error) {
 	key := Key(provider)
-	p.forget(key) // Update reads the key after a writer of its own
 	var (
 		newRev uint64
 		err    error
@@ -289,12 +289,24 @@ func (p *Store) Put(ctx context.Context, provider string, data []byte, rev uint6
 		newRev, err = p.kv.Update(ctx, key, data, rev)
 	}
 	if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) || streamread.IsWrongLastSeq(err) {
+		p.readFirst(key)
 		return 0, fmt.Errorf("write fault scope %s at revision %d: %w", key, rev, engine.ErrConflict)
 	}
 	if err != nil {
+		p.forget(key)
 		return 0, fmt.Errorf("write fault scope %s: %w", key, err)
 	}
+	p.remember(key, cached{data: data, rev: newRev})
 	return newRev, nil
+}
+
+// ReadFirst reports whether another writer was found writing provider's
+// key in the last staleFor (a Put or an Update lost to it): a writer that
+// holds the record in memory should Load it again before its next Put.
+func (p *Store) ReadFirst(provider string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return time.Now().Before(p.written[Key(provider)].readUntil)
 }
 
 // Seed stores the record Options.Missing rebuilds for provider when its

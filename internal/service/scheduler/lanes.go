@@ -40,8 +40,8 @@ import (
 // When another writer (a replica) changed the key since the lane's last
 // write, the write fails on the revision: the lane reads the key, folds
 // every classification not yet stored again on top of it, and writes
-// that; for staleFor after, it reads the key before each write. A verdict
-// given before such a conflict stands (a replica's failures of the same
+// that; for a while after (scopestore.ReadFirst) it reads the key before
+// each write. A verdict given before such a conflict stands (a replica's failures of the same
 // provider reach another's verdicts up to a linger late: the write after
 // the conflict publishes whatever transition they make together). A
 // write that fails otherwise (a timeout: stored or not, nobody knows)
@@ -54,11 +54,6 @@ const maxLaneBatch = 512
 
 // laneTimeout bounds the JetStream work of one load, write and publish.
 const laneTimeout = 30 * time.Second
-
-// staleFor is how long a lane reads its key before each write after a
-// write lost to another writer: two replicas writing one provider in turn
-// would otherwise pay a failed write for every write.
-const staleFor = 10 * time.Second
 
 // errLaneAborted answers the classifications of a write whose lane
 // stopped half way (a panic, such as a crash hook): their inputs are
@@ -99,8 +94,6 @@ type lane struct {
 	running bool
 	urgent  bool
 	kick    chan struct{}
-	// readUntil: read the key before each write until then (staleFor).
-	readUntil time.Time
 }
 
 type laneReq struct {
@@ -316,14 +309,14 @@ func (l *lanes) run(provider string, ln *lane) {
 			}
 			t.Stop()
 		}
-		fresh := false
-		l.mu.Lock()
-		if time.Now().Before(ln.readUntil) {
-			// Another writer is about: fold on top of its latest.
+		// Another writer is about (scopestore.ReadFirst): fold on top
+		// of its latest.
+		fresh := l.s.providers.ReadFirst(provider)
+		if fresh {
+			l.mu.Lock()
 			ln.rec = nil
-			fresh = true
+			l.mu.Unlock()
 		}
-		l.mu.Unlock()
 		if fresh && !l.read(provider, ln) {
 			continue
 		}
@@ -340,7 +333,7 @@ func (l *lanes) run(provider string, ln *lane) {
 			}
 			answer(settled, nil)
 			ln.unwritten = append(batch, ln.unwritten...)
-			ln.rec, ln.readUntil = nil, time.Now().Add(staleFor)
+			ln.rec = nil
 			if conflicts++; conflicts >= engine.MaxConflicts {
 				ln.fail(fmt.Errorf("fault scope %s: %w %d times in a row", provider, engine.ErrConflict, conflicts))
 				conflicts = 0
