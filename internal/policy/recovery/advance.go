@@ -75,15 +75,12 @@ func (r *ProviderRecord) NextDue(now time.Time) time.Time {
 		return r.Probe.NextAt.Time
 	case r.ready() != nil:
 		e := r.ready()
-		if e.Plan != nil && e.Plan.Draining && r.Queue.Holding && !r.Queue.NextAt.IsZero() {
-			return r.Queue.NextAt.Time
+		if e.Plan != nil && e.Plan.Draining && r.Queue.Holding {
+			return r.Queue.nextRelease(now)
 		}
 		return now
 	case r.Queue.Holding:
-		if !r.Queue.NextAt.IsZero() {
-			return r.Queue.NextAt.Time
-		}
-		return now
+		return r.Queue.nextRelease(now)
 	}
 	return time.Time{}
 }

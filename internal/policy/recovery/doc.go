@@ -17,9 +17,11 @@
 //     stream sequences to release and a cursor. A task without a provider
 //     belongs to every provider: it waits while any provider is down.
 //  2. Released in submission order (stream order, hence each agent's order)
-//     at most recovery.drain_rate per second; each (task id, attempt) is
-//     dispatched once, whatever the replicas, restarts or dedupe windows
-//     (the ledger).
+//     at most recovery.drain_rate per second: each task is claimed with its
+//     release time, and the next release's time, in one compare-and-set on
+//     the provider's record, so replicas pace the release together; each
+//     (task id, attempt) is dispatched once, whatever the replicas,
+//     restarts or dedupe windows (the ledger).
 //  3. Probes end an outage. While the provider is down, every
 //     recovery.probe_interval one agent that used it — those holding on
 //     wait_provider first, in turn — is asked for one real call (control

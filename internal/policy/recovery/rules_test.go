@@ -483,3 +483,89 @@ func TestRedispatchedHeldTaskIsNotReleasedAgain(t *testing.T) {
 		t.Errorf("b's killed subagent's task: attempts %v, want one redispatch of its own (attempt 2, no payload)", got)
 	}
 }
+
+// Replicas pace the release together: a replica whose clock reading is
+// older (it read the clock before a slow round of other work) finishes
+// the release of a held task another replica sent, and the next task
+// still goes out no sooner than 1/drain_rate after it. Each release time
+// is claimed with the task in one compare-and-set on the provider's
+// record, so it does not matter which replica sends or records a release.
+// (The two releases once went out at the same instant: the replica that
+// moved the cursor set the next release time from its own, older, clock
+// reading, not from the time of the release the stream stored.)
+func TestRacingCoresPaceTheRelease(t *testing.T) {
+	ctx := context.Background()
+	cfg := recovery.DefaultConfig()
+	cfg.DrainRate = 50
+	interval := time.Second / 50
+	mem, rec := memstore.New(), &simulate.Recorder{}
+	late, err := recovery.New(cfg, mem, rec, recovery.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 5
+	recAt := t0.Add(time.Hour)
+	var lateErr error
+	lateRan := false
+	first := recovery.DispatchID("held-00", 1)
+	early, err := recovery.New(cfg, mem, rec, recovery.Options{Hook: func(point, what string) {
+		// The first release is stored and in the ledger, its cursor not
+		// moved yet: the other replica, whose clock reading is 100 ms
+		// older, advances the provider now.
+		if point == recovery.HookMarked && what == first && !lateRan {
+			lateRan = true
+			lateErr = late.Advance(ctx, down, recAt)
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps := []recovery.Input{health(t0, events.HealthOutage)}
+	for i := range n {
+		steps = append(steps, taskIn(t0.Add(time.Minute), fmt.Sprintf("held-%02d", i), "a"))
+	}
+	steps = append(steps, health(recAt, events.HealthRecovered))
+	for _, in := range steps {
+		if err := early.Step(ctx, in, in.At().Time); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rec.Take()
+	if err := early.Advance(ctx, down, recAt.Add(100*time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	if !lateRan {
+		t.Fatal("the first release never reached its ledger entry")
+	}
+	if lateErr != nil {
+		t.Fatalf("the other replica: %v", lateErr)
+	}
+	// Both go on releasing, each with its own clock.
+	for ms := 100; ms <= 1000; ms += 5 {
+		for _, c := range []*recovery.Core{early, late} {
+			if err := c.Advance(ctx, down, recAt.Add(time.Duration(ms)*time.Millisecond)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	var held []*events.Dispatch
+	for _, o := range rec.Take() {
+		if d, ok := o.Msg.(*events.Dispatch); ok {
+			held = append(held, d)
+		}
+	}
+	if len(held) != n {
+		t.Fatalf("%d held tasks released, want %d", len(held), n)
+	}
+	for i, d := range held {
+		if want := fmt.Sprintf("held-%02d", i); d.TaskID != want {
+			t.Errorf("release %d is %s, want %s", i, d.TaskID, want)
+		}
+		if i == 0 {
+			continue
+		}
+		if gap := d.At.Sub(held[i-1].At.Time); gap < interval {
+			t.Errorf("%s released %s after %s, faster than drain_rate %g/s", d.TaskID, gap, held[i-1].TaskID, cfg.DrainRate)
+		}
+	}
+}

@@ -53,7 +53,9 @@ type Queue struct {
 	LastSeq uint64 `msgpack:"last_seq,omitempty" json:"last_seq,omitempty"`
 	// Held counts tasks held and not yet released (for metrics).
 	Held int `msgpack:"held,omitempty" json:"held,omitempty"`
-	// NextAt is the earliest time of the next release (drain rate).
+	// NextAt is the earliest time of the next release (drain rate): the
+	// release time of the last task claimed plus 1/drain_rate, moved in
+	// the compare-and-set that claims it (Sending).
 	NextAt events.Time `msgpack:"next_at,omitempty" json:"next_at,omitzero"`
 	// Released counts tasks released since the queue last started holding.
 	Released int `msgpack:"released,omitempty" json:"released,omitempty"`
@@ -61,13 +63,40 @@ type Queue struct {
 	Sending *Sending `msgpack:"sending,omitempty" json:"sending,omitempty"`
 }
 
-// Sending is the held task being released: claimed in the record before
-// its dispatch is sent, cleared when the cursor moves past it.
+// Sending is the held task being released: claimed in the record, with
+// its release time, before its dispatch is sent; cleared when the cursor
+// moves past it.
 type Sending struct {
 	Seq uint64 `msgpack:"seq" json:"seq"`
 	// Since is when it was claimed: its dispatch may be in the stream from
 	// then on (Publisher's verifySince after a crash).
 	Since events.Time `msgpack:"since" json:"since"`
+	// At is its release time, the dispatch's `at`, claimed with it (and
+	// Queue.NextAt moved past it) in one compare-and-set: whichever replica
+	// sends the dispatch or moves the cursor, the releases are
+	// 1/drain_rate apart. Zero in a claim saved by a version that did not
+	// claim the time; the task is claimed again, with a time.
+	At events.Time `msgpack:"at,omitempty" json:"at,omitzero"`
+}
+
+// nextRelease is when the queue's next release is due: the release time
+// of a task claimed and not yet released, else NextAt (now when unset).
+func (q *Queue) nextRelease(now time.Time) time.Time {
+	if s := q.claimed(); s != nil {
+		return s.At.Time
+	}
+	if q.NextAt.IsZero() {
+		return now
+	}
+	return q.NextAt.Time
+}
+
+// claimed is the task claimed for release with its release time, or nil.
+func (q *Queue) claimed() *Sending {
+	if s := q.Sending; s != nil && s.Seq > q.Cursor && !s.At.IsZero() {
+		return s
+	}
+	return nil
 }
 
 // ProbeState schedules outage probes: one every probe interval, the

@@ -160,10 +160,23 @@ func (c *Core) superseded(ctx context.Context, t *StoredTask) (bool, error) {
 	return idx.Seq == t.Seq && idx.Agent == t.Task.Agent && idx.Attempt >= 1, nil
 }
 
+// claim claims the held task at seq for release at now, and the release
+// after it for 1/drain_rate later: saved by the caller in one
+// compare-and-set on the provider's record, so that across replicas no two
+// releases are closer than that, whichever replica sends a claimed task or
+// moves the cursor past it, and with whatever clock reading. The caller
+// checked that the release is due (now is not before Queue.NextAt).
+func (q *Queue) claim(seq uint64, since, now time.Time, interval time.Duration) {
+	q.Sending = &Sending{Seq: seq, Since: events.At(since), At: events.At(now)}
+	q.NextAt = events.At(now.Add(interval))
+}
+
 // drain releases the provider's held tasks in stream order, one per
 // 1/drain_rate: at most one per call once caught up with the clock (the
-// next one's time is in the record, so Advance is called again then). It
-// returns true when the queue is empty and no longer holding.
+// next one's time is in the record, so Advance is called again then). Each
+// task is claimed with its release time before it is sent (claim); a
+// claimed task is sent at that time by any driver. It returns true when
+// the queue is empty and no longer holding.
 func (c *Core) drain(ctx context.Context, provider string, reason string, now time.Time) (bool, error) {
 	interval := time.Duration(float64(time.Second) / c.cfg.DrainRate)
 	for range maxCAS * 4 {
@@ -175,8 +188,9 @@ func (c *Core) drain(ctx context.Context, provider string, reason string, now ti
 			return true, nil
 		}
 		q := &r.Queue
-		if !q.NextAt.IsZero() && now.Before(q.NextAt.Time) {
-			return false, nil
+		claim := q.claimed()
+		if claim == nil && !q.NextAt.IsZero() && now.Before(q.NextAt.Time) {
+			return false, nil // the next release is not due yet
 		}
 		var tasks []StoredTask
 		if q.LastSeq > q.Cursor {
@@ -197,7 +211,20 @@ func (c *Core) drain(ctx context.Context, provider string, reason string, now ti
 			return true, nil
 		}
 		t := tasks[0]
-		if q.Sending == nil || q.Sending.Seq != t.Seq {
+		if claim == nil || claim.Seq != t.Seq {
+			if claim != nil && !q.NextAt.IsZero() && now.Before(q.NextAt.Time) {
+				return false, nil // not this task's claim: it waits its turn
+			}
+			if q.Sending != nil && q.Sending.Seq == t.Seq {
+				// Claimed without a release time (by an older version):
+				// claim it again, with one, keeping since when its
+				// dispatch may be in the stream.
+				q.claim(t.Seq, q.Sending.Since.Time, now, interval)
+				if _, err := c.st.SaveProvider(ctx, r, rev); err != nil && !errors.Is(err, ErrConflict) {
+					return false, err
+				}
+				continue
+			}
 			superseded, err := c.superseded(ctx, &t)
 			if err != nil {
 				return false, err
@@ -212,21 +239,20 @@ func (c *Core) drain(ctx context.Context, provider string, reason string, now ti
 				}
 				continue
 			}
-			// Claim the task before sending it: a driver that resumes
-			// after a crash between send and cursor update knows since
-			// when the dispatch may be in the stream (the dedupe-window
-			// check), however the queue's times moved meanwhile.
-			q.Sending = &Sending{Seq: t.Seq, Since: events.At(now)}
+			// Claim the task and its release time before sending it, in
+			// one compare-and-set (claim). A driver that resumes after a
+			// crash between send and cursor update knows since when the
+			// dispatch may be in the stream (the dedupe-window check),
+			// however the queue's times moved meanwhile.
+			q.claim(t.Seq, now, now, interval)
 			if _, err := c.st.SaveProvider(ctx, r, rev); err != nil && !errors.Is(err, ErrConflict) {
 				return false, err
 			}
 			continue
 		}
-		due := now
-		if q.NextAt.After(now) {
-			due = q.NextAt.Time
-		}
-		sent, err := c.dispatch(ctx, &t, 1, reason, "", due, q.Sending.Since.Time, now)
+		// Claimed, with its release time: sent at that time whoever sends
+		// it, even when this driver's clock reading is older or newer.
+		sent, err := c.dispatch(ctx, &t, 1, reason, "", claim.At.Time, claim.Since.Time, now)
 		if err != nil {
 			return false, err
 		}
@@ -249,15 +275,15 @@ func (c *Core) drain(ctx context.Context, provider string, reason string, now ti
 				return false, nil
 			}
 			q.Cursor = t.Seq
+			if s := q.Sending; s != nil && s.Seq == t.Seq && !mine {
+				// Nothing went out at this claim's time (a second copy of
+				// a task id): the next task may have it.
+				q.NextAt = s.At
+			}
 			q.Sending = nil
 			q.Held = max(q.Held-1, 0)
 			if mine {
 				q.Released++
-				next := due
-				if q.NextAt.After(next) {
-					next = q.NextAt.Time
-				}
-				q.NextAt = events.At(next.Add(interval))
 			}
 			return true, nil
 		}); err != nil {

@@ -35,7 +35,7 @@ func copyRecord(r *recovery.ProviderRecord) (*recovery.ProviderRecord, error) {
 	}
 	out.Queue.NextAt = norm(r.Queue.NextAt)
 	if r.Queue.Sending != nil {
-		out.Queue.Sending = &recovery.Sending{Seq: r.Queue.Sending.Seq, Since: norm(r.Queue.Sending.Since)}
+		out.Queue.Sending = &recovery.Sending{Seq: r.Queue.Sending.Seq, Since: norm(r.Queue.Sending.Since), At: norm(r.Queue.Sending.At)}
 	}
 	out.Probe.NextAt = norm(r.Probe.NextAt)
 	if r.Probe.Pending != nil {
