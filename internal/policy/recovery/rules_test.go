@@ -263,10 +263,20 @@ func TestRacingCoresSendEachCommandOnce(t *testing.T) {
 	out := rec.Take()
 	seen := map[string]int{}
 	dispatches := 0
+	var last *events.Dispatch
 	for _, o := range out {
 		seen[o.ID]++
 		if o.Type == simulate.OutputDispatch {
 			dispatches++
+		}
+		// The releases (attempt 1; the redispatches are attempt 2), in
+		// the order stored, are 1/drain_rate apart, whichever core sent
+		// them.
+		if d, ok := o.Msg.(*events.Dispatch); ok && d.Attempt == 1 {
+			if last != nil && d.At.Sub(last.At.Time) < time.Second/time.Duration(cfg.DrainRate) {
+				t.Errorf("%s released %s after %s", d.TaskID, d.At.Sub(last.At.Time), last.TaskID)
+			}
+			last = d
 		}
 	}
 	if dispatches != 205 {
@@ -567,5 +577,61 @@ func TestRacingCoresPaceTheRelease(t *testing.T) {
 		if gap := d.At.Sub(held[i-1].At.Time); gap < interval {
 			t.Errorf("%s released %s after %s, faster than drain_rate %g/s", d.TaskID, gap, held[i-1].TaskID, cfg.DrainRate)
 		}
+	}
+}
+
+// A held task claimed without a release time (a record saved by a version
+// that claimed only the task) is claimed again with one and released once,
+// paced like the others.
+func TestClaimWithoutReleaseTimeIsClaimedAgain(t *testing.T) {
+	ctx := context.Background()
+	cfg := recovery.DefaultConfig()
+	cfg.DrainRate = 50
+	interval := time.Second / 50
+	mem, rec := memstore.New(), &simulate.Recorder{}
+	c, err := recovery.New(cfg, mem, rec, recovery.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	recAt := t0.Add(time.Hour)
+	steps := []recovery.Input{health(t0, events.HealthOutage)}
+	for i := range 3 {
+		steps = append(steps, taskIn(t0.Add(time.Minute), fmt.Sprintf("held-%02d", i), "a"))
+	}
+	steps = append(steps, health(recAt, events.HealthRecovered))
+	for _, in := range steps {
+		if err := c.Step(ctx, in, in.At().Time); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rec.Take()
+	if err := c.Advance(ctx, down, recAt); err != nil { // releases held-00
+		t.Fatal(err)
+	}
+	r, rev, err := mem.LoadProvider(ctx, down)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next, err := mem.TasksAfter(ctx, down, r.Queue.Cursor, r.Queue.LastSeq, 1)
+	if err != nil || len(next) != 1 || next[0].Task.ID != "held-01" {
+		t.Fatalf("next held task %+v, %v", next, err)
+	}
+	r.Queue.Sending = &recovery.Sending{Seq: next[0].Seq, Since: events.At(recAt.Add(interval))}
+	if _, err := mem.SaveProvider(ctx, r, rev); err != nil {
+		t.Fatal(err)
+	}
+	for ms := 20; ms <= 200; ms += 5 {
+		if err := c.Advance(ctx, down, recAt.Add(time.Duration(ms)*time.Millisecond)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got []string
+	for _, o := range rec.Take() {
+		if d, ok := o.Msg.(*events.Dispatch); ok {
+			got = append(got, fmt.Sprintf("%s@%s", d.TaskID, d.At.Sub(recAt)))
+		}
+	}
+	if want := []string{"held-00@0s", "held-01@20ms", "held-02@40ms"}; !slices.Equal(got, want) {
+		t.Fatalf("released %v, want %v", got, want)
 	}
 }
