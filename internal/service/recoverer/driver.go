@@ -63,8 +63,12 @@ func (s *Service) drive(ctx context.Context) error {
 				}
 				continue
 			}
+			// Each provider is advanced at a fresh clock reading, not the
+			// one this round began with: the advances before it may have
+			// taken a while, and a release or probe claimed at a stale time
+			// leaves the next one due early for the other replicas.
 			var err error
-			if !s.guard(ctx, ProviderKey(p), nil, func() { err = s.core.Advance(ctx, p, now) }) {
+			if !s.guard(ctx, ProviderKey(p), nil, func() { err = s.core.Advance(ctx, p, s.opts.Now()) }) {
 				continue
 			}
 			if err != nil {
