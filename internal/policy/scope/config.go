@@ -46,8 +46,10 @@ type Config struct {
 	// to 5m.
 	Window time.Duration `yaml:"window" json:"window"`
 	// OutageMinFailures is the least number of network failures since the
-	// provider's latest success, within Window, for an outage. Must be >= 1.
-	// Defaults to 3.
+	// provider's latest success, within Window, for an outage; when at
+	// least half of ErrorSample of its latest calls lie within Window,
+	// ErrorRatio of them must have failed too (a busy provider meets a few
+	// failures in a row by chance). Must be >= 1. Defaults to 3.
 	OutageMinFailures int `yaml:"outage_min_failures" json:"outage_min_failures"`
 	// RecoveryMinSuccesses is how many successes in a row (network failures
 	// break the row) recover a provider from an outage. Must be >= 2: never

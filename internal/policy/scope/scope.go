@@ -15,7 +15,10 @@
 //     result, a network-layer failure (class scope network: transport,
 //     timeout, tls, dns) within the window, and at least
 //     scope.outage_min_failures network failures came since the provider's
-//     latest success. Failures then become wait_provider (or switch_provider
+//     latest success — unless half of scope.error_sample of its latest
+//     calls lie within the window and fewer than scope.error_ratio of them
+//     failed (a busy provider meets a few failures in a row by chance).
+//     Failures then become wait_provider (or switch_provider
 //     to a healthy scope.failover alternative): switching models only burns
 //     time, tokens and rate limit on a dead network path. A health record
 //     {state: outage} and a CRITICAL notification go out — the provider's

@@ -3,6 +3,7 @@ package scope
 import (
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -254,4 +255,46 @@ func TestStateKeepsAtMostMaxProfilesAndModels(t *testing.T) {
 	if err := (Config{Window: time.Minute, OutageMinFailures: 1, RecoveryMinSuccesses: 2, RecoveryMinTime: time.Minute, ForgetAfter: time.Hour}).Validate(); err == nil {
 		t.Fatal("max_profiles 0 accepted")
 	}
+}
+
+// A provider serving hundreds of calls a second meets "network failures
+// in a row on every profile" by chance when a tenth of its calls fail
+// at the network layer; it is not down while most of its calls succeed.
+// When its path really goes down, every call fails and it is an outage
+// within half a sample of failures.
+func TestScopeOutageOnABusyProvider(t *testing.T) {
+	t.Parallel()
+	cfg := DefaultConfig()
+	profiles := []string{"key-1", "key-2", "key-3"}
+	busy := func(n int, failShare float64, seed uint64) []scopeObs {
+		rng := rand.New(rand.NewPCG(seed, 1))
+		seq := make([]scopeObs, n)
+		for i := range seq {
+			class := events.ClassOK
+			if rng.Float64() < failShare {
+				class = events.ClassTransport
+			}
+			seq[i] = scopeObs{after: time.Duration(i) * 300 * time.Microsecond, profile: profiles[rng.IntN(len(profiles))], model: "gpt", class: class}
+		}
+		return seq
+	}
+	t.Run("a tenth of its calls fail: no outage", func(t *testing.T) {
+		t.Parallel()
+		for seed := range uint64(3) {
+			if _, health, _, _ := scopeRun(cfg, busy(30_000, 0.1, seed)); strings.Contains(scopeStates(health), "outage") {
+				t.Errorf("seed %d: %s", seed, scopeStates(health))
+			}
+		}
+	})
+	t.Run("then every call fails: outage", func(t *testing.T) {
+		t.Parallel()
+		seq := busy(3_000, 0.1, 7)
+		end := seq[len(seq)-1].after
+		for i := range errorCalls(cfg) + 1 {
+			seq = append(seq, scopeObs{after: end + time.Duration(i+1)*300*time.Microsecond, profile: profiles[i%len(profiles)], model: "gpt", class: events.ClassTransport})
+		}
+		if _, health, _, _ := scopeRun(cfg, seq); !strings.HasSuffix(scopeStates(health), "openai:outage") {
+			t.Errorf("health %q, want an outage at the end", scopeStates(health))
+		}
+	})
 }

@@ -132,7 +132,7 @@ func (s *ProviderState) outageCondition(cfg Config, now time.Time) (reason strin
 				n++
 			}
 		}
-		if n >= cfg.OutageMinFailures {
+		if n >= cfg.OutageMinFailures && !s.mostlySucceeding(cfg, now) {
 			return fmt.Sprintf("every profile (%s) fails at the network layer (%s) within %s, %d network failures since the last success",
 				strings.Join(names, ", "), strings.Join(sortedKeys(classes), ", "), cfg.Window, n), true, true
 		}
@@ -148,6 +148,20 @@ func (s *ProviderState) outageCondition(cfg Config, now time.Time) (reason strin
 	}
 	return fmt.Sprintf("every profile (%s) fails on the provider's side (%s): %d calls within %s, none succeeded",
 		strings.Join(names, ", "), strings.Join(sortedKeys(classes), ", "), failed, cfg.Window), false, true
+}
+
+// mostlySucceeding reports whether the provider's latest calls within
+// the window are enough to judge it by (half of error_sample) and fewer
+// than error_ratio of them failed: a provider that busy and that healthy
+// is not down because a few network failures came in a row, which
+// happens by chance once it serves hundreds of calls a second (a fleet
+// at 3k calls/s with 10 % scattered network failures met the count rule
+// every few seconds). A path that is really down fails every call, and
+// the share crosses error_ratio within half a sample; with fewer calls
+// in the window the count rule decides alone, as for a single agent.
+func (s *ProviderState) mostlySucceeding(cfg Config, now time.Time) bool {
+	calls, failed := s.errorShare(cfg, now)
+	return calls >= errorCalls(cfg) && float64(failed) < cfg.ErrorRatio*float64(calls)
 }
 
 // errorCalls is how many of the provider's calls within the window the
