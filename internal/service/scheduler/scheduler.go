@@ -160,6 +160,15 @@ const (
 	// cores measured the whole bus caught up at 2.0k outcomes/s with 4,
 	// 2.3k with 8 and 2.9k with 16 before the pipelined runner.
 	DefaultConcurrency = 64
+	// DefaultMaxInFlight is the classifications' runner's window
+	// (consumer.Config.MaxInFlight) unless Config.Runner sets one; the
+	// consumer's max_ack_pending (1000 in the topology) bounds it. An
+	// input is acknowledged only once the fault-scope write holding its
+	// fold is stored, up to ScopeLinger after it is handled, so the
+	// window must hold what arrives in a linger: with the runner's
+	// default of 256 and a 20ms linger, the scheduler took at most about
+	// 256 per 21ms (12k/s) whatever the CPU left it.
+	DefaultMaxInFlight = 4096
 	// DefaultScopeLinger is Config.ScopeLinger's default: at 2k
 	// outcomes/s over 5 providers, about eight classifications to a
 	// fault-scope write.
@@ -267,6 +276,7 @@ type Config struct {
 	// Runner holds the consumer runner settings shared by the two runners:
 	// Logger, Registerer, Concurrency (defaults to DefaultConcurrency for
 	// classifications; started/cancel records always run one at a time),
+	// MaxInFlight (defaults to DefaultMaxInFlight for classifications),
 	// FetchBatch, Middleware, FetchWait, DrainTimeout, Backoff, MaxDeliver.
 	// Service, Stream, Consumer, ConsumerConfig and Decode are set here and
 	// must be left empty.
@@ -401,6 +411,9 @@ func New(js jetstream.JetStream, opts Config) (*Service, error) {
 	cc.Service, cc.Consumer = Name, topology.ConsumerScheduler
 	if cc.Concurrency == 0 {
 		cc.Concurrency = DefaultConcurrency
+	}
+	if cc.MaxInFlight == 0 {
+		cc.MaxInFlight = DefaultMaxInFlight
 	}
 	cc.Key = BudgetLane
 	if s.classified, err = consumer.New(js, cc, s.handleClassified); err != nil {

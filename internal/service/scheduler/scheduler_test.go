@@ -1475,3 +1475,69 @@ func TestClassificationsShareTheNextScopeWrite(t *testing.T) {
 		})
 	}
 }
+
+// A classification is acknowledged only once the fault-scope write that
+// holds its fold is stored, up to a linger after it is handled, so the
+// scheduler's window must hold everything that arrives in a linger: more
+// than the runner's default of 256 here, all handled while none is
+// written, then one write for all of them.
+func TestALingerHoldsMoreThanTheRunnersDefaultWindow(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var handled atomic.Int32
+	count := func(h consumer.Handler) consumer.Handler {
+		return func(ctx context.Context, m *consumer.Msg, out *consumer.Outputs) error {
+			err := h(ctx, m, out)
+			handled.Add(1)
+			return err
+		}
+	}
+	reg := prometheus.NewRegistry()
+	_, stop := b.start(scheduler.Config{ScopeLinger: time.Hour, Runner: consumer.Config{Registerer: reg, Middleware: []consumer.Middleware{count}}})
+	// A window too small fills with inputs waiting for the write; they
+	// give up waiting after the runner's settle timeout and are handed
+	// back, which frees room for the rest: handled, but not in one linger.
+	failed := func() float64 {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0.0
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if mf.GetName() == "failbus_consumer_messages_total" && l.GetName() == "result" && l.GetValue() != "ack" {
+						n += m.GetCounter().GetValue()
+					}
+				}
+			}
+		}
+		return n
+	}
+	cons, err := b.js.Consumer(b.ctx, topology.StreamClassified, topology.ConsumerScheduler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 400
+	for i := range n {
+		b.publish(cls(fmt.Sprintf("ok-%d", i), fmt.Sprintf("ag-%d", i%40), "deepseek", "key-1", events.ClassOK, 1, i+1, 0), "")
+	}
+	b.poll("every success handled, none acknowledged or handed back", func() bool {
+		if f := failed(); f > 0 {
+			t.Fatalf("%v inputs settled otherwise than acknowledged while their fold waited for the write", f)
+		}
+		info, err := cons.Info(b.ctx)
+		return handled.Load() == n && err == nil && info.NumPending == 0 && info.NumAckPending == n
+	})
+	stop()
+	b.poll("every classification acknowledged", func() bool {
+		return b.idle(topology.StreamClassified, topology.ConsumerScheduler)
+	})
+	kv, err := b.js.KeyValue(b.ctx, topology.BucketScope)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e, err := kv.Get(b.ctx, "deepseek"); err != nil || e.Revision() != 1 {
+		t.Fatalf("the fault scope after the stop: %v, want one write for all (revision 1)", err)
+	}
+}
