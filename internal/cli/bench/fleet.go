@@ -357,6 +357,12 @@ func (r *fleetRunner) failbusLoad(ctx context.Context, load string, raw *fleetRa
 		rate = res.HeldPerS / 2
 	}
 	if rate > 0 && r.cfg.latencyHold > 0 {
+		// The search's retries come due first: measured during the
+		// latency run, a hold's burst of due retries (JetStream writing
+		// up to rate × hold of them at once) would be its tail.
+		if err := r.awaitRetriesDue(ctx, "the search's"); err != nil {
+			return res, err
+		}
 		lat, err := r.latency(ctx, p, rate, raw)
 		if err != nil {
 			return res, fmt.Errorf("latency: %w", err)

@@ -63,7 +63,9 @@ instead steps through the given rates until one is not held. A hold whose
 backlog outgrows twice what the rate publishes in --drain stops early.
 At half the held rate (or --latency-rate), for --latency-hold (10s): decision latency, each
 failure's publish → its decision stored on failbus.decision.<agent>
-(p50, p99; content refusals are the refusal tiers' and not counted).
+(p50, p99; content refusals are the refusal tiers' and not counted),
+once the search's retries have come due (--cpu-settle after its last
+hold).
 
 Beside it, raw JetStream on the same server in the same run (--fleet-raw,
 on by default): the same outcomes' bytes published to a scratch stream and
@@ -126,7 +128,7 @@ func registerFleetFlags(fs *flag.FlagSet) *fleetFlags {
 		cpuRate:     fs.Int("cpu-rate", fleetDefaultCPURate, "--fleet: rate of the CPU runs, outcomes/s"),
 		cpuRounds:   fs.Int("cpu-rounds", fleetDefaultCPURounds, "--fleet: rounds of the CPU runs (median)"),
 		trace:       fs.String("trace", "", "--fleet: write an execution trace of the first latency run's publish span (the bus, in process, at a rate it holds) to this file, for go tool trace (-pprof=sync, net, sched: where decisions waited)"),
-		cpuSettle:   fs.Duration("cpu-settle", fleetStormDue, "--fleet: how long after the latest retried failure (the loads', a CPU round's 429s) CPU is measured: their retries come due first, JetStream's writes, not the next span's"),
+		cpuSettle:   fs.Duration("cpu-settle", fleetStormDue, "--fleet: how long after the latest retried failure (the loads', a CPU round's 429s) CPU and decision latency are measured: their retries come due first, JetStream's writes, not the next span's"),
 	}
 	f.conn.Register(fs)
 	return f
