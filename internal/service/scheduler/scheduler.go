@@ -270,7 +270,9 @@ type Config struct {
 	// the health record. Longer folds more classifications into one write
 	// and acknowledges them later. Defaults to DefaultScopeLinger;
 	// negative: no wait (what is folded while a write is in flight still
-	// shares the next one).
+	// shares the next one). Keep it well under 10s: the runner hands back
+	// an input whose Outputs.After wait (here, its write) has not ended
+	// 10s after it was handled (`failbus scheduler` refuses 5s or more).
 	ScopeLinger time.Duration
 
 	// Runner holds the consumer runner settings shared by the two runners:
