@@ -915,7 +915,7 @@ func (r *fleetRunner) awaitRetriesDue(ctx context.Context, whose string) error {
 	if wait <= 0 {
 		return nil
 	}
-	fmt.Fprintf(r.progress, "fleet: CPU: %.0fs for %s retries to come due\n", wait.Seconds(), whose)
+	fmt.Fprintf(r.progress, "fleet: %.0fs for %s retries to come due\n", wait.Seconds(), whose)
 	select {
 	case <-time.After(wait): // keeping JetStream's due writes out of the next span, not a test
 		return nil
