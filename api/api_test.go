@@ -28,8 +28,10 @@ var update = flag.Bool("update", false, "rewrite exported.txt from the code")
 // carry from their internal packages (they were public, and not listed);
 // 526 → 527 for consumer's Outputs.After (a handler's shared write, such
 // as the scheduler's fault-scope write of a provider's successes, settles
-// its input without holding its worker).
-const maxExported = 527
+// its input without holding its worker); 527 → 528 for consumer's
+// SettleTimeout (how long such a wait may last before the input is
+// handed back: the scheduler's longest scope linger is derived from it).
+const maxExported = 528
 
 // publicDirs are the public package trees.
 var publicDirs = []string{"pkg", "jetstream"}

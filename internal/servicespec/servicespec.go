@@ -58,12 +58,6 @@ func Classifier() daemon.Spec {
 	}
 }
 
-// maxScopeLinger bounds --scope-linger: the consumer runner hands back an
-// input whose Outputs.After waits have not ended 10s after it was
-// handled, and a classification waits for the scope write holding its
-// fold, so a linger near that would hand back every input it holds.
-const maxScopeLinger = 5 * time.Second
-
 // Scheduler is the scheduler service, with the refusal tiers beside it
 // unless --refusals=false.
 func Scheduler() daemon.Spec {
@@ -96,8 +90,8 @@ func Scheduler() daemon.Spec {
 			if linger < 0 {
 				return fmt.Errorf("--scope-linger %v: must not be negative", linger)
 			}
-			if linger >= maxScopeLinger {
-				return fmt.Errorf("--scope-linger %v: must be under %v: a classification waits for the write that stores its fold, and an input that waits 10s is handed back to the server", linger, maxScopeLinger)
+			if linger >= scheduler.MaxScopeLinger {
+				return fmt.Errorf("--scope-linger %v: must be under %v: a classification waits for the write that stores its fold, and the runner hands back an input still waiting after %v", linger, scheduler.MaxScopeLinger, consumer.SettleTimeout)
 			}
 			if policyPoll <= 0 {
 				return fmt.Errorf("--policy-poll %v: must be positive", policyPoll)

@@ -103,7 +103,7 @@ func (r *Runner) deadLetter(ctx context.Context, m *Msg, reason string) (string,
 		return r.nak(m, r.cfg.backoff(m.Delivered), resultError, err.Error())
 	}
 	hdr.Set(events.HeaderMsgID, msgid.DeadLetter(r.cfg.Service, m.Stream, m.Seq))
-	pctx, cancel := context.WithTimeout(ctx, settleTimeout)
+	pctx, cancel := context.WithTimeout(ctx, SettleTimeout)
 	defer cancel()
 	_, err = r.js.PublishMsg(pctx, &nats.Msg{Subject: events.DLQSubject(r.cfg.Service), Header: hdr, Data: data})
 	if ctx.Err() == nil {
@@ -197,7 +197,7 @@ func Quarantine(ctx context.Context, js jetstream.JetStream, service string, m *
 		return err
 	}
 	hdr.Set(events.HeaderMsgID, msgid.DeadLetter(service, m.Stream, m.Seq))
-	pctx, cancel := context.WithTimeout(ctx, settleTimeout)
+	pctx, cancel := context.WithTimeout(ctx, SettleTimeout)
 	defer cancel()
 	if _, err := js.PublishMsg(pctx, &nats.Msg{Subject: events.DLQSubject(service), Header: hdr, Data: data}); err != nil {
 		return fmt.Errorf("quarantine %s: %w", m.Subject, err)

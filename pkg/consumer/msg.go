@@ -192,8 +192,8 @@ func (o *Outputs) OnStored(fn func(fresh bool)) {
 // until that write lands. The input stays unacknowledged meanwhile, so a
 // process that dies first has it redelivered, and the work must be
 // idempotent. wait runs on the runner's settling goroutine, in the
-// inputs' order, with a context that ends after the runner's settle
-// timeout (10 s): it must return once the shared write is done or ctx
+// inputs' order, with a context that ends SettleTimeout after the
+// handler returned: it must return once the shared write is done or ctx
 // ends. An error from it is handled as a failed output: the input is
 // redelivered after the backoff, or dead-lettered on its last delivery.
 // Nothing waits when the handler returns an error.

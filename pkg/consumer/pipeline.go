@@ -174,7 +174,7 @@ func (pl *pipeline) dequeue(d *delivery) {
 // AckWait before a worker starts it, and be redelivered while it is still
 // here: handled twice, its outputs deduplicated, but the work and the
 // redelivery count spent. A handler keeps its own input alive
-// (Heartbeat); outputs being stored wait at most settleTimeout.
+// (Heartbeat); outputs being stored wait at most SettleTimeout.
 func (pl *pipeline) keepAliveLoop(beat time.Duration) {
 	t := time.NewTicker(beat / 2)
 	defer t.Stop()
@@ -355,7 +355,7 @@ func (pl *pipeline) process(d *delivery) {
 	case herr == nil && out.err == nil && (len(out.outs) > 0 || len(out.after) > 0):
 		futures, err := r.publishAsync(out)
 		if err == nil {
-			pl.settleq <- &pending{m: m, out: out, futures: futures, start: d.start, deadline: time.Now().Add(settleTimeout)}
+			pl.settleq <- &pending{m: m, out: out, futures: futures, start: d.start, deadline: time.Now().Add(SettleTimeout)}
 			return
 		}
 		r.stored(err)
@@ -395,7 +395,7 @@ func (r *Runner) deadLetterAsync(m *Msg, reason string, herr error, start time.T
 	}
 	return &pending{
 		m: m, out: &Outputs{outs: []output{{subject: subject, msgID: id}}}, futures: []jetstream.PubAckFuture{f},
-		start: start, deadline: time.Now().Add(settleTimeout),
+		start: start, deadline: time.Now().Add(SettleTimeout),
 		dead: &deadPending{reason: dl.Reason, truncated: dl.Truncated, herr: herr},
 	}, nil
 }
@@ -467,7 +467,7 @@ func (pl *pipeline) finish(m *Msg, result, reason string, herr error, start time
 
 // stallWait is the async publish option every output is stored with,
 // made once (an option is a closure: one allocation per call).
-var stallWait = jetstream.WithStallWait(settleTimeout)
+var stallWait = jetstream.WithStallWait(SettleTimeout)
 
 // publishAsync starts storing every output; the futures say when each is
 // stored. The window bounds how many are in flight.
@@ -483,7 +483,7 @@ func (r *Runner) publishAsync(out *Outputs) ([]jetstream.PubAckFuture, error) {
 	return futures, nil
 }
 
-// errPublishTimeout: an output's PubAck did not come within settleTimeout.
+// errPublishTimeout: an output's PubAck did not come within SettleTimeout.
 var errPublishTimeout = errors.New("no acknowledgement from the stream in time")
 
 // await waits for every output of p to be stored; a duplicate is a
@@ -511,7 +511,7 @@ func (r *Runner) await(ctx context.Context, p *pending) (fresh bool, err error) 
 			case ack = <-f.Ok():
 			case err = <-f.Err():
 			case <-timer.C:
-				err = fmt.Errorf("%w (%v)", errPublishTimeout, settleTimeout)
+				err = fmt.Errorf("%w (%v)", errPublishTimeout, SettleTimeout)
 			case <-ctx.Done():
 				err = fmt.Errorf("not waited for: stopping while writes are not stored: %w", ctx.Err())
 			}

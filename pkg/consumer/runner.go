@@ -22,8 +22,12 @@ var (
 	ErrStopped = errors.New("consumer: stopped")
 )
 
-// settleTimeout bounds each output publish, dead-letter publish and ack.
-const settleTimeout = 10 * time.Second
+// SettleTimeout bounds the settling of a handled input: each output
+// publish, dead-letter publish and ack, and its Outputs.After waits, end
+// within it after the handler returned, or the input is handed back
+// (redelivered after the backoff). A handler that hands work to a
+// shared write (Outputs.After) must have it done well within this.
+const SettleTimeout = 10 * time.Second
 
 // fetchErrorPause is the wait after a failed pull before the next one, so an
 // unreachable server is not hammered.
@@ -181,7 +185,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	pl.close()
 	// Acks are published without waiting for the server's answer: flush
 	// them before returning, so a clean stop leaves nothing to redeliver.
-	if ferr := r.js.Conn().FlushTimeout(settleTimeout); ferr != nil && err == nil && !r.js.Conn().IsClosed() {
+	if ferr := r.js.Conn().FlushTimeout(SettleTimeout); ferr != nil && err == nil && !r.js.Conn().IsClosed() {
 		r.log.Warn().Err(ferr).Msg("flush acks on stop (unflushed ones are redelivered after AckWait; their outputs deduplicate)")
 	}
 	if err != nil {
@@ -283,7 +287,7 @@ func (r *Runner) pull(ctx context.Context, cons jetstream.Consumer, pl *pipeline
 	for ctx.Err() == nil {
 		if since := time.Since(lastSnap); since >= snapshotEvery || idle && since >= idleSnapshotEvery {
 			lastSnap = time.Now()
-			ictx, cancel := context.WithTimeout(ctx, settleTimeout)
+			ictx, cancel := context.WithTimeout(ctx, SettleTimeout)
 			if info, err := cons.Info(ictx); err == nil {
 				r.pos.snapshot(info)
 			}
@@ -329,7 +333,7 @@ func (r *Runner) pull(ctx context.Context, cons jetstream.Consumer, pl *pipeline
 		}
 		r.m.fetchErrors.WithLabelValues(r.cfg.Service).Inc()
 		if consumerGone(err) && ctx.Err() == nil {
-			hctx, cancel := context.WithTimeout(ctx, settleTimeout)
+			hctx, cancel := context.WithTimeout(ctx, SettleTimeout)
 			healed, herr := r.heal(hctx, err)
 			cancel()
 			if herr == nil {

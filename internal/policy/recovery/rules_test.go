@@ -530,12 +530,7 @@ func TestRacingCoresPaceTheRelease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	steps := []recovery.Input{health(t0, events.HealthOutage)}
-	for i := range n {
-		steps = append(steps, taskIn(t0.Add(time.Minute), fmt.Sprintf("held-%02d", i), "a"))
-	}
-	steps = append(steps, health(recAt, events.HealthRecovered))
-	for _, in := range steps {
+	for _, in := range heldThenRecovered(n, recAt) {
 		if err := early.Step(ctx, in, in.At().Time); err != nil {
 			t.Fatal(err)
 		}
@@ -580,6 +575,16 @@ func TestRacingCoresPaceTheRelease(t *testing.T) {
 	}
 }
 
+// heldThenRecovered is the outage of the provider down at t0, n tasks
+// held-00… submitted during it, and its recovery at recAt.
+func heldThenRecovered(n int, recAt time.Time) []recovery.Input {
+	steps := []recovery.Input{health(t0, events.HealthOutage)}
+	for i := range n {
+		steps = append(steps, taskIn(t0.Add(time.Minute), fmt.Sprintf("held-%02d", i), "a"))
+	}
+	return append(steps, health(recAt, events.HealthRecovered))
+}
+
 // A held task claimed without a release time (a record saved by a version
 // that claimed only the task) is claimed again with one and released once,
 // paced like the others.
@@ -594,12 +599,7 @@ func TestClaimWithoutReleaseTimeIsClaimedAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	recAt := t0.Add(time.Hour)
-	steps := []recovery.Input{health(t0, events.HealthOutage)}
-	for i := range 3 {
-		steps = append(steps, taskIn(t0.Add(time.Minute), fmt.Sprintf("held-%02d", i), "a"))
-	}
-	steps = append(steps, health(recAt, events.HealthRecovered))
-	for _, in := range steps {
+	for _, in := range heldThenRecovered(3, recAt) {
 		if err := c.Step(ctx, in, in.At().Time); err != nil {
 			t.Fatal(err)
 		}

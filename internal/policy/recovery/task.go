@@ -188,9 +188,12 @@ func (c *Core) drain(ctx context.Context, provider string, reason string, now ti
 			return true, nil
 		}
 		q := &r.Queue
+		// A task claimed with its release time is sent at that time;
+		// any other waits until the next release is due.
 		claim := q.claimed()
-		if claim == nil && !q.NextAt.IsZero() && now.Before(q.NextAt.Time) {
-			return false, nil // the next release is not due yet
+		due := q.NextAt.IsZero() || !now.Before(q.NextAt.Time)
+		if claim == nil && !due {
+			return false, nil
 		}
 		var tasks []StoredTask
 		if q.LastSeq > q.Cursor {
@@ -212,7 +215,7 @@ func (c *Core) drain(ctx context.Context, provider string, reason string, now ti
 		}
 		t := tasks[0]
 		if claim == nil || claim.Seq != t.Seq {
-			if claim != nil && !q.NextAt.IsZero() && now.Before(q.NextAt.Time) {
+			if !due {
 				return false, nil // not this task's claim: it waits its turn
 			}
 			if q.Sending != nil && q.Sending.Seq == t.Seq {

@@ -173,6 +173,14 @@ const (
 	// outcomes/s over 5 providers, about eight classifications to a
 	// fault-scope write.
 	DefaultScopeLinger = 20 * time.Millisecond
+	// MaxScopeLinger bounds Config.ScopeLinger in a deployment
+	// (`failbus scheduler` refuses it or more): a classification is
+	// acknowledged once the write holding its fold is stored, and the
+	// runner hands back an input still waiting consumer.SettleTimeout
+	// after its handler returned, so a linger near that would hand back
+	// every input it holds. Config itself takes any (tests linger for
+	// an hour to mean never).
+	MaxScopeLinger = consumer.SettleTimeout / 2
 	// PolicyKVKey is the key of the active policy (YAML, the --policy file
 	// format) in KV bucket FAILBUS_POLICY.
 	PolicyKVKey = "active"
@@ -270,9 +278,7 @@ type Config struct {
 	// the health record. Longer folds more classifications into one write
 	// and acknowledges them later. Defaults to DefaultScopeLinger;
 	// negative: no wait (what is folded while a write is in flight still
-	// shares the next one). Keep it well under 10s: the runner hands back
-	// an input whose Outputs.After wait (here, its write) has not ended
-	// 10s after it was handled (`failbus scheduler` refuses 5s or more).
+	// shares the next one). Under MaxScopeLinger in a deployment.
 	ScopeLinger time.Duration
 
 	// Runner holds the consumer runner settings shared by the two runners:

@@ -90,6 +90,16 @@ func (b *bench) poll(what string, cond func() bool) {
 	}
 }
 
+// scopeBucket is the fault scope's KV bucket.
+func (b *bench) scopeBucket() jetstream.KeyValue {
+	b.t.Helper()
+	kv, err := b.js.KeyValue(b.ctx, topology.BucketScope)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	return kv
+}
+
 // cls is a classified failure of one call.
 func cls(id, agentName, provider, profile, class string, turn, step int, afterMS int64) *events.Classification {
 	c := &events.Classification{
@@ -1398,10 +1408,7 @@ func TestClassificationsShareTheNextScopeWrite(t *testing.T) {
 					info, err := cons.Info(b.ctx)
 					return handled.Load() == n && err == nil && info.NumPending == 0 && info.NumAckPending == n
 				})
-				kv, err := b.js.KeyValue(b.ctx, topology.BucketScope)
-				if err != nil {
-					t.Fatal(err)
-				}
+				kv := b.scopeBucket()
 				if _, err := kv.Get(b.ctx, "deepseek"); !errors.Is(err, jetstream.ErrKeyNotFound) {
 					t.Fatalf("fault scope written while its successes linger: %v", err)
 				}
@@ -1420,10 +1427,7 @@ func TestClassificationsShareTheNextScopeWrite(t *testing.T) {
 					info, err := cons.Info(b.ctx)
 					return handled.Load() == n+1 && err == nil && info.NumAckPending == n+1
 				})
-				kv, err := b.js.KeyValue(b.ctx, topology.BucketScope)
-				if err != nil {
-					t.Fatal(err)
-				}
+				kv := b.scopeBucket()
 				if _, err := kv.Get(b.ctx, "deepseek"); !errors.Is(err, jetstream.ErrKeyNotFound) {
 					t.Fatalf("fault scope written before the linger ends: %v", err)
 				}
@@ -1446,13 +1450,8 @@ func TestClassificationsShareTheNextScopeWrite(t *testing.T) {
 				}
 				stop()
 			}
-			b.poll("every classification acknowledged", func() bool {
-				return b.idle(topology.StreamClassified, topology.ConsumerScheduler)
-			})
-			kv, err := b.js.KeyValue(b.ctx, topology.BucketScope)
-			if err != nil {
-				t.Fatal(err)
-			}
+			b.waitIdle() // every classification acknowledged
+			kv := b.scopeBucket()
 			// The bucket keeps one value per key; deepseek is its only
 			// key, so the key's revision counts the writes to it.
 			e, err := kv.Get(b.ctx, "deepseek")
@@ -1530,13 +1529,8 @@ func TestALingerHoldsMoreThanTheRunnersDefaultWindow(t *testing.T) {
 		return handled.Load() == n && err == nil && info.NumPending == 0 && info.NumAckPending == n
 	})
 	stop()
-	b.poll("every classification acknowledged", func() bool {
-		return b.idle(topology.StreamClassified, topology.ConsumerScheduler)
-	})
-	kv, err := b.js.KeyValue(b.ctx, topology.BucketScope)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b.waitIdle() // every classification acknowledged
+	kv := b.scopeBucket()
 	if e, err := kv.Get(b.ctx, "deepseek"); err != nil || e.Revision() != 1 {
 		t.Fatalf("the fault scope after the stop: %v, want one write for all (revision 1)", err)
 	}
