@@ -79,6 +79,8 @@ const (
 	fleetRelayTwo   = "bench-fleet-relay-2"
 	fleetRawTwoName = "raw/2"
 	fleetRawThrName = "raw/3"
+	fleetRawOKName  = "raw/ok"
+	fleetRaw429Name = "raw/429"
 )
 
 // fleetBacklogStreams are the streams whose durable consumers must be
@@ -170,6 +172,9 @@ type fleetLoadResult struct {
 	// Raw2Ratio and Raw3Ratio are HeldPerS over raw/2's and raw/3's.
 	Raw2Ratio float64 `json:"raw2_ratio,omitempty"`
 	Raw3Ratio float64 `json:"raw3_ratio,omitempty"`
+	// Raw429Ratio is the storm's HeldPerS over raw/429's: the bus against
+	// the least the contract writes for a retried failure.
+	Raw429Ratio float64 `json:"raw429_ratio,omitempty"`
 	// Latency at half HeldPerS (failbus loads).
 	Latency *fleetLatency `json:"latency,omitempty"`
 	// Counts over the whole load (steps and latency run).
@@ -230,8 +235,12 @@ type fleetCPU struct {
 	NoRetryUS float64 `json:"no_retry_us"`
 	Raw2US    float64 `json:"raw2_us,omitempty"`
 	Raw3US    float64 `json:"raw3_us,omitempty"`
+	// RawOKUS and Raw429US are the pipelines of the bus's own shape
+	// (fleetraw.go): what a success and a retried failure cost at least.
+	RawOKUS  float64 `json:"raw_ok_us,omitempty"`
+	Raw429US float64 `json:"raw_429_us,omitempty"`
 	// Each round's figures, in the order measured: success, no retry,
-	// raw/2 and raw/3 (when measured), retry.
+	// raw/2, raw/3, raw/ok and raw/429 (when measured), retry.
 	RoundsUS [][]float64 `json:"rounds_us"`
 }
 
@@ -310,8 +319,12 @@ func (r *fleetRunner) fleet(ctx context.Context, rep *fleetReport) error {
 		for _, l := range rep.Loads {
 			start = max(start, l.HeldPerS)
 		}
-		for _, writes := range []int{2, 3} {
-			p := raw.pipeline(r, writes)
+		shapes := []fleetRawShape{rawTwo, rawThree}
+		if slices.Contains(r.cfg.loads, loadStorm) {
+			shapes = append(shapes, raw429)
+		}
+		for _, shape := range shapes {
+			p := raw.pipeline(r, shape)
 			fmt.Fprintf(r.progress, "fleet: %s\n", p.name)
 			steps, held, err := r.search(ctx, p, start)
 			if err != nil {
@@ -326,6 +339,9 @@ func (r *fleetRunner) fleet(ctx context.Context, rep *fleetReport) error {
 			}
 			if h := rep.Raw[1].HeldPerS; h > 0 {
 				l.Raw3Ratio = float64(l.HeldPerS) / float64(h)
+			}
+			if l.Name == loadStorm && len(rep.Raw) > 2 && rep.Raw[2].HeldPerS > 0 {
+				l.Raw429Ratio = float64(l.HeldPerS) / float64(rep.Raw[2].HeldPerS)
 			}
 		}
 	}
@@ -838,7 +854,7 @@ func (r *fleetRunner) cpuByKind(ctx context.Context, raw *fleetRaw) (fleetCPU, e
 	// JetStream's writes, not the next kind's.
 	pipes := []fleetPipeline{r.busPipeline(loadSuccess, nil), r.busPipeline(loadNoRetry, nil)}
 	if raw != nil {
-		pipes = append(pipes, raw.pipeline(r, 2), raw.pipeline(r, 3))
+		pipes = append(pipes, raw.pipeline(r, rawTwo), raw.pipeline(r, rawThree), raw.pipeline(r, rawOK), raw.pipeline(r, raw429))
 	}
 	pipes = append(pipes, r.busPipeline(loadRetry, nil))
 	d := time.Duration(float64(r.cfg.cpuN) / float64(r.cfg.cpuRate) * float64(time.Second))
@@ -902,7 +918,7 @@ func (r *fleetRunner) cpuByKind(ctx context.Context, raw *fleetRaw) (fleetCPU, e
 	out.Measured = true
 	out.SuccessUS, out.NoRetryUS, out.RetryUS = med[0], med[1], med[len(med)-1]
 	if raw != nil {
-		out.Raw2US, out.Raw3US = med[2], med[3]
+		out.Raw2US, out.Raw3US, out.RawOKUS, out.Raw429US = med[2], med[3], med[4], med[5]
 	}
 	return out, nil
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"math"
 	"net/http/httptest"
 	"os"
@@ -15,11 +16,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/failbus/failbus/internal/bustest"
 	"github.com/failbus/failbus/internal/devbus"
 	"github.com/failbus/failbus/internal/embedded"
 	"github.com/failbus/failbus/internal/policy/classify"
@@ -167,17 +170,26 @@ func TestFleetServer(t *testing.T) {
 	}
 	l := rep.Loads[0]
 	checkFleetLoad(t, l)
-	if len(rep.Raw) != 2 || rep.Raw[0].Name != fleetRawTwoName || rep.Raw[1].Name != fleetRawThrName || len(rep.Raw[0].Steps) != 1 || len(rep.Raw[1].Steps) != 1 {
+	// The storm ran, so raw/429 (its own shape) is searched too.
+	if len(rep.Raw) != 3 || rep.Raw[0].Name != fleetRawTwoName || rep.Raw[1].Name != fleetRawThrName || rep.Raw[2].Name != fleetRaw429Name {
 		t.Fatalf("raw %+v", rep.Raw)
+	}
+	for _, r := range rep.Raw {
+		if len(r.Steps) != 1 {
+			t.Errorf("%s: steps %+v, want one", r.Name, r.Steps)
+		}
 	}
 	if r2 := rep.Raw[0].HeldPerS; r2 > 0 && l.Raw2Ratio != float64(l.HeldPerS)/float64(r2) {
 		t.Errorf("× raw/2 %v, held %d and %d", l.Raw2Ratio, l.HeldPerS, r2)
 	}
+	if r := rep.Raw[2].HeldPerS; r > 0 && l.Raw429Ratio != float64(l.HeldPerS)/float64(r) {
+		t.Errorf("× raw/429 %v, held %d and %d", l.Raw429Ratio, l.HeldPerS, r)
+	}
 	if l.Latency.Raw3.N != 50 {
 		t.Errorf("raw/3 latency over %d copies, want 50 (100/s for 0.5s)", l.Latency.Raw3.N)
 	}
-	if c := rep.CPU; c.Measured && (len(c.RoundsUS) != 1 || len(c.RoundsUS[0]) != 5) {
-		t.Errorf("cpu %+v: want one round of five figures", c)
+	if c := rep.CPU; c.Measured && (len(c.RoundsUS) != 1 || len(c.RoundsUS[0]) != 7 || c.RawOKUS != c.RoundsUS[0][4] || c.Raw429US != c.RoundsUS[0][5]) {
+		t.Errorf("cpu %+v: want one round of seven figures, raw/ok and raw/429 fifth and sixth", c)
 	}
 	if _, ok := cpuTime(); ok && (!rep.CPU.Measured || !strings.Contains(rep.CPU.Covers, "metrics")) {
 		t.Errorf("cpu %+v: want it measured from --metrics", rep.CPU)
@@ -282,5 +294,81 @@ func TestFleetGen(t *testing.T) {
 		if got := roundRate(v); got != want {
 			t.Errorf("roundRate(%d) = %d, want %d", v, got, want)
 		}
+	}
+}
+
+// TestRawPipelinesWriteTheirShape runs each raw pipeline on a real
+// server and counts what its streams stored: raw/ok reads the relayed
+// copy without writing it on, raw/429 writes three from each, so their
+// figures stand for a success's and a retried failure's least work.
+func TestRawPipelinesWriteTheirShape(t *testing.T) {
+	t.Parallel()
+	b := bustest.Start(t, time.Minute)
+	corpus, _, err := loadBenchCorpus("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gen, err := newFleetGen(corpus, 4, 5, 3, 0.9)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &fleetRunner{js: b.JS, gen: gen, run: "shape", progress: io.Discard, cfg: fleetConfig{window: 64}}
+	r.dial = func(name string) (*nats.Conn, error) { return b.Srv.Connect(nats.Name(name)) }
+	raw, err := r.startRaw(b.Ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.close(b.Ctx)
+	const n = 40
+	for i, tc := range []struct {
+		shape     fleetRawShape
+		name      string
+		two, thr  uint64
+		consumers int // whose backlog counts
+	}{
+		{rawTwo, fleetRawTwoName, n, 0, 1},
+		{rawThree, fleetRawThrName, n, n, 2},
+		{rawOK, fleetRawOKName, n, 0, 2},
+		{raw429, fleetRaw429Name, n, 3 * n, 2},
+		{rawTwo, fleetRawTwoName, n, 0, 1}, // the second relay stopped again
+	} {
+		p := raw.pipeline(r, tc.shape)
+		if p.name != tc.name {
+			t.Errorf("shape %v named %q, want %q", tc.shape, p.name, tc.name)
+		}
+		if sent, _, err := r.publish(b.Ctx, p, strconv.Itoa(i), 400, n*time.Second/400, nil, nil); err != nil || sent != n {
+			t.Fatalf("%s: published %d: %v", tc.name, sent, err)
+		}
+		if _, err := r.drain(b.Ctx, p, time.Now()); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		// Drained means relayed: the writes are stored before the reads
+		// are acknowledged.
+		for _, s := range []struct {
+			stream string
+			want   uint64
+		}{{fleetRawIn, n}, {fleetRawTwo, tc.two}, {fleetRawThree, tc.thr}} {
+			st, err := b.JS.Stream(b.Ctx, s.stream)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := st.CachedInfo().State.Msgs; got != s.want {
+				t.Errorf("%s: %s holds %d, want %d", tc.name, s.stream, got, s.want)
+			}
+		}
+		for k, rl := range raw.relays {
+			ci, err := rl.cons.Info(b.Ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			running := rl.cc != nil
+			if running != (k < tc.consumers) {
+				t.Errorf("%s: relay %d running %v", tc.name, k+1, running)
+			}
+			if running && (ci.NumPending != 0 || ci.NumAckPending != 0) {
+				t.Errorf("%s: relay %d left %d pending, %d unacknowledged", tc.name, k+1, ci.NumPending, ci.NumAckPending)
+			}
+		}
+		p.reset(b.Ctx)
 	}
 }

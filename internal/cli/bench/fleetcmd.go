@@ -72,10 +72,16 @@ on by default): the same outcomes' bytes published to a scratch stream and
 relayed by a pull consumer (async publish, ack once stored) to a second
 (raw/2: two writes per outcome) and on to a third (raw/3: three), each
 searched the same way from the highest rate failbus held; raw/3's latency
-is measured at each failbus load's latency rate.
+is measured at each failbus load's latency rate. Two more have the bus's
+own shape, the least any implementation of the contract writes and reads
+for a kind: raw/ok a success's (the relayed copy read by a second
+consumer, written nowhere: two writes, two reads) and raw/429 a retried
+failure's (three writes from each relayed copy, as ledger entry, schedule
+and decision: five writes, two reads). raw/429 is searched when the storm
+runs ("× own shape"), and both are in the CPU figures.
 
 CPU per outcome by kind: --cpu-n outcomes of each kind (successes only,
-the storm's 429s, non-retryable 400s) and of raw/2 and raw/3, paced at
+the storm's 429s, non-retryable 400s) and of the raw pipelines, paced at
 --cpu-rate, from the first publish until drained, less what the idle bus
 spends; the median of --cpu-rounds rounds. The 429s run last in a round,
 and the next round waits until their retries came due (30s). In process: the process's CPU time (bus, services,
@@ -333,8 +339,8 @@ func printFleet(w io.Writer, rep *fleetReport) {
 	fmt.Fprintf(w, "held:    each rate for %gs, every backlog drained within %gs after; %s; %.0fs in all\n", p.HoldS, p.DrainS, search, rep.ElapsedS)
 	fmt.Fprintln(w)
 
-	t := benchTable{align: "lrrrrrrl"}
-	t.add("LOAD", "held", "× raw/2", "× raw/3", "at half: p50", "p99", "raw/3 p99", "decisions at half")
+	t := benchTable{align: "lrrrrrrrl"}
+	t.add("LOAD", "held", "× raw/2", "× raw/3", "× own shape", "at half: p50", "p99", "raw/3 p99", "decisions at half")
 	for _, l := range rep.Loads {
 		name := l.Name
 		switch l.Name {
@@ -346,45 +352,49 @@ func printFleet(w io.Writer, rep *fleetReport) {
 		if l.Agents == 1 {
 			name += ", one agent"
 		}
-		row := []string{name, human(float64(l.HeldPerS)) + "/s", ratio(l.Raw2Ratio), ratio(l.Raw3Ratio), "", "", "", ""}
+		row := []string{name, human(float64(l.HeldPerS)) + "/s", ratio(l.Raw2Ratio), ratio(l.Raw3Ratio), ratio(l.Raw429Ratio), "", "", "", ""}
 		if lat := l.Latency; lat != nil {
-			row[4], row[5] = fmtMS(lat.Failbus.P50MS), fmtMS(lat.Failbus.P99MS)
+			row[5], row[6] = fmtMS(lat.Failbus.P50MS), fmtMS(lat.Failbus.P99MS)
 			if lat.Raw3.N > 0 {
-				row[6] = fmtMS(lat.Raw3.P99MS)
+				row[7] = fmtMS(lat.Raw3.P99MS)
 			}
-			row[7] = fmt.Sprintf("%d of %d at %s/s: %s", lat.Failbus.N, lat.Expected, human(float64(lat.RatePerS)), actions(lat.Actions))
+			row[8] = fmt.Sprintf("%d of %d at %s/s: %s", lat.Failbus.N, lat.Expected, human(float64(lat.RatePerS)), actions(lat.Actions))
 		}
 		t.add(row...)
 	}
 	for _, l := range rep.Raw {
-		what := "publish + one relayed write"
-		if l.Name == fleetRawThrName {
-			what = "publish + two relayed writes"
-		}
-		t.add(l.Name+" ("+what+")", human(float64(l.HeldPerS))+"/s", "", "", "", "", "", "")
+		t.add(l.Name+" ("+rawWhat(l.Name)+")", human(float64(l.HeldPerS))+"/s", "", "", "", "", "", "", "")
 	}
 	t.write(w)
-	fmt.Fprintln(w, "held: the highest rate held; × raw: that over raw's held rate, same run. At half: decision latency, publish → decision stored,")
-	fmt.Fprintln(w, "at half the held rate; raw/3 p99: publish → second relayed copy stored, at the same rate.")
+	fmt.Fprintln(w, "held: the highest rate held; × raw: that over raw's held rate, same run (own shape: the storm over raw/429, what the contract")
+	fmt.Fprintln(w, "writes for a retried failure). At half: decision latency, publish → decision stored, at half the held rate; raw/3 p99:")
+	fmt.Fprintln(w, "publish → second relayed copy stored, at the same rate.")
 
 	c := rep.CPU
 	fmt.Fprintln(w)
 	if !c.Measured {
 		fmt.Fprintf(w, "CPU PER OUTCOME: unknown (%s)\n", c.Why)
 	} else {
-		t := benchTable{align: "lrrr"}
-		t.add(fmt.Sprintf("CPU PER OUTCOME (%d each at %d/s, median of %d)", c.N, c.RatePerS, c.Rounds), "µs", "× raw/2", "× raw/3")
-		k := func(name string, us float64) {
-			t.add(name, fmt.Sprintf("%.0f", us), ratioOf(us, c.Raw2US), ratioOf(us, c.Raw3US))
+		t := benchTable{align: "lrrrr"}
+		t.add(fmt.Sprintf("CPU PER OUTCOME (%d each at %d/s, median of %d)", c.N, c.RatePerS, c.Rounds), "µs", "× raw/2", "× raw/3", "× own shape")
+		k := func(name string, us, own float64) {
+			t.add(name, fmt.Sprintf("%.0f", us), ratioOf(us, c.Raw2US), ratioOf(us, c.Raw3US), ratioOf(us, own))
 		}
-		k("success", c.SuccessUS)
-		k("failure with a retry (429)", c.RetryUS)
-		k("failure without a retry (400)", c.NoRetryUS)
+		k("success", c.SuccessUS, c.RawOKUS)
+		k("failure with a retry (429)", c.RetryUS, c.Raw429US)
+		k("failure without a retry (400)", c.NoRetryUS, 0)
 		if c.Raw2US > 0 {
-			t.add("raw/2", fmt.Sprintf("%.0f", c.Raw2US), "", "")
-			t.add("raw/3", fmt.Sprintf("%.0f", c.Raw3US), "", "")
+			for _, r := range []struct {
+				name string
+				us   float64
+			}{{fleetRawTwoName, c.Raw2US}, {fleetRawThrName, c.Raw3US}, {fleetRawOKName, c.RawOKUS}, {fleetRaw429Name, c.Raw429US}} {
+				t.add(r.name+" ("+rawWhat(r.name)+")", fmt.Sprintf("%.0f", r.us), "", "", "")
+			}
 		}
 		t.write(w)
+		if c.RawOKUS > 0 {
+			fmt.Fprintln(w, "× own shape: over the raw pipeline that writes and reads what the contract asks of that kind (success: raw/ok; 429: raw/429).")
+		}
 		if rep.Bus == "in-process" {
 			fmt.Fprint(w, "CPU: the whole process (server, every service, the load)")
 		} else {
@@ -414,6 +424,21 @@ func printFleet(w io.Writer, rep *fleetReport) {
 				cn.Published, cn.Successes, cn.Retryable, cn.NotRetryable, cn.Refusals, cn.Stored, cn.Classified, cn.DeadLetters)
 		}
 	}
+}
+
+// rawWhat says what a raw pipeline writes and reads per outcome.
+func rawWhat(name string) string {
+	switch name {
+	case fleetRawTwoName:
+		return "publish + one relayed write"
+	case fleetRawThrName:
+		return "publish + two relayed writes"
+	case fleetRawOKName:
+		return "publish + one relayed write, read again: a success's"
+	case fleetRaw429Name:
+		return "publish + one relayed write + three from it: a retried failure's"
+	}
+	return name
 }
 
 func ratio(v float64) string {

@@ -6,10 +6,18 @@ package bench
 // (raw/3: three). Each relay is JetStream at its best: a pull consumer on
 // a connection of its own, configured like the classifier's, publishing
 // async and acknowledging each message once its copy is stored.
+//
+// Two more have the bus's own shape, the least any implementation of
+// the contract writes and reads: raw/ok is a success's (the outcome, its
+// classification, which a second consumer reads: two writes, two reads)
+// and raw/429 a retried failure's (the outcome, its classification, and
+// from that one read three writes: ledger entry, schedule, decision).
 
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -27,7 +35,35 @@ type fleetRaw struct {
 	streams []string
 	relays  [2]*fleetRelay // in → two, two → three
 	mu      sync.Mutex
-	writes  int // the pipeline running: 2 or 3 (0: none yet)
+	running fleetRawShape // the pipeline whose relays run (nil: none yet)
+}
+
+// fleetRawShape is a raw pipeline: for each relay in order, how many
+// copies it writes of each message it reads (0: it only reads and
+// acknowledges).
+type fleetRawShape []int
+
+// The raw pipelines.
+var (
+	rawTwo   = fleetRawShape{1}
+	rawThree = fleetRawShape{1, 1}
+	rawOK    = fleetRawShape{1, 0}
+	raw429   = fleetRawShape{1, 3}
+)
+
+// name is the pipeline's name in the report.
+func (s fleetRawShape) name() string {
+	switch {
+	case slices.Equal(s, rawTwo):
+		return fleetRawTwoName
+	case slices.Equal(s, rawThree):
+		return fleetRawThrName
+	case slices.Equal(s, rawOK):
+		return fleetRawOKName
+	case slices.Equal(s, raw429):
+		return fleetRaw429Name
+	}
+	return fmt.Sprint("raw", []int(s))
 }
 
 // fleetRelay is one relay stage: a durable consumer and, while running,
@@ -39,12 +75,13 @@ type fleetRelay struct {
 	nc               *nats.Conn
 	cc               jetstream.ConsumeContext // nil while stopped
 	done             chan struct{}            // closes the acker
+	copies           int                      // while running
 }
 
-// relayed is a message whose copy is being stored.
+// relayed is a message whose copies are being stored.
 type relayed struct {
-	f jetstream.PubAckFuture
-	m jetstream.Msg
+	fs []jetstream.PubAckFuture
+	m  jetstream.Msg
 }
 
 // startRaw creates the scratch streams (deleted by close; on a running
@@ -105,45 +142,58 @@ func (r *fleetRunner) startRaw(ctx context.Context) (_ *fleetRaw, err error) {
 	return raw, nil
 }
 
-// use runs the relays of the pipeline with writes stream writes per
-// outcome: the first relay for 2, both for 3.
-func (raw *fleetRaw) use(writes int) error {
+// use runs the relays of shape and stops the others.
+func (raw *fleetRaw) use(shape fleetRawShape) error {
 	raw.mu.Lock()
 	defer raw.mu.Unlock()
-	if raw.writes == writes {
+	if slices.Equal(raw.running, shape) {
 		return nil
 	}
 	for i, rl := range raw.relays {
-		want := i+2 <= writes
-		switch {
-		case want && rl.cc == nil:
-			if err := rl.start(); err != nil {
-				return err
-			}
-		case !want && rl.cc != nil:
+		want := i < len(shape)
+		if rl.cc != nil && (!want || rl.copies != shape[i]) {
 			rl.stop()
 		}
+		if want && rl.cc == nil {
+			if err := rl.start(shape[i]); err != nil {
+				return err
+			}
+		}
 	}
-	raw.writes = writes
+	raw.running = slices.Clone(shape)
 	return nil
 }
 
-// start relays what the consumer delivers: each message published async
-// to the next stream under its own id, acknowledged in delivery order
-// once its copy is stored.
-func (rl *fleetRelay) start() error {
+// start relays what the consumer delivers: copies of each message
+// published async to the next stream, each under its own id,
+// acknowledged in delivery order once they are stored (copies 0: at
+// once).
+func (rl *fleetRelay) start(copies int) error {
 	acks := make(chan relayed, 4096)
 	done := make(chan struct{})
 	cc, err := rl.cons.Consume(func(m jetstream.Msg) {
-		h := nats.Header{}
-		h.Set(events.HeaderMsgID, m.Headers().Get(events.HeaderMsgID))
-		f, err := rl.js.PublishMsgAsync(&nats.Msg{Subject: rl.to + ".x", Header: h, Data: m.Data()}, benchStall)
-		if err != nil {
-			_ = m.Nak()
+		if copies == 0 {
+			_ = m.Ack()
 			return
 		}
+		id := m.Headers().Get(events.HeaderMsgID)
+		fs := make([]jetstream.PubAckFuture, copies)
+		for k := range fs {
+			h := nats.Header{}
+			if k == 0 {
+				h.Set(events.HeaderMsgID, id)
+			} else {
+				h.Set(events.HeaderMsgID, id+"-"+strconv.Itoa(k))
+			}
+			f, err := rl.js.PublishMsgAsync(&nats.Msg{Subject: rl.to + ".x", Header: h, Data: m.Data()}, benchStall)
+			if err != nil {
+				_ = m.Nak()
+				return
+			}
+			fs[k] = f
+		}
 		select {
-		case acks <- relayed{f, m}:
+		case acks <- relayed{fs, m}:
 		case <-done:
 		}
 	}, jetstream.PullMaxMessages(1000))
@@ -156,18 +206,25 @@ func (rl *fleetRelay) start() error {
 			case <-done:
 				return
 			case x := <-acks:
-				select {
-				case <-x.f.Ok():
+				ok := true
+				for _, f := range x.fs {
+					select {
+					case <-f.Ok():
+					case <-f.Err():
+						ok = false
+					case <-done:
+						return
+					}
+				}
+				if ok {
 					_ = x.m.Ack()
-				case <-x.f.Err():
+				} else {
 					_ = x.m.Nak()
-				case <-done:
-					return
 				}
 			}
 		}
 	}()
-	rl.cc, rl.done = cc, done
+	rl.cc, rl.done, rl.copies = cc, done, copies
 	return nil
 }
 
@@ -178,16 +235,12 @@ func (rl *fleetRelay) stop() {
 	rl.cc = nil
 }
 
-// pipeline is raw/2 or raw/3: the fleet's mix, its bytes published to
-// the scratch stream, the backlog of the relays running.
-func (raw *fleetRaw) pipeline(r *fleetRunner, writes int) fleetPipeline {
-	name := fleetRawTwoName
-	if writes == 3 {
-		name = fleetRawThrName
-	}
+// pipeline is a raw pipeline of shape: the fleet's mix, its bytes
+// published to the scratch stream, the backlog of the relays running.
+func (raw *fleetRaw) pipeline(r *fleetRunner, shape fleetRawShape) fleetPipeline {
 	return fleetPipeline{
-		name:    name,
-		prepare: func() error { return raw.use(writes) },
+		name:    shape.name(),
+		prepare: func() error { return raw.use(shape) },
 		next: func(tag string, i int, at events.Time) (*nats.Msg, string, fleetKind, error) {
 			m, id, kind, err := r.gen.msg(loadMix, tag, i, at)
 			if err != nil {
@@ -200,7 +253,7 @@ func (raw *fleetRaw) pipeline(r *fleetRunner, writes int) fleetPipeline {
 		},
 		backlog: func(ctx context.Context) (int, error) {
 			var cs []fleetConsumer
-			for _, rl := range raw.relays[:writes-1] {
+			for _, rl := range raw.relays[:len(shape)] {
 				cs = append(cs, fleetConsumer{stream: rl.stream, c: rl.cons})
 			}
 			return backlogOf(ctx, cs)
@@ -220,7 +273,7 @@ func (raw *fleetRaw) pipeline(r *fleetRunner, writes int) fleetPipeline {
 // latency runs raw/3 at rate for --latency-hold: publish → the second
 // relayed copy stored.
 func (raw *fleetRaw) latency(ctx context.Context, r *fleetRunner, rate int) ([]time.Duration, error) {
-	p := raw.pipeline(r, 3)
+	p := raw.pipeline(r, rawThree)
 	col := newCollector(-1)
 	w, err := watch.Start(ctx, raw.js, watch.Config{Stream: fleetRawThree, Follow: true, DeliverPolicy: jetstream.DeliverNewPolicy, HeadersOnly: true}, col.byMsgID)
 	if err != nil {
