@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"runtime/trace"
 	"slices"
@@ -215,6 +216,103 @@ type fleetLatency struct {
 	// Raw3: the raw/3 pipeline at the same rate, publish → the second
 	// relayed copy stored (zero without --fleet-raw).
 	Raw3 benchPercentiles `json:"raw3"`
+	// Hops splits Failbus by hop, each decided outcome's stored times
+	// read back from the streams after the run (nil when they could not
+	// be): publish → outcome stored, → classification stored, → decision
+	// stored. Slowest is the same split of the slowest 1 % of decisions:
+	// which hop the tail waited in, and whether it came in one burst.
+	Hops    *benchHops `json:"hops,omitempty"`
+	Slowest *fleetTail `json:"slowest,omitempty"`
+}
+
+// fleetTail is the slowest decisions of a latency run by hop.
+type fleetTail struct {
+	N int `json:"n"`
+	// Mean milliseconds of each hop over them.
+	PublishMS    float64 `json:"publish_ms"`
+	ClassifierMS float64 `json:"classifier_ms"`
+	SchedulerMS  float64 `json:"scheduler_ms"`
+	// SpanMS is from the first of them published to the last: short
+	// against the run, they came in one burst.
+	SpanMS float64 `json:"span_ms"`
+}
+
+// slowestOf is the slowest 1 % (at least one) of each, sorted slowest
+// last.
+func slowestOf(each []hopsOfOne) *fleetTail {
+	if len(each) == 0 {
+		return nil
+	}
+	k := max(len(each)/100, 1)
+	tail := each[len(each)-k:]
+	var pub, cls, sch time.Duration
+	first, last := tail[0].sent, tail[0].sent
+	for _, h := range tail {
+		pub, cls, sch = pub+h.pub, cls+h.cls, sch+h.sch
+		if h.sent.Before(first) {
+			first = h.sent
+		}
+		if h.sent.After(last) {
+			last = h.sent
+		}
+	}
+	n := time.Duration(k)
+	return &fleetTail{N: k, PublishMS: ms(pub / n), ClassifierMS: ms(cls / n), SchedulerMS: ms(sch / n), SpanMS: ms(last.Sub(first))}
+}
+
+// hops reads back, after a latency run whose outcomes and
+// classifications were stored after the stream sequences before, when
+// each outcome col sent and its classification were stored, and splits
+// the run's decisions by hop.
+func (r *fleetRunner) hops(ctx context.Context, before [3]uint64, col *collector) (*benchHops, *fleetTail, error) {
+	col.mu.Lock()
+	sent, decided := maps.Clone(col.sent), maps.Clone(col.storedAt)
+	col.mu.Unlock()
+	outcome := make(map[string]time.Time, len(sent))
+	classified := make(map[string]time.Time, len(sent))
+	// The first time each is stored: a copy stored again later (past the
+	// duplicate window) is not what the decision waited for.
+	first := func(at map[string]time.Time, id string, t time.Time) {
+		if _, want := sent[id]; !want {
+			return
+		}
+		if _, seen := at[id]; !seen {
+			at[id] = t
+		}
+	}
+	err := watch.Read(ctx, r.js, watch.Config{
+		Stream: topology.StreamOutcomes, Filters: []string{events.OutcomePrefix + ".>"}, HeadersOnly: true, Stall: benchHopStall,
+		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, StartSeq: before[0] + 1,
+	}, func(m jetstream.Msg) error {
+		if meta, err := m.Metadata(); err == nil {
+			first(outcome, m.Headers().Get(events.HeaderMsgID), meta.Timestamp)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("read back the outcomes: %w", err)
+	}
+	err = watch.Read(ctx, r.js, watch.Config{
+		Stream: topology.StreamClassified, Stall: benchHopStall,
+		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, StartSeq: before[1] + 1,
+	}, func(m jetstream.Msg) error {
+		meta, err := m.Metadata()
+		if err != nil {
+			return nil
+		}
+		if c, err := events.DecodeAs[*events.Classification](m.Subject(), m.Headers(), m.Data()); err == nil {
+			first(classified, c.OutcomeID, meta.Timestamp)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("read back the classifications: %w", err)
+	}
+	h, each, err := splitHops(sent, outcome, classified, decided)
+	if err != nil {
+		return nil, nil, err
+	}
+	return h, slowestOf(each), nil
 }
 
 // fleetCPU is CPU per outcome by kind.
@@ -748,6 +846,10 @@ func (r *fleetRunner) latency(ctx context.Context, p fleetPipeline, rate int, ra
 		return nil, err
 	}
 	defer func() { _ = w.Stop() }()
+	before, err := r.lastSeqs(ctx)
+	if err != nil {
+		return nil, err
+	}
 	r.steps++
 	tag := r.run + "-" + p.name + "-lat-" + strconv.Itoa(r.steps)
 	stopTrace, err := r.startTrace()
@@ -777,6 +879,9 @@ func (r *fleetRunner) latency(ctx context.Context, p fleetPipeline, rate int, ra
 	mu.Lock()
 	out.Failbus = percentiles(col.collected())
 	mu.Unlock()
+	if out.Hops, out.Slowest, err = r.hops(ctx, before, col); err != nil {
+		fmt.Fprintf(r.progress, "  %s: no split by hop: %v\n", p.name, err)
+	}
 	if raw != nil {
 		s, err := raw.latency(ctx, r, rate)
 		if err != nil {

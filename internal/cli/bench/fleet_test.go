@@ -96,6 +96,20 @@ func checkFleetLoad(t *testing.T, l fleetLoadResult) {
 	if p := lat.Failbus; p.MinMS > p.P50MS || p.P50MS > p.P99MS || p.P99MS > p.MaxMS {
 		t.Errorf("%s: percentiles out of order %+v", l.Name, p)
 	}
+	// Every decision split by hop, read back from the streams; the
+	// slowest 1 % are all at or above p99, so their hops' means add up
+	// to between p99 and the slowest.
+	n := lat.Failbus.N
+	if h := lat.Hops; h == nil || h.Publish.N != n || h.Classifier.N != n || h.Scheduler.N != n {
+		t.Fatalf("%s: hops %+v, want each of the %d decisions split", l.Name, lat.Hops, n)
+	}
+	s := lat.Slowest
+	if s == nil || s.N != max(n/100, 1) || s.SpanMS < 0 {
+		t.Fatalf("%s: slowest %+v of %d decisions", l.Name, s, n)
+	}
+	if sum := s.PublishMS + s.ClassifierMS + s.SchedulerMS; sum < lat.Failbus.P99MS-0.01 || sum > lat.Failbus.MaxMS+0.01 {
+		t.Errorf("%s: the slowest's hops add up to %.3f ms, not between p99 %.3f and max %.3f", l.Name, sum, lat.Failbus.P99MS, lat.Failbus.MaxMS)
+	}
 }
 
 // TestFleet runs the fleet mode in process on tiny sizes: the mix and

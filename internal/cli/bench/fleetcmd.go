@@ -65,7 +65,9 @@ At half the held rate (or --latency-rate), for --latency-hold (10s): decision la
 failure's publish → its decision stored on failbus.decision.<agent>
 (p50, p99; content refusals are the refusal tiers' and not counted),
 once the search's retries have come due (--cpu-settle after its last
-hold).
+hold); then split by hop (outcome stored, classified, decided: the
+stored times read back from the streams), with the slowest 1 % of
+decisions apart, to show which hop the tail waited in.
 
 Beside it, raw JetStream on the same server in the same run (--fleet-raw,
 on by default): the same outcomes' bytes published to a scratch stream and
@@ -369,6 +371,7 @@ func printFleet(w io.Writer, rep *fleetReport) {
 	fmt.Fprintln(w, "held: the highest rate held; × raw: that over raw's held rate, same run (own shape: the storm over raw/429, what the contract")
 	fmt.Fprintln(w, "writes for a retried failure). At half: decision latency, publish → decision stored, at half the held rate; raw/3 p99:")
 	fmt.Fprintln(w, "publish → second relayed copy stored, at the same rate.")
+	printHops(w, rep.Loads)
 
 	c := rep.CPU
 	fmt.Fprintln(w)
@@ -424,6 +427,36 @@ func printFleet(w io.Writer, rep *fleetReport) {
 				cn.Published, cn.Successes, cn.Retryable, cn.NotRetryable, cn.Refusals, cn.Stored, cn.Classified, cn.DeadLetters)
 		}
 	}
+}
+
+// printHops writes where each load's decision latency at half went, by
+// hop, and its slowest 1 %.
+func printHops(w io.Writer, loads []fleetLoadResult) {
+	t := benchTable{align: "lrrrrl"}
+	for _, l := range loads {
+		lat := l.Latency
+		if lat == nil || lat.Hops == nil {
+			continue
+		}
+		if len(t.rows) == 0 {
+			t.add("BY HOP AT HALF (ms)", "", "outcome stored", "classified", "decided", "")
+		}
+		h := lat.Hops
+		f := func(v float64) string { return strconv.FormatFloat(v, 'f', 1, 64) }
+		pp := func(p benchPercentiles) string { return f(p.P50MS) + " / " + f(p.P99MS) }
+		t.add(l.Name, human(float64(lat.RatePerS))+"/s", pp(h.Publish), pp(h.Classifier), pp(h.Scheduler), "p50 / p99")
+		if s := lat.Slowest; s != nil {
+			t.add("", "", f(s.PublishMS), f(s.ClassifierMS), f(s.SchedulerMS),
+				fmt.Sprintf("the slowest %d, on average; published within %s", s.N, fmtMS(s.SpanMS)))
+		}
+	}
+	if len(t.rows) == 0 {
+		return
+	}
+	fmt.Fprintln(w)
+	t.write(w)
+	fmt.Fprintln(w, "by hop: publish → outcome stored → its classification stored (the classifier) → its decision stored (the scheduler), read back")
+	fmt.Fprintln(w, "from the streams after the run; each hop's percentiles are its own. The slowest 1 %: where the tail waited, and whether in one burst.")
 }
 
 // rawWhat says what a raw pipeline writes and reads per outcome.

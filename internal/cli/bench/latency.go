@@ -6,6 +6,7 @@ package bench
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -389,17 +390,35 @@ func (r *benchRunner) hopsOf(ctx context.Context, agent string, fromClassified u
 	if err != nil {
 		return nil, fmt.Errorf("read back the classifications of %s: %w", agent, err)
 	}
+	h, _, err := splitHops(sent, outcome, classified, decided)
+	return h, err
+}
+
+// hopsOfOne is one outcome's latency by hop.
+type hopsOfOne struct {
+	sent                 time.Time
+	total, pub, cls, sch time.Duration
+}
+
+// splitHops splits each outcome's latency, from sent (publish time) to
+// decided (its decision's stored time), into its three hops by the
+// stored times of the outcome and of its classification; it also
+// returns each outcome's split, slowest last.
+func splitHops(sent, outcome, classified, decided map[string]time.Time) (*benchHops, []hopsOfOne, error) {
 	var pub, cls, sch []time.Duration
+	each := make([]hopsOfOne, 0, len(sent))
 	for id, at := range sent {
 		o, ok1 := outcome[id]
 		c, ok2 := classified[id]
 		d, ok3 := decided[id]
 		if !ok1 || !ok2 || !ok3 {
-			return nil, fmt.Errorf("outcome %s: stored %v, classified %v, decided %v", id, ok1, ok2, ok3)
+			return nil, nil, fmt.Errorf("outcome %s: stored %v, classified %v, decided %v", id, ok1, ok2, ok3)
 		}
 		pub, cls, sch = append(pub, o.Sub(at)), append(cls, c.Sub(o)), append(sch, d.Sub(c))
+		each = append(each, hopsOfOne{sent: at, total: d.Sub(at), pub: o.Sub(at), cls: c.Sub(o), sch: d.Sub(c)})
 	}
-	return &benchHops{Publish: percentiles(pub), Classifier: percentiles(cls), Scheduler: percentiles(sch)}, nil
+	slices.SortFunc(each, func(a, b hopsOfOne) int { return cmp.Compare(a.total, b.total) })
+	return &benchHops{Publish: percentiles(pub), Classifier: percentiles(cls), Scheduler: percentiles(sch)}, each, nil
 }
 
 // failures builds n rate-limited outcomes of agent, each the first failure
