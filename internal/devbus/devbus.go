@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/pprof"
+	"strings"
 	"sync"
 	"time"
 
@@ -183,7 +184,7 @@ func Start(o Options) (_ *Bus, err error) {
 	if err := b.waitHealthy(StartTimeout); err != nil {
 		return nil, err
 	}
-	b.wg.Go(func() { b.watchServer(ctx) })
+	b.wg.Go(func() { b.watchServer(ctx, serverCheckEvery, b.serverHealthy) })
 	return b, nil
 }
 
@@ -198,7 +199,7 @@ var ErrServerCannotStore = errors.New("the embedded nats-server cannot store")
 // Bounds of the embedded server's checks.
 const (
 	// serverCheckEvery is how often a running bus asks its server whether
-	// it can still store.
+	// it can still store (two failed answers in a row stop the bus).
 	serverCheckEvery = time.Second
 	// serverCheckTimeout is how long the server's health check may take
 	// before the server counts as unable to store: the check waits for
@@ -237,10 +238,7 @@ func (b *Bus) serverHealthy() error {
 		done := make(chan struct{})
 		c.running, c.started = done, time.Now()
 		go func() {
-			var err error
-			if st := b.Srv.NATS().Healthz(&server.HealthzOptions{}); st.Status != "ok" {
-				err = fmt.Errorf("%w: %s", ErrServerCannotStore, st.Error)
-			}
+			err := cannotStore(b.Srv.NATS().Healthz(&server.HealthzOptions{Details: true}))
 			c.mu.Lock()
 			c.err, c.running = err, nil
 			c.mu.Unlock()
@@ -262,24 +260,66 @@ func (b *Bus) serverHealthy() error {
 	}
 }
 
+// cannotStore reads nats-server's health, asked with details: an error
+// of its JetStream, an account, a stream or a consumer means the server
+// cannot store (ErrServerCannotStore, naming each). Its readiness check
+// (CONNECTION) is not such an error: the server is started and listening
+// long before, and that check gives itself one millisecond, which a
+// goroutine taken off its core on a saturated machine overruns ("failed
+// to be ready for connections after 1ms", seen under a storm on 2 cores,
+// which stopped failbus dev as if its disk had failed). The server skips
+// the other checks then; the next check asks again.
+func cannotStore(st *server.HealthStatus) error {
+	var errs []string
+	for _, e := range st.Errors {
+		if e.Type == server.HealthzErrorConn {
+			continue
+		}
+		what := e.Type.String()
+		if e.Stream != "" {
+			what += " " + e.Stream
+		}
+		if e.Consumer != "" {
+			what += " > " + e.Consumer
+		}
+		errs = append(errs, what+": "+e.Error)
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %s", ErrServerCannotStore, strings.Join(errs, "; "))
+}
+
 // watchServer fails the bus (Failed, Stop's error) once its server cannot
-// store, checking every serverCheckEvery until ctx ends.
-func (b *Bus) watchServer(ctx context.Context) {
-	t := time.NewTicker(serverCheckEvery)
+// store: check, run every interval until ctx ends, failed twice in a row.
+// A server that cannot store keeps failing (a stream's write error stays
+// until the server restarts; a check stuck on a stream's lock stays
+// stuck), while a check that failed once and then passed saw a moment,
+// not the store: a stream created or deleted under its scan of the store
+// folder, say. Stopping the whole bus on one such answer would stop every
+// service for nothing.
+func (b *Bus) watchServer(ctx context.Context, interval time.Duration, check func() error) {
+	t := time.NewTicker(interval)
 	defer t.Stop()
+	var last error
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		if err := b.serverHealthy(); err != nil && ctx.Err() == nil {
+		err := check()
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil && last != nil {
 			b.mu.Lock()
 			b.errs = append(b.errs, err)
 			b.mu.Unlock()
 			b.once.Do(func() { close(b.failed) })
 			return
 		}
+		last = err
 	}
 }
 
