@@ -268,45 +268,12 @@ func (r *fleetRunner) hops(ctx context.Context, before [3]uint64, col *collector
 	col.mu.Lock()
 	sent, decided := maps.Clone(col.sent), maps.Clone(col.storedAt)
 	col.mu.Unlock()
-	outcome := make(map[string]time.Time, len(sent))
-	classified := make(map[string]time.Time, len(sent))
-	// The first time each is stored: a copy stored again later (past the
-	// duplicate window) is not what the decision waited for.
-	first := func(at map[string]time.Time, id string, t time.Time) {
-		if _, want := sent[id]; !want {
-			return
-		}
-		if _, seen := at[id]; !seen {
-			at[id] = t
-		}
-	}
-	err := watch.Read(ctx, r.js, watch.Config{
-		Stream: topology.StreamOutcomes, Filters: []string{events.OutcomePrefix + ".>"}, HeadersOnly: true, Stall: benchHopStall,
-		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, StartSeq: before[0] + 1,
-	}, func(m jetstream.Msg) error {
-		if meta, err := m.Metadata(); err == nil {
-			first(outcome, m.Headers().Get(events.HeaderMsgID), meta.Timestamp)
-		}
-		return nil
-	})
+	outcome, classified, err := storedTimes(ctx, r.js,
+		watch.Config{DeliverPolicy: jetstream.DeliverByStartSequencePolicy, StartSeq: before[0] + 1, Filters: []string{events.OutcomePrefix + ".>"}},
+		watch.Config{DeliverPolicy: jetstream.DeliverByStartSequencePolicy, StartSeq: before[1] + 1},
+		sent)
 	if err != nil {
-		return nil, nil, fmt.Errorf("read back the outcomes: %w", err)
-	}
-	err = watch.Read(ctx, r.js, watch.Config{
-		Stream: topology.StreamClassified, Stall: benchHopStall,
-		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, StartSeq: before[1] + 1,
-	}, func(m jetstream.Msg) error {
-		meta, err := m.Metadata()
-		if err != nil {
-			return nil
-		}
-		if c, err := events.DecodeAs[*events.Classification](m.Subject(), m.Headers(), m.Data()); err == nil {
-			first(classified, c.OutcomeID, meta.Timestamp)
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, nil, fmt.Errorf("read back the classifications: %w", err)
+		return nil, nil, err
 	}
 	h, each, err := splitHops(sent, outcome, classified, decided)
 	if err != nil {
@@ -438,8 +405,8 @@ func (r *fleetRunner) fleet(ctx context.Context, rep *fleetReport) error {
 			if h := rep.Raw[1].HeldPerS; h > 0 {
 				l.Raw3Ratio = float64(l.HeldPerS) / float64(h)
 			}
-			if l.Name == loadStorm && len(rep.Raw) > 2 && rep.Raw[2].HeldPerS > 0 {
-				l.Raw429Ratio = float64(l.HeldPerS) / float64(rep.Raw[2].HeldPerS)
+			if i := slices.IndexFunc(rep.Raw, func(r fleetLoadResult) bool { return r.Name == fleetRaw429Name }); l.Name == loadStorm && i >= 0 && rep.Raw[i].HeldPerS > 0 {
+				l.Raw429Ratio = float64(l.HeldPerS) / float64(rep.Raw[i].HeldPerS)
 			}
 		}
 	}

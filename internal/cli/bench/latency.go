@@ -356,42 +356,58 @@ const benchHopStall = 30 * time.Second
 // stored, and splits each outcome's latency from sent (publish time) to
 // decided (its decision's stored time) into its three hops.
 func (r *benchRunner) hopsOf(ctx context.Context, agent string, fromClassified uint64, sent, decided map[string]time.Time) (*benchHops, error) {
-	outcome := make(map[string]time.Time, len(sent))
-	// The first time each is stored: a copy stored again later (past the
-	// duplicate window) is not what the decision waited for.
+	outcome, classified, err := storedTimes(ctx, r.js,
+		watch.Config{Filters: []string{events.OutcomeSubject(benchProvider, agent)}},
+		watch.Config{Filters: []string{benchClassified}, DeliverPolicy: jetstream.DeliverByStartSequencePolicy, StartSeq: fromClassified},
+		sent)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", agent, err)
+	}
+	h, _, err := splitHops(sent, outcome, classified, decided)
+	return h, err
+}
+
+// storedTimes reads back, once a run is over, when each outcome of sent
+// and its classification were stored: the outcomes as out selects them
+// on FAILBUS_OUTCOMES (headers only), the classifications as cls does on
+// FAILBUS_CLASSIFIED. The first time each: a copy stored again later
+// (past the duplicate window) is not what the decision waited for.
+func storedTimes(ctx context.Context, js jetstream.JetStream, out, cls watch.Config, sent map[string]time.Time) (outcome, classified map[string]time.Time, err error) {
+	outcome = make(map[string]time.Time, len(sent))
+	classified = make(map[string]time.Time, len(sent))
 	first := func(at map[string]time.Time, id string, t time.Time) {
+		if _, want := sent[id]; !want {
+			return
+		}
 		if _, seen := at[id]; !seen {
 			at[id] = t
 		}
 	}
-	err := watch.Read(ctx, r.js, watch.Config{Stream: topology.StreamOutcomes, Filters: []string{events.OutcomeSubject(benchProvider, agent)}, HeadersOnly: true, Stall: benchHopStall}, func(m jetstream.Msg) error {
+	out.Stream, out.HeadersOnly, out.Stall = topology.StreamOutcomes, true, benchHopStall
+	err = watch.Read(ctx, js, out, func(m jetstream.Msg) error {
 		if meta, err := m.Metadata(); err == nil {
 			first(outcome, m.Headers().Get(events.HeaderMsgID), meta.Timestamp)
 		}
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("read back the outcomes of %s: %w", agent, err)
+		return nil, nil, fmt.Errorf("read back the outcomes: %w", err)
 	}
-	classified := make(map[string]time.Time, len(sent))
-	err = watch.Read(ctx, r.js, watch.Config{
-		Stream: topology.StreamClassified, Filters: []string{benchClassified},
-		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, StartSeq: fromClassified, Stall: benchHopStall,
-	}, func(m jetstream.Msg) error {
+	cls.Stream, cls.Stall = topology.StreamClassified, benchHopStall
+	err = watch.Read(ctx, js, cls, func(m jetstream.Msg) error {
 		meta, err := m.Metadata()
 		if err != nil {
 			return nil
 		}
-		if c, err := events.DecodeAs[*events.Classification](m.Subject(), m.Headers(), m.Data()); err == nil && c.Agent == agent {
+		if c, err := events.DecodeAs[*events.Classification](m.Subject(), m.Headers(), m.Data()); err == nil {
 			first(classified, c.OutcomeID, meta.Timestamp)
 		}
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("read back the classifications of %s: %w", agent, err)
+		return nil, nil, fmt.Errorf("read back the classifications: %w", err)
 	}
-	h, _, err := splitHops(sent, outcome, classified, decided)
-	return h, err
+	return outcome, classified, nil
 }
 
 // hopsOfOne is one outcome's latency by hop.
@@ -405,7 +421,6 @@ type hopsOfOne struct {
 // stored times of the outcome and of its classification; it also
 // returns each outcome's split, slowest last.
 func splitHops(sent, outcome, classified, decided map[string]time.Time) (*benchHops, []hopsOfOne, error) {
-	var pub, cls, sch []time.Duration
 	each := make([]hopsOfOne, 0, len(sent))
 	for id, at := range sent {
 		o, ok1 := outcome[id]
@@ -414,11 +429,21 @@ func splitHops(sent, outcome, classified, decided map[string]time.Time) (*benchH
 		if !ok1 || !ok2 || !ok3 {
 			return nil, nil, fmt.Errorf("outcome %s: stored %v, classified %v, decided %v", id, ok1, ok2, ok3)
 		}
-		pub, cls, sch = append(pub, o.Sub(at)), append(cls, c.Sub(o)), append(sch, d.Sub(c))
 		each = append(each, hopsOfOne{sent: at, total: d.Sub(at), pub: o.Sub(at), cls: c.Sub(o), sch: d.Sub(c)})
 	}
 	slices.SortFunc(each, func(a, b hopsOfOne) int { return cmp.Compare(a.total, b.total) })
-	return &benchHops{Publish: percentiles(pub), Classifier: percentiles(cls), Scheduler: percentiles(sch)}, each, nil
+	hop := func(of func(hopsOfOne) time.Duration) benchPercentiles {
+		d := make([]time.Duration, len(each))
+		for i, h := range each {
+			d[i] = of(h)
+		}
+		return percentiles(d)
+	}
+	return &benchHops{
+		Publish:    hop(func(h hopsOfOne) time.Duration { return h.pub }),
+		Classifier: hop(func(h hopsOfOne) time.Duration { return h.cls }),
+		Scheduler:  hop(func(h hopsOfOne) time.Duration { return h.sch }),
+	}, each, nil
 }
 
 // failures builds n rate-limited outcomes of agent, each the first failure
