@@ -60,28 +60,36 @@ const (
 	// drain in time even at twice the rate), sparing the rest of the hold
 	// and the long drain after it.
 	fleetAbandon = 2
+	// fleetStormRetryAfter is fleetStormDelay as a duration: when
+	// raw/429's schedules fire after they are written.
+	fleetStormRetryAfter = 30 * time.Second
 	// fleetStormDue is when the storm's retries come due, with a margin.
-	fleetStormDue = 35 * time.Second
+	fleetStormDue = fleetStormRetryAfter + 5*time.Second
 	// fleetIdle is how long the idle bus's CPU is measured.
 	fleetIdle = 2 * time.Second
 )
 
 // Scratch streams of the raw pipelines: the outcome stream, the relayed
-// write and the second relayed write, configured like the failbus
-// streams whose writes they stand for.
+// write, the second relayed write and raw/429's retries, configured like
+// the failbus streams whose writes they stand for.
 const (
-	fleetRawIn      = "BENCH_FLEET_IN"
-	fleetRawInPfx   = "bench.fleet.in"
-	fleetRawTwo     = "BENCH_FLEET_TWO"
-	fleetRawTwoPfx  = "bench.fleet.two"
-	fleetRawThree   = "BENCH_FLEET_THREE"
-	fleetRawThrPfx  = "bench.fleet.three"
-	fleetRelayOne   = "bench-fleet-relay-1"
-	fleetRelayTwo   = "bench-fleet-relay-2"
-	fleetRawTwoName = "raw/2"
-	fleetRawThrName = "raw/3"
-	fleetRawOKName  = "raw/ok"
-	fleetRaw429Name = "raw/429"
+	fleetRawIn     = "BENCH_FLEET_IN"
+	fleetRawInPfx  = "bench.fleet.in"
+	fleetRawTwo    = "BENCH_FLEET_TWO"
+	fleetRawTwoPfx = "bench.fleet.two"
+	fleetRawThree  = "BENCH_FLEET_THREE"
+	fleetRawThrPfx = "bench.fleet.three"
+	// fleetRawRetries holds raw/429's ledger entries and schedules, and
+	// the due messages JetStream writes when they fire.
+	fleetRawRetries    = "BENCH_FLEET_RETRIES"
+	fleetRawRetPfx     = "bench.fleet.retries"
+	fleetRawDueSubject = fleetRawRetPfx + ".due.x"
+	fleetRelayOne      = "bench-fleet-relay-1"
+	fleetRelayTwo      = "bench-fleet-relay-2"
+	fleetRawTwoName    = "raw/2"
+	fleetRawThrName    = "raw/3"
+	fleetRawOKName     = "raw/ok"
+	fleetRaw429Name    = "raw/429"
 )
 
 // fleetBacklogStreams are the streams whose durable consumers must be
@@ -134,6 +142,9 @@ type fleetRunner struct {
 	retried time.Time
 	// traced: the latency run --trace covers has run.
 	traced bool
+	// rawDue is when raw/429's schedules fire after they are written
+	// (0: fleetStormRetryAfter, as the storm's retries).
+	rawDue time.Duration
 }
 
 // fleetConsumer is a durable consumer whose backlog counts.
@@ -390,6 +401,9 @@ func (r *fleetRunner) fleet(ctx context.Context, rep *fleetReport) error {
 		}
 		for _, shape := range shapes {
 			p := raw.pipeline(r, shape)
+			if err := r.awaitRetriesDue(ctx, "the previous load's"); err != nil {
+				return err
+			}
 			fmt.Fprintf(r.progress, "fleet: %s\n", p.name)
 			steps, held, err := r.search(ctx, p, start)
 			if err != nil {
@@ -428,6 +442,11 @@ func (r *fleetRunner) failbusLoad(ctx context.Context, load string, raw *fleetRa
 		return res, err
 	}
 	p := r.busPipeline(load, counts)
+	// The retries of the load before come due first: JetStream writing
+	// them is not this load's work.
+	if err := r.awaitRetriesDue(ctx, "the previous load's"); err != nil {
+		return res, err
+	}
 	fmt.Fprintf(r.progress, "fleet: %s, %d agents\n", load, r.cfg.agents)
 	res.Steps, res.HeldPerS, err = r.search(ctx, p, r.cfg.start)
 	if err != nil {
@@ -725,7 +744,7 @@ func (r *fleetRunner) publish(ctx context.Context, p fleetPipeline, tag string, 
 	total := max(int(float64(rate)*d.Seconds()), 1)
 	interval := time.Second / time.Duration(rate)
 	start := time.Now()
-	if p.name == loadStorm || p.name == loadRetry || p.name == loadMix {
+	if p.name == loadStorm || p.name == loadRetry || p.name == loadMix || p.name == fleetRaw429Name {
 		// Their retries come due fleetStormDue after the last publish.
 		defer func() { r.retried = time.Now() }()
 	}

@@ -326,25 +326,30 @@ func TestRawPipelinesWriteTheirShape(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &fleetRunner{js: b.JS, gen: gen, run: "shape", progress: io.Discard, cfg: fleetConfig{window: 64}}
+	// The schedules do not fire during the shapes' checks; the last
+	// part of the test has them fire.
+	r := &fleetRunner{js: b.JS, gen: gen, run: "shape", progress: io.Discard, cfg: fleetConfig{window: 64}, rawDue: time.Hour}
 	r.dial = func(name string) (*nats.Conn, error) { return b.Srv.Connect(nats.Name(name)) }
 	raw, err := r.startRaw(b.Ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer raw.close(b.Ctx)
 	const n = 40
 	for i, tc := range []struct {
 		shape     fleetRawShape
 		name      string
 		two, thr  uint64
-		consumers int // whose backlog counts
+		retries   uint64 // ledger entries and schedules
+		scheds    int    // subjects holding a schedule
+		consumers int    // whose backlog counts
 	}{
-		{rawTwo, fleetRawTwoName, n, 0, 1},
-		{rawThree, fleetRawThrName, n, n, 2},
-		{rawOK, fleetRawOKName, n, 0, 2},
-		{raw429, fleetRaw429Name, n, 3 * n, 2},
-		{rawTwo, fleetRawTwoName, n, 0, 1}, // the second relay stopped again
+		{rawTwo, fleetRawTwoName, n, 0, 0, 0, 1},
+		{rawThree, fleetRawThrName, n, n, 0, 0, 2},
+		{rawOK, fleetRawOKName, n, 0, 0, 0, 2},
+		{raw429, fleetRaw429Name, n, n, 2 * n, n, 2},
+		// The second relay stopped again; raw/429's schedules, not yet
+		// fired, outlive its reset.
+		{rawTwo, fleetRawTwoName, n, 0, n, n, 1},
 	} {
 		p := raw.pipeline(r, tc.shape)
 		if p.name != tc.name {
@@ -361,7 +366,7 @@ func TestRawPipelinesWriteTheirShape(t *testing.T) {
 		for _, s := range []struct {
 			stream string
 			want   uint64
-		}{{fleetRawIn, n}, {fleetRawTwo, tc.two}, {fleetRawThree, tc.thr}} {
+		}{{fleetRawIn, n}, {fleetRawTwo, tc.two}, {fleetRawThree, tc.thr}, {fleetRawRetries, tc.retries}} {
 			st, err := b.JS.Stream(b.Ctx, s.stream)
 			if err != nil {
 				t.Fatal(err)
@@ -369,6 +374,9 @@ func TestRawPipelinesWriteTheirShape(t *testing.T) {
 			if got := st.CachedInfo().State.Msgs; got != s.want {
 				t.Errorf("%s: %s holds %d, want %d", tc.name, s.stream, got, s.want)
 			}
+		}
+		if got := rawSubjects(t, b, fleetRawRetPfx+".sched.>"); len(got) != tc.scheds {
+			t.Errorf("%s: %d schedule subjects, want %d", tc.name, len(got), tc.scheds)
 		}
 		for k, rl := range raw.relays {
 			ci, err := rl.cons.Info(b.Ctx)
@@ -385,4 +393,47 @@ func TestRawPipelinesWriteTheirShape(t *testing.T) {
 		}
 		p.reset(b.Ctx)
 	}
+	raw.close(b.Ctx)
+
+	// raw/429's schedules fire: JetStream writes each one's due message
+	// and removes the schedule, as it does for the bus's retries.
+	r.rawDue = 200 * time.Millisecond
+	raw, err = r.startRaw(b.Ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.close(b.Ctx)
+	p := raw.pipeline(r, raw429)
+	if sent, _, err := r.publish(b.Ctx, p, "fire", 400, n*time.Second/400, nil, nil); err != nil || sent != n {
+		t.Fatalf("published %d: %v", sent, err)
+	}
+	if _, err := r.drain(b.Ctx, p, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		due    uint64
+		scheds int
+	)
+	if err := waitFor(b.Ctx, 30*time.Second, func() bool {
+		due = rawSubjects(t, b, fleetRawDueSubject)[fleetRawDueSubject]
+		scheds = len(rawSubjects(t, b, fleetRawRetPfx+".sched.>"))
+		return due == n && scheds == 0
+	}); err != nil {
+		t.Fatalf("%d due messages and %d schedules left, want %d and none: %v", due, scheds, n, err)
+	}
+}
+
+// rawSubjects counts the messages on each subject of the raw retries
+// stream that matches filter.
+func rawSubjects(t *testing.T, b *bustest.Bus, filter string) map[string]uint64 {
+	t.Helper()
+	st, err := b.JS.Stream(b.Ctx, fleetRawRetries)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(b.Ctx, jetstream.WithSubjectFilter(filter))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Subjects
 }

@@ -79,8 +79,13 @@ own shape, the least any implementation of the contract writes and reads
 for a kind: raw/ok a success's (the relayed copy read by a second
 consumer, written nowhere: two writes, two reads) and raw/429 a retried
 failure's (three writes from each relayed copy, as ledger entry, schedule
-and decision: five writes, two reads). raw/429 is searched when the storm
-runs ("× own shape"), and both are in the CPU figures.
+and decision: five writes, two reads; the schedule fires 30s later, as
+the storm's retries, and JetStream writes its due message). raw/429 is
+searched when the storm runs ("× own shape"), and both are in the CPU
+figures. Each load's search (failbus's or raw's) starts once the retries
+of the load before came due (--cpu-settle), so it does not pay for them;
+within a search, a step pays for the retries of the step before, the
+storm's and raw/429's alike.
 
 CPU per outcome by kind: --cpu-n outcomes of each kind (successes only,
 the storm's 429s, non-retryable 400s) and of the raw pipelines, paced at

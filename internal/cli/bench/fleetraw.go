@@ -11,7 +11,11 @@ package bench
 // the contract writes and reads: raw/ok is a success's (the outcome, its
 // classification, which a second consumer reads: two writes, two reads)
 // and raw/429 a retried failure's (the outcome, its classification, and
-// from that one read three writes: ledger entry, schedule, decision).
+// from that one read three writes: a ledger entry and a schedule in a
+// stream configured like FAILBUS_RETRIES, a decision in one like
+// FAILBUS_DECISIONS). Its schedule is a real one: JetStream fires it as
+// late as the storm's retries come due, writing the due message and
+// removing the schedule, as it does for the bus.
 
 import (
 	"context"
@@ -24,6 +28,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/failbus/failbus/internal/service/scheduler"
 	"github.com/failbus/failbus/internal/watch"
 	topology "github.com/failbus/failbus/jetstream"
 	"github.com/failbus/failbus/pkg/events"
@@ -33,37 +38,56 @@ import (
 type fleetRaw struct {
 	js      jetstream.JetStream // the bench's: streams, consumers, load
 	streams []string
-	relays  [2]*fleetRelay // in → two, two → three
+	relays  [2]*fleetRelay // in → two, two → three (and retries)
+	// due is how long after it is written raw/429's schedule fires: the
+	// storm's retry-after.
+	due     time.Duration
 	mu      sync.Mutex
 	running fleetRawShape // the pipeline whose relays run (nil: none yet)
 }
 
-// fleetRawShape is a raw pipeline: for each relay in order, how many
-// copies it writes of each message it reads (0: it only reads and
+// relayWrite is one write a relay makes of each message it reads.
+type relayWrite uint8
+
+const (
+	// writeNext is a copy in the next stream of the pipeline.
+	writeNext relayWrite = iota
+	// writeLedger is a copy in the retries stream, as a ledger entry.
+	writeLedger
+	// writeSchedule is a schedule in the retries stream, on a subject of
+	// its own, that fires fleetRaw.due later onto a due subject.
+	writeSchedule
+)
+
+// fleetRawShape is a raw pipeline: for each relay in order, the writes
+// it makes of each message it reads (none: it only reads and
 // acknowledges).
-type fleetRawShape []int
+type fleetRawShape [][]relayWrite
 
 // The raw pipelines.
 var (
-	rawTwo   = fleetRawShape{1}
-	rawThree = fleetRawShape{1, 1}
-	rawOK    = fleetRawShape{1, 0}
-	raw429   = fleetRawShape{1, 3}
+	rawTwo   = fleetRawShape{{writeNext}}
+	rawThree = fleetRawShape{{writeNext}, {writeNext}}
+	rawOK    = fleetRawShape{{writeNext}, {}}
+	raw429   = fleetRawShape{{writeNext}, {writeLedger, writeSchedule, writeNext}}
 )
+
+// equal reports whether s and o are the same pipeline.
+func (s fleetRawShape) equal(o fleetRawShape) bool {
+	return slices.EqualFunc(s, o, slices.Equal[[]relayWrite])
+}
 
 // name is the pipeline's name in the report.
 func (s fleetRawShape) name() string {
-	switch {
-	case slices.Equal(s, rawTwo):
-		return fleetRawTwoName
-	case slices.Equal(s, rawThree):
-		return fleetRawThrName
-	case slices.Equal(s, rawOK):
-		return fleetRawOKName
-	case slices.Equal(s, raw429):
-		return fleetRaw429Name
+	for _, p := range []struct {
+		shape fleetRawShape
+		name  string
+	}{{rawTwo, fleetRawTwoName}, {rawThree, fleetRawThrName}, {rawOK, fleetRawOKName}, {raw429, fleetRaw429Name}} {
+		if s.equal(p.shape) {
+			return p.name
+		}
 	}
-	return fmt.Sprint("raw", []int(s))
+	return fmt.Sprint("raw", [][]relayWrite(s))
 }
 
 // fleetRelay is one relay stage: a durable consumer and, while running,
@@ -75,7 +99,7 @@ type fleetRelay struct {
 	nc               *nats.Conn
 	cc               jetstream.ConsumeContext // nil while stopped
 	done             chan struct{}            // closes the acker
-	copies           int                      // while running
+	writes           []relayWrite             // while running
 }
 
 // relayed is a message whose copies are being stored.
@@ -88,7 +112,10 @@ type relayed struct {
 // bus, a leftover of an interrupted run is replaced) and the relays'
 // consumers.
 func (r *fleetRunner) startRaw(ctx context.Context) (_ *fleetRaw, err error) {
-	raw := &fleetRaw{js: r.js}
+	raw := &fleetRaw{js: r.js, due: r.rawDue}
+	if raw.due <= 0 {
+		raw.due = fleetStormRetryAfter
+	}
 	defer func() {
 		if err != nil {
 			raw.close(ctx)
@@ -98,6 +125,7 @@ func (r *fleetRunner) startRaw(ctx context.Context) (_ *fleetRaw, err error) {
 		{topology.StreamOutcomes, fleetRawIn, fleetRawInPfx},
 		{topology.StreamClassified, fleetRawTwo, fleetRawTwoPfx},
 		{topology.StreamDecisions, fleetRawThree, fleetRawThrPfx},
+		{topology.StreamRetries, fleetRawRetries, fleetRawRetPfx},
 	} {
 		st, err := r.js.Stream(ctx, s.from)
 		if err != nil {
@@ -146,16 +174,16 @@ func (r *fleetRunner) startRaw(ctx context.Context) (_ *fleetRaw, err error) {
 func (raw *fleetRaw) use(shape fleetRawShape) error {
 	raw.mu.Lock()
 	defer raw.mu.Unlock()
-	if slices.Equal(raw.running, shape) {
+	if raw.running != nil && raw.running.equal(shape) {
 		return nil
 	}
 	for i, rl := range raw.relays {
 		want := i < len(shape)
-		if rl.cc != nil && (!want || rl.copies != shape[i]) {
+		if rl.cc != nil && (!want || !slices.Equal(rl.writes, shape[i])) {
 			rl.stop()
 		}
 		if want && rl.cc == nil {
-			if err := rl.start(shape[i]); err != nil {
+			if err := rl.start(shape[i], raw.due); err != nil {
 				return err
 			}
 		}
@@ -164,28 +192,43 @@ func (raw *fleetRaw) use(shape fleetRawShape) error {
 	return nil
 }
 
-// start relays what the consumer delivers: copies of each message
-// published async to the next stream, each under its own id,
-// acknowledged in delivery order once they are stored (copies 0: at
-// once).
-func (rl *fleetRelay) start(copies int) error {
+// start relays what the consumer delivers: writes of each message
+// published async, each under its own id, the message acknowledged in
+// delivery order once they are stored (no writes: at once). A schedule
+// fires due after it is written.
+func (rl *fleetRelay) start(writes []relayWrite, due time.Duration) error {
 	acks := make(chan relayed, 4096)
 	done := make(chan struct{})
 	cc, err := rl.cons.Consume(func(m jetstream.Msg) {
-		if copies == 0 {
+		if len(writes) == 0 {
 			_ = m.Ack()
 			return
 		}
 		id := m.Headers().Get(events.HeaderMsgID)
-		fs := make([]jetstream.PubAckFuture, copies)
-		for k := range fs {
+		fs := make([]jetstream.PubAckFuture, len(writes))
+		for k, w := range writes {
 			h := nats.Header{}
 			if k == 0 {
 				h.Set(events.HeaderMsgID, id)
 			} else {
 				h.Set(events.HeaderMsgID, id+"-"+strconv.Itoa(k))
 			}
-			f, err := rl.js.PublishMsgAsync(&nats.Msg{Subject: rl.to + ".x", Header: h, Data: m.Data()}, benchStall)
+			subject := rl.to + ".x"
+			switch w {
+			case writeLedger:
+				subject = fleetRawRetPfx + ".ledger.x"
+			case writeSchedule:
+				// One schedule per subject, as the bus's retries: the
+				// read's stream sequence names it.
+				md, err := m.Metadata()
+				if err != nil {
+					_ = m.Nak()
+					return
+				}
+				subject = fleetRawRetPfx + ".sched." + strconv.FormatUint(md.Sequence.Stream, 10)
+				scheduler.SetSchedule(h, time.Now().Add(due), fleetRawDueSubject)
+			}
+			f, err := rl.js.PublishMsgAsync(&nats.Msg{Subject: subject, Header: h, Data: m.Data()}, benchStall)
 			if err != nil {
 				_ = m.Nak()
 				return
@@ -224,7 +267,7 @@ func (rl *fleetRelay) start(copies int) error {
 			}
 		}
 	}()
-	rl.cc, rl.done, rl.copies = cc, done, copies
+	rl.cc, rl.done, rl.writes = cc, done, slices.Clone(writes)
 	return nil
 }
 
@@ -260,10 +303,19 @@ func (raw *fleetRaw) pipeline(r *fleetRunner, shape fleetRawShape) fleetPipeline
 		},
 		reset: func(ctx context.Context) {
 			// Drained: nothing here is read again; keep the scratch
-			// streams small.
+			// streams small. Schedules not yet fired stay: JetStream
+			// fires them as it fires the bus's (fleetRaw.due).
 			for _, s := range raw.streams {
-				if st, err := raw.js.Stream(ctx, s); err == nil {
+				st, err := raw.js.Stream(ctx, s)
+				if err != nil {
+					continue
+				}
+				if s != fleetRawRetries {
 					_ = st.Purge(ctx)
+					continue
+				}
+				for _, subj := range []string{fleetRawRetPfx + ".ledger.x", fleetRawDueSubject} {
+					_ = st.Purge(ctx, jetstream.WithPurgeSubject(subj))
 				}
 			}
 		},
