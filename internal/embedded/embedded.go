@@ -34,7 +34,7 @@ const DefaultSyncInterval = 2 * time.Minute
 const (
 	// DefaultMaxStore is the JetStream file store limit: 16 GiB, room for
 	// the default topology's reservations (topology.DefaultReservedBytes,
-	// 6.5 GiB) and more.
+	// about 7.1 GiB) and more.
 	DefaultMaxStore int64 = 16 << 30
 	// DefaultMaxMemory is the JetStream memory store limit: 8 GiB.
 	DefaultMaxMemory int64 = 8 << 30
@@ -72,7 +72,7 @@ type Options struct {
 	Logging bool
 	// MaxStore is the JetStream file store limit in bytes (nats-server's
 	// max_file_store). JetStream reserves every stream's max_bytes against
-	// it, so it must hold topology.DefaultReservedBytes (6.5 GiB) for the
+	// it, so it must hold topology.DefaultReservedBytes (about 7.1 GiB) for the
 	// default topology. Defaults to DefaultMaxStore (16 GiB), whatever the
 	// disk has free: the server's own default (75% of the free disk) makes
 	// the topology fail on a nearly full disk instead of filling it.

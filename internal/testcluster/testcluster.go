@@ -38,6 +38,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/failbus/failbus/internal/embedded"
 )
 
 // childEnv carries the configuration file of a node to a re-executed test
@@ -114,9 +116,10 @@ type Options struct {
 	Dir string
 	// MaxStore is each node's JetStream file store limit
 	// (max_file_store), which the topology's streams reserve their
-	// max_bytes against: set it on a small file system, where the
-	// server's default (75% of the free disk) holds too little. 0: the
-	// server's default.
+	// max_bytes against. 0: embedded.DefaultMaxStore, as a failbus dev
+	// bus, whatever the disk has free: the server's own default (75% of
+	// the free disk, taken by each node of a machine's cluster) fails the
+	// topology's placement on a machine with less than about 10 GB free.
 	MaxStore int64
 }
 
@@ -236,10 +239,11 @@ func (n *Node) writeConfig() error {
 	fmt.Fprintf(&b, "http: \"127.0.0.1:%d\"\n", n.httpPort)
 	fmt.Fprintf(&b, "max_payload: 8MB\n")
 	fmt.Fprintf(&b, "jetstream {\n  store_dir: %q\n  sync_interval: %s\n", filepath.Join(n.dir, "data"), sync)
-	if n.c.opts.MaxStore > 0 {
-		fmt.Fprintf(&b, "  max_file_store: %d\n", n.c.opts.MaxStore)
+	maxStore := n.c.opts.MaxStore
+	if maxStore <= 0 {
+		maxStore = embedded.DefaultMaxStore
 	}
-	b.WriteString("}\n")
+	fmt.Fprintf(&b, "  max_file_store: %d\n}\n", maxStore)
 	if !n.c.opts.Standalone {
 		fmt.Fprintf(&b, "cluster {\n  name: %q\n  listen: \"127.0.0.1:%d\"\n  routes: [%s]\n}\n", n.c.opts.Name, n.clusterPort, strings.Join(routes, ", "))
 	}
@@ -403,13 +407,16 @@ func (n *Node) Name() string { return n.name }
 // URL is the node's client URL.
 func (n *Node) URL() string { return fmt.Sprintf("nats://127.0.0.1:%d", n.port) }
 
+// MonitorURL is the node's monitoring endpoint (/healthz, /jsz, ...).
+func (n *Node) MonitorURL() string { return fmt.Sprintf("http://127.0.0.1:%d", n.httpPort) }
+
 // Dir is the node's folder: nats.conf, server.log and the store in data/.
 func (n *Node) Dir() string { return n.dir }
 
 // healthz asks the node's monitoring endpoint whether its JetStream is
 // current (meta group, and every stream and consumer it holds).
 func (n *Node) healthz(ctx context.Context) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/healthz", n.httpPort), nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, n.MonitorURL()+"/healthz", nil)
 	if err != nil {
 		return err
 	}

@@ -2,13 +2,16 @@ package testcluster_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/failbus/failbus/internal/embedded"
 	"github.com/failbus/failbus/internal/testcluster"
 	topology "github.com/failbus/failbus/jetstream"
 )
@@ -121,5 +124,38 @@ func TestTopologyAtR3SurvivesALeaderKill(t *testing.T) {
 			}
 			t.Logf("killed %s (leader of %s); new leader %s; %s", leader, topology.StreamOutcomes, newLeader, el)
 		})
+	}
+}
+
+// A node's file store limit is failbus's own default, not the server's 75%
+// of the free disk: the topology's reservations (7.6 GB per node at
+// R3) place on a machine whatever it has free, as on a failbus dev bus.
+func TestNodesHoldTheTopologysReservationsWhateverTheDiskHasFree(t *testing.T) {
+	t.Parallel()
+	c := testcluster.Start(t, testcluster.Options{Standalone: true, InProcess: true})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.Nodes()[0].MonitorURL()+"/jsz", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var jsz struct {
+		Config struct {
+			MaxStorage int64 `json:"max_storage"`
+		} `json:"config"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&jsz); err != nil {
+		t.Fatal(err)
+	}
+	if jsz.Config.MaxStorage != embedded.DefaultMaxStore {
+		t.Errorf("max_storage %d, want embedded.DefaultMaxStore %d", jsz.Config.MaxStorage, embedded.DefaultMaxStore)
+	}
+	if need := topology.DefaultReservedBytes; jsz.Config.MaxStorage < need {
+		t.Errorf("max_storage %d holds less than the topology reserves, %d", jsz.Config.MaxStorage, need)
 	}
 }
