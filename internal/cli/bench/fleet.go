@@ -60,8 +60,8 @@ const (
 	// drain in time even at twice the rate), sparing the rest of the hold
 	// and the long drain after it.
 	fleetAbandon = 2
-	// fleetStormRetryAfter is fleetStormDelay as a duration: when
-	// raw/429's schedules fire after they are written.
+	// fleetStormRetryAfter is the storm's retry-after (fleetStormDelay)
+	// and when raw/429's schedules fire after they are written.
 	fleetStormRetryAfter = 30 * time.Second
 	// fleetStormDue is when the storm's retries come due, with a margin.
 	fleetStormDue = fleetStormRetryAfter + 5*time.Second
@@ -365,6 +365,10 @@ type fleetPipeline struct {
 	// reset runs after each step, drained (the raw pipelines purge
 	// their scratch streams).
 	reset func(ctx context.Context)
+	// retries: some of its outcomes schedule a write that comes due
+	// fleetStormDue after they are published (a retry, raw/429's
+	// schedule), which the next load and CPU span wait out.
+	retries bool
 }
 
 // fleet runs the loads, the raw pipelines, the latency runs and the CPU
@@ -411,16 +415,20 @@ func (r *fleetRunner) fleet(ctx context.Context, rep *fleetReport) error {
 			}
 			rep.Raw = append(rep.Raw, fleetLoadResult{Name: p.name, Steps: steps, HeldPerS: held})
 		}
+		// held over raw's held rate of the pipeline called name (0: not
+		// run, or nothing held).
+		over := func(held int, name string) float64 {
+			i := slices.IndexFunc(rep.Raw, func(r fleetLoadResult) bool { return r.Name == name })
+			if i < 0 || rep.Raw[i].HeldPerS == 0 {
+				return 0
+			}
+			return float64(held) / float64(rep.Raw[i].HeldPerS)
+		}
 		for i := range rep.Loads {
 			l := &rep.Loads[i]
-			if h := rep.Raw[0].HeldPerS; h > 0 {
-				l.Raw2Ratio = float64(l.HeldPerS) / float64(h)
-			}
-			if h := rep.Raw[1].HeldPerS; h > 0 {
-				l.Raw3Ratio = float64(l.HeldPerS) / float64(h)
-			}
-			if i := slices.IndexFunc(rep.Raw, func(r fleetLoadResult) bool { return r.Name == fleetRaw429Name }); l.Name == loadStorm && i >= 0 && rep.Raw[i].HeldPerS > 0 {
-				l.Raw429Ratio = float64(l.HeldPerS) / float64(rep.Raw[i].HeldPerS)
+			l.Raw2Ratio, l.Raw3Ratio = over(l.HeldPerS, fleetRawTwoName), over(l.HeldPerS, fleetRawThrName)
+			if l.Name == loadStorm {
+				l.Raw429Ratio = over(l.HeldPerS, fleetRaw429Name)
 			}
 		}
 	}
@@ -498,7 +506,8 @@ func (r *fleetRunner) lastSeqs(ctx context.Context) ([3]uint64, error) {
 func (r *fleetRunner) busPipeline(load string, counts *fleetCounts) fleetPipeline {
 	var mu sync.Mutex
 	return fleetPipeline{
-		name: load,
+		name:    load,
+		retries: load == loadStorm || load == loadRetry || load == loadMix,
 		next: func(tag string, i int, at events.Time) (*nats.Msg, string, fleetKind, error) {
 			m, id, kind, err := r.gen.msg(load, tag, i, at)
 			if err == nil && counts != nil {
@@ -744,8 +753,7 @@ func (r *fleetRunner) publish(ctx context.Context, p fleetPipeline, tag string, 
 	total := max(int(float64(rate)*d.Seconds()), 1)
 	interval := time.Second / time.Duration(rate)
 	start := time.Now()
-	if p.name == loadStorm || p.name == loadRetry || p.name == loadMix || p.name == fleetRaw429Name {
-		// Their retries come due fleetStormDue after the last publish.
+	if p.retries {
 		defer func() { r.retried = time.Now() }()
 	}
 	n := 0

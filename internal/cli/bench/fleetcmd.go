@@ -464,21 +464,6 @@ func printHops(w io.Writer, loads []fleetLoadResult) {
 	fmt.Fprintln(w, "from the streams after the run; each hop's percentiles are its own. The slowest 1 %: where the tail waited, and whether in one burst.")
 }
 
-// rawWhat says what a raw pipeline writes and reads per outcome.
-func rawWhat(name string) string {
-	switch name {
-	case fleetRawTwoName:
-		return "publish + one relayed write"
-	case fleetRawThrName:
-		return "publish + two relayed writes"
-	case fleetRawOKName:
-		return "publish + one relayed write, read again: a success's"
-	case fleetRaw429Name:
-		return "publish + one relayed write + three from it: a retried failure's"
-	}
-	return name
-}
-
 func ratio(v float64) string {
 	if v == 0 {
 		return ""

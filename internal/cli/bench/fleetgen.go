@@ -11,6 +11,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -42,9 +43,10 @@ const (
 	loadNoRetry = "noretry"
 )
 
-// fleetStormDelay is the storm's retry-after: within the default policy's
+// fleetStormDelay is the storm's retry-after (fleetStormRetryAfter in
+// seconds): within the default policy's
 // max_delay (60 s), so every storm outcome gets a retry scheduled.
-const fleetStormDelay = "30"
+var fleetStormDelay = strconv.Itoa(int(fleetStormRetryAfter / time.Second))
 
 // fleetSessions is how many sessions each agent's outcomes are spread
 // over.

@@ -77,17 +77,43 @@ func (s fleetRawShape) equal(o fleetRawShape) bool {
 	return slices.EqualFunc(s, o, slices.Equal[[]relayWrite])
 }
 
+// rawPipelines name each raw pipeline and say what it writes and reads
+// per outcome, for the report.
+var rawPipelines = []struct {
+	shape      fleetRawShape
+	name, what string
+}{
+	{rawTwo, fleetRawTwoName, "publish + one relayed write"},
+	{rawThree, fleetRawThrName, "publish + two relayed writes"},
+	{rawOK, fleetRawOKName, "publish + one relayed write, read again: a success's"},
+	{raw429, fleetRaw429Name, "publish + one relayed write + three from it: a retried failure's"},
+}
+
 // name is the pipeline's name in the report.
 func (s fleetRawShape) name() string {
-	for _, p := range []struct {
-		shape fleetRawShape
-		name  string
-	}{{rawTwo, fleetRawTwoName}, {rawThree, fleetRawThrName}, {rawOK, fleetRawOKName}, {raw429, fleetRaw429Name}} {
+	for _, p := range rawPipelines {
 		if s.equal(p.shape) {
 			return p.name
 		}
 	}
 	return fmt.Sprint("raw", [][]relayWrite(s))
+}
+
+// schedules reports whether the pipeline writes schedules that fire
+// later.
+func (s fleetRawShape) schedules() bool {
+	return slices.ContainsFunc(s, func(w []relayWrite) bool { return slices.Contains(w, writeSchedule) })
+}
+
+// rawWhat says what the raw pipeline called name writes and reads per
+// outcome.
+func rawWhat(name string) string {
+	for _, p := range rawPipelines {
+		if p.name == name {
+			return p.what
+		}
+	}
+	return name
 }
 
 // fleetRelay is one relay stage: a durable consumer and, while running,
@@ -283,6 +309,7 @@ func (rl *fleetRelay) stop() {
 func (raw *fleetRaw) pipeline(r *fleetRunner, shape fleetRawShape) fleetPipeline {
 	return fleetPipeline{
 		name:    shape.name(),
+		retries: shape.schedules(),
 		prepare: func() error { return raw.use(shape) },
 		next: func(tag string, i int, at events.Time) (*nats.Msg, string, fleetKind, error) {
 			m, id, kind, err := r.gen.msg(loadMix, tag, i, at)
